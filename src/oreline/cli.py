@@ -1,0 +1,362 @@
+"""The oreline command line: one Typer app, each command a thin call into a module.
+
+Heavy modules are imported inside the command that needs them, so `oreline --help` is instant
+and a missing optional dependency only affects the command that uses it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from oreline.errors import OrelineError
+
+app = typer.Typer(
+    name="oreline",
+    help="oreline: raw web crawl to a trained, evaluated, exported language model.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+tokenizer_app = typer.Typer(help="Train and inspect BPE tokenizers.", no_args_is_help=True)
+model_app = typer.Typer(help="Model presets: sizes, shapes, FLOPs, memory.", no_args_is_help=True)
+checkpoint_app = typer.Typer(help="List, verify and inspect checkpoints of a run.", no_args_is_help=True)
+doctor_app = typer.Typer(help="Diagnose the environment or a run from its artifacts.", no_args_is_help=True)
+quality_app = typer.Typer(help="Model-based quality: reference LMs and perplexity scores.", no_args_is_help=True)
+launch_app = typer.Typer(help="Write launch scripts for clusters (Slurm, torchrun).", no_args_is_help=True)
+config_app = typer.Typer(help="Show resolved configs and valid keys.", no_args_is_help=True)
+app.add_typer(tokenizer_app, name="tokenizer")
+app.add_typer(model_app, name="model")
+app.add_typer(checkpoint_app, name="checkpoint")
+app.add_typer(doctor_app, name="doctor")
+app.add_typer(quality_app, name="quality")
+app.add_typer(launch_app, name="launch")
+app.add_typer(config_app, name="config")
+
+console = Console(stderr=True)
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("-c", "--config", help="TOML config (default: the embedded demo config)")]
+Overrides = Annotated[Optional[list[str]], typer.Argument(help="dotted overrides, e.g. data.langid.threshold=0.8", show_default=False)]
+
+
+def _load(config: Path | None, overrides: list[str] | None):
+    from oreline.config import load_config
+
+    return load_config(config, overrides)
+
+
+def _split_inputs_and_overrides(items: list[str]) -> tuple[list[str], list[str]]:
+    """Positional arguments are inputs unless they look like key=value."""
+    inputs = [i for i in items if "=" not in i or Path(i).exists()]
+    overrides = [i for i in items if i not in inputs]
+    return inputs, overrides
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+
+@app.command()
+def data(
+    items: Annotated[list[str], typer.Argument(help="inputs (files, folders, globs) and key=value overrides")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
+    config: ConfigOpt = None,
+    workers: Annotated[Optional[int], typer.Option(help="processes (default: data.workers)")] = None,
+) -> None:
+    """Crawl files (WARC/WET/JSONL/Parquet) to clean, deduplicated Parquet shards with a funnel."""
+    from oreline.data.pipeline import print_funnel, run_data
+
+    inputs, overrides = _split_inputs_and_overrides(items)
+    cfg = _load(config, overrides)
+    stats = run_data(inputs or cfg.data.inputs, out, cfg, workers=workers)
+    print_funnel(stats, console)
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer and tokens
+
+
+@tokenizer_app.command("train")
+def tokenizer_train(
+    docs: Annotated[list[str], typer.Argument(help="Parquet/JSONL documents (files, folders, globs) and key=value overrides")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
+    vocab_size: Annotated[Optional[int], typer.Option(help="target vocabulary size (rounded up to a multiple of 64)")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Train a byte-level BPE tokenizer (Hugging Face compatible) from documents."""
+    from oreline.tokens.train_bpe import print_tokenizer_stats, train_tokenizer
+
+    inputs, overrides = _split_inputs_and_overrides(docs)
+    if vocab_size is not None:
+        overrides.append(f"tokenizer.vocab_size={vocab_size}")
+    cfg = _load(config, overrides)
+    stats = train_tokenizer(inputs, out, cfg.tokenizer)
+    print_tokenizer_stats(stats, console)
+
+
+@app.command()
+def tokenize(
+    docs: Annotated[list[str], typer.Argument(help="Parquet/JSONL documents and key=value overrides")],
+    tokenizer: Annotated[Path, typer.Option("--tokenizer", "-t", help="tokenizer folder")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder for token shards")],
+    workers: Annotated[Optional[int], typer.Option(help="processes (default: tokenize.workers)")] = None,
+    val_fraction: Annotated[Optional[float], typer.Option(help="validation share by id hash")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Documents to packed, fingerprinted token shards ([BOS] + tokens + [EOS]) with a manifest."""
+    from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus
+
+    inputs, overrides = _split_inputs_and_overrides(docs)
+    if val_fraction is not None:
+        overrides.append(f"tokenize.val_fraction={val_fraction}")
+    cfg = _load(config, overrides)
+    manifest = tokenize_corpus(inputs, tokenizer, out, cfg.tokenize, workers=workers)
+    print_manifest_summary(manifest, console)
+
+
+# ---------------------------------------------------------------------------------------------
+# model and training
+
+
+@model_app.command("info")
+def model_info(
+    spec: Annotated[str, typer.Argument(help="preset name (debug, demo, 125m, 1b, llama2-7b, llama3-8b) or a TOML config")],
+    seq_len: Annotated[int, typer.Option(help="sequence length for FLOPs per token")] = 2048,
+) -> None:
+    """Parameter counts, FLOPs per token, every weight's shape and memory estimates."""
+    from oreline.model.presets import print_model_info
+
+    print_model_info(spec, seq_len=seq_len, console=Console())
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def train(
+    overrides: Overrides = None,
+    config: ConfigOpt = None,
+    resume: Annotated[str, typer.Option(help="auto (newest valid checkpoint), none, or a checkpoint path")] = "auto",
+    allow_config_change: Annotated[Optional[list[str]], typer.Option(help="config keys allowed to differ on resume")] = None,
+    nproc: Annotated[Optional[int], typer.Option(help="launch torchrun with this many processes per node")] = None,
+) -> None:
+    """Train a Llama on token shards: one readable loop, metrics, checkpoints, recovery."""
+    if nproc and nproc > 1:
+        from oreline.train.dist import launch_torchrun
+
+        raise typer.Exit(launch_torchrun(nproc, sys.argv[1:]))
+    from oreline.train.loop import train as train_fn
+
+    cfg = _load(config, overrides)
+    train_fn(cfg, resume=resume, allow_config_change=allow_config_change or [])
+
+
+@checkpoint_app.command("ls")
+def checkpoint_ls(run_dir: Annotated[Path, typer.Argument(help="run directory")]) -> None:
+    """List checkpoints with step, tokens, size and validity."""
+    from oreline.train.checkpoint import print_checkpoints
+
+    print_checkpoints(run_dir, Console())
+
+
+@checkpoint_app.command("verify")
+def checkpoint_verify(path: Annotated[Path, typer.Argument(help="run directory or one checkpoint")]) -> None:
+    """Verify checksums and completeness; exit 1 if any checkpoint is invalid."""
+    from oreline.train.checkpoint import verify_cli
+
+    raise typer.Exit(verify_cli(path, Console()))
+
+
+@checkpoint_app.command("inspect")
+def checkpoint_inspect(path: Annotated[Path, typer.Argument(help="a checkpoint directory (or a run: its latest)")]) -> None:
+    """Show what one checkpoint holds: meta, tensors, fingerprints."""
+    from oreline.train.checkpoint import inspect_cli
+
+    inspect_cli(path, Console())
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluation, export, report
+
+
+@app.command("eval")
+def eval_cmd(
+    checkpoint: Annotated[Path, typer.Argument(help="checkpoint directory (or a run directory: its latest)")],
+    data: Annotated[Optional[Path], typer.Option(help="token shard folder (default: the run's tokens)")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(help="file with one prompt per line")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="output JSON (default: <run>/eval/eval-STEP.json)")] = None,
+    batches: Annotated[Optional[int], typer.Option(help="validation batches")] = None,
+) -> None:
+    """Validation loss, perplexity, bits per byte, loss by token/EOS/after-BOS, generations."""
+    from oreline.eval.evaluate import evaluate_cli
+
+    evaluate_cli(checkpoint, data=data, prompts=prompts, out=out, batches=batches, console=Console())
+
+
+@app.command()
+def export(
+    checkpoint: Annotated[Path, typer.Argument(help="checkpoint directory (or a run directory: its latest)")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
+    format: Annotated[str, typer.Option(help="export format")] = "hf",
+) -> None:
+    """Export to Hugging Face Llama format (safetensors + config + tokenizer)."""
+    from oreline.export.hf import export_hf
+
+    if format != "hf":
+        raise OrelineError(f"unknown export format {format!r}", "use --format hf")
+    export_hf(checkpoint, out, console=Console())
+
+
+@app.command("import-hf")
+def import_hf(
+    hf_dir: Annotated[Path, typer.Argument(help="a Hugging Face Llama folder")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="output model-only checkpoint folder")],
+) -> None:
+    """Import a Hugging Face Llama folder as an oreline model-only checkpoint."""
+    from oreline.export.hf import import_hf as import_fn
+
+    import_fn(hf_dir, out, console=Console())
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="run directory")]) -> None:
+    """Write one self-contained report.html for a run (funnel, tokenizer, curves, fingerprints)."""
+    from oreline.report.html import write_report
+
+    path = write_report(run_dir)
+    Console().print(f"report: {path}")
+
+
+@doctor_app.command("env")
+def doctor_env(distributed: Annotated[bool, typer.Option(help="also check rendezvous, NCCL, clocks, shared FS")] = False,
+               run_dir: Annotated[Optional[Path], typer.Option(help="run directory for the shared-FS check")] = None) -> None:
+    """Check torch, CUDA, drivers, devices, disk, ports (and distributed prerequisites)."""
+    from oreline.doctor.env import doctor_env_cli
+
+    raise typer.Exit(doctor_env_cli(distributed=distributed, run_dir=run_dir, console=Console()))
+
+
+@doctor_app.command("run")
+def doctor_run(run_dir: Annotated[Path, typer.Argument(help="run directory")]) -> None:
+    """Read a run's artifacts and report known failure signatures with evidence and fix."""
+    from oreline.doctor.run import doctor_run_cli
+
+    raise typer.Exit(doctor_run_cli(run_dir, console=Console()))
+
+
+# ---------------------------------------------------------------------------------------------
+# quality models
+
+
+@quality_app.command("train-reference")
+def quality_train_reference(
+    docs: Annotated[list[str], typer.Argument(help="trusted text: .txt/.txt.gz/.zip/JSONL/Parquet")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
+    kind: Annotated[str, typer.Option(help="ngram (fast, KenLM) or llama (tiny oreline model)")] = "ngram",
+    config: ConfigOpt = None,
+) -> None:
+    """Train a small reference LM for perplexity-based quality filtering."""
+    from oreline.data.perplexity import train_reference
+
+    train_reference(docs, out, kind=kind, console=Console())
+
+
+@quality_app.command("score")
+def quality_score(
+    docs: Annotated[list[str], typer.Argument(help="documents to score")],
+    model: Annotated[Path, typer.Option(help="reference model folder")],
+    out: Annotated[Optional[Path], typer.Option(help="per-document scores (Parquet)")] = None,
+) -> None:
+    """Print a perplexity distribution and write per-document scores."""
+    from oreline.data.perplexity import score_cli
+
+    score_cli(docs, model, out, console=Console())
+
+
+# ---------------------------------------------------------------------------------------------
+# launching
+
+
+@launch_app.command("slurm")
+def launch_slurm(
+    config: Annotated[Path, typer.Option("-c", "--config", help="TOML config")],
+    nodes: Annotated[int, typer.Option(help="number of nodes")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node")] = 8,
+    partition: Annotated[Optional[str], typer.Option(help="Slurm partition")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write the sbatch script here (default: stdout)")] = None,
+) -> None:
+    """Write an sbatch script running torchrun with a rendezvous on the first node."""
+    from oreline.train.launch import slurm_cli
+
+    slurm_cli(config, nodes=nodes, gpus_per_node=gpus_per_node, partition=partition, out=out)
+
+
+@launch_app.command("torchrun")
+def launch_torchrun_cmd(
+    config: Annotated[Path, typer.Option("-c", "--config", help="TOML config")],
+    nodes: Annotated[int, typer.Option(help="number of nodes")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(help="processes per node")] = 8,
+    master: Annotated[str, typer.Option(help="rendezvous host:port")] = "NODE0:29500",
+) -> None:
+    """Print the torchrun command to run on each node."""
+    from oreline.train.launch import torchrun_cli
+
+    torchrun_cli(config, nodes=nodes, gpus_per_node=gpus_per_node, master=master)
+
+
+# ---------------------------------------------------------------------------------------------
+# everything
+
+
+@app.command()
+def run(
+    overrides: Overrides = None,
+    config: ConfigOpt = None,
+    from_stage: Annotated[Optional[str], typer.Option("--from", help="force this stage and all after it")] = None,
+) -> None:
+    """Crawl to exported model: data, tokenizer, tokenize, train, eval, export, report."""
+    from oreline.stages import run_all
+
+    cfg = _load(config, overrides)
+    run_all(cfg, from_stage=from_stage, console=console)
+
+
+@config_app.command("show")
+def config_show(overrides: Overrides = None, config: ConfigOpt = None) -> None:
+    """Print the resolved config as TOML and its fingerprint."""
+    from oreline.config import fingerprint, to_toml
+
+    cfg = _load(config, overrides)
+    typer.echo(to_toml(cfg))
+    typer.echo(f"# fingerprint {fingerprint(cfg)}")
+
+
+@config_app.command("keys")
+def config_keys() -> None:
+    """List every valid dotted config key with its description."""
+    from oreline.config import Config, valid_keys
+
+    def describe(model, prefix=""):
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{field.alias or name}"
+            ann = field.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                describe(ann, key + ".")
+            else:
+                typer.echo(f"{key:45s} {field.description or ''}")
+
+    describe(Config)
+    assert valid_keys()
+
+
+def main() -> None:
+    try:
+        app()
+    except OrelineError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,443 @@
+"""Config is data: pydantic models for every section, loaded from TOML, overridden with dotted keys.
+
+- Every model forbids extra keys. An unknown key fails with its dotted name, the closest valid
+  key and the file it came from (`ConfigError`).
+- `load_config(path, overrides)` reads TOML (or the embedded demo config when path is None),
+  applies `a.b.c=value` overrides (values parsed as TOML literals, falling back to strings), and
+  validates.
+- `fingerprint(cfg)` is the sha256 of the canonical JSON of the resolved config (sorted keys, no
+  whitespace): two runs with the same fingerprint were asked to do the same thing.
+- `{samples}` in any string expands to the sample-data folder (`ORELINE_SAMPLES`, default
+  `../shared/data`), so configs never carry machine paths.
+
+Field descriptions double as CLI help (`oreline config show --help-keys`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from oreline.errors import ConfigError
+
+PACKAGE_CONFIGS = Path(__file__).parent / "configs"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+
+class ReadConfig(Section):
+    max_record_bytes: int = Field(50_000_000, description="records with a larger payload are dropped (read:too_large)")
+    record_types: list[str] = Field(["response", "conversion", "resource"], description="WARC record types turned into documents")
+    jsonl_text_key: str = Field("text", description="key holding the text in JSONL/Parquet inputs")
+    jsonl_id_key: str = Field("id", description="key holding the id in JSONL/Parquet inputs")
+
+
+class ProtocolConfig(Section):
+    enabled: bool = True
+    statuses: list[int] = Field([200], description="HTTP statuses kept")
+    content_types: list[str] = Field(
+        ["text/html", "application/xhtml+xml", "text/plain"], description="content types kept (seed recipe's rule)"
+    )
+
+
+class ExtractConfig(Section):
+    enabled: bool = True
+    extractor: Literal["resiliparse", "trafilatura", "html2text"] = Field(
+        "resiliparse", description="HTML-to-text extractor: resiliparse (fast, default), trafilatura (precise), html2text"
+    )
+    main_content: bool = Field(True, description="keep main content only (drop navigation, footers)")
+    timeout_s: float = Field(5.0, description="per-document time limit; slower pages are dropped (extract:timeout)")
+    min_chars: int = Field(1, description="documents with less extracted text are dropped (extract:empty)")
+
+
+class NormalizeConfig(Section):
+    enabled: bool = True
+    form: Literal["NFC", "NFKC", "none"] = "NFC"
+    ftfy: bool = Field(False, description="repair mojibake with ftfy (optional dependency)")
+    max_replacement_ratio: float = Field(0.05, description="drop docs whose share of U+FFFD is above this (normalize:replacement_chars)")
+
+
+class LangIdConfig(Section):
+    enabled: bool = True
+    languages: list[str] = Field(["en"], description="languages kept; empty list keeps every language")
+    threshold: float = Field(0.65, ge=0.0, le=1.0, description="minimum lid.176 score of the top language")
+
+
+class QualityConfig(Section):
+    enabled: bool = True
+    gopher_quality: bool = True
+    gopher_repetition: bool = True
+    c4: bool = True
+    c4_filter_lines: bool = Field(True, description="C4 line rules remove lines (terminal punctuation, javascript, ...)")
+    fineweb: bool = True
+    entropy: bool = True
+    min_entropy: float = Field(3.2, description="minimum character entropy in bits per character (seed recipe)")
+    ascii_ratio: bool = True
+    min_ascii_ratio: float = Field(0.30, description="minimum ASCII share, applied to Latin-script languages only (seed recipe)")
+    perplexity_model: str | None = Field(None, description="reference LM folder for perplexity scoring (oreline quality train-reference)")
+    perplexity_max: float | None = Field(None, description="absolute perplexity cut-off (per word); None: use buckets")
+    perplexity_keep_buckets: list[Literal["head", "middle", "tail"]] = Field(["head", "middle"], description="CCNet buckets kept")
+
+
+class DedupConfig(Section):
+    exact: bool = True
+    minhash: bool = True
+    threshold: float = Field(0.8, gt=0.0, le=1.0, description="target Jaccard similarity of near-duplicates")
+    num_perm: int = Field(128, description="MinHash permutations (= bands × rows when bands/rows are not set)")
+    bands: int | None = Field(None, description="LSH bands; chosen from threshold and num_perm when None")
+    rows: int | None = Field(None, description="rows per band; chosen from threshold and num_perm when None")
+    shingle_words: int = Field(5, description="word n-gram size of shingles")
+    verify: bool = Field(True, description="verify candidate pairs against the threshold before dropping")
+    seed: int = 1
+
+
+class ChunkConfig(Section):
+    enabled: bool = False
+    size: int = Field(2048, description="window size in characters")
+    overlap: int = Field(512, description="characters shared by consecutive windows")
+
+    @model_validator(mode="after")
+    def _overlap_smaller(self) -> ChunkConfig:
+        if self.overlap >= self.size:
+            raise ValueError(f"data.chunk.overlap ({self.overlap}) must be smaller than data.chunk.size ({self.size})")
+        return self
+
+
+class DataConfig(Section):
+    inputs: list[str] = Field(
+        ["{samples}/web-archives"], description="files, folders or globs of WARC/WET/JSONL/Parquet inputs"
+    )
+    extra_inputs: list[str] = Field(
+        [], description="clean text mixed in after filtering (oreline run): .txt/.txt.gz/.zip/.jsonl/.parquet"
+    )
+    workers: int = Field(2, ge=1, description="processes running tasks")
+    max_shard_bytes: int = Field(1_000_000_000, description="upper bound of one output Parquet shard")
+    read: ReadConfig = ReadConfig()
+    protocol: ProtocolConfig = ProtocolConfig()
+    extract: ExtractConfig = ExtractConfig()
+    normalize: NormalizeConfig = NormalizeConfig()
+    langid: LangIdConfig = LangIdConfig()
+    quality: QualityConfig = QualityConfig()
+    dedup: DedupConfig = DedupConfig()
+    chunk: ChunkConfig = ChunkConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer
+
+
+class TokenizerConfig(Section):
+    vocab_size: int = Field(8192, ge=64, description="target vocabulary size; rounded up to a multiple of 64")
+    pre_tokenizer: Literal["byte_level", "metaspace"] = Field(
+        "byte_level", description="byte_level (GPT-style) or metaspace (SentencePiece-style ▁ word prefix)"
+    )
+    continuing_subword_prefix: str | None = Field(None, description="e.g. '##'; None for none")
+    min_frequency: int = 2
+    max_train_docs: int | None = Field(None, description="cap on documents fed to the trainer (None: all)")
+    heldout_docs: int = Field(200, description="documents held out for round-trip and fertility statistics")
+
+
+class TokenizeConfig(Section):
+    val_fraction: float = Field(0.01, ge=0.0, lt=1.0, description="share of documents (by id hash) for validation")
+    workers: int = Field(2, ge=1)
+    max_shard_tokens: int = Field(100_000_000, description="tokens per packed shard")
+
+
+# ---------------------------------------------------------------------------------------------
+# model
+
+
+class ModelConfig(Section):
+    preset: str | None = Field("demo", description="named size (debug, demo, 125m, 1b, llama2-7b, llama3-8b); fields below override it")
+    dim: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    n_kv_heads: int | None = None
+    vocab_size: int | None = Field(None, description="None: taken from the tokenizer (padded size)")
+    ffn_multiplier: float | None = None
+    multiple_of: int | None = None
+    ffn_dim: int | None = Field(None, description="explicit MLP width; None: the Llama rule")
+    norm_eps: float | None = None
+    rope_theta: float | None = None
+    rope_scaling: dict[str, float] | None = Field(None, description="Llama-3 RoPE scaling: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings")
+    max_seq_len: int | None = None
+    tie_embeddings: bool | None = None
+    init_std: float | None = None
+    depth_scaled_init: bool | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+
+
+class DebugConfig(Section):
+    inject_nan_at_step: int | None = Field(None, description="make the loss NaN at this step (tests the stability monitor)")
+    inject_spike_at_step: int | None = Field(None, description="multiply the loss by spike_factor at this step")
+    spike_factor: float = 50.0
+    sleep_per_step_s: float = Field(0.0, description="slow steps down (kill tests)")
+
+
+class OptimConfig(Section):
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    weight_decay: float = 0.1
+    embedding_weight_decay: float = Field(0.0, description="weight decay of embedding (and untied output) weights")
+    no_decay_patterns: list[str] = Field(["bias", "norm"], description="parameter-name substrings without weight decay")
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = Field(1.0, description="max global grad norm; 0 disables clipping")
+    schedule: Literal["cosine", "linear", "wsd", "constant"] = "cosine"
+    warmup_steps: int | None = Field(None, description="linear warmup steps (or use warmup_ratio)")
+    warmup_ratio: float | None = Field(0.05, description="warmup as a share of train.steps")
+    decay_ratio: float = Field(0.2, description="WSD: share of steps spent in the final decay")
+    fused: bool | None = Field(None, description="fused AdamW; None: on CUDA only")
+
+
+class StabilityConfig(Section):
+    enabled: bool = True
+    window: int = Field(128, description="sliding window of recent steps for z-scores")
+    min_history: int = Field(16, description="steps in the window before spikes are judged")
+    z_threshold: float = Field(6.0, description="a loss or grad norm this many σ above the window mean is a spike")
+    action: Literal["skip", "rollback", "log"] = Field("skip", description="what to do on an anomaly")
+    lr_factor: float = Field(0.8, description="rollback: multiply the learning rate by this")
+    skip_batches: int = Field(1, description="rollback: batches skipped past the offending one")
+    max_retries: int = Field(3, description="rollbacks before the run stops with an error")
+
+
+class TrainConfig(Section):
+    tokens: str | None = Field(None, description="token shard folder (oreline tokenize); None: <run dir>/tokens")
+    tokenizer: str | None = Field(None, description="tokenizer folder; None: <run dir>/tokenizer")
+    seq_len: int = Field(256, ge=8)
+    micro_batch: int = Field(8, ge=1, description="sequences per micro-batch per rank")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    global_batch_tokens: int | None = Field(None, description="if set, must equal micro × accum × world × seq_len")
+    steps: int = Field(1000, ge=1)
+    seed: int = 1234
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast; fp32 on CPU (bf16 matmul is ~20× slower here)")
+    activation_checkpointing: bool = False
+    compile: bool = False
+    parallel: Literal["none", "ddp", "fsdp"] = Field("none", description="data parallelism under torchrun")
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    doc_mask: bool = Field(False, description="attention masked at document boundaries")
+    log_every: int = 10
+    eval_every: int = 200
+    eval_batches: int = 20
+    generate_every: int = Field(0, description="greedy generations every N steps (0: at eval only)")
+    optim: OptimConfig = OptimConfig()
+    stability: StabilityConfig = StabilityConfig()
+    debug: DebugConfig = DebugConfig()
+
+
+class CheckpointConfig(Section):
+    every: int = Field(200, description="full (resumable) checkpoint every N steps; 0 disables")
+    keep_last: int = Field(3, description="newest full checkpoints kept")
+    keep_every: int = Field(0, description="also keep every M-th step permanently; 0 disables")
+    model_only_every: int = Field(0, description="light model-only snapshots (never resumed from); 0 disables")
+    async_save: bool = Field(False, alias="async", description="CUDA: save in the background with DCP async save")
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+
+class EvalConfig(Section):
+    prompts: list[str] = Field(
+        ["The capital of France is", "Once upon a time", "In the beginning", "The meaning of life is"],
+        description="prompts for generation samples",
+    )
+    max_new_tokens: int = 40
+    temperature: float = 0.8
+    top_k: int = 50
+    batches: int = Field(50, description="validation batches for oreline eval")
+
+
+class ExportConfig(Section):
+    format: Literal["hf"] = "hf"
+    max_shard_bytes: int = Field(2_000_000_000, description="safetensors shard size")
+
+
+class RunConfig(Section):
+    name: str = "demo"
+    runs_dir: str = Field("runs", description="parent folder of run directories")
+    seed: int = 1234
+
+
+class Config(Section):
+    run: RunConfig = RunConfig()
+    data: DataConfig = DataConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    tokenize: TokenizeConfig = TokenizeConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    eval: EvalConfig = EvalConfig()
+    export: ExportConfig = ExportConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def samples_dir() -> Path:
+    """The sample-data folder: ORELINE_SAMPLES, else ../shared/data from the cwd or the repo."""
+    env = os.environ.get("ORELINE_SAMPLES")
+    if env:
+        return Path(env).expanduser().resolve()
+    for base in (Path.cwd(), REPO_ROOT):
+        cand = (base / ".." / "shared" / "data").resolve()
+        if cand.is_dir():
+            return cand
+    return (Path.cwd() / ".." / "shared" / "data").resolve()
+
+
+def expand(value: str) -> str:
+    """Expand `{samples}` and `~` in a path-like string."""
+    return os.path.expanduser(value.replace("{samples}", str(samples_dir())))
+
+
+def valid_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the config tree (sections and leaves)."""
+    keys = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{field.alias or name}"
+        keys.append(key)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys.extend(valid_keys(ann, key + "."))
+    return keys
+
+
+def _closest(key: str) -> str:
+    """The valid key nearest to a mistyped one: whole-key match first, then by its last part."""
+    keys = valid_keys()
+    best = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if best:
+        return best[0]
+    leaf = key.rsplit(".", 1)[-1]
+    leaves = sorted({k.rsplit(".", 1)[-1] for k in keys})
+    near = difflib.get_close_matches(leaf, leaves, n=1, cutoff=0.6)
+    if not near:
+        return ""
+    candidates = [k for k in keys if k.rsplit(".", 1)[-1] == near[0]]
+    return (difflib.get_close_matches(key, candidates, n=1, cutoff=0.0) or candidates)[0]
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {key!r}: {part!r} is a value, not a section", f"valid keys look like {_closest(key) or 'data.langid.threshold'}")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value", "write e.g. data.langid.threshold=0.8")
+        key, raw = item.split("=", 1)
+        out[key.strip()] = _parse_value(raw.strip())
+    return out
+
+
+def config_from_dict(tree: dict, source: str = "<dict>") -> Config:
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                near = _closest(key)
+                lines.append(f"unknown key {key!r} in {source}" + (f" (did you mean {near!r}?)" if near else ""))
+            else:
+                lines.append(f"{key} in {source}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError("; ".join(lines), "fix the key in the file or the override (`oreline config keys` lists all)") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load TOML (None: the embedded demo config), apply dotted overrides, validate."""
+    if path is None:
+        path = PACKAGE_CONFIGS / "demo.toml"
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found", "pass -c with a TOML file, e.g. configs/demo.toml")
+    try:
+        tree = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML ({exc})", "fix the syntax at the position shown") from None
+    for key, value in parse_overrides(overrides).items():
+        _set_dotted(tree, key, value)
+    return config_from_dict(tree, source=f"{path}" + (" + command-line overrides" if overrides else ""))
+
+
+def to_dict(cfg: BaseModel) -> dict:
+    return cfg.model_dump(mode="json", by_alias=True)
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def fingerprint(cfg: BaseModel | dict) -> str:
+    """sha256 of the canonical JSON of a (section of the) resolved config."""
+    data = to_dict(cfg) if isinstance(cfg, BaseModel) else cfg
+    return hashlib.sha256(canonical_json(data).encode()).hexdigest()
+
+
+def diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out.extend(diff_keys(va, vb, name + "."))
+        elif va != vb:
+            out.append(name)
+    return out
+
+
+def to_toml(cfg: BaseModel | dict) -> str:
+    """Serialize a resolved config as TOML (None values are omitted: TOML has no null)."""
+    import tomli_w
+
+    data = to_dict(cfg) if isinstance(cfg, BaseModel) else cfg
+
+    def strip_none(d: dict) -> dict:
+        return {k: strip_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+    return tomli_w.dumps(strip_none(data))
+
+
+def write_resolved(cfg: BaseModel, out_dir: str | Path, section: str | None = None) -> str:
+    """Write config.toml and fingerprint.json into out_dir; return the fingerprint."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fp = fingerprint(cfg)
+    (out / "config.toml").write_text(to_toml(cfg), encoding="utf-8")
+    payload = {"config": fp, "section": section}
+    (out / "fingerprint.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return fp

@@ -1,0 +1,103 @@
+"""The run directory: where every artifact of a run lives, and what produced what.
+
+runs/NAME/
+  config.toml  fingerprint.json  lineage.json
+  data/  tokenizer/  tokens/  checkpoints/  metrics.jsonl  tensorboard/  eval/  export/  report.html
+
+`lineage.json` records, per stage, the fingerprints of the stage's inputs and settings and of
+what it produced; `oreline run` uses it to skip stages whose inputs and settings are unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oreline.config import Config
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @classmethod
+    def for_config(cls, cfg: Config) -> RunDir:
+        return cls(Path(cfg.run.runs_dir) / cfg.run.name)
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def tokens(self) -> Path:
+        return self.root / "tokens"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def export(self) -> Path:
+        return self.root / "export"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def lineage_path(self) -> Path:
+        return self.root / "lineage.json"
+
+    def lineage(self) -> dict[str, Any]:
+        if self.lineage_path.is_file():
+            return json.loads(self.lineage_path.read_text())
+        return {}
+
+    def record_stage(self, stage: str, record: dict[str, Any]) -> None:
+        lineage = self.lineage()
+        lineage[stage] = record
+        write_json_atomic(self.lineage_path, lineage)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON under a temporary name in the same folder, fsync, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
