@@ -1,0 +1,344 @@
+"""`oreline run`: crawl to exported model in one command, redoing only what changed.
+
+Stages, in order: data → tokenizer → tokenize → train → eval → export → report.
+
+Each stage has a *key*: the sha256 of its own settings and of the fingerprints of what it
+consumes (the previous stages' outputs). `lineage.json` in the run directory records, per stage,
+the key it ran with, whether it finished and the fingerprint of what it produced. A stage is
+skipped when it finished with the same key and its outputs are still there; otherwise it and
+every stage after it run again. So changing a filter threshold re-runs data and everything after
+it, while changing the learning rate re-runs training and after, and `--from STAGE` forces a stage.
+
+Training is the one stage that may be interrupted and continued: a `train` record with the same
+key that did not finish resumes from its newest valid checkpoint; a different key starts the
+training from scratch (the old checkpoints and metrics are moved aside, never mixed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from oreline.config import Config, expand, fingerprint, samples_dir, to_dict, write_resolved
+from oreline.errors import InputError, OrelineError
+from oreline.runs import RunDir
+
+STAGES = ["data", "tokenizer", "tokenize", "train", "eval", "export", "report"]
+
+
+# ---------------------------------------------------------------------------------------------
+# fingerprints of stage outputs
+
+
+def files_fingerprint(paths: list[Path]) -> str:
+    """sha256 over (name, content hash) of files, in sorted order."""
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        h.update(path.name.encode())
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def stage_key(*parts: Any) -> str:
+    return fingerprint({"parts": [p if isinstance(p, str | int | float | type(None)) else to_dict(p) if hasattr(p, "model_dump") else p for p in parts]})
+
+
+def _section(cfg: Config, *names: str, drop: tuple[str, ...] = ()) -> dict:
+    """Named config sections as a dict, without settings that do not change results (workers)."""
+    out = {}
+    for name in names:
+        node: Any = to_dict(cfg)
+        for part in name.split("."):
+            node = node[part]
+        out[name] = {k: v for k, v in node.items() if k not in drop} if isinstance(node, dict) else node
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the stages
+
+
+def _docs_dirs(rd: RunDir) -> list[Path]:
+    return [p for p in (rd.data / "docs", rd.root / "extra" / "docs") if p.is_dir()]
+
+
+def _check_samples(cfg: Config) -> None:
+    uses_samples = any("{samples}" in s for s in cfg.data.inputs + cfg.data.extra_inputs)
+    if uses_samples and not samples_dir().is_dir():
+        raise InputError(
+            f"the sample data folder {samples_dir()} does not exist",
+            "set ORELINE_SAMPLES to the shared data folder, or point the run at your own WARC files with "
+            "data.inputs=[\"/path/to/warcs\"] (and data.extra_inputs=[] or your own clean text)",
+        )
+
+
+def stage_data(cfg: Config, rd: RunDir, console: Console) -> str:
+    from oreline.data.pipeline import print_funnel, run_data
+
+    inputs = [expand(p) for p in cfg.data.inputs]
+    stats = run_data(inputs, rd.data, cfg, workers=cfg.data.workers)
+    print_funnel(stats, console)
+    _write_extra_documents(cfg, rd, console)
+    return files_fingerprint([p for d in _docs_dirs(rd) for p in d.glob("*.parquet")])
+
+
+def _write_extra_documents(cfg: Config, rd: RunDir, console: Console) -> None:
+    """Clean text the user trusts (the demo: public-domain prose), split into ~4 KB documents at
+    paragraph breaks so the train/validation split by id hash has enough units to split."""
+    from oreline.data.normalize import normalize_text
+    from oreline.data.pipeline import expand_inputs, iter_input_documents
+    from oreline.data.shards import ShardWriter
+
+    extra = rd.root / "extra"
+    if extra.exists():
+        shutil.rmtree(extra)
+    if not cfg.data.extra_inputs:
+        return
+    files = expand_inputs([expand(p) for p in cfg.data.extra_inputs])
+    n_docs = n_chars = 0
+    with ShardWriter(extra / "docs", max_shard_bytes=cfg.data.max_shard_bytes) as writer:
+        for path in files:
+            for doc in iter_input_documents(path, cfg):
+                for k, piece in enumerate(split_paragraph_blocks(normalize_text(doc.text), 4000)):
+                    writer.write_dict({"id": f"{doc.id}#p{k}", "text": piece, "url": doc.url,
+                                       "source_file": str(path)})
+                    n_docs += 1
+                    n_chars += len(piece)
+    console.print(f"extra text: {n_docs:,} documents, {n_chars:,} characters from {len(files)} files")
+
+
+def split_paragraph_blocks(text: str, target_chars: int) -> list[str]:
+    """Group paragraphs (blank-line separated) into blocks of about target_chars characters."""
+    blocks, current, size = [], [], 0
+    for para in text.split("\n\n"):
+        para = para.strip()
+        if not para:
+            continue
+        current.append(para)
+        size += len(para) + 2
+        if size >= target_chars:
+            blocks.append("\n\n".join(current))
+            current, size = [], 0
+    if current:
+        blocks.append("\n\n".join(current))
+    return blocks
+
+
+def stage_tokenizer(cfg: Config, rd: RunDir, console: Console) -> str:
+    from oreline.tokens.train_bpe import print_tokenizer_stats, train_tokenizer
+
+    stats = train_tokenizer([str(d) for d in _docs_dirs(rd)], rd.tokenizer, cfg.tokenizer)
+    print_tokenizer_stats(stats, console)
+    from oreline.tokens.train_bpe import load_tokenizer
+
+    return load_tokenizer(rd.tokenizer).fingerprint
+
+
+def stage_tokenize(cfg: Config, rd: RunDir, console: Console) -> str:
+    from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus
+
+    manifest = tokenize_corpus([str(d) for d in _docs_dirs(rd)], rd.tokenizer, rd.tokens, cfg.tokenize,
+                               workers=cfg.tokenize.workers)
+    print_manifest_summary(manifest, console)
+    return files_fingerprint([rd.tokens / "manifest.json"])
+
+
+def stage_train(cfg: Config, rd: RunDir, console: Console, resume: str) -> str:
+    from oreline.train.loop import train
+
+    train(cfg, resume=resume, allow_config_change=[])
+    return files_fingerprint([rd.checkpoints / "latest"]) if (rd.checkpoints / "latest").exists() else ""
+
+
+def stage_eval(cfg: Config, rd: RunDir, console: Console) -> str:
+    from oreline.eval.evaluate import evaluate_cli
+
+    out = rd.eval / "final.json"
+    evaluate_cli(rd.root, data=None, prompts=None, out=out, batches=cfg.eval.batches, console=console)
+    return files_fingerprint([out])
+
+
+def stage_export(cfg: Config, rd: RunDir, console: Console) -> str:
+    from oreline.export.hf import export_hf
+
+    if rd.export.exists():
+        shutil.rmtree(rd.export)
+    export_hf(rd.root, rd.export, console=console)
+    return files_fingerprint([p for p in rd.export.iterdir() if p.is_file()])
+
+
+def stage_report(cfg: Config, rd: RunDir, console: Console) -> str:
+    from oreline.report.html import write_report
+
+    path = write_report(rd.root)
+    console.print(f"report: {path}")
+    return files_fingerprint([path])
+
+
+def _outputs_present(stage: str, rd: RunDir) -> bool:
+    checks: dict[str, Callable[[], bool]] = {
+        "data": lambda: (rd.data / "stats.json").is_file(),
+        "tokenizer": lambda: (rd.tokenizer / "tokenizer.json").is_file(),
+        "tokenize": lambda: (rd.tokens / "manifest.json").is_file(),
+        "train": lambda: (rd.checkpoints / "latest").is_file(),
+        "eval": lambda: (rd.eval / "final.json").is_file(),
+        "export": lambda: (rd.export / "config.json").is_file(),
+        "report": lambda: rd.report.is_file(),
+    }
+    return checks[stage]()
+
+
+def _move_training_aside(rd: RunDir) -> None:
+    """A training run with different settings must not resume or append to the old one."""
+    old = [p for p in (rd.checkpoints, rd.metrics, rd.tensorboard) if p.exists()]
+    if not old:
+        return
+    dest = rd.root / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in old:
+        shutil.move(str(path), dest / path.name)
+
+
+def run_all(cfg: Config, from_stage: str | None = None, console: Console | None = None) -> dict:
+    """Run every stage whose key changed (or from `from_stage` on); return the summary."""
+    console = console or Console(stderr=True)
+    if from_stage is not None and from_stage not in STAGES:
+        raise OrelineError(f"unknown stage {from_stage!r}", f"use one of {', '.join(STAGES)}")
+    _check_samples(cfg)
+    rd = RunDir.for_config(cfg)
+    rd.root.mkdir(parents=True, exist_ok=True)
+    write_resolved(cfg, rd.root, section="run")
+    lineage = rd.lineage()
+
+    outputs: dict[str, str] = {}
+    forced = False
+    timings: dict[str, float] = {}
+    for stage in STAGES:
+        forced = forced or stage == from_stage
+        key = _stage_key(stage, cfg, outputs)
+        rec = lineage.get(stage, {})
+        done = rec.get("key") == key and rec.get("finished") and _outputs_present(stage, rd)
+        if done and not forced:
+            console.print(f"[dim]· {stage}: unchanged (key {key[:12]}), skipped[/]")
+            outputs[stage] = rec["output"]
+            continue
+        console.rule(f"[bold]{stage}")
+        resume = "none"
+        if stage == "train":
+            if rec.get("key") == key and not forced:
+                resume = "auto"  # same settings, interrupted before: continue exactly
+            else:
+                _move_training_aside(rd)
+        rd.record_stage(stage, {"key": key, "finished": False, "started": time.time()})
+        t0 = time.perf_counter()
+        if stage == "train":
+            out = stage_train(cfg, rd, console, resume)
+        else:
+            out = STAGE_FUNCS[stage](cfg, rd, console)
+        timings[stage] = time.perf_counter() - t0
+        outputs[stage] = out
+        rd.record_stage(stage, {"key": key, "finished": True, "output": out, "seconds": timings[stage],
+                                "finished_at": time.time()})
+        lineage = rd.lineage()
+        forced = True  # every stage after one that ran must run too (its inputs changed)
+    summary = summarize(rd)
+    print_summary(summary, timings, console)
+    return summary
+
+
+def _stage_key(stage: str, cfg: Config, outputs: dict[str, str]) -> str:
+    if stage == "data":
+        return stage_key(_section(cfg, "data", drop=("workers",)))
+    if stage == "tokenizer":
+        return stage_key(_section(cfg, "tokenizer"), outputs["data"])
+    if stage == "tokenize":
+        return stage_key(_section(cfg, "tokenize", drop=("workers",)), outputs["data"], outputs["tokenizer"])
+    if stage == "train":
+        return stage_key(_section(cfg, "model", "train", "checkpoint", "run"), outputs["tokenize"])
+    if stage == "eval":
+        return stage_key(_section(cfg, "eval"), outputs["train"])
+    if stage == "export":
+        return stage_key(_section(cfg, "export"), outputs["train"])
+    return stage_key(outputs["eval"], outputs["export"])
+
+
+STAGE_FUNCS = {"data": stage_data, "tokenizer": stage_tokenizer, "tokenize": stage_tokenize,
+               "eval": stage_eval, "export": stage_export, "report": stage_report}
+
+
+# ---------------------------------------------------------------------------------------------
+# summary
+
+
+def summarize(rd: RunDir) -> dict:
+    import json
+
+    summary: dict[str, Any] = {"run_dir": str(rd.root), "report": str(rd.report), "export": str(rd.export)}
+    stats_path = rd.data / "stats.json"
+    if stats_path.is_file():
+        steps = json.loads(stats_path.read_text()).get("steps", [])
+        if steps:
+            summary["web_docs_in"] = steps[0].get("docs_in")
+            summary["web_docs_kept"] = steps[-1].get("docs_out")
+    manifest = rd.tokens / "manifest.json"
+    if manifest.is_file():
+        shards = json.loads(manifest.read_text()).get("shards", [])
+        summary["train_tokens"] = sum(s.get("tokens", 0) for s in shards if s.get("split") == "train")
+        summary["val_tokens"] = sum(s.get("tokens", 0) for s in shards if s.get("split") == "val")
+    if rd.metrics.is_file():
+        train_recs, eval_recs = [], []
+        for line in rd.metrics.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("type") == "train":
+                train_recs.append(rec)
+            elif rec.get("type") == "eval":
+                eval_recs.append(rec)
+        if train_recs:
+            tps = [r["tokens_per_s"] for r in train_recs if r.get("tokens_per_s")]
+            summary["train_steps"] = train_recs[-1]["step"]
+            summary["final_train_loss"] = train_recs[-1].get("loss")
+            summary["tokens_per_s"] = sum(tps) / len(tps) if tps else None
+        if eval_recs:
+            summary["final_val_loss"] = eval_recs[-1].get("val_loss")
+    final_eval = rd.eval / "final.json"
+    if final_eval.is_file():
+        ev = json.loads(final_eval.read_text())
+        summary["final_val_loss"] = ev.get("val_loss", summary.get("final_val_loss"))
+        gens = ev.get("generations") or []
+        if gens:
+            summary["sample"] = {"prompt": gens[0].get("prompt"), "text": gens[0].get("text")}
+    return summary
+
+
+def print_summary(summary: dict, timings: dict[str, float], console: Console) -> None:
+    table = Table(title="oreline run", show_header=False)
+    rows = [
+        ("web documents kept", f"{summary.get('web_docs_kept', '?'):,} of {summary.get('web_docs_in', '?'):,}"
+         if isinstance(summary.get("web_docs_kept"), int) and isinstance(summary.get("web_docs_in"), int) else "?"),
+        ("tokens (train / val)", f"{summary.get('train_tokens', 0):,} / {summary.get('val_tokens', 0):,}"),
+        ("training steps", str(summary.get("train_steps", "?"))),
+        ("final validation loss", f"{summary['final_val_loss']:.4f}" if summary.get("final_val_loss") is not None else "?"),
+        ("throughput", f"{summary['tokens_per_s']:,.0f} tokens/s" if summary.get("tokens_per_s") else "?"),
+        ("report", summary["report"]),
+        ("exported model", summary["export"]),
+    ]
+    if summary.get("sample"):
+        rows.append(("sample", f"{summary['sample']['prompt']!s} → {summary['sample']['text']!s}"[:300]))
+    for stage, secs in timings.items():
+        rows.append((f"time: {stage}", f"{secs:,.1f} s"))
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)
+
