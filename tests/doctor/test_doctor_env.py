@@ -1,0 +1,94 @@
+"""oreline doctor env: real checks on this machine, and failures provoked through the environment."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+
+import pytest
+import torch
+from rich.console import Console
+
+from oreline.doctor.env import (
+    Finding,
+    check_clock,
+    check_disk,
+    check_env,
+    check_port,
+    check_rendezvous,
+    check_shared_fs,
+    doctor_env_cli,
+)
+
+
+def by_check(findings: list[Finding]) -> dict[str, Finding]:
+    return {f.check: f for f in findings}
+
+
+def test_env_reports_every_check_with_real_values(tmp_path):
+    findings = by_check(check_env(distributed=True, run_dir=tmp_path))
+    expected = {"torch", "cuda_driver", "cuda_tensor", "devices", "disk", "port",
+                "rendezvous", "backends", "nccl", "visible_devices", "clock", "shared_fs"}
+    assert expected <= set(findings)
+    assert torch.__version__ in findings["torch"].evidence
+    if not torch.cuda.is_available():
+        assert findings["cuda_tensor"].status == "skip"
+    free_gb = shutil.disk_usage(tmp_path).free / 1e9
+    shown = float(findings["disk"].evidence.split(" GB free")[0])
+    assert abs(shown - free_gb) < 1.0
+    assert findings["shared_fs"].status == "ok"
+    assert not list(tmp_path.iterdir()), "the shared-FS probe must be deleted"
+    if shutil.which("chronyc") is None:
+        assert findings["clock"].status == "skip" and "chronyc absent" in findings["clock"].evidence
+
+
+def test_cli_exit_code_follows_failures(tmp_path):
+    console = Console(record=True, width=200)
+    code = doctor_env_cli(distributed=False, run_dir=tmp_path, console=console)
+    statuses = {f.status for f in check_env(False, tmp_path)}
+    assert code == (1 if "fail" in statuses else 0)
+    assert "disk" in console.export_text()
+
+
+def test_unwritable_run_dir_fails_shared_fs(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the run directory should be")
+    finding = check_shared_fs(blocker / "run")
+    assert finding.status == "fail" and finding.fix
+
+
+def test_unresolvable_master_addr_fails(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    finding = check_rendezvous(timeout=1.0)
+    assert finding.status == "fail" and "does not resolve" in finding.evidence
+
+
+def test_local_master_port_in_use_fails(monkeypatch):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        assert check_rendezvous().status == "fail"
+        assert check_port().status == "warn"
+
+
+def test_local_master_addr_with_free_port_is_ok(monkeypatch):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    assert check_rendezvous().status == "ok"
+
+
+def test_disk_check_walks_up_to_an_existing_folder(tmp_path):
+    finding = check_disk(tmp_path / "runs" / "not-yet")
+    assert finding.status in ("ok", "warn", "fail") and str(tmp_path) in finding.evidence
+
+
+@pytest.mark.skipif(shutil.which("chronyc") is not None, reason="chronyc is installed: the absent branch cannot run")
+def test_clock_without_chronyc_is_skipped():
+    assert check_clock().status == "skip"
