@@ -1,0 +1,408 @@
+"""A Llama decoder that reads top to bottom: RMSNorm → RoPE → Attention → MLP → Block → Llama.
+
+The architecture is Meta's Llama 2/3 (Touvron et al. 2023, arXiv:2307.09288; Grattafiori et al.
+2024, arXiv:2407.21783): pre-norm residual blocks, RMSNorm (Zhang & Sennrich 2019), rotary
+position embeddings (Su et al. 2021, arXiv:2104.09864), grouped-query attention (Ainslie et al.
+2023, arXiv:2305.13245) and a SwiGLU MLP (Shazeer 2020, arXiv:2002.05202), no biases anywhere.
+
+Parameter names are Hugging Face `LlamaForCausalLM`'s (`model.layers.{i}.self_attn.q_proj.weight`,
+...) and RoPE uses HF's rotate-half layout (the two halves of each head are the real and imaginary
+parts), so HF export and import are an identity rename table with no q/k permutation (see
+`oreline.export.hf`). When `tie_embeddings` is set there is no `lm_head` module at all: the output
+projection reuses `model.embed_tokens.weight`, and the state dict has no `lm_head.weight` (as in
+HF's own safetensors files of tied models, e.g. Llama-3.2-1B).
+
+Document masking: `forward(input_ids, doc_ids)` makes attention block-diagonal causal, so a token
+attends only to earlier tokens of its own document. Positions stay global (0..T-1 across the packed
+sequence) on purpose: RoPE makes every attention score a function of the *relative* offset between
+query and key only, and within one document the offsets are the same whether positions restart
+at the boundary or not, so resetting positions would change nothing but cost a gather.
+
+Numerics: RMSNorm computes its statistic in fp32 and casts back (as HF does), RoPE tables are fp32,
+logits are returned in fp32 whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from oreline.errors import ConfigError
+
+# ---------------------------------------------------------------------------------------------
+# configuration
+
+
+@dataclass
+class ModelArgs:
+    """Every number that decides the shape and numerics of a Llama. JSON-able via to_dict()."""
+
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int = 4
+    vocab_size: int = 8192
+    ffn_dim: int = 768
+    norm_eps: float = 1e-5
+    rope_theta: float = 10_000.0
+    # Llama-3 style: {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    rope_scaling: dict | None = None
+    max_seq_len: int = 512
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+    depth_scaled_init: bool = False
+
+    def __post_init__(self) -> None:
+        hint = "fix the model section of the config (oreline model info shows the shapes)"
+        if self.dim % self.n_heads:
+            raise ConfigError(f"model.dim ({self.dim}) is not divisible by model.n_heads ({self.n_heads})", hint)
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model.n_heads ({self.n_heads}) is not a multiple of model.n_kv_heads ({self.n_kv_heads})", hint)
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim = dim / n_heads = {self.head_dim} is odd; RoPE needs an even head_dim", hint)
+        for name in ("dim", "n_layers", "vocab_size", "ffn_dim", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be positive (got {getattr(self, name)})", hint)
+        if self.rope_scaling is not None:
+            need = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+            missing = need - set(self.rope_scaling)
+            if missing:
+                raise ConfigError(f"model.rope_scaling lacks {sorted(missing)}", f"give all of {sorted(need)} or set it to none")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> ModelArgs:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"model args have unknown keys {sorted(unknown)}", f"valid keys are {sorted(known)}")
+        d = dict(d)
+        if d.get("rope_scaling") is not None:
+            d["rope_scaling"] = dict(d["rope_scaling"])
+        return cls(**d)
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) · weight, with the statistic in fp32 (bf16 loses it)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE
+
+
+def apply_rope_scaling(inv_freq: torch.Tensor, scaling: Mapping) -> torch.Tensor:
+    """Llama-3.1 frequency scaling (Meta's `apply_scaling`, HF `_compute_llama3_parameters`).
+
+    Wavelengths shorter than original_len / high_freq_factor are kept, those longer than
+    original_len / low_freq_factor are divided by `factor`, and the band in between is a smooth
+    interpolation of the two, so long contexts reuse low frequencies without disturbing local ones.
+    """
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    low_freq_wavelen, high_freq_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rope_tables(args: ModelArgs, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables of shape (max_seq_len, head_dim), fp32, in HF's rotate-half layout."""
+    hd = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
+    if args.rope_scaling is not None:
+        inv_freq = apply_rope_scaling(inv_freq, args.rope_scaling)
+    pos = torch.arange(args.max_seq_len, device=device, dtype=torch.float32)
+    freqs = torch.outer(pos, inv_freq)  # (S, hd/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (S, hd): both halves share a frequency
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, T, H, hd) by position; cos/sin are (T, hd). Computed in fp32, cast back."""
+    dtype = x.dtype
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, hd)
+    xf = x.float()
+    return (xf * cos + rotate_half(xf) * sin).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention and MLP
+
+
+class Attention(nn.Module):
+    """Grouped-query causal self-attention through F.scaled_dot_product_attention."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.q_proj = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.k_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, n_heads, hd)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, hd)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hd)
+        gqa = self.n_kv_heads != self.n_heads  # kv head j serves query heads j·rep … (j+1)·rep−1, as HF
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:  # (B, 1, T, T) boolean, True where attention is allowed
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, dim)
+        return self.o_proj(y)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) · up(x))."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.dim, args.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(args.dim, args.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(args.ffn_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h))."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+# ---------------------------------------------------------------------------------------------
+# the model
+
+
+class Decoder(nn.Module):
+    """HF's `LlamaModel`: embeddings, the blocks, the final norm (`model.*` parameter names)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+
+
+class Llama(nn.Module):
+    """Llama causal LM. forward(input_ids (B, T), doc_ids=None) -> fp32 logits (B, T, vocab)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = Decoder(args)
+        self.lm_head = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        cos, sin = rope_tables(args)
+        # Not persistent: derived from args, never part of a checkpoint or an HF export.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+        check_shapes(self, args)
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """(vocab, dim) weight of the output projection (the embedding table when tied)."""
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        B, T = input_ids.shape
+        if input_ids.shape[1] > self.args.max_seq_len:
+            raise ConfigError(f"sequence of {T} tokens is longer than model.max_seq_len={self.args.max_seq_len}",
+                              "shorten train.seq_len or raise model.max_seq_len")
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, hd)
+        mask = None
+        if doc_ids is not None:  # block-diagonal causal: same document and not in the future
+            causal = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()
+            same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]  # (B, T, T)
+            mask = (same_doc & causal)[:, None]  # (B, 1, T, T)
+        h = self.model.embed_tokens(input_ids)  # (B, T, dim)
+        for block in self.model.layers:
+            h = block(h, cos, sin, mask)
+        h = self.model.norm(h)
+        logits = F.linear(h, self.output_weight)  # (B, T, vocab)
+        return logits.float()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """normal(0, init_std) for every matrix, ones for norms, recomputed RoPE tables.
+
+        With `depth_scaled_init` the projections that write into the residual stream (o_proj,
+        down_proj) get std / sqrt(2·n_layers), GPT-2's rule (Radford et al. 2019) that keeps the
+        residual variance from growing with depth: each block adds two such outputs. Callable
+        after `to_empty()` on a meta-device model (FSDP), which is why it also rebuilds the
+        non-persistent RoPE buffers.
+        """
+        a = self.args
+        out_std = a.init_std / math.sqrt(2 * a.n_layers) if a.depth_scaled_init else a.init_std
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                std = out_std if name.endswith(("o_proj", "down_proj")) else a.init_std
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, RMSNorm):
+                module.reset_parameters()
+        if self.rope_cos.device.type != "meta":
+            cos, sin = rope_tables(a, device=self.rope_cos.device)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        """Parameters (shared tensors once). exclude_embedding drops the input embedding table
+        (a lookup, no FLOPs); an untied lm_head is counted either way."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.model.embed_tokens.weight.numel() if exclude_embedding else n
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes
+
+
+def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """HF-named weight → shape for these args (what a state dict must hold, no more, no less)."""
+    hd, d = args.head_dim, args.dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (args.vocab_size, d)}
+    for i in range(args.n_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (args.n_heads * hd, d),
+            p + "self_attn.k_proj.weight": (args.n_kv_heads * hd, d),
+            p + "self_attn.v_proj.weight": (args.n_kv_heads * hd, d),
+            p + "self_attn.o_proj.weight": (d, args.n_heads * hd),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "mlp.gate_proj.weight": (args.ffn_dim, d),
+            p + "mlp.up_proj.weight": (args.ffn_dim, d),
+            p + "mlp.down_proj.weight": (d, args.ffn_dim),
+        }
+    shapes["model.norm.weight"] = (d,)
+    if not args.tie_embeddings:
+        shapes["lm_head.weight"] = (args.vocab_size, d)
+    return shapes
+
+
+def check_shapes(model_or_state_dict: nn.Module | Mapping[str, torch.Tensor], args: ModelArgs,
+                 source: str = "model") -> None:
+    """Raise ConfigError naming the first missing, unexpected or mis-shaped tensor.
+
+    A tied model's state dict may carry `lm_head.weight` only if it is the embedding table itself
+    (same shape); anything else must match `expected_shapes(args)` exactly.
+    """
+    sd = model_or_state_dict.state_dict() if isinstance(model_or_state_dict, nn.Module) else model_or_state_dict
+    want = expected_shapes(args)
+    hint = "the weights and the model config disagree: use the config the weights were made with"
+    for name, tensor in sd.items():
+        shape = tuple(tensor.shape)
+        if name == "lm_head.weight" and args.tie_embeddings:
+            if shape != want["model.embed_tokens.weight"]:
+                raise ConfigError(f"{source}: tensor {name} has shape {shape}, tied embeddings need "
+                                  f"{want['model.embed_tokens.weight']}", hint)
+            continue
+        if name not in want:
+            raise ConfigError(f"{source}: unexpected tensor {name} {shape} for a {args.n_layers}-layer model "
+                              f"(tie_embeddings={args.tie_embeddings})", hint)
+        if shape != want[name]:
+            raise ConfigError(f"{source}: tensor {name} has shape {shape}, the config expects {want[name]}", hint)
+    missing = [n for n in want if n not in sd]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ConfigError(f"{source}: tensor {missing[0]}{more} is missing", hint)
+
+
+# ---------------------------------------------------------------------------------------------
+# generation
+
+
+@torch.no_grad()
+def generate(model: Llama, input_ids: torch.Tensor | list[int], max_new_tokens: int, temperature: float = 0.0,
+             top_k: int | None = None, eos_id: int | None = None,
+             generator: torch.Generator | None = None) -> list[int]:
+    """Continue a prompt; returns the NEW tokens only (an eos_id, when produced, is the last one).
+
+    temperature 0 is greedy (argmax, token-identical to HF `generate(do_sample=False)`); otherwise
+    logits / temperature are sampled, restricted to the top_k most likely tokens when top_k is set.
+    No KV cache: each step re-runs the (cropped) context, which is simple and exact; a prompt
+    longer than max_seq_len keeps its last max_seq_len tokens.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.shape[0] != 1:
+        raise ConfigError(f"generate takes one prompt, got a batch of {ids.shape[0]}", "call it once per prompt")
+    out: list[int] = []
+    try:
+        for _ in range(max_new_tokens):
+            logits = model(ids[:, -model.args.max_seq_len:])[0, -1]  # (vocab,)
+            if temperature <= 0.0:
+                nxt = int(torch.argmax(logits))
+            else:
+                logits = logits / temperature
+                if top_k is not None and top_k < logits.numel():
+                    kth = torch.topk(logits, top_k).values[-1]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                probs = torch.softmax(logits, dim=-1)
+                if generator is not None:  # sample where the generator lives (CPU or CUDA)
+                    probs = probs.to(generator.device)
+                nxt = int(torch.multinomial(probs, 1, generator=generator))
+            out.append(nxt)
+            if eos_id is not None and nxt == eos_id:
+                break
+            ids = torch.cat([ids, torch.tensor([[nxt]], device=device)], dim=1)
+    finally:
+        model.train(was_training)
+    return out

@@ -1,0 +1,206 @@
+"""Named model sizes, the config → ModelArgs resolution, parameter/FLOP/memory arithmetic.
+
+MLP width (Meta's reference `FeedForward`, llama/model.py of Llama 2 and Llama 3):
+
+    hidden = int(2 · (4 · dim) / 3)
+    hidden = int(ffn_multiplier · hidden)              # when a multiplier is given
+    ffn_dim = multiple_of · ceil(hidden / multiple_of)
+
+Llama-2-7B: dim 4096, multiple_of 256 → 10922 → 11008. Llama-3-8B: multiplier 1.3, multiple_of 1024
+→ int(14198.6) = 14198 → 14336. Llama-3.2-1B: dim 2048, multiplier 1.5, multiple_of 256 → 8192.
+(Truncations happen in that order; a single ceil over multiplier · 8/3 · dim gives the same
+values for these shapes but not for every shape.) Llama-2-7B does NOT tie its output projection to
+the embedding table; Llama-3.2-1B/3B do.
+
+FLOPs per token (Kaplan et al. 2020; PaLM, Chowdhery et al. 2022, appendix B):
+
+    flops_per_token = 6 · N + 12 · n_layers · dim · seq_len
+
+N is the non-embedding parameter count *plus the lm-head matmul* (vocab · dim, counted even when
+tied: the lookup is free, the output projection is not). The factor 6 is forward (2) + backward
+(4) per weight per token. The second term is the attention score and value matmuls (QKᵀ and AV,
+2 · 2 · T · dim per layer forward, ×3 with backward), counted over the full T×T square as PaLM
+does, without halving for the causal mask — the convention MFU figures are quoted in.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from oreline.config import ModelConfig
+from oreline.errors import ConfigError
+from oreline.model.llama import Llama, ModelArgs, check_shapes, expected_shapes
+
+__all__ = ["PRESETS", "resolve_model_args", "llama_ffn_dim", "count_params", "flops_per_token",
+           "memory_estimate", "print_model_info", "check_shapes", "expected_shapes"]
+
+# Fields of ModelArgs plus ffn_multiplier / multiple_of (the MLP width rule) when ffn_dim is absent.
+PRESETS: dict[str, dict[str, Any]] = {
+    # Tiny: unit tests and smoke runs, trains in seconds.
+    "debug": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, multiple_of=32,
+                  max_seq_len=256, tie_embeddings=False, rope_theta=10_000.0, norm_eps=1e-5),
+    # The CPU demo: ~5.2M parameters (3.1M non-embedding) with an 8192 vocabulary, minutes on 2 cores.
+    "demo": dict(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, vocab_size=8192, multiple_of=256,
+                 max_seq_len=512, tie_embeddings=True, rope_theta=10_000.0, norm_eps=1e-5),
+    # GPT-3 Small width/depth with GQA and a 4·dim MLP: ~128M parameters.
+    "125m": dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=32_000, ffn_multiplier=1.5,
+                 multiple_of=256, max_seq_len=2048, tie_embeddings=True, rope_theta=10_000.0, norm_eps=1e-5),
+    # Llama-3.2-1B's shape (HF config), trained context 8192 with its Llama-3 RoPE scaling.
+    "1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128_256, ffn_multiplier=1.5,
+               multiple_of=256, max_seq_len=8192, tie_embeddings=True, rope_theta=500_000.0, norm_eps=1e-5,
+               rope_scaling={"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8192}),
+    "llama2-7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, vocab_size=32_000, multiple_of=256,
+                      max_seq_len=4096, tie_embeddings=False, rope_theta=10_000.0, norm_eps=1e-5),
+    "llama3-8b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128_256, ffn_multiplier=1.3,
+                      multiple_of=1024, max_seq_len=8192, tie_embeddings=False, rope_theta=500_000.0, norm_eps=1e-5),
+}
+
+_RULE_KEYS = ("ffn_multiplier", "multiple_of")
+
+
+def llama_ffn_dim(dim: int, multiple_of: int = 256, ffn_multiplier: float | None = None) -> int:
+    """Meta's MLP width rule (see the module docstring)."""
+    hidden = int(2 * (4 * dim) / 3)
+    if ffn_multiplier is not None:
+        hidden = int(ffn_multiplier * hidden)
+    return multiple_of * math.ceil(hidden / multiple_of)
+
+
+def resolve_model_args(cfg_model: ModelConfig, vocab_size: int | None = None) -> ModelArgs:
+    """Preset, then every explicit (non-None) field of the config section on top.
+
+    vocab_size: the explicit `model.vocab_size` wins, else the tokenizer's padded size passed in
+    here, else the preset's. ffn_dim: explicit, else the Llama rule from (possibly overridden)
+    ffn_multiplier / multiple_of.
+    """
+    spec: dict[str, Any] = {}
+    if cfg_model.preset is not None:
+        if cfg_model.preset not in PRESETS:
+            raise ConfigError(f"unknown model.preset {cfg_model.preset!r}", f"use one of {', '.join(PRESETS)} or set it to none")
+        spec.update(PRESETS[cfg_model.preset])
+    explicit = {k: v for k, v in cfg_model.model_dump().items() if k != "preset" and v is not None}
+    if "vocab_size" not in explicit and vocab_size is not None:
+        explicit["vocab_size"] = vocab_size
+    spec.update(explicit)
+    if "ffn_dim" not in spec:
+        if "dim" not in spec:
+            raise ConfigError("model section has no preset and no dim", "set model.preset (e.g. demo) or model.dim and friends")
+        spec["ffn_dim"] = llama_ffn_dim(spec["dim"], int(spec.get("multiple_of", 256)), spec.get("ffn_multiplier"))
+    for key in _RULE_KEYS:
+        spec.pop(key, None)
+    missing = [k for k in ("dim", "n_layers", "n_heads", "vocab_size") if k not in spec]
+    if missing:
+        raise ConfigError(f"model section leaves {', '.join('model.' + m for m in missing)} unset",
+                          "set them or pick a preset")
+    spec.setdefault("n_kv_heads", spec["n_heads"])
+    return ModelArgs(**spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# arithmetic
+
+
+def count_params(args: ModelArgs) -> dict[str, int]:
+    """Parameter counts from the shapes alone (no model built): embedding, non-embedding, total."""
+    shapes = expected_shapes(args)
+    total = sum(math.prod(s) for s in shapes.values())
+    embedding = args.vocab_size * args.dim
+    return {"embedding": embedding, "non_embedding": total - embedding, "total": total}
+
+
+def flops_per_token(args: ModelArgs, seq_len: int) -> int:
+    """6·N + 12·n_layers·dim·seq_len, N = non-embedding parameters + the lm-head matmul."""
+    n = count_params(args)["non_embedding"] + (args.vocab_size * args.dim if args.tie_embeddings else 0)
+    return 6 * n + 12 * args.n_layers * args.dim * seq_len
+
+
+def memory_estimate(args: ModelArgs) -> dict[str, dict[str, int]]:
+    """Bytes of weights, gradients and AdamW state (two fp32 moments), activations excluded.
+
+    fp32: weights, grads and moments all fp32 (16 bytes/param). bf16: bf16 weights and grads with
+    fp32 moments and an fp32 master copy of the weights (the usual mixed-precision layout,
+    16 bytes/param; FSDP2 MixedPrecisionPolicy keeps fp32 sharded params and casts for compute).
+    """
+    n = count_params(args)["total"]
+    fp32 = {"weights": 4 * n, "grads": 4 * n, "adamw_state": 8 * n}
+    bf16 = {"weights": 2 * n, "grads": 2 * n, "adamw_state": 8 * n, "master_weights": 4 * n}
+    fp32["total"] = sum(fp32.values())
+    bf16["total"] = sum(bf16.values())
+    return {"fp32": fp32, "bf16": bf16}
+
+
+def _human(n: float, unit: str = "") -> str:
+    for suffix in ("", "K", "M", "G", "T", "P"):
+        if abs(n) < 1000:
+            return f"{n:.3g}{suffix}{unit}" if suffix else f"{n:.0f}{unit}"
+        n /= 1000
+    return f"{n:.3g}E{unit}"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def args_for_spec(spec: str) -> tuple[ModelArgs, str]:
+    """A preset name or a TOML config path → (ModelArgs, where they came from)."""
+    if spec in PRESETS:
+        return resolve_model_args(ModelConfig(preset=spec)), f"preset {spec}"
+    path = Path(spec)
+    if path.suffix == ".toml" or path.exists():
+        from oreline.config import load_config
+
+        cfg = load_config(path)
+        return resolve_model_args(cfg.model), f"config {path} (model.preset={cfg.model.preset})"
+    raise ConfigError(f"{spec!r} is neither a preset nor a config file", f"use one of {', '.join(PRESETS)} or a TOML path")
+
+
+def print_model_info(spec: str, seq_len: int = 2048, console=None) -> dict:
+    """`oreline model info`: counts, FLOPs, every weight's shape, memory. Returns the figures."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    args, source = args_for_spec(spec)
+    with torch.device("meta"):  # shapes only: a 8B model costs nothing here
+        model = Llama(args)
+    counts = count_params(args)
+    assert counts["total"] == model.num_params(), "analytic count disagrees with the built model"
+    flops = flops_per_token(args, seq_len)
+    memory = memory_estimate(args)
+
+    console.print(f"[bold]{source}[/]: dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads "
+                  f"({args.n_kv_heads} kv, head_dim {args.head_dim}), ffn {args.ffn_dim}, vocab {args.vocab_size}, "
+                  f"max_seq_len {args.max_seq_len}, tied={args.tie_embeddings}, rope_theta {args.rope_theta:g}"
+                  + (f", rope_scaling {args.rope_scaling}" if args.rope_scaling else ""))
+    console.print(f"parameters: embedding {counts['embedding']:,} · non-embedding {counts['non_embedding']:,} · "
+                  f"total {counts['total']:,} ({_human(counts['total'])})")
+    console.print(f"FLOPs per token at seq_len {seq_len}: {flops:,} ({_human(flops, 'FLOP')}; training, fwd+bwd)")
+
+    table = Table(title="weights", show_lines=False)
+    table.add_column("tensor")
+    table.add_column("shape", justify="right")
+    table.add_column("params", justify="right")
+    shapes = expected_shapes(args)
+    for name, shape in shapes.items():
+        if args.n_layers > 2 and name.startswith("model.layers.") and not name.startswith("model.layers.0."):
+            continue  # every block has the same shapes: show block 0 and say so
+        table.add_row(name, " × ".join(map(str, shape)), f"{math.prod(shape):,}")
+    if args.n_layers > 2:
+        table.add_row(f"(model.layers.1 … {args.n_layers - 1}: same as model.layers.0)", "", "")
+    console.print(table)
+
+    mem = Table(title="memory (weights + grads + AdamW, activations excluded)")
+    mem.add_column("precision")
+    for col in ("weights", "grads", "adamw_state", "master_weights", "total"):
+        mem.add_column(col, justify="right")
+    for prec, parts in memory.items():
+        mem.add_row(prec, *(_gib(parts[c]) if c in parts else "-" for c in
+                            ("weights", "grads", "adamw_state", "master_weights", "total")))
+    console.print(mem)
+    return {"args": args.to_dict(), "params": counts, "flops_per_token": flops, "memory": memory,
+            "shapes": {k: list(v) for k, v in shapes.items()}}
