@@ -1,0 +1,365 @@
+"""Heuristic quality filters: Gopher quality and repetition, C4, FineWeb, character entropy, ASCII ratio.
+
+Every filter is a pure function `(doc, cfg) -> reason | None`. It may write scores into
+`doc.metadata`, and only the C4 line rules may change `doc.text` (they remove lines, as C4 did).
+`QUALITY_FILTERS` maps config names to filters; `quality_filters(cfg)` returns the enabled ones in
+order as `(name, fn(doc))` closures, which the pipeline runner counts and times.
+
+Sources of the rules and thresholds:
+
+- Gopher quality (Rae et al. 2021, "Scaling Language Models: Methods, Analysis & Insights from
+  Training Gopher", appendix A.1.1, Table A1; defaults as in datatrove's GopherQualityFilter):
+  50 ≤ words ≤ 100,000; mean word length in [3, 10]; "#" and ellipsis to word ratios ≤ 0.1 each;
+  ≤ 90% of lines start with a bullet; ≤ 30% of lines end with an ellipsis; ≥ 80% of words contain
+  an alphabetic character; ≥ 2 of the stop words {the, be, to, of, and, that, have, with}.
+- Gopher repetition (same table): duplicate-line fraction ≤ 0.30 (by count) and ≤ 0.20 (by chars);
+  duplicate-paragraph fraction ≤ 0.30 / ≤ 0.20; most frequent 2/3/4-gram covers ≤ 0.20/0.18/0.16
+  of the characters; duplicated 5..10-grams cover ≤ 0.15, 0.14, 0.13, 0.12, 0.11, 0.10.
+- C4 (Raffel et al. 2020, §2.2, and tensorflow-datasets `c4_utils.clean_page`): keep lines that
+  end in terminal punctuation (not an ellipsis) with ≥ 5 words and no word over 1,000 characters;
+  drop lines mentioning "javascript" or cookie/privacy/terms policies; drop the document on
+  "lorem ipsum" or a "{" in a kept line; drop documents with fewer than 3 sentences. The bad-words
+  list is not applied (it would need a download).
+- FineWeb (Penedo et al. 2024, "The FineWeb Datasets", §3.4; datatrove FineWebQualityFilter
+  defaults): ≥ 12% of lines end in punctuation; < 67% of lines are ≤ 30 characters; characters in
+  duplicated lines ≤ 1% of the text; newlines per word ≤ 0.3.
+- Entropy and ASCII ratio (the seed recipe): Shannon entropy of the character distribution in bits
+  per character must be ≥ `min_entropy`; the ASCII share must be ≥ `min_ascii_ratio`.
+
+Language handling. `doc.metadata["language"]` comes from the langid step (missing → treated as a
+space-separated, Latin-script language). Word rules (Gopher word counts, lengths, symbols, alpha
+words, n-gram repetition; C4's five-word minimum) split on whitespace, which is meaningless for
+languages written without spaces (zh, ja, th, ...), so they are skipped there; line and paragraph
+rules still apply. Gopher's stop words are English, so that rule runs only for English (or unknown)
+documents. The ASCII ratio only makes sense for Latin-script languages (Russian or Chinese prose is
+legitimately ~0% ASCII), so it runs only for those and unknown languages. Entropy applies to all.
+
+Speed. The repetition rules are the costly part (datatrove: ~65 ms/doc here). Here words are mapped
+to integer ids once, n-gram hashes are built by a vectorized rolling hash (uint64, wrapping), and
+duplicates are found with one `np.unique` per n, so no n-gram strings are ever joined.
+
+Model-based scoring (KenLM / tiny-LM perplexity) is not here: `perplexity_filter(cfg)` returns the
+filter from `oreline.data.perplexity` when `perplexity_model` is set, for the pipeline to run after
+the heuristic filters.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Callable
+
+import numpy as np
+
+from oreline.config import QualityConfig
+from oreline.data.document import Document
+
+Filter = Callable[[Document, QualityConfig], str | None]
+
+# languages written without spaces between words (lid.176 labels)
+NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "km", "my", "bo", "wuu", "yue", "dz"})
+# languages written in the Latin script (lid.176 labels), where an ASCII share is a sane check
+_LATIN = (
+    "af an ast az br bs ca ceb co cs cy da de en eo es et eu fi fr fy ga gd gl gn hr ht hu id ia ie ilo io is it "
+    "jbo jv kw la lb li lmo lt lv mg min ms mt nah nap nds nl nn no oc pl pms pt qu rm ro sc scn sco sh sk sl so "
+    "sq su sv sw tl tr uz vec vi vls wa war yo"
+)
+LATIN_LANGUAGES = frozenset(_LATIN.split())
+STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
+PUNCT = string.punctuation + "«»“”‘’„‚…–—·•¿¡"
+BULLETS = ("•", "-", "*", "‣", "◦", "⁃", "▪", "●")
+ELLIPSES = ("...", "…")
+# C4 keeps lines ending in these (tfds c4_utils._END_MARKS, plus CJK full stops)
+C4_END_MARKS = (".", "?", "!", '"', "。", "！", "？")
+C4_POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
+# FineWeb's "line ends with punctuation" (a subset of datatrove's TERMINAL_PUNCTUATION)
+TERMINAL_PUNCT = (".", "!", "?", '"', "'", ":", ";", ")", "…", "。", "！", "？", "」", "』", "”", "’", "؟", "।", "۔")
+SENTENCE_END = re.compile(r"[.!?。！？]+(?:[\"'”’)\]]*)(?=\s|$)")
+PARAGRAPH_SPLIT = re.compile(r"\n{2,}")
+CITATION = re.compile(r"\[\d*\]|\[citation needed\]", re.IGNORECASE)
+
+GOPHER_TOP_NGRAMS = ((2, 0.20), (3, 0.18), (4, 0.16))
+GOPHER_DUP_NGRAMS = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio constant; odd, so multiplication is a bijection
+_ROLL = np.uint64(0x100000001B3)  # FNV prime as the rolling-hash base
+
+
+def language(doc: Document) -> str:
+    return str(doc.metadata.get("language") or "").split("_")[0].lower()
+
+
+def uses_spaces(doc: Document) -> bool:
+    return language(doc) not in NO_SPACE_LANGUAGES
+
+
+def _nonempty_lines(text: str) -> list[str]:
+    return [s for s in (line.strip() for line in text.split("\n")) if s]
+
+
+def _duplicates(items: list[str]) -> tuple[int, int]:
+    """(count, characters) of items that occurred earlier in the list (first occurrences excluded)."""
+    seen: set[str] = set()
+    dup_n = dup_chars = 0
+    for item in items:
+        if item in seen:
+            dup_n += 1
+            dup_chars += len(item)
+        else:
+            seen.add(item)
+    return dup_n, dup_chars
+
+
+# ---------------------------------------------------------------------------------------------
+# Gopher
+
+
+def gopher_quality(doc: Document, cfg: QualityConfig) -> str | None:
+    """Gopher quality rules (Rae et al. 2021, Table A1). Word rules skipped for no-space languages."""
+    text = doc.text
+    lines = _nonempty_lines(text)
+    if uses_spaces(doc):
+        raw = text.split()
+        words = [w for w in (t.strip(PUNCT) for t in raw) if w]  # punctuation-only tokens are not words
+        n = len(words)
+        doc.metadata["words"] = n
+        if n < 50:
+            return "gopher:short_doc"
+        if n > 100_000:
+            return "gopher:long_doc"
+        mean_len = sum(map(len, words)) / n
+        doc.metadata["mean_word_length"] = round(mean_len, 3)
+        if not 3 <= mean_len <= 10:
+            return "gopher:mean_word_length"
+        n_raw = len(raw)
+        if text.count("#") / n_raw > 0.1 or (text.count("...") + text.count("…")) / n_raw > 0.1:
+            return "gopher:symbol_ratio"
+        if lines and sum(line.startswith(BULLETS) for line in lines) / len(lines) > 0.9:
+            return "gopher:bullet_lines"
+        if lines and sum(line.endswith(ELLIPSES) for line in lines) / len(lines) > 0.3:
+            return "gopher:ellipsis_lines"
+        if sum(1 for t in raw if t.isalpha() or any(map(str.isalpha, t))) / n_raw < 0.8:
+            return "gopher:alpha_words"
+        if language(doc) in ("", "en") and sum(w.lower() in STOP_WORDS for w in words) < 2:
+            return "gopher:stop_words"
+        return None
+    if lines and sum(line.startswith(BULLETS) for line in lines) / len(lines) > 0.9:
+        return "gopher:bullet_lines"
+    if lines and sum(line.endswith(ELLIPSES) for line in lines) / len(lines) > 0.3:
+        return "gopher:ellipsis_lines"
+    return None
+
+
+def _ngram_hashes(ids: np.ndarray, n: int, prev: np.ndarray | None) -> np.ndarray:
+    """Hashes of all word n-grams from the (n-1)-gram hashes: h_n[i] = h_{n-1}[i]·B + x[i+n-1]."""
+    if prev is None:
+        return ids.copy()
+    with np.errstate(over="ignore"):
+        return prev[: len(ids) - n + 1] * _ROLL + ids[n - 1 :]
+
+
+def gopher_repetition(doc: Document, cfg: QualityConfig) -> str | None:
+    """Gopher repetition rules (Rae et al. 2021, Table A1) with hashed n-grams instead of joined strings."""
+    text = doc.text
+    total = len(text)
+    if total == 0:
+        return None
+    paragraphs = [p.strip() for p in PARAGRAPH_SPLIT.split(text.strip()) if p.strip()]
+    dup_n, dup_chars = _duplicates(paragraphs)
+    if paragraphs and dup_n / len(paragraphs) > 0.30:
+        return "gopher_rep:dup_para_frac"
+    if dup_chars / total > 0.20:
+        return "gopher_rep:dup_para_char_frac"
+    lines = _nonempty_lines(text)
+    dup_n, dup_chars = _duplicates(lines)
+    if lines and dup_n / len(lines) > 0.30:
+        return "gopher_rep:dup_line_frac"
+    if dup_chars / total > 0.20:
+        return "gopher_rep:dup_line_char_frac"
+    if not uses_spaces(doc):
+        return None
+    words = text.split()
+    if len(words) < 2:
+        return None
+    vocab: dict[str, int] = {}
+    ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in words), dtype=np.uint64, count=len(words))
+    with np.errstate(over="ignore"):
+        ids = (ids + np.uint64(1)) * _MIX  # spread small ids over 64 bits before rolling
+        ids ^= ids >> np.uint64(29)
+    lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+    csum = np.concatenate(([0], np.cumsum(lens)))
+    h = None
+    for n in range(1, 11):
+        if len(words) < n:
+            break
+        h = _ngram_hashes(ids, n, h)
+        if n == 1:
+            continue
+        top_frac = dict(GOPHER_TOP_NGRAMS).get(n)
+        if top_frac is not None:
+            _, first, counts = np.unique(h, return_index=True, return_counts=True)
+            top = counts.max()
+            if top >= 2:  # a single occurrence is not repetition
+                best = first[counts == top]
+                chars = (csum[best + n] - csum[best]).max() + (n - 1)  # the n-gram joined with spaces
+                if top * chars / total > top_frac:
+                    return f"gopher_rep:top_{n}gram"
+            continue
+        dup_frac = dict(GOPHER_DUP_NGRAMS)[n]
+        # characters of words covered by a repeated (not first) occurrence of any n-gram, counted once
+        _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+        repeats = np.nonzero(first[inverse] < np.arange(len(h)))[0]
+        if repeats.size == 0:
+            break  # no repeated n-gram means no repeated longer n-gram either
+        cover = np.zeros(len(words) + 1, dtype=np.int32)
+        np.add.at(cover, repeats, 1)
+        np.add.at(cover, repeats + n, -1)
+        covered = np.cumsum(cover[:-1]) > 0
+        if lens[covered].sum() / total > dup_frac:
+            return f"gopher_rep:dup_{n}gram"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# C4
+
+
+def c4(doc: Document, cfg: QualityConfig) -> str | None:
+    """C4 rules (Raffel et al. 2020; tfds c4_utils.clean_page). With c4_filter_lines, removes lines."""
+    spaced = uses_spaces(doc)
+    if not cfg.c4_filter_lines:
+        low = doc.text.lower()
+        if "lorem ipsum" in low:
+            return "c4:lorem_ipsum"
+        if "{" in doc.text:
+            return "c4:curly_bracket"
+        if len(SENTENCE_END.findall(doc.text)) < 3:
+            return "c4:too_few_sentences"
+        return None
+    kept: list[str] = []
+    removed = {"no_end_mark": 0, "few_words": 0, "long_word": 0, "javascript": 0, "policy": 0}
+    for raw_line in doc.text.split("\n"):
+        line = CITATION.sub("", raw_line).strip()
+        if not line:
+            continue
+        if not line.endswith(C4_END_MARKS) or line.endswith(ELLIPSES):
+            removed["no_end_mark"] += 1
+            continue
+        words = line.split()
+        if spaced and len(words) < 5:
+            removed["few_words"] += 1
+            continue
+        if any(len(w) > 1000 for w in words):
+            removed["long_word"] += 1
+            continue
+        low = line.lower()
+        if "lorem ipsum" in low:
+            return "c4:lorem_ipsum"
+        if "javascript" in low:
+            removed["javascript"] += 1
+            continue
+        if "{" in line:
+            return "c4:curly_bracket"
+        if any(p in low for p in C4_POLICY):
+            removed["policy"] += 1
+            continue
+        kept.append(line)
+    new_text = "\n".join(kept)
+    if len(SENTENCE_END.findall(new_text)) < 3:
+        return "c4:too_few_sentences"
+    if any(removed.values()):
+        doc.metadata["c4_removed_lines"] = {k: v for k, v in removed.items() if v}
+    doc.text = new_text
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# FineWeb
+
+
+def fineweb(doc: Document, cfg: QualityConfig) -> str | None:
+    """FineWeb quality rules (Penedo et al. 2024; datatrove FineWebQualityFilter defaults)."""
+    lines = _nonempty_lines(doc.text)
+    if not lines:
+        return "fineweb:empty"
+    n = len(lines)
+    if sum(line.endswith(TERMINAL_PUNCT) for line in lines) / n < 0.12:
+        return "fineweb:line_punct_ratio"
+    if sum(len(line) <= 30 for line in lines) / n >= 0.67:
+        return "fineweb:short_line_ratio"
+    _, dup_chars = _duplicates(lines)
+    if dup_chars / max(1, len(doc.text) - doc.text.count("\n")) > 0.01:
+        return "fineweb:char_dup_ratio"
+    if uses_spaces(doc):
+        n_words = len(doc.text.split())
+        if n_words and doc.text.count("\n") / n_words > 0.3:
+            return "fineweb:list_ratio"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# entropy, ASCII
+
+
+def char_entropy(text: str) -> float:
+    """Shannon entropy of the character distribution, in bits per character."""
+    if not text:
+        return 0.0
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    _, counts = np.unique(codes, return_counts=True)
+    p = counts / codes.size
+    return float(-(p * np.log2(p)).sum())
+
+
+def entropy(doc: Document, cfg: QualityConfig) -> str | None:
+    """Drop documents whose character entropy is below cfg.min_entropy (repeated or degenerate text)."""
+    h = char_entropy(doc.text)
+    doc.metadata["entropy"] = round(h, 4)
+    if h < cfg.min_entropy:
+        return f"entropy:<{cfg.min_entropy:g}"
+    return None
+
+
+def ascii_ratio(doc: Document, cfg: QualityConfig) -> str | None:
+    """Drop Latin-script documents whose ASCII share is below cfg.min_ascii_ratio (other scripts pass)."""
+    text = doc.text
+    if not text:
+        return None
+    lang = language(doc)
+    if lang and lang not in LATIN_LANGUAGES:
+        return None
+    ratio = len(text.encode("ascii", "ignore")) / len(text)
+    doc.metadata["ascii_ratio"] = round(ratio, 4)
+    if ratio < cfg.min_ascii_ratio:
+        return f"ascii:<{cfg.min_ascii_ratio:.2f}"
+    return None
+
+
+QUALITY_FILTERS: dict[str, Filter] = {
+    "gopher_quality": gopher_quality,
+    "gopher_repetition": gopher_repetition,
+    "c4": c4,
+    "fineweb": fineweb,
+    "entropy": entropy,
+    "ascii_ratio": ascii_ratio,
+}
+
+
+def quality_filters(cfg: QualityConfig) -> list[tuple[str, Callable[[Document], str | None]]]:
+    """The enabled filters in QUALITY_FILTERS order, each bound to cfg: [(name, fn(doc) -> reason)]."""
+    if not cfg.enabled:
+        return []
+
+    def bind(fn: Filter) -> Callable[[Document], str | None]:
+        return lambda doc: fn(doc, cfg)
+
+    return [(name, bind(fn)) for name, fn in QUALITY_FILTERS.items() if getattr(cfg, name)]
+
+
+def perplexity_filter(cfg: QualityConfig) -> Callable[[Document], str | None] | None:
+    """The model-based filter to run after the heuristic ones, or None when no reference model is set."""
+    if not cfg.enabled or not cfg.perplexity_model:
+        return None
+    from oreline.data.perplexity import perplexity_filter_factory
+
+    return perplexity_filter_factory(cfg)
+
