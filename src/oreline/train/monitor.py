@@ -1,0 +1,335 @@
+"""Training metrics: the loss breakdown, MFU against a device peak, memory, and one logger.
+
+Loss breakdown. A packed sequence holds documents `[BOS] t1 … tn [EOS]` back to back, and the
+loader sets targets equal to BOS to -100 (BOS is never predicted). Every other target falls in
+one of three classes, judged in this order:
+- `eos`: the target is EOS — how well the model knows where a document ends;
+- `bos`: the input is BOS, i.e. the first token of a document, predicted from nothing but the
+  document boundary — the highest-entropy position, often 2-3× the mean loss;
+- `token`: everything else, the ordinary language-modelling loss.
+`loss_breakdown` returns sums and counts (not means), so micro-batches and ranks add up exactly.
+
+MFU (model FLOPs utilisation, PaLM, Chowdhery et al. 2022, appendix B) = achieved model FLOPs
+per second / peak FLOPs per second, where model FLOPs per token are 6N plus attention
+(`oreline.model.presets.flops_per_token`). The peak is a table of NVIDIA's dense (no
+sparsity) figures for known GPUs; an unknown GPU gets `mfu = null` and a message naming it, never
+a guess. A CPU has no spec sheet to believe, so its peak is MEASURED: fp32 matmuls of this
+model's shapes (forward x·Wᵀ and both backward products), timed once per process and cached.
+
+`MetricsLogger` writes every record to `metrics.jsonl` (one JSON object per line, flushed, the
+record types are listed in `oreline.train.loop`), numeric fields to TensorBoard, and a short
+line to the console; only the main rank logs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------------------------------------
+# loss breakdown
+
+BREAKDOWN_KEYS = ("sum_token", "n_token", "sum_eos", "n_eos", "sum_bos", "n_bos")
+
+
+def loss_breakdown(per_token_loss: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor,
+                   bos_id: int | None, eos_id: int | None) -> torch.Tensor:
+    """Sums and counts of the per-target loss by class: a float64 tensor ordered as BREAKDOWN_KEYS.
+
+    per_token_loss, input_ids, labels: (B, T); targets with label -100 are ignored (their loss
+    is whatever cross_entropy(reduction="none") left there, normally 0).
+    """
+    loss = per_token_loss.detach().double()
+    valid = labels != -100
+    is_eos = valid & (labels == eos_id) if eos_id is not None else torch.zeros_like(valid)
+    is_bos = valid & ~is_eos & (input_ids == bos_id) if bos_id is not None else torch.zeros_like(valid)
+    is_tok = valid & ~is_eos & ~is_bos
+    parts = []
+    for mask in (is_tok, is_eos, is_bos):
+        parts.append(torch.where(mask, loss, 0.0).sum())
+        parts.append(mask.sum().double())
+    return torch.stack(parts)
+
+
+def breakdown_means(sums: torch.Tensor | list[float]) -> dict[str, float | None]:
+    """loss (all targets), loss_token, loss_eos, loss_bos and n_targets from a breakdown tensor."""
+    v = [float(x) for x in sums]
+    st, nt, se, ne, sb, nb = v
+    n = nt + ne + nb
+    return {
+        "loss": (st + se + sb) / n if n else None,
+        "loss_token": st / nt if nt else None,
+        "loss_eos": se / ne if ne else None,
+        "loss_bos": sb / nb if nb else None,
+        "n_targets": int(n),
+    }
+
+
+def per_token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(B, T) cross entropy in nats, 0 where the label is -100. Logits stay in their dtype
+    (the model returns fp32 logits already; a second .float() would copy them)."""
+    B, T, V = logits.shape
+    return F.cross_entropy(logits.view(B * T, V), labels.reshape(B * T), ignore_index=-100,
+                           reduction="none").view(B, T)
+
+
+# ---------------------------------------------------------------------------------------------
+# device peak FLOPs
+
+# Dense (no 2:4 sparsity) peak FLOP/s from NVIDIA's data sheets: (bf16 tensor, tf32 tensor, fp32).
+# Ordered: more specific names first ("H100 PCIe" before "H100", "A100" before "A10").
+GPU_PEAKS: list[tuple[str, str, tuple[float | None, float | None, float]]] = [
+    (r"H200", "NVIDIA H200 (SXM)", (989e12, 494.5e12, 67e12)),
+    (r"H100.*PCIe", "NVIDIA H100 PCIe", (756e12, 378e12, 51e12)),
+    (r"H100.*NVL", "NVIDIA H100 NVL", (835e12, 417.5e12, 60e12)),
+    (r"H100|H800", "NVIDIA H100 SXM", (989e12, 494.5e12, 67e12)),
+    (r"A100|A800", "NVIDIA A100", (312e12, 156e12, 19.5e12)),
+    (r"L40S", "NVIDIA L40S", (362e12, 183e12, 91.6e12)),
+    (r"\bL4\b", "NVIDIA L4", (121e12, 60e12, 30.3e12)),
+    (r"\bA10\b", "NVIDIA A10", (125e12, 62.5e12, 31.2e12)),
+    (r"RTX A6000", "NVIDIA RTX A6000", (154.8e12, 77.4e12, 38.7e12)),
+    (r"V100", "NVIDIA V100", (None, None, 15.7e12)),  # no bf16, no tf32 on Volta
+    (r"RTX 4090", "NVIDIA GeForce RTX 4090", (165.2e12, 82.6e12, 82.6e12)),
+    (r"RTX 3090", "NVIDIA GeForce RTX 3090", (71e12, 35.6e12, 35.6e12)),
+]
+
+
+def gpu_peak_flops(name: str, precision: str, tf32: bool) -> tuple[float | None, str]:
+    """(peak FLOP/s or None, source) for a GPU name as torch.cuda.get_device_name() gives it."""
+    for pattern, label, (bf16, tf32_peak, fp32) in GPU_PEAKS:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            if precision == "bf16":
+                peak, kind = bf16, "bf16 dense"
+            elif tf32:
+                peak, kind = tf32_peak, "tf32 dense"
+            else:
+                peak, kind = fp32, "fp32"
+            if peak is None:
+                return None, f"{label} has no {kind} peak (precision {precision}): mfu not computed"
+            return peak, f"{label} {kind} data sheet ({peak / 1e12:g} TFLOP/s)"
+    return None, (f"unknown GPU {name!r}: no peak FLOPs in oreline.train.monitor.GPU_PEAKS, mfu not "
+                  f"computed (add its dense {precision} peak to the table)")
+
+
+def model_matmul_shapes(args: Any, tokens: int) -> list[tuple[int, int, int]]:
+    """(M, K, N) of one block's projections and the output head for `tokens` rows."""
+    hd = args.dim // args.n_heads
+    q, kv, d, f = args.n_heads * hd, args.n_kv_heads * hd, args.dim, args.ffn_dim
+    return [(tokens, d, q), (tokens, d, kv), (tokens, d, kv), (tokens, q, d),
+            (tokens, d, f), (tokens, d, f), (tokens, f, d), (tokens, d, args.vocab_size)]
+
+
+GENERIC_SHAPES = ((2048, 1024, 1024), (2048, 1024, 4096), (2048, 4096, 1024))
+
+
+@lru_cache(maxsize=8)
+def measure_cpu_matmul_peak(shapes: tuple[tuple[int, int, int], ...] = GENERIC_SHAPES,
+                            reps: int = 3) -> float:
+    """fp32 FLOP/s of the forward and backward matmuls of `shapes` on this CPU (best of reps).
+
+    For each (M, K, N): y = x·Wᵀ (forward), dx = dy·W and dW = dyᵀ·x (backward), i.e. the three
+    products a Linear layer costs in training, 2·M·K·N FLOPs each.
+    """
+    gen = torch.Generator().manual_seed(0)
+    mats = []
+    for m, k, n in shapes:
+        mats.append((torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen),
+                     torch.randn(m, n, generator=gen)))
+    flops = sum(3 * 2 * m * k * n for m, k, n in shapes)
+
+    def run_once() -> None:
+        for x, w, dy in mats:
+            F.linear(x, w)
+            dy @ w
+            dy.t() @ x
+
+    run_once()  # warm-up: allocations and thread pool
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run_once()
+        best = min(best, time.perf_counter() - t0)
+    return flops / best
+
+
+def device_peak_flops(device: torch.device, precision: str,
+                      shapes: tuple[tuple[int, int, int], ...] | None = None) -> tuple[float | None, str]:
+    """(peak FLOP/s or None, where the figure comes from) for the training device."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+        return gpu_peak_flops(name, precision, tf32)
+    if device.type == "cpu":
+        if precision != "fp32":
+            return None, f"CPU peak is measured for fp32 only (precision {precision}): mfu not computed"
+        shapes = shapes or GENERIC_SHAPES
+        peak = measure_cpu_matmul_peak(tuple(shapes))
+        desc = ", ".join(f"{m}×{k}×{n}" for m, k, n in dict.fromkeys(shapes))
+        return peak, (f"measured: fp32 forward+backward matmuls of shapes {desc} on "
+                      f"{torch.get_num_threads()} threads ({peak / 1e9:.1f} GFLOP/s)")
+    return None, f"no peak FLOPs known for device type {device.type!r}: mfu not computed"
+
+
+def mfu(flops_per_token: float, tokens_per_s_per_device: float, peak: float | None) -> float | None:
+    if not peak or not math.isfinite(tokens_per_s_per_device):
+        return None
+    return flops_per_token * tokens_per_s_per_device / peak
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
+
+
+def memory_stats(device: torch.device) -> dict[str, float | None]:
+    """Process RSS and, on CUDA, allocated / reserved / peak allocated memory in MB."""
+    import psutil
+
+    out: dict[str, float | None] = {"rss_mb": psutil.Process(os.getpid()).memory_info().rss / 2**20,
+                                    "cuda_alloc_mb": None, "cuda_reserved_mb": None, "cuda_peak_mb": None}
+    if device.type == "cuda":
+        out["cuda_alloc_mb"] = torch.cuda.memory_allocated(device) / 2**20
+        out["cuda_reserved_mb"] = torch.cuda.memory_reserved(device) / 2**20
+        out["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the logger
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and ±inf are not JSON: write them as null (the event records say what they were)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Drop records of steps after `step` (a resumed run re-does them); returns how many.
+
+    Records without a step (start, ...) are kept; the file is rewritten atomically.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1  # a line cut by a kill mid-write
+            continue
+        if isinstance(rec.get("step"), int) and rec["step"] > step:
+            dropped += 1
+            continue
+        kept.append(line)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
+    return dropped
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
+
+
+class MetricsLogger:
+    """metrics.jsonl + TensorBoard + console; a no-op on ranks other than the main one."""
+
+    TB_SKIP = {"type", "step", "time"}
+
+    def __init__(self, jsonl: Path, tensorboard_dir: Path | None, console: Any = None,
+                 enabled: bool = True, purge_after_step: int | None = None):
+        self.enabled = enabled
+        self.console = console
+        self.path = Path(jsonl)
+        self.writer = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if purge_after_step is not None:
+            truncate_metrics(self.path, purge_after_step)
+        self.fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        if tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: TensorBoard hides events at or after it that an earlier process wrote.
+            purge = None if purge_after_step is None else purge_after_step + 1
+            self.writer = SummaryWriter(str(tensorboard_dir), purge_step=purge)
+
+    def log(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"type": record.get("type"), "time": round(time.time(), 3), **record}
+        self.fh.write(json.dumps(json_safe(record), ensure_ascii=False) + "\n")
+        self.fh.flush()
+        self._tensorboard(record)
+        self._console(record)
+
+    def _tensorboard(self, rec: dict[str, Any]) -> None:
+        if self.writer is None or not isinstance(rec.get("step"), int):
+            return
+        kind, step = rec["type"], rec["step"]
+        if kind in ("train", "eval"):
+            for key, value in rec.items():
+                if key not in self.TB_SKIP and isinstance(value, int | float) and not isinstance(value, bool) \
+                        and math.isfinite(value):
+                    self.writer.add_scalar(f"{kind}/{key}", value, step)
+        elif kind == "generation":
+            self.writer.add_text(f"generation/{rec.get('mode')}", f"**{rec['prompt']}**{rec['text']}", step)
+        elif kind == "event":
+            self.writer.add_text("events", f"{rec.get('kind')}: {rec.get('message')}", step)
+
+    def _console(self, r: dict[str, Any]) -> None:
+        c = self.console
+        if c is None:
+            return
+        from rich.markup import escape
+
+        kind = r["type"]
+        if kind == "train":
+            mem = f"rss {r['rss_mb']:,.0f} MB" if r.get("cuda_alloc_mb") is None else \
+                f"cuda {r['cuda_alloc_mb']:,.0f}/{r['cuda_peak_mb']:,.0f} MB"
+            mfu_s = "—" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+            c.print(f"step {r['step']:>6} | loss {_fmt(r['loss'], '.4f')} (tok {_fmt(r['loss_token'], '.3f')} "
+                    f"eos {_fmt(r['loss_eos'], '.3f')} bos {_fmt(r['loss_bos'], '.3f')}) | lr {r['lr']:.3e} | "
+                    f"gnorm {_fmt(r['grad_norm'], '.3f')}{'*' if r.get('clipped') else ''} | "
+                    f"{r['tokens_per_s']:,.0f} tok/s | mfu {mfu_s} | {r['step_ms']:,.0f} ms/step "
+                    f"(data {100 * r['data_wait_frac']:.1f}%) | {mem}", highlight=False)
+        elif kind == "eval":
+            c.print(f"[bold]eval[/] step {r['step']} | val loss {_fmt(r['val_loss'], '.4f')} "
+                    f"ppl {_fmt(r['val_ppl'], ',.2f')} bpb {_fmt(r['val_bpb'], '.4f')} "
+                    f"(tok {_fmt(r['val_loss_token'], '.3f')} eos {_fmt(r['val_loss_eos'], '.3f')} "
+                    f"bos {_fmt(r['val_loss_bos'], '.3f')}) | train loss {_fmt(r.get('train_loss'), '.4f')}",
+                    highlight=False)
+        elif kind == "generation":
+            c.print(f"  [dim]{r['mode']}[/] {escape(repr(r['prompt']))} → {escape(repr(r['text']))}", highlight=False)
+        elif kind == "event":
+            c.print(f"[yellow]event[/] step {r.get('step')} {r.get('kind')}: {escape(str(r.get('message')))}"
+                    + (f" → {r['action']}" if r.get("action") else ""), highlight=False)
+        elif kind == "checkpoint":
+            c.print(f"checkpoint step {r['step']} ({r['kind']}) → {r['path']} "
+                    f"({r['seconds']:.2f} s, {r['bytes'] / 2**20:,.1f} MB)", highlight=False)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+        self.fh.close()
