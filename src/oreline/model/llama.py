@@ -337,8 +337,9 @@ def check_shapes(model_or_state_dict: nn.Module | Mapping[str, torch.Tensor], ar
                  source: str = "model") -> None:
     """Raise ConfigError naming the first missing, unexpected or mis-shaped tensor.
 
-    A tied model's state dict may carry `lm_head.weight` only if it is the embedding table itself
-    (same shape); anything else must match `expected_shapes(args)` exactly.
+    A tied model's state dict may carry `lm_head.weight` only if it equals the embedding table
+    (HF checkpoints of tied models sometimes store it twice); anything else must match
+    `expected_shapes(args)` exactly.
     """
     sd = model_or_state_dict.state_dict() if isinstance(model_or_state_dict, nn.Module) else model_or_state_dict
     want = expected_shapes(args)
@@ -349,6 +350,11 @@ def check_shapes(model_or_state_dict: nn.Module | Mapping[str, torch.Tensor], ar
             if shape != want["model.embed_tokens.weight"]:
                 raise ConfigError(f"{source}: tensor {name} has shape {shape}, tied embeddings need "
                                   f"{want['model.embed_tokens.weight']}", hint)
+            emb = sd.get("model.embed_tokens.weight")
+            plain = type(tensor) is torch.Tensor and type(emb) is torch.Tensor and not tensor.is_meta
+            if plain and tensor.data_ptr() != emb.data_ptr() and not torch.equal(tensor, emb):
+                raise ConfigError(f"{source}: tensor {name} differs from model.embed_tokens.weight but "
+                                  "tie_embeddings=True would drop it", "set model.tie_embeddings=false for these weights")
             continue
         if name not in want:
             raise ConfigError(f"{source}: unexpected tensor {name} {shape} for a {args.n_layers}-layer model "
