@@ -1,0 +1,166 @@
+"""Document inputs of the token layer: Parquet shards and JSONL(.gz) files, read in batches.
+
+The data layer writes Parquet shards with columns `id`, `text`, `url` and metadata. The token
+layer only needs `id` and `text`, so it reads those two columns with pyarrow directly, one
+record batch at a time (memory is bounded by the batch, not by the shard). JSONL(.gz) files
+with "id"/"text" keys are accepted too, so hand-made corpora work without the data layer.
+
+Folders are expanded recursively to `*.parquet`, `*.jsonl`, `*.jsonl.gz` in sorted order,
+skipping hidden/underscore names and anything under a `rejects` folder (the data layer keeps
+dropped documents there; they must never be trained on).
+
+Bad input never crashes a run and never disappears: a JSONL line that is not JSON, a row
+without text, or an empty text is counted under a reason and returned to the caller, who keeps
+it in a rejects file next to its output.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oreline.data.document import content_id
+from oreline.errors import InputError
+
+SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")
+BATCH_ROWS = 1024
+
+
+def _is_input(path: Path) -> bool:
+    return path.name.endswith(SUFFIXES)
+
+
+def _skipped(path: Path, root: Path) -> bool:
+    parts = path.relative_to(root).parts
+    return any(p.startswith((".", "_")) or p == "rejects" for p in parts)
+
+
+def expand_inputs(items: list[str | Path]) -> list[Path]:
+    """Files, folders and globs → an ordered list of input files (duplicates removed)."""
+    out: list[Path] = []
+    for item in items:
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and _is_input(p) and not _skipped(p, path))
+        elif path.is_file():
+            found = [path]
+        else:
+            found = sorted(Path(p) for p in glob.glob(str(item), recursive=True) if Path(p).is_file())
+        if not found:
+            raise InputError(f"no Parquet/JSONL documents found at {item}", "pass .parquet, .jsonl or .jsonl.gz files or a folder holding them")
+        for p in found:
+            if not _is_input(p):
+                raise InputError(f"{p} is not a Parquet or JSONL(.gz) file", "convert it with `oreline data`, or pass .parquet/.jsonl/.jsonl.gz")
+            if p.resolve() not in {q.resolve() for q in out}:
+                out.append(p)
+    if not out:
+        raise InputError("no input documents given", "pass Parquet/JSONL files or folders")
+    return out
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(slots=True)
+class Rejects:
+    """Rows that could not be used, with the reason; counted per reason, kept for inspection."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    rows: list[dict] = field(default_factory=list)
+    keep: int = 1000  # rows kept verbatim per task; counts are always complete
+
+    def add(self, reason: str, source: str, where: int, raw: object) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        if len(self.rows) < self.keep:
+            self.rows.append({"reason": reason, "source": source, "row": where, "raw": str(raw)[:2000]})
+
+
+def parquet_row_groups(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).num_row_groups
+
+
+def _parquet_batches(path: Path, id_key: str, text_key: str, row_groups: tuple[int, int] | None,
+                     rejects: Rejects) -> Iterator[tuple[list[str], list[str]]]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    if text_key not in names:
+        raise InputError(f"{path} has no {text_key!r} column (columns: {names})", "pass documents written by `oreline data` or set data.read.jsonl_text_key")
+    columns = [text_key] + ([id_key] if id_key in names else [])
+    groups = list(range(*row_groups)) if row_groups else None
+    row = 0 if not row_groups else sum(pf.metadata.row_group(g).num_rows for g in range(row_groups[0]))
+    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=columns, row_groups=groups):
+        texts = batch.column(text_key).to_pylist()
+        ids = batch.column(id_key).to_pylist() if id_key in names else [None] * len(texts)
+        yield _clean(ids, texts, str(path), row, rejects)
+        row += len(texts)
+
+
+def _jsonl_batches(path: Path, id_key: str, text_key: str, rejects: Rejects) -> Iterator[tuple[list[str], list[str]]]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as fh:
+        ids: list = []
+        texts: list = []
+        start = 0
+        for lineno, line in enumerate(fh):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                if not isinstance(obj, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                rejects.add("bad_json", str(path), lineno, line)
+                continue
+            ids.append(obj.get(id_key))
+            texts.append(obj.get(text_key))
+            if len(texts) == BATCH_ROWS:
+                yield _clean(ids, texts, str(path), start, rejects)
+                ids, texts, start = [], [], lineno + 1
+        if texts:
+            yield _clean(ids, texts, str(path), start, rejects)
+
+
+def _clean(ids: list, texts: list, source: str, first_row: int, rejects: Rejects) -> tuple[list[str], list[str]]:
+    """Drop (and count) rows without usable text; give id-less rows a content id."""
+    out_ids, out_texts = [], []
+    for i, (doc_id, text) in enumerate(zip(ids, texts, strict=True)):
+        if not isinstance(text, str):
+            rejects.add("no_text", source, first_row + i, {"id": doc_id, "text": text})
+            continue
+        if not text:
+            rejects.add("empty_text", source, first_row + i, {"id": doc_id})
+            continue
+        out_ids.append(str(doc_id) if doc_id not in (None, "") else content_id(text))
+        out_texts.append(text)
+    return out_ids, out_texts
+
+
+def iter_batches(path: Path, rejects: Rejects, id_key: str = "id", text_key: str = "text",
+                 row_groups: tuple[int, int] | None = None) -> Iterator[tuple[list[str], list[str]]]:
+    """(ids, texts) batches of one input file; `row_groups` = [start, stop) of a Parquet file."""
+    if path.name.endswith(".parquet"):
+        yield from _parquet_batches(path, id_key, text_key, row_groups, rejects)
+    else:
+        yield from _jsonl_batches(path, id_key, text_key, rejects)
+
+
+def iter_texts(paths: list[Path], rejects: Rejects, id_key: str = "id", text_key: str = "text") -> Iterator[tuple[str, str]]:
+    """(id, text) of every usable document of every file, in order."""
+    for path in paths:
+        for ids, texts in iter_batches(path, rejects, id_key, text_key):
+            yield from zip(ids, texts, strict=True)

@@ -1,0 +1,209 @@
+"""The packed token shard format: a file that checks itself.
+
+Layout (little-endian), every section 8-byte aligned so it can be memory-mapped directly:
+
+    offset  size  field
+    0       8     magic b"ORETOK\\0\\0"
+    8       4     format version (1)
+    12      4     token dtype code (1 = uint16, 2 = uint32)
+    16      8     token count N
+    24      8     document count D
+    32      8     vocabulary size the tokens were written for
+    40      8     byte offset of the document index
+    48      32    tokenizer fingerprint (sha256, raw bytes)
+    80      8     header checksum: first 8 bytes of sha256(header[0:80])
+    88      40    reserved (zero)
+    128     N*w   tokens (w = 2 or 4 bytes), each document [BOS] + tokens + [EOS]
+    ...     pad   zero bytes up to a multiple of 8
+    index   8*(D+1) uint64 document start offsets (in tokens), the last one = N
+
+The file size is implied by the header, so a truncated file is detected without reading it;
+the header checksum catches a corrupted header; the sha256 of the whole file is kept in the
+manifest (verified by the loader with verify="full"). uint16 holds vocabularies up to 65,536
+ids (Llama-2 style 32k); larger vocabularies (Llama-3's 128k) use uint32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from oreline.errors import DataIntegrityError, FingerprintMismatch
+
+MAGIC = b"ORETOK\0\0"
+VERSION = 1
+HEADER_SIZE = 128
+_FIELDS = struct.Struct("<8sIIQQQQ32s")  # 80 bytes, then the 8-byte checksum
+DTYPES = {1: np.dtype("<u2"), 2: np.dtype("<u4")}
+FIX = "re-run oreline tokenize to rebuild the shards"
+
+
+def dtype_code_for(vocab_size: int) -> int:
+    return 1 if vocab_size <= 65_536 else 2
+
+
+def _align8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+@dataclass(frozen=True, slots=True)
+class ShardHeader:
+    dtype_code: int
+    tokens: int
+    documents: int
+    vocab_size: int
+    index_offset: int
+    fingerprint: str  # hex
+
+    @property
+    def dtype(self) -> np.dtype:
+        return DTYPES[self.dtype_code]
+
+    @property
+    def file_size(self) -> int:
+        return self.index_offset + 8 * (self.documents + 1)
+
+    def pack(self) -> bytes:
+        body = _FIELDS.pack(MAGIC, VERSION, self.dtype_code, self.tokens, self.documents, self.vocab_size,
+                            self.index_offset, bytes.fromhex(self.fingerprint))
+        return body + hashlib.sha256(body).digest()[:8] + bytes(HEADER_SIZE - _FIELDS.size - 8)
+
+
+def read_header(path: Path) -> ShardHeader:
+    """Parse and check the header and the file size; raises DataIntegrityError naming the file."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        raw = fh.read(HEADER_SIZE)
+    if len(raw) < HEADER_SIZE:
+        raise DataIntegrityError(f"token shard {path} is truncated ({size} bytes, header needs {HEADER_SIZE})", FIX)
+    if raw[:8] != MAGIC:
+        raise DataIntegrityError(f"{path} is not an oreline token shard (magic {raw[:8]!r}, expected {MAGIC!r})", FIX)
+    body, checksum = raw[:_FIELDS.size], raw[_FIELDS.size:_FIELDS.size + 8]
+    if hashlib.sha256(body).digest()[:8] != checksum:
+        raise DataIntegrityError(f"token shard {path} has a corrupted header (checksum mismatch)", FIX)
+    _, version, code, tokens, docs, vocab, index_offset, fp = _FIELDS.unpack(body)
+    if version != VERSION:
+        raise DataIntegrityError(f"token shard {path} has format version {version}, this oreline reads {VERSION}", FIX)
+    if code not in DTYPES:
+        raise DataIntegrityError(f"token shard {path} has unknown token dtype code {code}", FIX)
+    header = ShardHeader(code, tokens, docs, vocab, index_offset, fp.hex())
+    if index_offset != _align8(HEADER_SIZE + tokens * header.dtype.itemsize):
+        raise DataIntegrityError(f"token shard {path} has an inconsistent index offset", FIX)
+    if size != header.file_size:
+        what = "truncated" if size < header.file_size else "longer than its header says"
+        raise DataIntegrityError(f"token shard {path} is {what} ({size} bytes, header implies {header.file_size})", FIX)
+    return header
+
+
+class ShardWriter:
+    """Streams documents into a shard under a temporary name; `close()` finalizes and renames.
+
+    Tokens are appended as they come (memory holds one batch plus the document lengths); the
+    header is written last, so a crashed writer never leaves a file that passes the checks.
+    """
+
+    def __init__(self, path: Path, fingerprint: str, vocab_size: int, bos_id: int, eos_id: int):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self.fingerprint = fingerprint
+        self.vocab_size = vocab_size
+        self.code = dtype_code_for(vocab_size)
+        self.dtype = DTYPES[self.code]
+        self.bos = np.array([bos_id], dtype=self.dtype)
+        self.eos = np.array([eos_id], dtype=self.dtype)
+        self.tokens = 0
+        self.starts: list[int] = []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(self.tmp, "wb")  # noqa: SIM115 (closed in close()/abort())
+        self.fh.write(bytes(HEADER_SIZE))
+
+    def add_documents(self, docs: list[list[int]]) -> None:
+        """Append documents as [BOS] + ids + [EOS] each (ids without specials)."""
+        if not docs:
+            return
+        lengths = np.fromiter((len(d) + 2 for d in docs), dtype=np.int64, count=len(docs))
+        flat = np.empty(int(lengths.sum()), dtype=self.dtype)
+        starts = np.zeros(len(docs), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        flat[starts] = self.bos[0]
+        flat[starts + lengths - 1] = self.eos[0]
+        body = np.fromiter(chain.from_iterable(docs), dtype=np.int64, count=int(lengths.sum()) - 2 * len(docs))
+        if body.size and (body.max() >= self.vocab_size or body.min() < 0):
+            raise ValueError(f"token id {int(body.max())} outside vocabulary of {self.vocab_size}")
+        mask = np.ones(flat.size, dtype=bool)
+        mask[starts] = False
+        mask[starts + lengths - 1] = False
+        flat[mask] = body
+        self.starts.extend((starts + self.tokens).tolist())
+        self.tokens += flat.size
+        self.fh.write(flat.tobytes())
+
+    @property
+    def documents(self) -> int:
+        return len(self.starts)
+
+    def close(self) -> ShardHeader:
+        header = ShardHeader(self.code, self.tokens, len(self.starts), self.vocab_size,
+                             _align8(HEADER_SIZE + self.tokens * self.dtype.itemsize), self.fingerprint)
+        self.fh.write(bytes(header.index_offset - HEADER_SIZE - self.tokens * self.dtype.itemsize))
+        self.fh.write(np.array(self.starts + [self.tokens], dtype="<u8").tobytes())
+        self.fh.seek(0)
+        self.fh.write(header.pack())
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+        os.replace(self.tmp, self.path)
+        return header
+
+    def abort(self) -> None:
+        self.fh.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+@dataclass
+class Shard:
+    """A memory-mapped shard: `tokens` (N,) and `offsets` (D+1,) views into the file."""
+
+    path: Path
+    header: ShardHeader
+    tokens: np.ndarray
+    offsets: np.ndarray
+
+    def document(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+
+def open_shard(path: Path, tokenizer_fingerprint: str | None = None, sha256: str | None = None) -> Shard:
+    """Open and check a shard: header, size, tokenizer fingerprint, and (when given) the file sha256."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataIntegrityError(f"token shard {path} is missing", FIX)
+    header = read_header(path)
+    if tokenizer_fingerprint is not None and header.fingerprint != tokenizer_fingerprint:
+        raise FingerprintMismatch(
+            f"token shard {path} was built with tokenizer {header.fingerprint[:12]}…, this run uses {tokenizer_fingerprint[:12]}…",
+            "re-run oreline tokenize with the tokenizer in use")
+    if sha256 is not None:
+        actual = file_sha256(path)
+        if actual != sha256:
+            raise DataIntegrityError(f"token shard {path} has sha256 {actual[:12]}…, the manifest says {sha256[:12]}…", FIX)
+    tokens = np.memmap(path, dtype=header.dtype, mode="r", offset=HEADER_SIZE, shape=(header.tokens,)) if header.tokens else np.empty(0, header.dtype)
+    offsets = np.memmap(path, dtype="<u8", mode="r", offset=header.index_offset, shape=(header.documents + 1,))
+    if offsets[-1] != header.tokens or (header.documents and offsets[0] != 0):
+        raise DataIntegrityError(f"token shard {path} has a document index that does not match its token count", FIX)
+    return Shard(path, header, tokens, offsets)
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,284 @@
+"""Documents → packed token shards, in parallel, with a manifest that makes re-runs free.
+
+Each document becomes `[BOS] + encode(text) + [EOS]`. BOS/EOS are injected here, explicitly;
+the tokenizer never matches special-token text in documents (see train_bpe), so a document
+containing the literal characters "<s>" yields exactly one BOS: the one we put in front.
+
+Split: a document goes to validation when the first 8 bytes of sha256(id), read as an unsigned
+integer, fall below `val_fraction * 2**64`. The decision depends on the id alone, so adding
+documents to a corpus never moves an existing document between train and validation.
+
+Tasks: one per input file; when there are fewer files than workers, multi-row-group Parquet
+files are split into row-group ranges. Each task streams its file batch by batch and writes
+`{split}-{generation}-{task:05d}-{part:03d}.tok` shards (a new part every `max_shard_tokens`).
+Tasks run in a process pool (each worker single-threaded), or in this process for workers=1.
+
+Re-runs: the manifest records a key = sha256(tokenizer fingerprint, input file sha256s,
+settings). When the key matches and every shard is present with its recorded size, nothing is
+done. Otherwise new shards are written under a new generation name, the manifest is replaced
+atomically (the commit point: a reader sees the old set or the new set, never a mix), and only
+then are the shards of the old generation deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from oreline.config import TokenizeConfig
+from oreline.errors import InputError
+from oreline.runs import write_json_atomic
+from oreline.tokens import shards as fmt
+from oreline.tokens.inputs import Rejects, expand_inputs, file_sha256, iter_batches, parquet_row_groups
+from oreline.tokens.train_bpe import OrelineTokenizer, load_tokenizer
+
+MANIFEST = "manifest.json"
+SPLITS = ("train", "val")
+
+
+def is_val(doc_id: str, val_fraction: float) -> bool:
+    """Stable split by id hash: adding documents never moves existing ones."""
+    h = int.from_bytes(hashlib.sha256(doc_id.encode("utf-8", "surrogatepass")).digest()[:8], "little")
+    return h < val_fraction * 2**64
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    index: int
+    path: str
+    row_groups: tuple[int, int] | None  # [start, stop) of a Parquet file; None: the whole file
+    tokenizer_dir: str
+    tokenizer_fingerprint: str
+    out_dir: str
+    generation: str
+    val_fraction: float
+    max_shard_tokens: int
+
+
+def plan_tasks(paths: list[Path], workers: int) -> list[tuple[Path, tuple[int, int] | None]]:
+    """One task per file, splitting Parquet files by row groups when files are fewer than workers."""
+    if len(paths) >= workers:
+        return [(p, None) for p in paths]
+    per_file = -(-workers // len(paths))
+    plan: list[tuple[Path, tuple[int, int] | None]] = []
+    for p in paths:
+        groups = parquet_row_groups(p) if p.name.endswith(".parquet") else 1
+        parts = min(per_file, groups)
+        if parts <= 1:
+            plan.append((p, None))
+            continue
+        bounds = [round(i * groups / parts) for i in range(parts + 1)]
+        plan.extend((p, (a, b)) for a, b in zip(bounds, bounds[1:], strict=False) if b > a)
+    return plan
+
+
+_TOKENIZER: OrelineTokenizer | None = None
+
+
+def _worker_init() -> None:
+    # One process per core: keep the tokenizer's own thread pool out of the way.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _encode(tok: OrelineTokenizer, ids: list[str], texts: list[str], rejects: Rejects, source: str,
+            ) -> tuple[list[str], list[list[int]]]:
+    try:
+        return ids, tok.encode_batch(texts)
+    except Exception:  # a text the tokenizer cannot take (e.g. lone surrogates): find it, keep the rest
+        kept_ids, out = [], []
+        for doc_id, text in zip(ids, texts, strict=True):
+            try:
+                out.append(tok.encode(text))
+                kept_ids.append(doc_id)
+            except Exception as exc:
+                rejects.add("encode_error", source, -1, {"id": doc_id, "error": str(exc)[:200]})
+        return kept_ids, out
+
+
+def run_task(task: Task) -> dict:
+    """Tokenize one input file (or row-group range) into train/val shards; return their records."""
+    global _TOKENIZER
+    if _TOKENIZER is None or str(_TOKENIZER.dir) != str(Path(task.tokenizer_dir).resolve()):
+        _TOKENIZER = load_tokenizer(task.tokenizer_dir)
+        _TOKENIZER.dir = _TOKENIZER.dir.resolve()
+    tok = _TOKENIZER
+    if tok.fingerprint != task.tokenizer_fingerprint:
+        raise InputError(f"tokenizer at {task.tokenizer_dir} changed during the run", "re-run oreline tokenize")
+    out = Path(task.out_dir)
+    rejects = Rejects()
+    writers: dict[str, fmt.ShardWriter] = {}
+    parts = Counter()
+    records: list[dict] = []
+
+    def finish(split: str) -> None:
+        w = writers.pop(split)
+        header = w.close()
+        records.append({"name": w.path.name, "split": split, "sha256": fmt.file_sha256(w.path), "tokens": header.tokens,
+                        "documents": header.documents, "bytes": header.file_size, "task": task.index})
+
+    def writer(split: str) -> fmt.ShardWriter:
+        if split not in writers:
+            name = f"{split}-{task.generation}-{task.index:05d}-{parts[split]:03d}.tok"
+            parts[split] += 1
+            writers[split] = fmt.ShardWriter(out / name, tok.fingerprint, tok.vocab_size, tok.bos_id, tok.eos_id)
+        return writers[split]
+
+    try:
+        for ids, texts in iter_batches(Path(task.path), rejects, row_groups=task.row_groups):
+            ids, encoded = _encode(tok, ids, texts, rejects, task.path)
+            if task.val_fraction > 0:
+                flags = [is_val(i, task.val_fraction) for i in ids]
+                groups = {"train": [e for e, v in zip(encoded, flags, strict=True) if not v],
+                          "val": [e for e, v in zip(encoded, flags, strict=True) if v]}
+            else:
+                groups = {"train": encoded}
+            for split, docs in groups.items():
+                if docs:
+                    w = writer(split)
+                    w.add_documents(docs)
+                    if w.tokens >= task.max_shard_tokens:
+                        finish(split)
+        for split in list(writers):
+            finish(split)
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    return {"task": task.index, "shards": records, "rejected": rejects.counts, "reject_rows": rejects.rows}
+
+
+def _settings(cfg: TokenizeConfig) -> dict:
+    return {"val_fraction": cfg.val_fraction, "max_shard_tokens": cfg.max_shard_tokens, "format_version": fmt.VERSION,
+            "split_rule": "sha256(id)[:8] little-endian < val_fraction * 2**64", "id_key": "id", "text_key": "text"}
+
+
+def _canonical(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def read_manifest(tokens_dir: str | Path) -> dict:
+    path = Path(tokens_dir) / MANIFEST
+    if not path.is_file():
+        raise InputError(f"no {MANIFEST} in {tokens_dir}", "run `oreline tokenize DOCS --tokenizer DIR --out DIR` first")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        from oreline.errors import DataIntegrityError
+
+        raise DataIntegrityError(f"{path} is not valid JSON ({exc})", fmt.FIX) from None
+
+
+def _up_to_date(out: Path, key: str) -> dict | None:
+    try:
+        manifest = read_manifest(out)
+    except Exception:
+        return None
+    if manifest.get("key") != key:
+        return None
+    for s in manifest.get("shards", []):
+        p = out / s["name"]
+        if not p.is_file() or p.stat().st_size != s["bytes"]:
+            return None
+    return manifest
+
+
+def tokenize_corpus(inputs: list[str | Path], tokenizer_dir: str | Path, out_dir: str | Path, cfg: TokenizeConfig,
+                    workers: int | None = None) -> dict:
+    """Tokenize documents into packed shards + manifest.json; a no-op when nothing changed."""
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    paths = expand_inputs(inputs)
+    tok = load_tokenizer(tokenizer_dir)
+    workers = max(1, workers or cfg.workers)
+    input_records = [{"path": str(p), "sha256": file_sha256(p), "bytes": p.stat().st_size} for p in paths]
+    settings = _settings(cfg)
+    docs_fp = hashlib.sha256(_canonical([r["sha256"] for r in input_records])).hexdigest()
+    key = hashlib.sha256(_canonical({"tokenizer": tok.fingerprint, "docs": docs_fp, "settings": settings})).hexdigest()
+    existing = _up_to_date(out, key)
+    if existing is not None:
+        return {**existing, "up_to_date": True}
+
+    out.mkdir(parents=True, exist_ok=True)
+    generation = key[:10]
+    tasks = [Task(i, str(p), rg, str(tok.dir), tok.fingerprint, str(out), generation, cfg.val_fraction, cfg.max_shard_tokens)
+             for i, (p, rg) in enumerate(plan_tasks(paths, workers))]
+    if workers == 1 or len(tasks) == 1:
+        results = [run_task(t) for t in tasks]
+    else:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=mp.get_context("fork"),
+                                 initializer=_worker_init) as pool:
+            results = list(pool.map(run_task, tasks))
+
+    shard_records = sorted((s for r in results for s in r["shards"]), key=lambda s: (SPLITS.index(s["split"]), s["task"], s["name"]))
+    rejected = Counter()
+    reject_rows = []
+    for r in results:
+        rejected.update(r["rejected"])
+        reject_rows.extend(r["reject_rows"])
+    if reject_rows:
+        (out / "rejects.jsonl").write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in reject_rows), encoding="utf-8")
+    splits = {s: {"shards": sum(1 for r in shard_records if r["split"] == s),
+                  "documents": sum(r["documents"] for r in shard_records if r["split"] == s),
+                  "tokens": sum(r["tokens"] for r in shard_records if r["split"] == s)} for s in SPLITS}
+    if not shard_records:
+        raise InputError(f"no usable documents in {len(paths)} input file(s) (rejected: {dict(rejected)})",
+                         "check the inputs hold non-empty 'text' fields")
+    seconds = time.perf_counter() - t0
+    total_tokens = sum(r["tokens"] for r in shard_records)
+    manifest = {
+        "format": "oreline-token-shards",
+        "format_version": fmt.VERSION,
+        "key": key,
+        "data_fingerprint": hashlib.sha256(_canonical([tok.fingerprint] + [r["sha256"] for r in shard_records])).hexdigest(),
+        "tokenizer_fingerprint": tok.fingerprint,
+        "tokenizer_dir": str(tok.dir),
+        "vocab_size": tok.vocab_size,
+        "dtype": str(fmt.DTYPES[fmt.dtype_code_for(tok.vocab_size)]),
+        "bos_id": tok.bos_id, "eos_id": tok.eos_id, "pad_id": tok.pad_id,
+        "docs_fingerprint": docs_fp,
+        "inputs": input_records,
+        "settings": settings,
+        "workers": workers,
+        "shards": [{k: v for k, v in r.items() if k != "task"} for r in shard_records],
+        "splits": splits,
+        "rejected": dict(rejected),
+        "seconds": round(seconds, 3),
+        "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 1),
+    }
+    write_json_atomic(out / MANIFEST, manifest)  # the commit point
+    keep = {r["name"] for r in shard_records}
+    for stale in out.glob("*.tok"):
+        if stale.name not in keep:
+            stale.unlink(missing_ok=True)
+    for tmp in out.glob(".*.tok.tmp-*"):
+        tmp.unlink(missing_ok=True)
+    if not reject_rows:
+        (out / "rejects.jsonl").unlink(missing_ok=True)
+    return {**manifest, "up_to_date": False}
+
+
+def print_manifest_summary(manifest: dict, console) -> None:
+    from rich.table import Table
+
+    if manifest.get("up_to_date"):
+        console.print(f"token shards are up to date (same tokenizer {manifest['tokenizer_fingerprint'][:12]}…, "
+                      f"same documents and settings): nothing to do")
+    table = Table(title=f"token shards (tokenizer {manifest['tokenizer_fingerprint'][:12]}…, {manifest['dtype']})")
+    for col in ("split", "shards", "documents", "tokens"):
+        table.add_column(col, justify="right" if col != "split" else "left")
+    for split, s in manifest["splits"].items():
+        table.add_row(split, f"{s['shards']:,}", f"{s['documents']:,}", f"{s['tokens']:,}")
+    console.print(table)
+    if manifest["rejected"]:
+        console.print("rejected rows: " + ", ".join(f"{k}={v}" for k, v in sorted(manifest["rejected"].items())) + " (see rejects.jsonl)")
+    if not manifest.get("up_to_date"):
+        console.print(f"{manifest['tokens_per_second']:,.0f} tokens/s over {manifest['seconds']:.1f} s with {manifest['workers']} worker(s)")
+    console.print(f"data fingerprint {manifest['data_fingerprint'][:16]}…")

@@ -1,0 +1,311 @@
+"""BPE tokenizer training from a document stream, with Hugging Face compatible output.
+
+Algorithm: byte-pair encoding (Sennrich et al. 2016, arXiv:1508.07909) as implemented by the
+Hugging Face `tokenizers` library. Documents stream from Parquet/JSONL through
+`Tokenizer.train_from_iterator`, so memory is bounded by the trainer's word counts, not by the
+corpus. Two pre-tokenizations:
+
+- `byte_level` (GPT-2, Radford et al. 2019): text is split with the GPT-2 regex and mapped to
+  256 printable byte symbols; the initial alphabet holds all 256, so every input is encodable
+  and there is no `<unk>` at all.
+- `metaspace` (SentencePiece style, Kudo & Richardson 2018): spaces become `▁` and a `▁` is
+  prepended to the text (a normalizer, as Llama-2's HF tokenizer does, so that a leading space
+  survives the round trip); characters outside the learned vocabulary fall back to `<0xXX>`
+  byte tokens (byte_fallback), so `<unk>` (id 3, required by the model type) is never emitted.
+
+Special tokens have FIXED ids: `<pad>`=0, `<s>`=1, `</s>`=2 (and `<unk>`=3 for metaspace).
+They are never matched in input text: `encode_special_tokens=True` on our side and
+`split_special_tokens: true` in tokenizer_config.json for transformers, so a document that
+contains the literal text "<s>" is encoded as the characters `<`, `s`, `>`. BOS/EOS are added
+by the tokenize step explicitly; the tokenizer itself has no post-processor.
+
+The model's embedding size is the vocabulary rounded up to a multiple of 64
+(`padded_vocab_size`, recorded in tokenizer_stats.json and returned as `.vocab_size`): the ids
+above the trained vocabulary are never produced and only exist for matmul-friendly shapes.
+
+Fingerprint: sha256 of the canonical tokenizer.json (json.loads → dumps sort_keys, compact), so
+formatting differences do not change it but any change to vocab, merges or settings does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from oreline.config import TokenizerConfig
+from oreline.errors import InputError
+from oreline.runs import write_json_atomic
+from oreline.tokens.inputs import Rejects, expand_inputs, iter_texts
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+BYTE_TOKENS = [f"<0x{i:02X}>" for i in range(256)]
+PAD_MULTIPLE = 64
+HELDOUT_EVERY = 20  # one document in 20 (by id hash) is held out until heldout_docs are collected
+
+
+def round_up(n: int, multiple: int = PAD_MULTIPLE) -> int:
+    return -(-n // multiple) * multiple
+
+
+def canonical_fingerprint(tokenizer_json: str) -> str:
+    """sha256 of the canonical JSON (sorted keys, compact) of a tokenizer.json text."""
+    canon = json.dumps(json.loads(tokenizer_json), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# the tokenizer others use
+
+
+@dataclass
+class OrelineTokenizer:
+    """A trained tokenizer: fixed special ids, padded vocabulary size, fingerprint.
+
+    `encode` never adds specials and encodes literal "<s>" as text; `decode` skips BOS/EOS/pad.
+    """
+
+    hf: object  # tokenizers.Tokenizer
+    dir: Path
+    fingerprint: str
+    vocab_size: int  # padded: what the model's embedding must have
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    @property
+    def trained_vocab_size(self) -> int:
+        return self.hf.get_vocab_size()
+
+    @property
+    def unk_id(self) -> int | None:
+        return self.hf.token_to_id(UNK)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # encode_batch_fast skips offset tracking, which we never use.
+        return [e.ids for e in self.hf.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+
+def load_tokenizer(path: str | Path) -> OrelineTokenizer:
+    """Load a tokenizer folder written by `oreline tokenizer train` (or any tokenizer.json with our specials)."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise InputError(f"no tokenizer.json at {path}", "train one with `oreline tokenizer train DOCS --out DIR`")
+    text = file.read_text(encoding="utf-8")
+    hf = Tokenizer.from_str(text)
+    hf.encode_special_tokens = True  # not serialized by tokenizers: set on every load
+    for name, want in ((PAD, 0), (BOS, 1), (EOS, 2)):
+        if hf.token_to_id(name) != want:
+            raise InputError(f"{file}: {name} has id {hf.token_to_id(name)}, oreline needs {want}",
+                             "train the tokenizer with `oreline tokenizer train`")
+    return OrelineTokenizer(hf=hf, dir=file.parent, fingerprint=canonical_fingerprint(text),
+                            vocab_size=round_up(hf.get_vocab_size()))
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+
+
+def build_tokenizer(cfg: TokenizerConfig):
+    """An untrained tokenizers.Tokenizer and its trainer for the configured pre-tokenization."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    prefix = cfg.continuing_subword_prefix
+    subword = {"continuing_subword_prefix": prefix} if prefix else {}  # tokenizers rejects None
+    strip_prefix = [decoders.Replace(Regex("^" + re.escape(prefix)), "")] if prefix else []
+    if cfg.pre_tokenizer == "byte_level":
+        specials = [PAD, BOS, EOS]
+        tok = Tokenizer(models.BPE(**subword))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.Sequence(strip_prefix + [decoders.ByteLevel()])
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        limit = {}
+    else:
+        # Byte tokens go in as "special" so the trainer puts them at ids 4..259; they are
+        # demoted to plain vocabulary entries after training (see _demote_byte_tokens).
+        specials = [PAD, BOS, EOS, UNK] + BYTE_TOKENS
+        tok = Tokenizer(models.BPE(unk_token=UNK, byte_fallback=True, **subword))
+        tok.normalizer = normalizers.Prepend("▁")
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True)
+        tok.decoder = decoders.Sequence(strip_prefix + [decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                                        decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+        alphabet = []
+        # Like SentencePiece's character_coverage: only the most frequent characters enter the
+        # alphabet (a quarter of the merge budget); rare ones (e.g. most CJK characters in a
+        # small vocabulary) are spelled with byte-fallback tokens instead of eating the vocabulary.
+        limit = {"limit_alphabet": max(64, (cfg.vocab_size - len(specials)) // 4)}
+    if cfg.vocab_size < len(specials) + len(alphabet) + 1:
+        raise InputError(f"tokenizer.vocab_size={cfg.vocab_size} leaves no room for merges ({len(specials) + len(alphabet)} base tokens)",
+                         f"set tokenizer.vocab_size above {len(specials) + len(alphabet)}")
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, special_tokens=specials,
+        initial_alphabet=alphabet, show_progress=False, **subword, **limit,
+    )
+    return tok, trainer
+
+
+def _demote_byte_tokens(tokenizer_json: str) -> str:
+    """Keep <0xXX> in the BPE vocabulary (byte_fallback looks them up there) but not as added tokens."""
+    obj = json.loads(tokenizer_json)
+    obj["added_tokens"] = [t for t in obj["added_tokens"] if t["content"] not in set(BYTE_TOKENS)]
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def _is_heldout(doc_id: str) -> bool:
+    return int.from_bytes(hashlib.sha256(doc_id.encode("utf-8", "surrogatepass")).digest()[:8], "little") % HELDOUT_EVERY == 0
+
+
+def _training_stream(paths: list[Path], cfg: TokenizerConfig, rejects: Rejects, heldout: list[str],
+                     counters: dict) -> Iterator[str]:
+    for doc_id, text in iter_texts(paths, rejects):
+        if len(heldout) < cfg.heldout_docs and _is_heldout(doc_id):
+            heldout.append(text)
+            continue
+        if cfg.max_train_docs is not None and counters["docs"] >= cfg.max_train_docs:
+            return
+        counters["docs"] += 1
+        counters["bytes"] += len(text.encode("utf-8", "surrogatepass"))
+        yield text
+
+
+def write_hf_files(out: Path, tokenizer_json: str, cfg: TokenizerConfig) -> None:
+    """tokenizer.json + tokenizer_config.json + special_tokens_map.json, loadable by AutoTokenizer."""
+    from oreline.runs import write_bytes_atomic
+
+    write_bytes_atomic(out / "tokenizer.json", tokenizer_json.encode("utf-8"))
+    specials = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+    if cfg.pre_tokenizer == "metaspace":
+        specials["unk_token"] = UNK
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **specials,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "split_special_tokens": True,  # literal "<s>" in text is text, as in oreline
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1_000_000_000,
+    }
+    write_json_atomic(out / "tokenizer_config.json", config)
+    write_json_atomic(out / "special_tokens_map.json", specials)
+
+
+def measure(tok: OrelineTokenizer, texts: list[str]) -> dict:
+    """Fertility, unknown-token rate and round-trip exactness on held-out documents."""
+    if not texts:
+        return {"docs": 0, "tokens": 0, "words": 0, "bytes": 0, "tokens_per_word": None, "tokens_per_byte": None,
+                "bytes_per_token": None, "unk_tokens": 0, "unk_rate": 0.0, "roundtrip_exact": 0, "roundtrip_rate": None,
+                "roundtrip_failures": []}
+    ids = tok.encode_batch(texts)
+    n_tokens = sum(map(len, ids))
+    n_words = sum(len(t.split()) for t in texts)
+    n_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    unk = tok.unk_id
+    n_unk = sum(seq.count(unk) for seq in ids) if unk is not None else 0
+    failures = []
+    exact = 0
+    for text, seq in zip(texts, ids, strict=True):
+        back = tok.decode(seq)
+        if back == text:
+            exact += 1
+        elif len(failures) < 5:
+            at = next((i for i, (a, b) in enumerate(zip(text, back, strict=False)) if a != b), min(len(text), len(back)))
+            failures.append({"at_char": at, "expected": text[max(0, at - 20):at + 20], "decoded": back[max(0, at - 20):at + 20]})
+    return {
+        "docs": len(texts), "tokens": n_tokens, "words": n_words, "bytes": n_bytes,
+        "tokens_per_word": n_tokens / max(n_words, 1), "tokens_per_byte": n_tokens / max(n_bytes, 1),
+        "bytes_per_token": n_bytes / max(n_tokens, 1),
+        "unk_tokens": n_unk, "unk_rate": n_unk / max(n_tokens, 1),
+        "roundtrip_exact": exact, "roundtrip_rate": exact / len(texts), "roundtrip_failures": failures,
+    }
+
+
+def _readable_merges(tokenizer_json: str, byte_level: bool, n: int = 20) -> list[str]:
+    """The first merges learned (= the most frequent pairs), shown as text."""
+    merges = json.loads(tokenizer_json)["model"]["merges"][:n]
+    if byte_level:
+        from tokenizers import decoders
+
+        dec = decoders.ByteLevel()
+        return [" + ".join(repr(dec.decode([p])) for p in (m if isinstance(m, list) else m.split(" "))) for m in merges]
+    return [" + ".join(repr(p.replace("▁", " ")) for p in (m if isinstance(m, list) else m.split(" "))) for m in merges]
+
+
+def train_tokenizer(inputs: list[str | Path], out_dir: str | Path, cfg: TokenizerConfig) -> dict:
+    """Train BPE on Parquet/JSONL documents; write HF files and tokenizer_stats.json; return the stats."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = expand_inputs(inputs)
+    tok, trainer = build_tokenizer(cfg)
+    rejects = Rejects()
+    heldout: list[str] = []
+    counters = {"docs": 0, "bytes": 0}
+    t0 = time.perf_counter()
+    tok.train_from_iterator(_training_stream(paths, cfg, rejects, heldout, counters), trainer)
+    train_s = time.perf_counter() - t0
+    if counters["docs"] == 0:
+        raise InputError(f"no usable documents in {', '.join(map(str, paths))} (rejected: {rejects.counts})",
+                         "check the inputs hold non-empty 'text' fields")
+    text = tok.to_str()
+    if cfg.pre_tokenizer == "metaspace":
+        text = _demote_byte_tokens(text)
+    write_hf_files(out, text, cfg)
+    if rejects.rows:
+        write_json_atomic(out / "rejects.json", {"counts": rejects.counts, "rows": rejects.rows})
+    loaded = load_tokenizer(out)
+    stats = {
+        "fingerprint": loaded.fingerprint,
+        "pre_tokenizer": cfg.pre_tokenizer,
+        "continuing_subword_prefix": cfg.continuing_subword_prefix,
+        "target_vocab_size": cfg.vocab_size,
+        "trained_vocab_size": loaded.trained_vocab_size,
+        "padded_vocab_size": loaded.vocab_size,
+        "special_tokens": {PAD: 0, BOS: 1, EOS: 2, **({UNK: 3} if loaded.unk_id is not None else {})},
+        "inputs": [str(p) for p in paths],
+        "train_docs": counters["docs"],
+        "train_bytes": counters["bytes"],
+        "train_seconds": round(train_s, 3),
+        "rejected": rejects.counts,
+        "heldout": measure(loaded, heldout),
+        "top_merges": _readable_merges(text, cfg.pre_tokenizer == "byte_level"),
+        "settings": cfg.model_dump(mode="json"),
+    }
+    write_json_atomic(out / "tokenizer_stats.json", stats)
+    return stats
+
+
+def print_tokenizer_stats(stats: dict, console) -> None:
+    from rich.table import Table
+
+    h = stats["heldout"]
+    table = Table(title=f"tokenizer {stats['fingerprint'][:12]} ({stats['pre_tokenizer']})", show_header=False)
+    rows = [
+        ("vocabulary (trained / padded)", f"{stats['trained_vocab_size']:,} / {stats['padded_vocab_size']:,}"),
+        ("trained on", f"{stats['train_docs']:,} docs, {stats['train_bytes'] / 1e6:.2f} MB in {stats['train_seconds']:.1f} s"),
+        ("held-out docs", f"{h['docs']:,}"),
+    ]
+    if h["docs"]:
+        rows += [
+            ("tokens per word", f"{h['tokens_per_word']:.3f}"),
+            ("tokens per byte", f"{h['tokens_per_byte']:.4f} ({h['bytes_per_token']:.2f} bytes/token)"),
+            ("unknown-token rate", f"{h['unk_rate']:.6f} ({h['unk_tokens']} of {h['tokens']:,})"),
+            ("round trip exact", f"{h['roundtrip_exact']} / {h['docs']} ({h['roundtrip_rate']:.2%})"),
+        ]
+    if stats["rejected"]:
+        rows.append(("rejected rows", ", ".join(f"{k}={v}" for k, v in sorted(stats["rejected"].items()))))
+    rows.append(("first merges", ", ".join(stats["top_merges"][:8])))
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
