@@ -1,0 +1,516 @@
+"""Checkpoints: atomic save, verified resume, retention, model-only snapshots, and the CLI views.
+
+Layout under `<run>/checkpoints/`:
+
+    step-00000200/          a full, resumable checkpoint
+      .metadata  __0_0.distcp ...   model + optimizer tensors (torch.distributed.checkpoint, one file per rank)
+      meta.json             step, tokens, schedule, loader, RNG, stability window, config + fingerprints,
+                            model_args, tokenizer_dir, world size, time, optimizer hyperparameters
+      rng-rank00001.json    RNG states of ranks > 0 (rank 0's are in meta.json)
+      checksums.json        size + xxh3-128 of every file above, and a hash of itself
+    model-step-00000100/    model-only snapshot (model.safetensors + meta.json): for eval/export, never resumed
+    latest                  a small file holding the newest complete checkpoint's name
+
+Save (every rank calls `save_checkpoint`): rank 0 makes `.tmp-step-00000200/`; every rank writes its
+shard with `dcp.save` (fsync per file); after a barrier rank 0 writes meta.json and checksums.json,
+fsyncs, renames the folder to `step-00000200`, fsyncs the parent, replaces `latest` (write + rename)
+and applies retention. A kill at any moment leaves either the complete folder or a `.tmp-` one,
+which is never offered for resume (and is removed by the next save).
+
+Only tensors go through DCP: the optimizer's param_groups (lr, betas, ...) are plain numbers and go
+into meta.json, because DCP restores non-tensor objects with `torch.load(weights_only=False)`, i.e.
+unpickling. Loading therefore unpickles nothing but DCP's own `.metadata` (sizes and dtypes) after its
+checksum was verified; tensors load with `weights_only=True` inside DCP; model-only snapshots are
+safetensors; everything else is JSON.
+
+Checksums (xxh3-128, why not sha256), listing, verification and `find_resumable` live in
+`oreline.train.checkpoint_files`; the CLI tables in `oreline.train.checkpoint_views`. Both are
+re-exported here, so callers import everything from `oreline.train.checkpoint`.
+
+Retention: the newest `keep_last` full checkpoints (≤ 0: all) plus every step divisible by
+`keep_every` (> 0) are kept, and the one `latest` names; model-only snapshots are all kept (they are
+small and were asked for explicitly with `model_only_every`).
+
+Async save (`checkpoint.async = true`, CUDA only): `dcp.async_save` stages the state to CPU memory
+and writes in a background thread; finalisation (meta, checksums, rename) happens at the start of
+the next save or in `wait_for_pending_save()`, which the loop calls before exiting. The time a save
+blocks the step is in `last_save_stats()`. On CPU the option is ignored (logged once): staging a copy
+of the state costs about what writing it does.
+
+Sources: torch.distributed.checkpoint (DCP) docs; torchtitan's checkpoint manager (async save,
+`get_state_dict`/`set_state_dict`, retention by keep_latest_k).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import socket
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from oreline.config import CheckpointConfig, diff_keys, fingerprint
+from oreline.errors import CheckpointError
+from oreline.train.checkpoint_files import (  # noqa: F401 (re-exported: the public checkpoint API)
+    CHECKSUMS,
+    FORMAT_VERSION,
+    FULL_RE,
+    LATEST,
+    META,
+    TMP_PREFIX,
+    TRASH_PREFIX,
+    CheckpointEntry,
+    checkpoints_root,
+    dir_bytes,
+    ensure_verified,
+    file_digest,
+    find_resumable,
+    fsync_dir,
+    list_checkpoints,
+    read_latest,
+    read_meta,
+    resolve_checkpoint,
+    step_name,
+    verify_checkpoint,
+    write_checksums,
+    write_json_synced,
+    write_latest,
+)
+
+log = logging.getLogger("oreline.checkpoint")
+
+NEVER_ALLOWED = {
+    "model.": "the model shape would not match the saved tensors",
+    "tokenizer.": "token ids would mean different strings than the model learned",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# distributed helpers
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    if _world() > 1:
+        dist.barrier()
+
+
+def _no_dist() -> bool:
+    return _world() == 1 and not (dist.is_available() and dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _quiet_single_process():
+    """DCP warns on every call without a process group that it 'assumes a single process': it does."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG states as JSON
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+
+def capture_rng_state() -> dict:
+    """Python, numpy, torch CPU and every CUDA device's generator, as JSON-able values."""
+    py_version, py_state, py_gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
+    state = {
+        "python": [py_version, list(py_state), py_gauss],
+        "numpy": {"name": np_name, "keys_b64": base64.b64encode(np_keys.astype("<u4").tobytes()).decode(),
+                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_cached)},
+        "torch_cpu": _b64(torch.get_rng_state()),
+        "cuda": [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+    }
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    """Inverse of `capture_rng_state` (CUDA states are restored for the devices present)."""
+    v, s, g = state["python"]
+    random.setstate((v, tuple(s), g))
+    n = state["numpy"]
+    keys = np.frombuffer(base64.b64decode(n["keys_b64"]), dtype="<u4").astype(np.uint32)
+    np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(_unb64(state["torch_cpu"]))
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available():
+        if len(cuda) != torch.cuda.device_count():
+            log.warning("checkpoint holds RNG states of %d CUDA devices, %d present: restoring the common ones",
+                        len(cuda), torch.cuda.device_count())
+        for i, s64 in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(_unb64(s64), device=i)
+
+
+# ---------------------------------------------------------------------------------------------
+# saving
+
+
+@dataclass
+class _PendingSave:
+    future: Any
+    finalize: Any  # () -> Path
+    started: float
+
+
+_PENDING: _PendingSave | None = None
+_LAST_SAVE: dict[str, float] = {}
+_ASYNC_NOTE_SHOWN = False
+
+
+def last_save_stats() -> dict[str, float]:
+    """Timings of the last save: blocking_s (time the step waited), total_s, bytes (rank 0's view)."""
+    return dict(_LAST_SAVE)
+
+
+def wait_for_pending_save() -> Path | None:
+    """Finish an async save in flight (meta, checksums, rename). Call before exiting the loop."""
+    global _PENDING
+    if _PENDING is None:
+        return None
+    pending, _PENDING = _PENDING, None
+    pending.future.result()
+    path = pending.finalize()
+    _LAST_SAVE["total_s"] = time.perf_counter() - pending.started
+    return path
+
+
+def _json_param_groups(groups: list[dict]) -> list[dict]:
+    """Optimizer hyperparameters as JSON (0-dim tensors become floats, tuples lists)."""
+    out = []
+    for g in groups:
+        jg = {}
+        for k, v in g.items():
+            if isinstance(v, torch.Tensor):
+                v = v.item()
+            elif isinstance(v, tuple):
+                v = list(v)
+            jg[k] = v
+        out.append(jg)
+    json.dumps(out)  # fail here, not half-way through a save
+    return out
+
+
+def _restore_param_groups(saved: list[dict], current: list[dict]) -> list[dict]:
+    """JSON param_groups back into the types the live optimizer uses (tuples, tensors)."""
+    out = []
+    for sg, cg in zip(saved, current, strict=True):
+        g = dict(sg)
+        for k, cur in cg.items():
+            if k in g and k != "params":
+                if isinstance(cur, tuple):
+                    g[k] = tuple(g[k])
+                elif isinstance(cur, torch.Tensor):
+                    g[k] = torch.tensor(g[k], dtype=cur.dtype, device=cur.device)
+        out.append(g)
+    return out
+
+
+def _full_meta(step: int, meta: dict, kind: str) -> dict:
+    out = dict(meta)
+    out.update(format_version=FORMAT_VERSION, kind=kind, step=int(step), world_size=_world(),
+               time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), host=socket.gethostname(),
+               torch_version=torch.__version__)
+    if isinstance(meta.get("config"), dict) and "config_fingerprint" not in meta:
+        out["config_fingerprint"] = fingerprint(meta["config"])
+    try:
+        json.dumps(out)
+    except (TypeError, ValueError) as exc:
+        bad = [k for k, v in out.items() if not _json_ok(v)]
+        raise CheckpointError(f"checkpoint meta is not JSON-serializable ({exc}; keys {bad})",
+                              "pass plain numbers, strings, lists and dicts in meta (state_dict() of helpers)") from None
+    return out
+
+
+def _json_ok(v: Any) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _clean_leftovers(root: Path) -> None:
+    """Remove folders of interrupted saves and deletions (rank 0, no save in flight)."""
+    for p in root.iterdir():
+        if p.is_dir() and (p.name.startswith(TMP_PREFIX) or p.name.startswith(TRASH_PREFIX)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename a complete temporary folder into place (replacing an older save of the same step)."""
+    fsync_dir(tmp)
+    if final.exists():
+        trash = final.with_name(f"{TRASH_PREFIX}{final.name}")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.rename(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+
+
+def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                    meta: dict, kind: str = "full", cfg: CheckpointConfig | None = None) -> Path:
+    """Save a checkpoint atomically; every rank calls it. Returns the final folder.
+
+    `meta` (JSON) should hold what resume needs besides tensors: tokens_seen, lr_multiplier, loader,
+    stability, config (dict; its fingerprint is added), tokenizer/data fingerprints, model_args,
+    tokenizer_dir. RNG states, world size, time and optimizer hyperparameters are added here.
+    kind="model_only" writes `model-step-N/model.safetensors` (no optimizer; never resumed from).
+    """
+    global _PENDING, _ASYNC_NOTE_SHOWN
+    cfg = cfg or CheckpointConfig()
+    root = Path(ckpt_root)
+    wait_for_pending_save()
+    if kind not in ("full", "model_only"):
+        raise CheckpointError(f"unknown checkpoint kind {kind!r}", "use kind='full' or kind='model_only'")
+    t0 = time.perf_counter()
+    name = step_name(step, kind)
+    final, tmp = root / name, root / f"{TMP_PREFIX}{name}"
+    rank = _rank()
+    full_meta = _full_meta(step, meta, kind)
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        _clean_leftovers(root)
+        tmp.mkdir()
+    _barrier()
+
+    if kind == "model_only":
+        return _save_model_only(model, full_meta, tmp, final, t0)
+
+    msd, osd = get_state_dict(model, optimizer) if optimizer is not None else (get_model_state_dict(model), None)
+    state = {"model": msd}
+    if osd is not None:
+        state["optim"] = osd["state"]
+        full_meta["optim_param_groups"] = _json_param_groups(osd["param_groups"])
+    rng = capture_rng_state()
+    if rank == 0:
+        full_meta["rng"] = rng
+    else:
+        write_json_synced(tmp / f"rng-rank{rank:05d}.json", rng)
+
+    def finalize() -> Path:
+        _barrier()
+        if rank == 0:
+            write_json_synced(tmp / META, full_meta)
+            write_checksums(tmp)
+            _publish(tmp, final)
+            write_latest(root, name)
+            apply_retention(root, cfg)
+            _LAST_SAVE["bytes"] = float(dir_bytes(final))
+        _barrier()
+        return final
+
+    on_cuda = any(p.is_cuda for p in model.parameters())
+    if cfg.async_save and on_cuda:
+        future = dcp.async_save(state, checkpoint_id=str(tmp))
+        _PENDING = _PendingSave(future, finalize, t0)
+        _LAST_SAVE.clear()
+        _LAST_SAVE["blocking_s"] = time.perf_counter() - t0
+        log.info("async checkpoint %s started: the step waited %.3f s", name, _LAST_SAVE["blocking_s"])
+        return final
+    if cfg.async_save and not _ASYNC_NOTE_SHOWN:
+        log.warning("checkpoint.async is ignored on CPU: saving synchronously")
+        _ASYNC_NOTE_SHOWN = True
+    with _quiet_single_process():
+        dcp.save(state, checkpoint_id=str(tmp), no_dist=_no_dist())
+    path = finalize()
+    _LAST_SAVE["blocking_s"] = _LAST_SAVE["total_s"] = time.perf_counter() - t0
+    return path
+
+
+def _save_model_only(model: torch.nn.Module, meta: dict, tmp: Path, final: Path, t0: float) -> Path:
+    from safetensors.torch import save_file
+
+    # full_state_dict gathers FSDP shards onto rank 0; names come without DDP/compile prefixes
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True) if _world() > 1 else None
+    sd = get_model_state_dict(model, options=options)
+    if _rank() == 0:
+        # clone: safetensors refuses tensors that share memory (tied embeddings)
+        tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "step": str(meta["step"])})
+        with open(tmp / "model.safetensors", "rb+") as fh:
+            os.fsync(fh.fileno())
+        write_json_synced(tmp / META, meta)
+        write_checksums(tmp)
+        _publish(tmp, final)
+        _LAST_SAVE.clear()
+        _LAST_SAVE["bytes"] = float(dir_bytes(final))
+    _barrier()
+    _LAST_SAVE["blocking_s"] = _LAST_SAVE["total_s"] = time.perf_counter() - t0
+    return final
+
+
+def apply_retention(root: Path, cfg: CheckpointConfig) -> list[Path]:
+    """Delete full checkpoints outside keep_last / keep_every (never the `latest` one). Returns deleted."""
+    fulls = sorted((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := FULL_RE.match(p.name)))
+    keep = {s for s, _ in fulls[-cfg.keep_last:]} if cfg.keep_last > 0 else {s for s, _ in fulls}
+    if cfg.keep_every > 0:
+        keep |= {s for s, _ in fulls if s % cfg.keep_every == 0}
+    latest = read_latest(root)
+    deleted = []
+    for s, p in fulls:
+        if s in keep or p.name == latest:
+            continue
+        trash = p.with_name(f"{TRASH_PREFIX}{p.name}")
+        os.rename(p, trash)  # a kill mid-delete leaves a .trash- folder, never a half step- folder
+        shutil.rmtree(trash, ignore_errors=True)
+        deleted.append(p)
+    return deleted
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                    restore_rng: bool = True) -> dict:
+    """Load a full checkpoint into the live model (and optimizer) in place; return its meta.
+
+    Verifies checksums first (once per process). Restores this rank's RNG states unless told not to.
+    """
+    path = Path(path)
+    ensure_verified(path)
+    meta = read_meta(path) or {}
+    if meta.get("kind") != "full":
+        raise CheckpointError(f"{path} is a {meta.get('kind')} snapshot: it holds no optimizer state",
+                              "resume from a step-* checkpoint, or start fresh with --resume none")
+    if optimizer is not None and "optim_param_groups" not in meta:
+        raise CheckpointError(f"{path} was saved without optimizer state", "resume with --resume none")
+    if optimizer is not None:
+        msd, osd = get_state_dict(model, optimizer)  # initialises empty AdamW state with a zero-lr step
+        state = {"model": msd, "optim": osd["state"]}
+    else:
+        state = {"model": get_model_state_dict(model)}
+    with _quiet_single_process():
+        dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
+    if optimizer is not None:
+        groups = _restore_param_groups(meta["optim_param_groups"], osd["param_groups"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict={"state": state["optim"], "param_groups": groups})
+    else:
+        set_model_state_dict(model, state["model"])
+    if restore_rng:
+        rank = _rank()
+        rng_file = path / f"rng-rank{rank:05d}.json"
+        if rank == 0 and "rng" in meta:
+            restore_rng_state(meta["rng"])
+        elif rng_file.is_file():
+            restore_rng_state(json.loads(rng_file.read_text()))
+        else:
+            log.warning("no RNG state for rank %d in %s (saved with fewer ranks): RNG not restored", rank, path)
+    return meta
+
+
+def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
+    """(state_dict, ModelArgs, meta) from a full checkpoint, a model-only snapshot or a run directory.
+
+    Full checkpoints are read without building a model: empty tensors are made from DCP's metadata
+    (global shapes, so FSDP-sharded saves come back whole) and DCP fills them.
+    """
+    from oreline.model.llama import ModelArgs
+
+    path = resolve_checkpoint(path)
+    ensure_verified(path)
+    meta = read_meta(path) or {}
+    if meta.get("kind") == "model_only":
+        from safetensors.torch import load_file
+
+        sd = load_file(str(path / "model.safetensors"))
+    else:
+        md = dcp.FileSystemReader(str(path)).read_metadata()
+        sd = {}
+        for key, tmd in md.state_dict_metadata.items():
+            if key.startswith("model.") and hasattr(tmd, "size"):
+                sd[key.removeprefix("model.")] = torch.empty(tmd.size, dtype=tmd.properties.dtype)
+        holder = {"model": sd}
+        with _quiet_single_process():
+            dcp.load(holder, checkpoint_id=str(path), no_dist=True)
+        sd = holder["model"]
+    if "model_args" not in meta:
+        raise CheckpointError(f"{path}/{META} has no model_args", "this checkpoint was not written by oreline train")
+    return sd, ModelArgs.from_dict(meta["model_args"]), meta
+
+
+# ---------------------------------------------------------------------------------------------
+# resume compatibility
+
+
+def check_resume_compatible(meta: dict, current_config: dict, allow_keys: list[str] | None = None, *,
+                            fingerprints: dict[str, str] | None = None, model_args: dict | None = None) -> list[str]:
+    """Refuse to resume under a different config unless the differing keys are allowed.
+
+    `allow_keys` (from --allow-config-change) names dotted keys or sections ("train.optim" allows
+    "train.optim.lr"). Model and tokenizer keys are never allowed; nor are a different model_args or
+    tokenizer fingerprint (when given). A different data fingerprint is allowed only if "data" is named.
+    Returns the differing keys that were allowed (for the run's event log).
+    """
+    allow = list(allow_keys or [])
+    saved = meta.get("config")
+    diffs = diff_keys(saved, current_config) if isinstance(saved, dict) else []
+
+    def allowed(key: str) -> bool:
+        return any(key == a or key.startswith(a + ".") for a in allow)
+
+    never = [(k, why) for k in diffs for prefix, why in NEVER_ALLOWED.items() if k.startswith(prefix)]
+    if model_args is not None and meta.get("model_args") not in (None, model_args):
+        never.append(("model_args " + ", ".join(diff_keys(meta["model_args"], model_args)),
+                      "the model shape would not match the saved tensors"))
+    fps = fingerprints or {}
+    saved_tok = meta.get("tokenizer_fingerprint")
+    if fps.get("tokenizer") and saved_tok and fps["tokenizer"] != saved_tok:
+        never.append((f"tokenizer fingerprint {saved_tok[:12]}… → {fps['tokenizer'][:12]}…",
+                      NEVER_ALLOWED["tokenizer."]))
+    if never:
+        what = "; ".join(f"{k} ({why})" for k, why in never)
+        raise CheckpointError(f"cannot resume from step {meta.get('step')}: {what}",
+                              "start a new run (another run.name, or --resume none), or undo the change")
+    refused = [k for k in diffs if not allowed(k)]
+    saved_data = meta.get("data_fingerprint")
+    if fps.get("data") and saved_data and fps["data"] != saved_data and not allowed("data"):
+        refused.append("data (token shards differ from the ones the checkpoint was trained on)")
+    if refused:
+        raise CheckpointError(
+            f"the config differs from the checkpoint's (step {meta.get('step')}) in: {', '.join(refused)}",
+            "undo the change, or allow it with --allow-config-change " + " --allow-config-change ".join(
+                k.split(" ")[0] for k in refused))
+    return [k for k in diffs if allowed(k)]
+
+
+# the CLI views, re-exported for `oreline checkpoint ls|verify|inspect`
+from oreline.train.checkpoint_views import inspect_cli, print_checkpoints, verify_cli  # noqa: E402, F401

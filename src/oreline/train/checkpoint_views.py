@@ -1,0 +1,120 @@
+"""What `oreline checkpoint ls | verify | inspect` print: tables from meta.json, checksums and DCP metadata.
+
+`inspect` reads DCP's `.metadata` (tensor names, global shapes, dtypes) only after the checkpoint's
+checksums verified, since that index is a pickle.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from oreline.train.checkpoint_files import (
+    CHECKSUMS,
+    META,
+    checkpoints_root,
+    dir_bytes,
+    list_checkpoints,
+    read_latest,
+    read_meta,
+    resolve_checkpoint,
+    verify_checkpoint,
+)
+
+# ---------------------------------------------------------------------------------------------
+# CLI views: oreline checkpoint ls | verify | inspect
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def print_checkpoints(run_dir: Path, console) -> None:
+    """Table: name, kind, step, tokens, size, validity, latest marker."""
+    from rich.table import Table
+
+    root = checkpoints_root(run_dir)
+    entries = list_checkpoints(root)
+    if not entries:
+        console.print(f"no checkpoints under {root}")
+        return
+    latest = read_latest(root)
+    table = Table(title=f"checkpoints in {root}")
+    for col in ("name", "kind", "step", "tokens", "size", "valid", "latest"):
+        table.add_column(col, justify="right" if col in ("step", "tokens", "size") else "left")
+    for e in entries:
+        meta = read_meta(e.path) or {}
+        ok, problems = verify_checkpoint(e.path)
+        tokens = meta.get("tokens_seen")
+        table.add_row(e.path.name, e.kind, str(e.step), f"{tokens:,}" if isinstance(tokens, int) else "-",
+                      _fmt_bytes(dir_bytes(e.path)), "[green]ok[/]" if ok else f"[red]{'; '.join(problems)}[/]",
+                      "←" if e.path.name == latest else "")
+    console.print(table)
+
+
+def verify_cli(path: Path, console) -> int:
+    """Verify one checkpoint or all under a run; 0 when all are valid, 1 otherwise."""
+    path = Path(path)
+    targets = [path] if (path / CHECKSUMS).is_file() or (path / META).is_file() else [
+        e.path for e in list_checkpoints(path)]
+    if not targets:
+        console.print(f"[red]no checkpoints found under {path}[/]")
+        return 1
+    bad = 0
+    for t in targets:
+        ok, problems = verify_checkpoint(t)
+        bad += not ok
+        console.print(f"{'[green]ok[/]     ' if ok else '[red]INVALID[/]'} {t}" + ("" if ok else f": {'; '.join(problems)}"))
+    console.print(f"{len(targets) - bad} of {len(targets)} checkpoints valid")
+    return 1 if bad else 0
+
+
+def inspect_cli(path: Path, console) -> None:
+    """Meta summary, fingerprints and the tensors (names, shapes, dtypes) of one checkpoint."""
+    from rich.table import Table
+
+    path = resolve_checkpoint(path)
+    meta = read_meta(path) or {}
+    ok, problems = verify_checkpoint(path)
+    console.print(f"[bold]{path}[/]  {'[green]valid[/]' if ok else '[red]INVALID: ' + '; '.join(problems) + '[/]'}")
+    for key in ("kind", "step", "tokens_seen", "lr_multiplier", "world_size", "time", "torch_version",
+                "config_fingerprint", "tokenizer_fingerprint", "data_fingerprint", "tokenizer_dir"):
+        if key in meta:
+            console.print(f"  {key:22s} {meta[key]}")
+    if "model_args" in meta:
+        console.print(f"  {'model_args':22s} {json.dumps(meta['model_args'], sort_keys=True)}")
+    if isinstance(meta.get("stability"), dict) and "counters" in meta["stability"]:
+        console.print(f"  {'stability':22s} {meta['stability']['counters']}")
+    if not ok:
+        return  # do not parse (unpickle) a tensor index whose checksum failed
+    table = Table(title="tensors")
+    for col in ("name", "shape", "dtype"):
+        table.add_column(col)
+    if meta.get("kind") == "model_only":
+        from safetensors import safe_open
+
+        with safe_open(str(path / "model.safetensors"), "pt") as fh:
+            for k in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                sl = fh.get_slice(k)
+                table.add_row(k, str(tuple(sl.get_shape())), str(sl.get_dtype()))
+        console.print(table)
+        return
+    md = dcp.FileSystemReader(str(path)).read_metadata()
+    optim_n, optim_bytes = 0, 0
+    for key, tmd in sorted(md.state_dict_metadata.items()):
+        if not hasattr(tmd, "size"):
+            continue
+        if key.startswith("model."):
+            table.add_row(key.removeprefix("model."), str(tuple(tmd.size)), str(tmd.properties.dtype).removeprefix("torch."))
+        else:
+            optim_n += 1
+            optim_bytes += torch.Size(tmd.size).numel() * tmd.properties.dtype.itemsize
+    console.print(table)
+    console.print(f"  optimizer state: {optim_n} tensors, {_fmt_bytes(optim_bytes)}")

@@ -1,0 +1,218 @@
+"""The stability monitor: non-finite values and loss / grad-norm spikes, judged before the optimizer step.
+
+The loop computes the loss and the global grad norm of a step, then asks
+`monitor.check(step, loss, grad_norm)` *before* `optimizer.step()`:
+
+- `None`: the step is healthy; the loop steps the optimizer and calls `monitor.accept(loss, grad_norm)`
+  so the value joins the sliding window.
+- an `Anomaly`: the loop applies `cfg.action`: "skip" (zero the grads, do not step, call
+  `monitor.record_skip()`), "rollback" (reload the last good checkpoint, scale the lr by `lr_factor`,
+  skip `skip_batches` batches, call `monitor.record_rollback(anomaly)`, which raises `TrainingError`
+  past `max_retries`, then `monitor.restore_window(meta["stability"])`), or "log" (step anyway and
+  accept).
+
+Rules, in order:
+1. **nonfinite**: the loss or the grad norm is NaN or ±inf. Judged from the first step.
+2. **loss_spike** / **grad_spike**: the value's z-score against the window exceeds `z_threshold`
+   (default 6σ). Only *upward* deviations count: a loss that falls fast is progress, not instability.
+   Spikes are judged once the window holds `min_history` (default 16) healthy steps; the window keeps
+   the last `window` (default 128) accepted steps.
+
+Statistics: plain mean and standard deviation of the window. Robust statistics (median / MAD) are
+not needed because only *accepted* steps enter the window, so past spikes never inflate it; and
+the mean/std pair keeps the z-score meaning what the config says ("σ above the window mean").
+The standard deviation has a floor of `REL_SIGMA_FLOOR` × |mean| so that a nearly constant series
+(a loss plateau, a clipped grad norm) does not turn ordinary jitter into a 6σ "spike".
+This follows the practice of skipping or rolling back on loss spikes described for large runs
+(PaLM, Chowdhery et al. 2022, §5.1: restart from a checkpoint ~100 steps before the spike and skip
+~200-500 batches; OPT-175B logbook: lower the lr and restart from the last checkpoint).
+
+Distributed: the decision must be the same on every rank, otherwise ranks diverge (one steps, one
+skips) and the next collective hangs. The loop therefore all-reduces the loss and computes the
+*global* grad norm before calling `check`; every rank then holds the same floats, and the
+computation here is plain Python float arithmetic, deterministic on every rank.
+
+State (`state_dict()`) is JSON: the window values, counters and anomaly log. It is saved in the
+checkpoint meta so that a resumed run judges step N exactly as the uninterrupted run did.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+from oreline.config import StabilityConfig
+from oreline.errors import TrainingError
+
+REL_SIGMA_FLOOR = 1e-3  # σ is at least 0.1% of the window mean (see the module docstring)
+MAX_LOGGED_ANOMALIES = 100  # anomalies kept in the state (the counters keep counting past this)
+
+
+@dataclass
+class Anomaly:
+    """What went wrong at one step: kind is "nonfinite", "loss_spike" or "grad_spike"."""
+
+    kind: str
+    step: int
+    values: dict[str, float | None]
+    z: float | None = None
+    threshold: float | None = None
+    mean: float | None = None
+    std: float | None = None
+
+    def describe(self) -> str:
+        vals = ", ".join(f"{k}={v:.6g}" if v is not None else f"{k}=None" for k, v in self.values.items())
+        if self.kind == "nonfinite":
+            return f"step {self.step}: non-finite value ({vals})"
+        return (f"step {self.step}: {self.kind} ({vals}; z={self.z:.1f} > {self.threshold:g}σ "
+                f"over window mean {self.mean:.6g} ± {self.std:.3g})")
+
+    def to_dict(self) -> dict:
+        # JSON cannot hold NaN/inf portably: write them as strings ("nan", "inf")
+        out = asdict(self)
+        out["values"] = {k: _json_float(v) for k, v in self.values.items()}
+        return out
+
+
+def _json_float(v: float | None) -> float | str | None:
+    if v is None or math.isfinite(v):
+        return v
+    return str(v)
+
+
+def _is_finite(v: float | None) -> bool:
+    return v is None or math.isfinite(v)
+
+
+def window_stats(values: deque[float] | list[float]) -> tuple[float, float]:
+    """Mean and (population) standard deviation with the relative floor, in float64."""
+    n = len(values)
+    mean = math.fsum(values) / n
+    var = math.fsum((v - mean) ** 2 for v in values) / n
+    std = max(math.sqrt(var), REL_SIGMA_FLOOR * abs(mean), 1e-12)
+    return mean, std
+
+
+@dataclass
+class StabilityCounters:
+    checked: int = 0
+    accepted: int = 0
+    skipped: int = 0
+    rollbacks: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+
+class StabilityMonitor:
+    """Sliding-window anomaly detector; see the module docstring for the rules."""
+
+    def __init__(self, cfg: StabilityConfig):
+        self.cfg = cfg
+        self.losses: deque[float] = deque(maxlen=cfg.window)
+        self.grad_norms: deque[float] = deque(maxlen=cfg.window)
+        self.counters = StabilityCounters()
+        self.anomalies: list[dict] = []
+        # rollbacks since the run last got past the step that caused one (bounded by max_retries);
+        # replayed healthy steps *before* that step do not reset it, or the bound would never bite
+        self.retries_in_a_row = 0
+        self.last_rollback_step = -1
+        self.last_checked_step = -1
+
+    # -- judging ---------------------------------------------------------------------------------
+
+    def check(self, step: int, loss: float, grad_norm: float | None) -> Anomaly | None:
+        """Judge one step before the optimizer sees it. Returns None when healthy."""
+        if not self.cfg.enabled:
+            return None
+        loss = float(loss)
+        grad_norm = None if grad_norm is None else float(grad_norm)
+        self.counters.checked += 1
+        self.last_checked_step = step
+        values = {"loss": loss, "grad_norm": grad_norm}
+        anomaly = None
+        if not (_is_finite(loss) and _is_finite(grad_norm)):
+            anomaly = Anomaly("nonfinite", step, values)
+        else:
+            anomaly = (self._spike("loss_spike", step, loss, self.losses, values)
+                       or (self._spike("grad_spike", step, grad_norm, self.grad_norms, values)
+                           if grad_norm is not None else None))
+        if anomaly is not None:
+            self.counters.by_kind[anomaly.kind] = self.counters.by_kind.get(anomaly.kind, 0) + 1
+            if len(self.anomalies) < MAX_LOGGED_ANOMALIES:
+                self.anomalies.append(anomaly.to_dict())
+        return anomaly
+
+    def _spike(self, kind: str, step: int, value: float, window: deque[float], values: dict) -> Anomaly | None:
+        if len(window) < self.cfg.min_history:
+            return None
+        mean, std = window_stats(window)
+        z = (value - mean) / std
+        if z > self.cfg.z_threshold:
+            return Anomaly(kind, step, values, z=z, threshold=self.cfg.z_threshold, mean=mean, std=std)
+        return None
+
+    def accept(self, loss: float, grad_norm: float | None) -> None:
+        """Add a healthy (or knowingly accepted) step to the window."""
+        loss = float(loss)
+        if math.isfinite(loss):
+            self.losses.append(loss)
+        if grad_norm is not None and math.isfinite(float(grad_norm)):
+            self.grad_norms.append(float(grad_norm))
+        self.counters.accepted += 1
+        if self.last_checked_step > self.last_rollback_step:
+            self.retries_in_a_row = 0
+
+    # -- actions the loop took -------------------------------------------------------------------
+
+    def record_skip(self) -> None:
+        self.counters.skipped += 1
+
+    def record_rollback(self, anomaly: Anomaly | None = None, where: str = "") -> None:
+        """Count a rollback; past `max_retries` rollbacks without a healthy step in between, stop."""
+        self.counters.rollbacks += 1
+        self.retries_in_a_row += 1
+        self.last_rollback_step = max(self.last_rollback_step,
+                                      anomaly.step if anomaly is not None else self.last_checked_step)
+        if self.retries_in_a_row > self.cfg.max_retries:
+            what = anomaly.describe() if anomaly is not None else "repeated anomalies"
+            raise TrainingError(
+                f"training is unstable: {what}; {self.retries_in_a_row - 1} rollbacks"
+                + (f" to {where}" if where else "") + " did not help",
+                "lower train.optim.lr, raise train.optim.warmup_steps or check the data near this step "
+                "(oreline doctor run RUN_DIR); train.stability.max_retries bounds the retries",
+            )
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """JSON-able state: window values (exact floats), counters, anomaly log."""
+        return {
+            "losses": list(self.losses),
+            "grad_norms": list(self.grad_norms),
+            "counters": asdict(self.counters),
+            "anomalies": list(self.anomalies),
+            "retries_in_a_row": self.retries_in_a_row,
+            "last_rollback_step": self.last_rollback_step,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.losses = deque((float(v) for v in state.get("losses", [])), maxlen=self.cfg.window)
+        self.grad_norms = deque((float(v) for v in state.get("grad_norms", [])), maxlen=self.cfg.window)
+        counters = dict(state.get("counters", {}))
+        self.counters = StabilityCounters(**{**asdict(StabilityCounters()), **counters})
+        self.anomalies = list(state.get("anomalies", []))
+        self.retries_in_a_row = int(state.get("retries_in_a_row", 0))
+        self.last_rollback_step = int(state.get("last_rollback_step", -1))
+
+    def restore_window(self, state: dict) -> None:
+        """Rollback: take the window of the checkpoint rolled back to, keep counters and retries.
+
+        (On resume use `load_state_dict`, which restores everything.)
+        """
+        self.losses = deque((float(v) for v in state.get("losses", [])), maxlen=self.cfg.window)
+        self.grad_norms = deque((float(v) for v in state.get("grad_norms", [])), maxlen=self.cfg.window)
+
+    def summary(self) -> dict:
+        """Counters for metrics and the final report."""
+        c = self.counters
+        return {"checked": c.checked, "skipped": c.skipped, "rollbacks": c.rollbacks, "anomalies": dict(c.by_kind)}
