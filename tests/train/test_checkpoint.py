@@ -1,0 +1,242 @@
+"""Checkpoint save/load/verify/retention with a real debug-preset Llama and AdamW (CPU, seconds)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from typer.testing import CliRunner
+
+from oreline.cli import app
+from oreline.config import CheckpointConfig, ModelConfig
+from oreline.errors import CheckpointError
+from oreline.model.llama import Llama
+from oreline.model.presets import resolve_model_args
+from oreline.train import checkpoint as ck
+
+ARGS = resolve_model_args(ModelConfig(preset="debug"))
+
+
+def build(seed: int = 0):
+    torch.manual_seed(seed)
+    model = Llama(ARGS)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    return model, opt
+
+
+def train_step(model, opt, gen: torch.Generator) -> float:
+    x = torch.randint(0, ARGS.vocab_size, (2, 33), generator=gen)
+    logits = model(x[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def meta_for(step: int, **extra) -> dict:
+    return {"tokens_seen": step * 64, "model_args": ARGS.to_dict(), "config": {"train": {"steps": 10}}, **extra}
+
+
+def test_resume_continues_bit_exactly(tmp_path):
+    model, opt = build()
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        train_step(model, opt, gen)
+    path = ck.save_checkpoint(tmp_path, 3, model, opt, meta_for(3, loader={"gen": gen.get_state().tolist()}))
+    assert path.name == "step-00000003" and ck.read_latest(tmp_path) == "step-00000003"
+    torch.manual_seed(77)
+    expected_rand = torch.rand(4)
+    expected_losses = [train_step(model, opt, gen) for _ in range(3)]
+
+    model2, opt2 = build(seed=5)  # different init: everything must come from the checkpoint
+    found = ck.find_resumable(tmp_path)
+    assert found == path
+    torch.manual_seed(77)  # restore_rng puts torch's generator back to the saved state, not this one
+    meta = ck.load_checkpoint(found, model2, opt2)
+    assert meta["step"] == 3 and meta["tokens_seen"] == 192 and meta["world_size"] == 1
+    gen2 = torch.Generator()
+    gen2.set_state(torch.tensor(meta["loader"]["gen"], dtype=torch.uint8))
+    torch.manual_seed(77)
+    assert torch.equal(torch.rand(4), expected_rand)
+    losses = [train_step(model2, opt2, gen2) for _ in range(3)]
+    assert losses == expected_losses
+    for (n, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items(), strict=True):
+        assert torch.equal(a, b), n
+    assert opt2.param_groups[0]["betas"] == (0.9, 0.95)
+    assert opt2.state_dict()["state"][0]["step"].item() == 6
+
+
+def test_rng_state_round_trips_through_json():
+    random.seed(3)
+    np.random.seed(3)
+    torch.manual_seed(3)
+    state = json.loads(json.dumps(ck.capture_rng_state()))
+    a = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(9)
+    np.random.seed(9)
+    torch.manual_seed(9)
+    ck.restore_rng_state(state)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
+
+
+def test_load_restores_rng_of_the_save(tmp_path):
+    model, opt = build()
+    train_step(model, opt, torch.Generator().manual_seed(0))
+    torch.manual_seed(123)
+    ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    after_save = torch.rand(3)
+    torch.manual_seed(999)
+    ck.load_checkpoint(tmp_path / "step-00000001", model, opt)
+    assert torch.equal(torch.rand(3), after_save)
+
+
+def test_files_meta_and_checksums(tmp_path):
+    model, opt = build()
+    train_step(model, opt, torch.Generator().manual_seed(0))
+    path = ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    names = {p.name for p in path.iterdir()}
+    assert {".metadata", "meta.json", "checksums.json"} <= names and any(n.endswith(".distcp") for n in names)
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["kind"] == "full" and meta["format_version"] == ck.FORMAT_VERSION
+    assert set(meta["rng"]) == {"python", "numpy", "torch_cpu", "cuda"}
+    assert len(meta["config_fingerprint"]) == 64
+    assert meta["optim_param_groups"][0]["lr"] == 1e-3
+    sums = json.loads((path / "checksums.json").read_text())
+    assert set(sums["files"]) == names - {"checksums.json"}
+    assert ck.verify_checkpoint(path) == (True, [])
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_meta_that_is_not_json_is_refused_before_writing(tmp_path):
+    model, opt = build()
+    with pytest.raises(CheckpointError, match="bad"):
+        ck.save_checkpoint(tmp_path, 1, model, opt, {"bad": object()})
+    assert ck.find_resumable(tmp_path) is None
+
+
+def test_retention_keeps_last_and_every(tmp_path):
+    model, opt = build()
+    train_step(model, opt, torch.Generator().manual_seed(0))
+    cfg = CheckpointConfig(keep_last=2, keep_every=3)
+    for step in range(1, 8):
+        ck.save_checkpoint(tmp_path, step, model, opt, meta_for(step), cfg=cfg)
+    kept = sorted(e.step for e in ck.list_checkpoints(tmp_path) if e.kind == "full")
+    assert kept == [3, 6, 7]
+    assert ck.read_latest(tmp_path) == "step-00000007"
+    assert not list(tmp_path.glob(".t*-*"))
+
+
+def test_interrupted_save_folder_is_never_resumed_and_is_cleaned(tmp_path):
+    model, opt = build()
+    train_step(model, opt, torch.Generator().manual_seed(0))
+    ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    # what a kill during dcp.save of step 2 leaves: a complete-looking copy under the temporary name
+    import shutil
+
+    shutil.copytree(tmp_path / "step-00000001", tmp_path / ".tmp-step-00000002")
+    skipped = []
+    assert ck.find_resumable(tmp_path, skipped=skipped) == tmp_path / "step-00000001"
+    assert skipped and "interrupted" in skipped[0][1][0]
+    ck.save_checkpoint(tmp_path, 3, model, opt, meta_for(3))
+    assert not (tmp_path / ".tmp-step-00000002").exists()
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path):
+    model, opt = build()
+    gen = torch.Generator().manual_seed(0)
+    train_step(model, opt, gen)
+    ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1, tag="first"))
+    ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1, tag="second"))
+    assert ck.read_meta(tmp_path / "step-00000001")["tag"] == "second"
+    assert ck.verify_checkpoint(tmp_path / "step-00000001")[0]
+
+
+def test_model_only_snapshot_and_load_model_state(tmp_path):
+    model, opt = build()
+    train_step(model, opt, torch.Generator().manual_seed(0))
+    run = tmp_path / "run"
+    root = run / "checkpoints"
+    snap = ck.save_checkpoint(root, 1, model, opt, meta_for(1), kind="model_only")
+    assert snap.name == "model-step-00000001" and (snap / "model.safetensors").is_file()
+    assert ck.find_resumable(root) is None  # never offered for resume
+    with pytest.raises(CheckpointError, match="no optimizer state"):
+        ck.load_checkpoint(snap, *build())
+    want = model.state_dict()
+    sd, args, meta = ck.load_model_state(snap)
+    assert args == ARGS and meta["kind"] == "model_only"
+    assert sd.keys() == want.keys() and all(torch.equal(sd[k], want[k]) for k in want)
+
+    train_step(model, opt, torch.Generator().manual_seed(1))
+    ck.save_checkpoint(root, 2, model, opt, meta_for(2))
+    want = model.state_dict()
+    for where in (run, root, root / "step-00000002"):  # a run dir resolves to its latest
+        sd, args, meta = ck.load_model_state(where)
+        assert meta["step"] == 2 and sd.keys() == want.keys()
+        assert all(torch.equal(sd[k], want[k]) for k in want)
+    fresh = Llama(args)
+    fresh.load_state_dict(sd)
+
+
+def test_load_model_state_refuses_an_invalid_checkpoint(tmp_path):
+    model, opt = build()
+    train_step(model, opt, torch.Generator().manual_seed(0))
+    path = ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    (path / ".metadata").unlink()
+    with pytest.raises(CheckpointError, match="metadata is missing"):
+        ck.load_model_state(path)
+
+
+def test_resume_compatibility_rules():
+    saved = {"train": {"steps": 100, "optim": {"lr": 1e-3}}, "model": {"dim": 64}, "checkpoint": {"every": 5}}
+    meta = {"step": 40, "config": saved, "tokenizer_fingerprint": "a" * 64, "model_args": {"dim": 64}}
+    same = json.loads(json.dumps(saved))
+    assert ck.check_resume_compatible(meta, same, []) == []
+
+    changed = json.loads(json.dumps(saved))
+    changed["train"]["optim"]["lr"] = 5e-4
+    changed["train"]["steps"] = 200
+    with pytest.raises(CheckpointError, match="train.optim.lr") as err:
+        ck.check_resume_compatible(meta, changed, [])
+    assert "--allow-config-change" in str(err.value)
+    assert ck.check_resume_compatible(meta, changed, ["train.optim.lr", "train.steps"]) == [
+        "train.optim.lr", "train.steps"]
+    assert ck.check_resume_compatible(meta, changed, ["train"]) == ["train.optim.lr", "train.steps"]
+
+    shape = json.loads(json.dumps(saved))
+    shape["model"]["dim"] = 128
+    with pytest.raises(CheckpointError, match="model shape"):
+        ck.check_resume_compatible(meta, shape, ["model.dim"])
+    with pytest.raises(CheckpointError, match="tokenizer fingerprint"):
+        ck.check_resume_compatible(meta, same, ["tokenizer"], fingerprints={"tokenizer": "b" * 64})
+    with pytest.raises(CheckpointError, match="model_args"):
+        ck.check_resume_compatible(meta, same, [], model_args={"dim": 32})
+
+
+def test_cli_ls_verify_inspect(tmp_path):
+    model, opt = build()
+    train_step(model, opt, torch.Generator().manual_seed(0))
+    run = tmp_path / "run"
+    ck.save_checkpoint(run / "checkpoints", 1, model, opt, meta_for(1))
+    ck.save_checkpoint(run / "checkpoints", 2, model, opt, meta_for(2))
+    runner = CliRunner()
+    res = runner.invoke(app, ["checkpoint", "ls", str(run)], terminal_width=200)
+    assert res.exit_code == 0 and "step-00000002" in res.output and "ok" in res.output and "←" in res.output
+    res = runner.invoke(app, ["checkpoint", "verify", str(run)])
+    assert res.exit_code == 0 and "2 of 2 checkpoints valid" in res.output
+    res = runner.invoke(app, ["checkpoint", "inspect", str(run)], terminal_width=200)
+    assert res.exit_code == 0 and "model.embed_tokens.weight" in res.output and "(512, 64)" in res.output
+    assert "optimizer state" in res.output
+
+    f = run / "checkpoints" / "step-00000002" / "meta.json"
+    f.write_text(f.read_text().replace('"step": 2', '"step": 3'))
+    res = runner.invoke(app, ["checkpoint", "verify", str(run)])
+    assert res.exit_code == 1 and "meta.json checksum mismatch" in res.output.replace("\n", " ")
+    con = Console(record=True, width=200)
+    ck.print_checkpoints(run, con)
+    assert "checksum mismatch" in con.export_text()
