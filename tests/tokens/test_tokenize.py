@@ -1,0 +1,165 @@
+"""Documents → token shards: BOS/EOS injection, round trip, split stability, re-runs, rejects."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from oreline.config import TokenizeConfig, TokenizerConfig
+from oreline.tokens import shards as fmt
+from oreline.tokens.inputs import Rejects, iter_texts
+from oreline.tokens.tokenize import is_val, read_manifest, tokenize_corpus
+from oreline.tokens.train_bpe import load_tokenizer, train_tokenizer
+
+from .conftest import write_jsonl, write_parquet
+
+
+def split_documents(tokens_dir, split):
+    """Every document of a split, in manifest order, as a list of ids."""
+    manifest = read_manifest(tokens_dir)
+    out = []
+    for s in manifest["shards"]:
+        if s["split"] == split:
+            shard = fmt.open_shard(tokens_dir / s["name"], manifest["tokenizer_fingerprint"], s["sha256"])
+            out.extend(shard.document(i).tolist() for i in range(shard.header.documents))
+    return out
+
+
+def input_docs(files):
+    return list(iter_texts(files, Rejects()))
+
+
+def test_round_trip_every_document(tokens_dir, corpus_files, byte_tokenizer_dir):
+    tok = load_tokenizer(byte_tokenizer_dir)
+    docs = input_docs(corpus_files)
+    for split in ("train", "val"):
+        expected = [text for doc_id, text in docs if is_val(doc_id, 0.1) == (split == "val")]
+        got = split_documents(tokens_dir, split)
+        assert len(got) == len(expected) > 0
+        assert [tok.decode(ids) for ids in got] == expected
+
+
+def test_each_document_is_bos_tokens_eos_without_double_bos(tokens_dir, corpus_files, byte_tokenizer_dir):
+    tok = load_tokenizer(byte_tokenizer_dir)
+    docs = split_documents(tokens_dir, "train") + split_documents(tokens_dir, "val")
+    for ids in docs:
+        assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id
+        assert tok.bos_id not in ids[1:] and tok.eos_id not in ids[:-1]
+    literal = "<s>starts with a literal BOS</s>"
+    matches = [ids for ids in docs if tok.decode(ids) == literal]
+    assert len(matches) == 1 and matches[0][1:-1] == tok.encode(literal)
+
+
+def test_manifest_records_fingerprints_and_checksums(tokens_dir, corpus_files, byte_tokenizer_dir):
+    manifest = read_manifest(tokens_dir)
+    tok = load_tokenizer(byte_tokenizer_dir)
+    assert manifest["tokenizer_fingerprint"] == tok.fingerprint
+    assert manifest["vocab_size"] == tok.vocab_size and manifest["dtype"] == "uint16"
+    assert [i["path"] for i in manifest["inputs"]] == [str(p) for p in corpus_files]
+    assert manifest["splits"]["train"]["shards"] > len(corpus_files)  # max_shard_tokens forced several parts
+    for s in manifest["shards"]:
+        path = tokens_dir / s["name"]
+        assert fmt.file_sha256(path) == s["sha256"] and path.stat().st_size == s["bytes"]
+        assert fmt.read_header(path).fingerprint == tok.fingerprint
+    total = manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"]
+    assert total == sum(s["tokens"] for s in manifest["shards"])
+
+
+def test_workers_do_not_change_the_token_stream(corpus_files, byte_tokenizer_dir, tmp_path):
+    cfg = TokenizeConfig(val_fraction=0.1)
+    one = tokenize_corpus(corpus_files[:1], byte_tokenizer_dir, tmp_path / "w1", cfg, workers=1)
+    two = tokenize_corpus(corpus_files[:1], byte_tokenizer_dir, tmp_path / "w2", cfg, workers=2)
+    assert len(two["shards"]) > len(one["shards"])  # one file split into row-group tasks
+    for split in ("train", "val"):
+        assert split_documents(tmp_path / "w1", split) == split_documents(tmp_path / "w2", split)
+
+
+def test_rerun_is_a_noop_and_changes_rebuild(corpus_files, byte_tokenizer_dir, tmp_path):
+    out = tmp_path / "tokens"
+    cfg = TokenizeConfig(val_fraction=0.1)
+    first = tokenize_corpus(corpus_files[:2], byte_tokenizer_dir, out, cfg, workers=1)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    again = tokenize_corpus(corpus_files[:2], byte_tokenizer_dir, out, cfg, workers=1)
+    assert again["up_to_date"] is True and first["up_to_date"] is False
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == mtimes
+
+    # a different tokenizer: new shards with its fingerprint, the old generation is gone
+    other = tmp_path / "tok2"
+    train_tokenizer(corpus_files[:1], other, TokenizerConfig(vocab_size=512, heldout_docs=10))
+    rebuilt = tokenize_corpus(corpus_files[:2], other, out, cfg, workers=1)
+    assert rebuilt["up_to_date"] is False and rebuilt["tokenizer_fingerprint"] == load_tokenizer(other).fingerprint
+    names = {s["name"] for s in rebuilt["shards"]}
+    assert names.isdisjoint({s["name"] for s in first["shards"]})
+    assert {p.name for p in out.glob("*.tok")} == names
+
+    # changed documents (one more file) rebuild too
+    more = tokenize_corpus(corpus_files, other, out, cfg, workers=1)
+    assert more["up_to_date"] is False and more["docs_fingerprint"] != rebuilt["docs_fingerprint"]
+
+    # a damaged shard is noticed on re-run and rebuilt
+    victim = out / more["shards"][0]["name"]
+    victim.write_bytes(victim.read_bytes()[:-8])
+    repaired = tokenize_corpus(corpus_files, other, out, cfg, workers=1)
+    assert repaired["up_to_date"] is False
+    fmt.open_shard(victim, sha256=repaired["shards"][0]["sha256"])
+
+
+def test_split_is_stable_when_the_corpus_grows(corpus, byte_tokenizer_dir, tmp_path):
+    tok = load_tokenizer(byte_tokenizer_dir)
+    base = write_parquet(tmp_path / "a.parquet", corpus["shakespeare"])
+    grown = write_parquet(tmp_path / "b.parquet", corpus["austen"] + corpus["ru"])
+    cfg = TokenizeConfig(val_fraction=0.2)
+    tokenize_corpus([base], byte_tokenizer_dir, tmp_path / "small", cfg, workers=1)
+    tokenize_corpus([grown, base], byte_tokenizer_dir, tmp_path / "big", cfg, workers=1)
+    for split in ("train", "val"):
+        small = {tok.decode(d) for d in split_documents(tmp_path / "small", split)}
+        big = {tok.decode(d) for d in split_documents(tmp_path / "big", split)}
+        assert small and small <= big  # no old document changed sides
+    share = len(split_documents(tmp_path / "big", "val")) / len(corpus["shakespeare"] + corpus["austen"] + corpus["ru"])
+    assert 0.12 < share < 0.28
+
+
+def test_bad_rows_are_counted_and_kept(corpus, byte_tokenizer_dir, tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", corpus["edge"][:2], gz=False,
+                      extra_lines=['{"id": "e1", "text": ""}', "not json at all", '{"id": "e2"}', "[1, 2]"])
+    manifest = tokenize_corpus([bad], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1)
+    assert manifest["rejected"] == {"empty_text": 1, "bad_json": 2, "no_text": 1}
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert sorted(r["reason"] for r in rows) == ["bad_json", "bad_json", "empty_text", "no_text"]
+    assert manifest["splits"]["train"]["documents"] == 2 and manifest["splits"]["val"]["documents"] == 0
+
+
+def test_uint32_shards_for_large_vocabularies(byte_tokenizer_dir, tmp_path):
+    # a vocabulary above 65,536 is simulated by the writer's vocab size; the reader follows the header
+    w = fmt.ShardWriter(tmp_path / "big.tok", load_tokenizer(byte_tokenizer_dir).fingerprint, 128_256, 1, 2)
+    w.add_documents([[70_000, 128_255, 5]])
+    header = w.close()
+    shard = fmt.open_shard(tmp_path / "big.tok")
+    assert header.dtype == np.uint32 and shard.document(0).tolist() == [1, 70_000, 128_255, 5, 2]
+
+
+def test_cli_tokenize(corpus_files, byte_tokenizer_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from oreline.cli import app
+
+    docs = tmp_path / "docs"
+    shutil.copytree(corpus_files[0].parent, docs)
+    args = ["tokenize", str(docs), "--tokenizer", str(byte_tokenizer_dir), "--out", str(tmp_path / "t"), "--workers", "1",
+            "--val-fraction", "0.05"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    manifest = read_manifest(tmp_path / "t")
+    assert manifest["settings"]["val_fraction"] == 0.05 and len(manifest["inputs"]) == 3
+    second = CliRunner().invoke(app, args)
+    assert second.exit_code == 0 and "up to date" in second.output
+
+
+def test_missing_input_says_what_to_do(byte_tokenizer_dir, tmp_path):
+    from oreline.errors import InputError
+
+    with pytest.raises(InputError, match="pass .parquet"):
+        tokenize_corpus([tmp_path / "nothing-here"], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig())
