@@ -1,0 +1,238 @@
+"""Input discovery and the readers of non-WARC inputs.
+
+`discover_inputs(items)` turns a mix of files, folders (walked recursively, sorted) and globs
+into a deterministic list of `(path, kind)`; files of an unknown kind are returned separately so
+the run reports them instead of ignoring them. Kinds, by suffix:
+
+    warc     .warc .warc.gz .warc.zst .wet .wet.gz .wet.zst .wat .wat.gz   (fastwarc; warc.py)
+    jsonl    .jsonl .jsonl.gz .jsonl.zst    one JSON object per line, text under data.read.jsonl_text_key
+    parquet  .parquet                       any table with a text column (oreline shards included)
+    txt      .txt .txt.gz                   one document per file (clean prose)
+    zip      .zip                           one document per .txt member (e.g. NLTK's Gutenberg)
+
+`iter_input_documents(path, cfg, report)` reads the non-WARC kinds. Text that is not valid
+UTF-8 is decoded as Latin-1 (every byte sequence is valid Latin-1; the Gutenberg files in the
+samples need it) and the fallback is recorded in `metadata["charset"]`. A malformed line or
+row never stops the file: it is passed to `report(reason, offset, preview)` and skipped.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from oreline.data.document import Document, content_id
+from oreline.errors import InputError
+
+KINDS: dict[str, tuple[str, ...]] = {
+    "warc": (".warc", ".warc.gz", ".warc.zst", ".wet", ".wet.gz", ".wet.zst", ".wat", ".wat.gz", ".wat.zst"),
+    "jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst"),
+    "parquet": (".parquet",),
+    "txt": (".txt", ".txt.gz"),
+    "zip": (".zip",),
+}
+
+Report = Callable[[str, "int | None", str], None]
+
+
+def input_kind(path: str | Path) -> str | None:
+    name = Path(path).name.lower()
+    for kind, suffixes in KINDS.items():
+        if name.endswith(suffixes):
+            return kind
+    return None
+
+
+def discover_inputs(items: Iterable[str | Path]) -> tuple[list[tuple[Path, str]], list[Path]]:
+    """Expand inputs into (sorted, de-duplicated) `(file, kind)` pairs and the files of unknown kind.
+
+    Raises InputError for an item that names nothing, so a typo never runs on an empty set.
+    """
+    found: list[Path] = []
+    for item in items:
+        item = str(item)
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found.extend(sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")))
+        elif path.is_file():
+            found.append(path)
+        elif glob.has_magic(item):
+            matches = sorted(Path(m) for m in glob.glob(str(path), recursive=True))
+            files = [m for m in matches if m.is_file()] + [
+                q for m in matches if m.is_dir() for q in sorted(m.rglob("*")) if q.is_file()
+            ]
+            if not files:
+                raise InputError(f"input glob {item!r} matches no file", "check the pattern (quote it so the shell does not expand it)")
+            found.extend(files)
+        else:
+            raise InputError(f"input {item!r} does not exist", "pass existing files, folders or globs of WARC/WET/JSONL/Parquet/txt inputs")
+    seen: set[Path] = set()
+    known: list[tuple[Path, str]] = []
+    unknown: list[Path] = []
+    for p in found:
+        key = p.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        kind = input_kind(p)
+        if kind is None:
+            unknown.append(p)
+        else:
+            known.append((p, kind))
+    return known, unknown
+
+
+def open_binary(path: Path) -> io.BufferedIOBase:
+    """Open a file, transparently decompressing .gz and .zst."""
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if name.endswith(".zst"):
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    return open(path, "rb")
+
+
+def decode_text(raw: bytes) -> tuple[str, str]:
+    """Bytes to text: UTF-8 (BOM stripped) when valid, else Latin-1 which accepts every byte."""
+    try:
+        return raw.decode("utf-8-sig"), "utf-8"
+    except UnicodeDecodeError:
+        return raw.decode("latin-1"), "latin-1"
+
+
+def _data_cfg(cfg: Any) -> Any:
+    return getattr(cfg, "data", cfg)
+
+
+def _ignore(reason: str, offset: int | None, preview: str) -> None:
+    return None
+
+
+def iter_input_documents(path: str | Path, cfg: Any, report: Report | None = None) -> Iterator[Document]:
+    """Documents of one non-WARC input (jsonl, parquet, txt, zip); cfg is a Config or DataConfig."""
+    path = Path(path)
+    report = report or _ignore
+    kind = input_kind(path)
+    read_cfg = _data_cfg(cfg).read
+    if kind == "txt":
+        yield from _iter_txt(path)
+    elif kind == "zip":
+        yield from _iter_zip(path, report)
+    elif kind == "jsonl":
+        yield from _iter_jsonl(path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report)
+    elif kind == "parquet":
+        yield from _iter_parquet(path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report)
+    else:
+        raise InputError(f"{path} is not a jsonl/parquet/txt/zip input (kind {kind})", "read WARC files with oreline.data.warc.iter_records")
+
+
+def _text_doc(text: str, charset: str, source: str, offset: int | None = None, member: str | None = None) -> Document:
+    md: dict[str, Any] = {"source_file": source, "charset": charset, "content_type": "text/plain"}
+    if offset is not None:
+        md["offset"] = offset
+    if member is not None:
+        md["member"] = member
+    return Document(id=content_id(text), text=text, url="", metadata=md)
+
+
+def _iter_txt(path: Path) -> Iterator[Document]:
+    with open_binary(path) as fh:
+        text, charset = decode_text(fh.read())
+    yield _text_doc(text, charset, str(path))
+
+
+def _iter_zip(path: Path, report: Report) -> Iterator[Document]:
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as exc:
+        report("read:bad_zip", None, str(exc))
+        return
+    with archive:
+        for info in sorted(archive.infolist(), key=lambda i: i.filename):
+            if info.is_dir():
+                continue
+            if not info.filename.lower().endswith(".txt"):
+                report("read:zip_member_not_txt", None, info.filename)
+                continue
+            try:
+                raw = archive.read(info)
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                report("read:bad_zip_member", None, f"{info.filename}: {exc}")
+                continue
+            text, charset = decode_text(raw)
+            yield _text_doc(text, charset, str(path), member=info.filename)
+
+
+def _iter_jsonl(path: Path, text_key: str, id_key: str, report: Report) -> Iterator[Document]:
+    offset = 0
+    try:
+        with open_binary(path) as fh:
+            for lineno, raw in enumerate(fh):
+                line_offset, offset = offset, offset + len(raw)
+                if not raw.strip():
+                    continue
+                line, charset = decode_text(raw)
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    report("read:bad_json", line_offset, f"line {lineno + 1}: {exc}: {line[:200]}")
+                    continue
+                doc = _obj_to_doc(obj, text_key, id_key, str(path), line_offset, charset, report)
+                if doc is not None:
+                    yield doc
+    except (OSError, EOFError) as exc:  # truncated gzip/zstd: keep what was read, report the rest
+        report("read:corrupt_file", offset, f"{type(exc).__name__}: {exc}")
+
+
+def _obj_to_doc(obj: Any, text_key: str, id_key: str, source: str, offset: int, charset: str, report: Report) -> Document | None:
+    if not isinstance(obj, dict):
+        report("read:not_an_object", offset, repr(obj)[:200])
+        return None
+    text = obj.get(text_key)
+    if not isinstance(text, str):
+        report("read:no_text", offset, f"no string under {text_key!r}; keys {sorted(obj)[:10]}")
+        return None
+    doc_id = obj.get(id_key)
+    md = {k: v for k, v in obj.items() if k not in (text_key, id_key, "url", "metadata")}
+    if isinstance(obj.get("metadata"), dict):
+        md.update(obj["metadata"])
+    md.setdefault("source_file", source)
+    md.setdefault("offset", offset)
+    md.setdefault("charset", charset)
+    return Document(id=str(doc_id) if doc_id not in (None, "") else content_id(text), text=text, url=str(obj.get("url") or ""), metadata=md)
+
+
+def _iter_parquet(path: Path, text_key: str, id_key: str, report: Report) -> Iterator[Document]:
+    import pyarrow.parquet as pq
+
+    from oreline.data.shards import row_to_doc
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid/OSError variants for non-Parquet bytes
+        report("read:bad_parquet", None, f"{type(exc).__name__}: {exc}")
+        return
+    if text_key not in pf.schema_arrow.names:
+        report("read:no_text_column", None, f"no column {text_key!r}; columns {pf.schema_arrow.names[:10]}")
+        return
+    row_index = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for row in batch.to_pylist():
+            doc = row_to_doc(row, text_key=text_key, id_key=id_key)
+            if not isinstance(doc.text, str):
+                report("read:no_text", row_index, f"row {row_index}: {text_key!r} is {type(doc.text).__name__}")
+            else:
+                if not doc.id:
+                    doc.id = content_id(doc.text)
+                doc.metadata.setdefault("source_file", str(path))
+                doc.metadata.setdefault("offset", row_index)
+                yield doc
+            row_index += 1

@@ -1,0 +1,257 @@
+"""`oreline data`: input files → clean, deduplicated Parquet shards, with a funnel of every step.
+
+Steps, in order, each switchable by its config section:
+
+    read → protocol → extract (HTML only) → normalize → langid → quality (one step per rule,
+    then the perplexity filter when `data.quality.perplexity_model` is set) → dedup (exact +
+    MinHash, global) → chunk (off by default) → Parquet shards
+
+The run has three phases over tasks (one task per input file, in a deterministic order):
+
+1. per task, in parallel: read → … → quality, writing the kept documents, rejects, stats and
+   dedup signatures, then a completion marker (`tasks.run_phase1`);
+2. global: the dedup plan from all signature files (memory bounded by the signatures,
+   `dedup.dedup_plan`), split into one removal list per task;
+3. per task, in parallel: drop the removals, chunk, write `docs/part-NNNNN-KKK.parquet` and
+   `rejects/part-NNNNN-KKK.parquet`, then a marker (`tasks.run_phase3`).
+
+Output folder: `docs/`, `rejects/` (every dropped document with step, reason, id, url, source
+and truncated text), `stats.json` (the funnel), `config.toml` + `fingerprint.json`, `work/`
+(per-task markers, stats and signatures; its intermediate documents are deleted at the end)
+and `_SUCCESS`. Re-running the same command resumes: finished phases and tasks are skipped by
+their markers and the output is exactly that of an uninterrupted run. A folder written with a
+different data config or other inputs is refused (FingerprintMismatch).
+
+The funnel (`stats.json`): `steps` lists name, docs_in, docs_out, bytes_in, bytes_out, seconds
+and dropped {reason: count} per step, with docs_out of step k equal to docs_in of step k+1;
+`inputs` has per-file facts (records, record types, revisits, bytes) and the files of unknown
+kind; `errors` lists `{file, offset, error}` for damage that ended a file early.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from oreline.config import Config, fingerprint, to_dict, write_resolved
+from oreline.data.executor import TaskCrashed, run_tasks
+from oreline.data.inputs import KINDS, discover_inputs
+from oreline.data.steps import merge_step_stats
+from oreline.data.tasks import dedup_enabled, phase1_dir, phase3_marker, run_phase1, run_phase3, task_name
+from oreline.errors import FingerprintMismatch, InputError
+from oreline.runs import write_json_atomic
+
+STATS_VERSION = 1
+
+
+def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
+    """What decides the output: the data settings (not the worker count) and the input files."""
+    data = to_dict(cfg.data)
+    for key in ("workers", "inputs", "extra_inputs"):
+        data.pop(key, None)
+    listed = [[str(p), kind, p.stat().st_size] for p, kind in files]
+    return fingerprint({"data": data, "inputs": listed})
+
+
+def _check_or_write_fingerprint(out: Path, cfg: Config, fp: str, files: list[tuple[Path, str]]) -> None:
+    fp_path = out / "fingerprint.json"
+    if fp_path.is_file():
+        try:
+            old = json.loads(fp_path.read_text()).get("data")
+        except json.JSONDecodeError:
+            old = None
+        if old == fp:
+            return
+        raise FingerprintMismatch(
+            f"{out} holds a data run with other settings or inputs (data fingerprint {str(old)[:12]}…, this run {fp[:12]}…)",
+            f"use a new --out folder, or delete {out} to start over",
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    config_fp = write_resolved(cfg, out, section="data")
+    write_json_atomic(fp_path, {"config": config_fp, "section": "data", "data": fp,
+                                "inputs": [str(p) for p, _ in files]})
+
+
+def _jobs_left(tasks: list[tuple[int, Path, str]], done) -> list[int]:
+    return [i for i, _, _ in tasks if not done(i)]
+
+
+def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, workers: int | None = None,
+             console: Console | None = None) -> dict[str, Any]:
+    """Run the data pipeline over `inputs` into `out_dir`; returns the stats (also in stats.json)."""
+    t_start = time.perf_counter()
+    out = Path(out_dir)
+    work = out / "work"
+    console = console or Console(stderr=True)
+    workers = max(1, int(workers or cfg.data.workers))
+    files, unknown = discover_inputs([str(i) for i in inputs])
+    if not files:
+        raise InputError(
+            f"no readable input among {len(unknown)} file(s) given ({', '.join(str(u) for u in unknown[:3])})",
+            "pass files ending in " + " ".join(s for group in KINDS.values() for s in group),
+        )
+    fp = data_fingerprint(cfg, files)
+    _check_or_write_fingerprint(out, cfg, fp, files)
+    if (out / "_SUCCESS").is_file() and (out / "stats.json").is_file():
+        return json.loads((out / "stats.json").read_text())
+    tasks = [(i, p, kind) for i, (p, kind) in enumerate(files)]
+
+    # phase 1: read → filters → signatures, one task per file
+    left = _jobs_left(tasks, lambda i: (phase1_dir(work, i) / "DONE").is_file())
+    jobs = [(i, str(tasks[i][1]), tasks[i][2], str(work), cfg) for i in left]
+    crashes = [r for r in run_tasks(run_phase1, jobs, workers, "filter", console) if isinstance(r, TaskCrashed)]
+    for stale in (work / "phase1").glob(".task-*.tmp-*") if (work / "phase1").is_dir() else []:
+        shutil.rmtree(stale, ignore_errors=True)  # wrecks of killed attempts (the tasks are done now)
+    finished = [t for t in tasks if (phase1_dir(work, t[0]) / "DONE").is_file()]
+
+    # phase 2: the global dedup plan, split per task
+    dedup_stats = _dedup_phase(work, finished, cfg) if dedup_enabled(cfg) else {}
+
+    # phase 3: drop removals, chunk, write the shards
+    left = _jobs_left(finished, lambda i: phase3_marker(work, i).is_file())
+    jobs = [(i, str(work), str(out), cfg) for i in left]
+    crashes += [r for r in run_tasks(run_phase3, jobs, workers, "write", console) if isinstance(r, TaskCrashed)]
+
+    stats = _merge_stats(work, tasks, finished, unknown, crashes, dedup_stats, workers, fp)
+    stats["seconds"] = round(time.perf_counter() - t_start, 3)
+    write_json_atomic(out / "stats.json", stats)
+    if not crashes and len(finished) == len(tasks):
+        for t in finished:  # the final shards hold everything; drop the intermediate copies
+            for p in phase1_dir(work, t[0]).glob("*.parquet"):
+                if not p.name.startswith("signatures"):
+                    p.unlink()
+        write_json_atomic(out / "_SUCCESS", {"data": fp, "docs": stats["output"]["docs"]})
+    return stats
+
+
+def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config) -> dict[str, Any]:
+    """Phase 2: one dedup plan over every task's signatures; removals written per task."""
+    ddir = work / "dedup"
+    marker = ddir / "DONE"
+    if marker.is_file():
+        return json.loads(marker.read_text())
+    import pyarrow.parquet as pq
+
+    from oreline.data.dedup import dedup_plan
+
+    t0 = time.perf_counter()
+    sig_paths = [phase1_dir(work, i) / "signatures.parquet" for i, _, _ in finished]
+    sig_paths = [p for p in sig_paths if p.is_file()]
+    plan = dedup_plan(sig_paths, ddir, cfg) if sig_paths else {}
+    for i, _, _ in finished:
+        sig = phase1_dir(work, i) / "signatures.parquet"
+        ids = pq.read_table(sig, columns=["doc_id"]).column("doc_id").to_pylist() if sig.is_file() else []
+        mine = {d: list(plan[d]) for d in ids if d in plan}
+        write_json_atomic(ddir / f"{task_name(i)}.json", mine)
+    stats_file = ddir / "dedup_stats.json"
+    stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
+    stats["seconds"] = round(time.perf_counter() - t0, 6)
+    write_json_atomic(marker, stats)
+    return stats
+
+
+def _merge_stats(work: Path, tasks, finished, unknown, crashes, dedup_stats, workers, fp) -> dict[str, Any]:
+    p1 = [json.loads((phase1_dir(work, i) / "stats.json").read_text()) for i, _, _ in finished]
+    p3 = [json.loads(phase3_marker(work, i).read_text()) for i, _, _ in finished if phase3_marker(work, i).is_file()]
+    steps = merge_step_stats([s["steps"] for s in p1]) + merge_step_stats([s["steps"] for s in p3])
+    for st in steps:
+        if st["name"] == "dedup":  # signatures (phase 1) and the plan (phase 2) are dedup's work too
+            st["seconds"] = round(st["seconds"] + sum(s["signature_seconds"] for s in p1) + dedup_stats.get("seconds", 0.0), 6)
+    normalize_removed: Counter = Counter()
+    errors: list[dict[str, Any]] = []
+    files: dict[str, Any] = {}
+    for s in p1:
+        normalize_removed.update(s["normalize_removed"])
+        errors.extend(s["errors"])
+        files[s["file"]] = s["input"]
+    for c in crashes:
+        errors.append({"file": str(c.args[1]) if len(c.args) > 1 else "?", "offset": None, "error": c.error})
+    output = {"docs": sum(s["output"]["docs"] for s in p3), "bytes": sum(s["output"]["bytes"] for s in p3),
+              "shards": sorted(f"docs/{n}" for s in p3 for n in s["output"]["shards"]),
+              "reject_shards": sorted(f"rejects/{n}" for s in p3 for n in s["output"]["reject_shards"])}
+    by_type: Counter = Counter()
+    for info in files.values():
+        by_type.update(info.get("by_type", {}))
+    return {
+        "version": STATS_VERSION,
+        "fingerprint": fp,
+        "steps": steps,
+        "inputs": {
+            "files": files,
+            "unknown": [{"file": str(u), "reason": "unknown kind (suffix)"} for u in unknown],
+            "tasks": len(tasks), "tasks_finished": len(p3),
+            "records": sum(i.get("records", 0) for i in files.values()),
+            "bytes": sum(i.get("bytes", 0) for i in files.values()),
+            "record_types": dict(by_type),
+            "revisits": sum(i.get("revisits", 0) for i in files.values()),
+        },
+        "errors": errors,
+        "normalize_removed": dict(normalize_removed),
+        "dedup": dedup_stats,
+        "output": output,
+        "workers": workers,
+        "pid": os.getpid(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# printing
+
+
+def _pct(a: int, b: int) -> str:
+    if not a:
+        return "—"
+    change = (b - a) / a * 100
+    return f"{'−' if change < 0 else '+'}{abs(change):.1f}%"
+
+
+def funnel_lines(stats: dict[str, Any], top: int = 4) -> list[str]:
+    """One line per step: 'langid: −41.2% (lang:other 9,110 · lang:score<0.65 31,012)'."""
+    lines = []
+    for st in stats["steps"]:
+        reasons = sorted(st["dropped"].items(), key=lambda kv: -kv[1])
+        shown = " · ".join(f"{r} {n:,}" for r, n in reasons[:top])
+        if len(reasons) > top:
+            shown += f" · {len(reasons) - top} more"
+        lines.append(f"{st['name']}: {_pct(st['docs_in'], st['docs_out'])}" + (f" ({shown})" if shown else ""))
+    return lines
+
+
+def print_funnel(stats: dict[str, Any], console: Console) -> None:
+    """The funnel as a table: documents and bytes per step, change in percent and top drop reasons."""
+    table = Table(title="oreline data: funnel", show_lines=False)
+    for col, just in (("step", "left"), ("docs in", "right"), ("docs out", "right"), ("change", "right"),
+                      ("MB out", "right"), ("s", "right"), ("dropped (top reasons)", "left")):
+        table.add_column(col, justify=just)
+    for st in stats["steps"]:
+        reasons = sorted(st["dropped"].items(), key=lambda kv: -kv[1])
+        shown = " · ".join(f"{r} {n:,}" for r, n in reasons[:4]) + (f" · +{len(reasons) - 4} more" if len(reasons) > 4 else "")
+        table.add_row(st["name"], f"{st['docs_in']:,}", f"{st['docs_out']:,}", _pct(st["docs_in"], st["docs_out"]),
+                      f"{st['bytes_out'] / 1e6:,.2f}", f"{st['seconds']:.2f}", shown)
+    console.print(table)
+    inp, out = stats["inputs"], stats["output"]
+    secs = stats.get("seconds") or 0.0
+    console.print(
+        f"{inp['tasks']} input files ({inp['bytes'] / 1e6:,.1f} MB, {inp['records']:,} records, {inp['revisits']:,} revisits)"
+        f" → {out['docs']:,} documents ({out['bytes'] / 1e6:,.2f} MB) in {len(out['shards'])} shard(s)"
+        + (f" in {secs:.1f} s ({out['docs'] / secs:,.1f} docs/s kept)" if secs else "")
+    )
+    if inp["unknown"]:
+        names = ", ".join(Path(u["file"]).name for u in inp["unknown"][:5])
+        console.print(f"[yellow]{len(inp['unknown'])} file(s) of unknown kind not read:[/] {names}"
+                      + (" …" if len(inp["unknown"]) > 5 else ""))
+    if stats["errors"]:
+        console.print(f"[yellow]{len(stats['errors'])} input error(s)[/] (damage that ended a file early; see stats.json errors):")
+        for e in stats["errors"][:5]:
+            console.print(f"  {Path(str(e['file'])).name} @ {e['offset']}: {str(e['error'])[:120]}")
+    if stats["normalize_removed"]:
+        removed = " · ".join(f"{k} {v:,}" for k, v in sorted(stats["normalize_removed"].items(), key=lambda kv: -kv[1]))
+        console.print(f"normalize changed: {removed}")

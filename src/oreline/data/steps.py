@@ -1,0 +1,214 @@
+"""Pipeline steps as plain `(name, fn)` pairs, and the one loop that counts, times and rejects.
+
+A step function takes a Document and returns None to keep it (it may rewrite `doc.text` or add
+metadata) or a drop reason string. `run_steps` is the only place that counts documents and
+bytes in and out per step, measures time, catches exceptions and hands dropped documents to
+the reject writer, so the filters themselves stay pure functions (DESIGN.md "Contracts").
+
+A step may apply to some documents only (`applies`): extraction runs on HTML documents, the
+protocol step on WARC records. Documents a step does not apply to pass through it and are
+counted as in and out, so the funnel stays consistent: docs_out of step k == docs_in of k+1.
+
+An exception inside a step never stops the task: the document is dropped with the reason
+"<step>:error:<ExceptionType>" and written to the rejects with the message in its metadata.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from oreline.data.document import Document
+
+StepFn = Callable[[Document], "str | None"]
+RejectFn = Callable[[Document, str, str], None]
+
+
+@dataclass
+class Step:
+    name: str
+    fn: StepFn
+    applies: Callable[[Document], bool] | None = None
+
+
+@dataclass
+class StepStats:
+    name: str
+    docs_in: int = 0
+    docs_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+    dropped: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "docs_in": self.docs_in, "docs_out": self.docs_out, "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out, "seconds": round(self.seconds, 6), "dropped": dict(self.dropped),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepStats:
+        return cls(d["name"], d["docs_in"], d["docs_out"], d["bytes_in"], d["bytes_out"], d["seconds"], Counter(d["dropped"]))
+
+    def add(self, other: StepStats) -> None:
+        self.docs_in += other.docs_in
+        self.docs_out += other.docs_out
+        self.bytes_in += other.bytes_in
+        self.bytes_out += other.bytes_out
+        self.seconds += other.seconds
+        self.dropped.update(other.dropped)
+
+
+def text_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass")) if not text.isascii() else len(text)
+
+
+def run_steps(
+    docs: Iterable[Document], steps: list[Step], stats: list[StepStats], reject: RejectFn
+) -> Iterator[Document]:
+    """Push each document through the steps in order; yield the survivors."""
+    clock = time.perf_counter
+    for doc in docs:
+        size = text_bytes(doc.text)
+        kept = True
+        for step, st in zip(steps, stats, strict=True):
+            st.docs_in += 1
+            st.bytes_in += size
+            if step.applies is not None and not step.applies(doc):
+                st.docs_out += 1
+                st.bytes_out += size
+                continue
+            before = doc.text
+            t0 = clock()
+            try:
+                reason = step.fn(doc)
+            except Exception as exc:  # a bad document must never stop the task
+                reason = f"{step.name}:error:{type(exc).__name__}"
+                doc.metadata["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            st.seconds += clock() - t0
+            if reason is not None:
+                st.dropped[reason] += 1
+                reject(doc, step.name, reason)
+                kept = False
+                break
+            if doc.text is not before:
+                size = text_bytes(doc.text)
+            st.docs_out += 1
+            st.bytes_out += size
+        if kept:
+            yield doc
+
+
+# ---------------------------------------------------------------------------------------------
+# the filter steps of phase 1 (after reading, before dedup)
+
+
+def _is_warc(doc: Document) -> bool:
+    return "record_type" in doc.metadata
+
+
+def _is_html(doc: Document) -> bool:
+    return bool(doc.metadata.get("is_html"))
+
+
+def protocol_step(cfg) -> Step:
+    from oreline.data.warc import protocol_reason
+
+    pcfg = cfg.data.protocol
+    return Step("protocol", lambda doc: protocol_reason(doc.metadata, pcfg), applies=_is_warc)
+
+
+def extract_step(cfg) -> Step:
+    from oreline.data.extract import html_to_text
+
+    ecfg = cfg.data.extract
+
+    def extract(doc: Document) -> str | None:
+        text = html_to_text(doc.text, extractor=ecfg.extractor, main_content=ecfg.main_content)
+        doc.metadata["is_html"] = False  # extracted: the text is no longer HTML
+        doc.metadata["extracted"] = True
+        if text is None or len(text.strip()) < ecfg.min_chars:
+            return "extract:empty"
+        doc.text = text
+        return None
+
+    return Step("extract", extract, applies=_is_html)
+
+
+def normalize_step(cfg, removed: Counter) -> Step:
+    from oreline.data.normalize import normalize_reason, normalize_with_counts
+
+    ncfg = cfg.data.normalize
+
+    def normalize(doc: Document) -> str | None:
+        text, counts = normalize_with_counts(doc.text, ncfg.form, ncfg.ftfy)
+        removed.update(counts)
+        doc.text = text
+        return normalize_reason(text, ncfg)
+
+    return Step("normalize", normalize)
+
+
+def langid_step(cfg) -> Step:
+    from oreline.data.langid import detect, langid_reason
+
+    lcfg = cfg.data.langid
+
+    def langid(doc: Document) -> str | None:
+        lang, score = detect(doc.text)
+        doc.metadata["language"] = lang
+        doc.metadata["language_score"] = round(float(score), 4)
+        return langid_reason(lang, score, lcfg)
+
+    return Step("langid", langid)
+
+
+def quality_steps(cfg) -> list[Step]:
+    from oreline.data.quality import quality_filters
+
+    qcfg = cfg.data.quality
+    steps = [Step(f"quality:{name}", fn) for name, fn in quality_filters(qcfg)]
+    if qcfg.enabled and qcfg.perplexity_model and importlib.util.find_spec("oreline.data.perplexity") is not None:
+        from oreline.data.perplexity import perplexity_filter_factory
+
+        made = perplexity_filter_factory(qcfg)
+        if callable(made):
+            steps.append(Step("quality:perplexity", made))
+        elif made:
+            steps.extend(Step(f"quality:{name}", fn) for name, fn in made)
+    return steps
+
+
+def filter_steps(cfg, normalize_removed: Counter) -> list[Step]:
+    """Phase-1 steps in order, each present only when its config section is enabled."""
+    d = cfg.data
+    steps: list[Step] = []
+    if d.protocol.enabled:
+        steps.append(protocol_step(cfg))
+    if d.extract.enabled:
+        steps.append(extract_step(cfg))
+    if d.normalize.enabled:
+        steps.append(normalize_step(cfg, normalize_removed))
+    if d.langid.enabled:
+        steps.append(langid_step(cfg))
+    if d.quality.enabled:
+        steps.extend(quality_steps(cfg))
+    return steps
+
+
+def merge_step_stats(per_task: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Sum per-task step lists by step name, keeping the first-seen order of steps."""
+    merged: dict[str, StepStats] = {}
+    for steps in per_task:
+        for d in steps:
+            st = StepStats.from_dict(d)
+            if st.name in merged:
+                merged[st.name].add(st)
+            else:
+                merged[st.name] = st
+    return [st.as_dict() for st in merged.values()]

@@ -1,0 +1,339 @@
+"""The per-task work of a data run: phase 1 (read → filters → signatures) and phase 3 (dedup → chunk → shards).
+
+A task is one input file. Both phases are idempotent and atomic, so a run killed at any moment
+(SIGKILL included) resumes by running them again:
+
+- Phase 1 writes everything of a task (kept documents, rejects, dedup signatures, stats) into a
+  temporary folder `work/phase1/.task-NNNNN.tmp-PID`, writes `DONE` there last, and renames the
+  folder to `work/phase1/task-NNNNN`. A folder with that name is a finished task; a temporary
+  folder is the wreck of a killed one and is deleted before the task runs again.
+- Phase 3 first deletes any shard of its task left by a killed attempt (`docs/part-NNNNN-*`,
+  `rejects/part-NNNNN-*`), writes the final shards (each renamed into place when complete), and
+  writes its marker `work/phase3/task-NNNNN.json` (the task's stats) last.
+
+Everything a task decides depends only on its input file, the config and the dedup plan, never
+on timing or worker count, so a resumed run produces exactly the same documents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from oreline.data.document import Document
+from oreline.data.shards import REJECT_SCHEMA, ShardWriter, read_documents, reject_row
+from oreline.data.steps import StepStats, filter_steps, run_steps, text_bytes
+from oreline.runs import write_json_atomic
+
+NO_LIMIT = 1 << 62  # intermediate files of a task are never split
+PROGRESS_EVERY_S = 0.5
+_progress_queue = None  # set in worker processes by the executor's initializer
+
+
+def set_progress_queue(queue) -> None:
+    global _progress_queue
+    _progress_queue = queue
+
+
+class Progress:
+    """Counts records and bytes read and sends increments to the parent at most twice a second."""
+
+    def __init__(self, task: int):
+        self.task, self.records, self.bytes, self.last = task, 0, 0, time.monotonic()
+
+    def add(self, records: int, nbytes: int) -> None:
+        self.records += records
+        self.bytes += nbytes
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        if _progress_queue is not None and (self.records or self.bytes):
+            with contextlib.suppress(Exception):  # a full or closed queue must never stop the work
+                _progress_queue.put_nowait((self.records, self.bytes))
+        self.records = self.bytes = 0
+        self.last = now or time.monotonic()
+
+
+def task_name(index: int) -> str:
+    return f"task-{index:05d}"
+
+
+def phase1_dir(work: Path, index: int) -> Path:
+    return work / "phase1" / task_name(index)
+
+
+def phase3_marker(work: Path, index: int) -> Path:
+    return work / "phase3" / f"{task_name(index)}.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+class Reader:
+    """Documents of one input file, with the read step's counts, rejects, input facts and errors."""
+
+    def __init__(self, path: Path, kind: str, cfg, reject, progress: Progress):
+        self.path, self.kind, self.cfg, self.reject, self.progress = path, kind, cfg, reject, progress
+        self.stats = StepStats("read")
+        self.errors: list[dict[str, Any]] = []
+        self.info: dict[str, Any] = {"kind": kind, "bytes": path.stat().st_size if path.exists() else 0}
+
+    def _drop(self, reason: str, doc: Document, nbytes: int) -> None:
+        self.stats.docs_in += 1
+        self.stats.bytes_in += nbytes
+        self.stats.dropped[reason] += 1
+        self.reject(doc, "read", reason)
+
+    def _keep(self, doc: Document, nbytes: int) -> Document:
+        self.stats.docs_in += 1
+        self.stats.bytes_in += nbytes
+        self.stats.docs_out += 1
+        self.stats.bytes_out += text_bytes(doc.text)
+        return doc
+
+    def __iter__(self) -> Iterator[Document]:
+        t0 = time.perf_counter()
+        inner = self._warc() if self.kind == "warc" else self._other()
+        while True:
+            try:
+                doc = next(inner)
+            except StopIteration:
+                break
+            except Exception as exc:  # an unexpected reader failure ends this file, not the run
+                self.errors.append({"file": str(self.path), "offset": None, "error": f"{type(exc).__name__}: {exc}"})
+                break
+            self.stats.seconds += time.perf_counter() - t0
+            yield doc
+            t0 = time.perf_counter()
+        self.stats.seconds += time.perf_counter() - t0
+        self.progress.flush()
+
+    def _warc(self) -> Iterator[Document]:
+        from oreline.data.warc import ReadReport, iter_records, record_to_document
+
+        rcfg = self.cfg.data.read
+        report = ReadReport()
+        seen_oversized = 0
+        name = str(self.path)
+
+        def oversized() -> None:
+            nonlocal seen_oversized
+            for o in report.oversized[seen_oversized:]:
+                doc = Document(o.get("record_id") or f"{name}:{o['offset']}", "", "", {
+                    "source_file": name, "offset": o["offset"], "record_id": o.get("record_id"), "bytes": o["bytes"]})
+                self._drop("read:too_large", doc, int(o["bytes"]))
+            seen_oversized = len(report.oversized)
+
+        try:
+            records = iter_records(self.path, max_record_bytes=rcfg.max_record_bytes, report=report,
+                                   record_types=tuple(rcfg.record_types))
+            for rec in records:
+                oversized()
+                nbytes = len(rec.payload)
+                self.progress.add(1, nbytes)
+                before = Counter(report.dropped)
+                doc = record_to_document(rec, report)
+                if doc is None:
+                    changed = [k for k, v in report.dropped.items() if v > before.get(k, 0)]
+                    stub = Document(rec.record_id or f"{name}:{rec.offset}", rec.payload[:4000].decode("utf-8", "replace"), rec.url, {
+                        "source_file": name, "offset": rec.offset, "record_id": rec.record_id,
+                        "content_type": rec.content_type, "http_status": rec.http_status})
+                    self._drop(changed[0] if changed else "read:no_document", stub, nbytes)
+                    continue
+                yield self._keep(doc, nbytes)
+            oversized()
+        finally:
+            self.errors.extend(report.errors)
+            self.info.update(records=report.records, by_type=dict(report.by_type), revisits=report.revisits,
+                             documents=self.stats.docs_out, decoding=dict(report.decoding),
+                             replacement_chars=report.replacement_chars)
+
+    def _other(self) -> Iterator[Document]:
+        from oreline.data.inputs import iter_input_documents
+
+        name = str(self.path)
+
+        def report(reason: str, offset: int | None, preview: str) -> None:
+            doc = Document(f"{name}:{offset}", preview, "", {"source_file": name, "offset": offset})
+            self._drop(reason, doc, len(preview))
+            if reason in ("read:corrupt_file", "read:bad_zip", "read:bad_parquet"):
+                self.errors.append({"file": name, "offset": offset, "error": preview})
+
+        records = 0
+        try:
+            for doc in iter_input_documents(self.path, self.cfg, report=report):
+                records += 1
+                nbytes = text_bytes(doc.text)
+                self.progress.add(1, nbytes)
+                yield self._keep(doc, nbytes)
+        finally:
+            self.info.update(records=records + sum(self.stats.dropped.values()), documents=self.stats.docs_out)
+
+
+# ---------------------------------------------------------------------------------------------
+# phase 1
+
+
+def dedup_enabled(cfg) -> bool:
+    return cfg.data.dedup.exact or cfg.data.dedup.minhash
+
+
+def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, Any]:
+    """Read and filter one input file into work/phase1/task-NNNNN (skipped when already done)."""
+    work_dir = Path(work)
+    final = phase1_dir(work_dir, index)
+    if (final / "DONE").is_file():
+        return json.loads((final / "stats.json").read_text())
+    if final.exists():  # a folder without DONE cannot come from this code; be safe anyway
+        shutil.rmtree(final)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    t_start = time.perf_counter()
+
+    normalize_removed: Counter = Counter()
+    steps = filter_steps(cfg, normalize_removed)
+    step_stats = [StepStats(s.name) for s in steps]
+    progress = Progress(index)
+    with ShardWriter(tmp, "kept", NO_LIMIT) as kept, ShardWriter(tmp, "rejects", NO_LIMIT, REJECT_SCHEMA) as rejects:
+        def reject(doc: Document, step: str, reason: str) -> None:
+            rejects.write_row(reject_row(doc, step, reason))
+
+        reader = Reader(Path(path), kind, cfg, reject, progress)
+        survivors = run_steps(reader, steps, step_stats, reject)
+        upstream = [0.0]
+
+        def write_kept() -> Iterator[Document]:
+            while True:
+                t0 = time.perf_counter()
+                doc = next(survivors, None)
+                if doc is not None:
+                    kept.write_doc(doc)
+                upstream[0] += time.perf_counter() - t0  # reading, filtering and writing: not dedup
+                if doc is None:
+                    return
+                yield doc
+
+        if dedup_enabled(cfg):
+            from oreline.data.dedup import dedup_stage_signatures
+        t0 = time.perf_counter()
+        if dedup_enabled(cfg):
+            dedup_stage_signatures(write_kept(), tmp / "signatures.parquet", cfg)
+        else:
+            for _ in write_kept():
+                pass
+        signature_seconds = time.perf_counter() - t0 - upstream[0]
+    kept_docs = kept.rows_written
+
+    stats = {
+        "task": index, "file": path, "kind": kind,
+        "steps": [reader.stats.as_dict()] + [s.as_dict() for s in step_stats],
+        "kept": kept_docs, "signature_seconds": round(signature_seconds, 6),
+        "normalize_removed": dict(normalize_removed), "input": reader.info, "errors": reader.errors,
+        "seconds": round(time.perf_counter() - t_start, 6),
+    }
+    write_json_atomic(tmp / "stats.json", stats)
+    write_json_atomic(tmp / "DONE", {"task": index})
+    os.replace(tmp, final)
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------
+# phase 3
+
+
+def _clear_task_outputs(out_dir: Path, index: int) -> None:
+    for sub in ("docs", "rejects"):
+        folder = out_dir / sub
+        if folder.is_dir():
+            for p in folder.glob(f"*part-{index:05d}-*"):
+                p.unlink()
+
+
+def chunk_docs(doc: Document, cfg) -> list[Document]:
+    from oreline.data.chunk import chunk_document
+
+    return chunk_document(doc, cfg)
+
+
+def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
+    """Drop dedup removals, chunk, and write the final shards of one task (skipped when done)."""
+    work_dir, out_dir = Path(work), Path(out)
+    marker = phase3_marker(work_dir, index)
+    if marker.is_file():
+        return json.loads(marker.read_text())
+    t_start = time.perf_counter()
+    _clear_task_outputs(out_dir, index)
+    src = phase1_dir(work_dir, index)
+    plan_path = work_dir / "dedup" / f"{task_name(index)}.json"
+    plan: dict[str, list[str]] = json.loads(plan_path.read_text()) if plan_path.is_file() else {}
+    prefix = f"part-{index:05d}"
+    dedup = StepStats("dedup")
+    chunk = StepStats("chunk")
+    chunking = cfg.data.chunk.enabled
+    out_docs = out_bytes = 0
+    with ShardWriter(out_dir / "docs", prefix, cfg.data.max_shard_bytes) as docs_w, \
+            ShardWriter(out_dir / "rejects", prefix, cfg.data.max_shard_bytes, REJECT_SCHEMA) as rej_w:
+        for path in sorted(src.glob("rejects-*.parquet")):  # phase-1 rejects, in their order
+            import pyarrow.parquet as pq
+
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+                for row in batch.to_pylist():
+                    rej_w.write_row(row)
+        for doc in read_documents(sorted(src.glob("kept-*.parquet"))):
+            size = text_bytes(doc.text)
+            dedup.docs_in += 1
+            dedup.bytes_in += size
+            t0 = time.perf_counter()
+            removal = plan.get(doc.id)
+            if removal is not None:
+                reason, survivor = removal[0], removal[1]
+                doc.metadata["survivor_id"] = survivor
+                dedup.dropped[reason] += 1
+                rej_w.write_row(reject_row(doc, "dedup", reason))
+                dedup.seconds += time.perf_counter() - t0
+                continue
+            dedup.seconds += time.perf_counter() - t0
+            dedup.docs_out += 1
+            dedup.bytes_out += size
+            pieces = [doc]
+            if chunking:
+                chunk.docs_in += 1
+                chunk.bytes_in += size
+                t0 = time.perf_counter()
+                try:
+                    pieces = chunk_docs(doc, cfg)
+                    for piece in pieces:
+                        piece.metadata.setdefault("parent_id", doc.id)
+                except Exception as exc:  # never lose the task to one document
+                    doc.metadata["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+                    reason = f"chunk:error:{type(exc).__name__}"
+                    chunk.dropped[reason] += 1
+                    rej_w.write_row(reject_row(doc, "chunk", reason))
+                    pieces = []
+                chunk.seconds += time.perf_counter() - t0
+                chunk.docs_out += len(pieces)
+                chunk.bytes_out += sum(text_bytes(p.text) for p in pieces)
+            for piece in pieces:
+                docs_w.write_doc(piece)
+                out_docs += 1
+                out_bytes += text_bytes(piece.text)
+    stats = {
+        "task": index,
+        "steps": [dedup.as_dict()] + ([chunk.as_dict()] if chunking else []),
+        "output": {"docs": out_docs, "bytes": out_bytes, "shards": [p.name for p in docs_w.paths],
+                   "reject_shards": [p.name for p in rej_w.paths]},
+        "seconds": round(time.perf_counter() - t_start, 6),
+    }
+    write_json_atomic(marker, stats)
+    return stats

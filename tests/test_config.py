@@ -1,0 +1,122 @@
+"""Config loading: TOML files, dotted overrides, unknown keys, validation messages, fingerprints."""
+
+from __future__ import annotations
+
+import pytest
+
+from oreline.config import (
+    PACKAGE_CONFIGS,
+    Config,
+    config_from_dict,
+    diff_keys,
+    expand,
+    fingerprint,
+    load_config,
+    parse_overrides,
+    samples_dir,
+    to_dict,
+    valid_keys,
+    write_resolved,
+)
+from oreline.errors import ConfigError
+
+
+def test_embedded_demo_config_loads_and_differs_from_defaults():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert cfg.run.name == "demo"
+    assert "ja" in cfg.data.langid.languages  # set in demo.toml, not a default
+    assert Config().data.langid.languages == ["en"]
+
+
+def test_every_packaged_config_is_valid():
+    files = sorted(PACKAGE_CONFIGS.glob("*.toml"))
+    assert files
+    for path in files:
+        load_config(path)
+
+
+def test_overrides_are_parsed_as_toml_literals():
+    cfg = load_config(None, ["data.langid.threshold=0.8", "data.workers=3", "data.chunk.enabled=true",
+                             "data.langid.languages=['en','de']", "run.name=my run"])
+    assert cfg.data.langid.threshold == 0.8
+    assert cfg.data.workers == 3
+    assert cfg.data.chunk.enabled is True
+    assert cfg.data.langid.languages == ["en", "de"]
+    assert cfg.run.name == "my run"  # not a TOML literal: kept as a string
+
+
+def test_parse_overrides_rejects_items_without_equals():
+    with pytest.raises(ConfigError, match="not key=value"):
+        parse_overrides(["data.workers"])
+
+
+def test_unknown_key_names_the_key_the_source_and_the_closest_valid_key(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["data.langid.treshold=0.9"])
+    msg = str(err.value)
+    assert "data.langid.treshold" in msg and "data.langid.threshold" in msg and "command-line overrides" in msg
+    path = tmp_path / "c.toml"
+    path.write_text("[data.dedupe]\nthreshold = 0.7\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "data.dedupe" in str(err.value) and str(path) in str(err.value) and "data.dedup" in str(err.value)
+
+
+def test_bad_value_names_the_key_and_the_input():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["data.langid.threshold=1.5"])
+    assert "data.langid.threshold" in str(err.value) and "1.5" in str(err.value)
+    with pytest.raises(ConfigError, match="data.extract.extractor"):
+        load_config(None, ["data.extract.extractor=lynx"])
+
+
+def test_cross_field_validation_message():
+    with pytest.raises(ConfigError, match="overlap"):
+        load_config(None, ["data.chunk.size=100", "data.chunk.overlap=200"])
+
+
+def test_override_through_a_value_is_refused():
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        load_config(None, ["data.workers.x=1"])
+
+
+def test_missing_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[data\nworkers = 2\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_fingerprint_is_stable_and_sensitive():
+    a, b = load_config(), load_config()
+    assert fingerprint(a) == fingerprint(b)
+    c = load_config(None, ["data.dedup.threshold=0.7"])
+    assert fingerprint(c) != fingerprint(a)
+    assert diff_keys(to_dict(a), to_dict(c)) == ["data.dedup.threshold"]
+
+
+def test_written_config_loads_back_to_the_same_fingerprint(tmp_path):
+    cfg = load_config(None, ["train.optim.warmup_steps=10", "checkpoint.async=true"])
+    fp = write_resolved(cfg, tmp_path, section="all")
+    again = load_config(tmp_path / "config.toml")
+    assert fingerprint(again) == fp
+    assert again.checkpoint.async_save is True
+
+
+def test_samples_expansion(monkeypatch, tmp_path):
+    monkeypatch.setenv("ORELINE_SAMPLES", str(tmp_path))
+    assert samples_dir() == tmp_path.resolve()
+    assert expand("{samples}/web-archives") == f"{tmp_path.resolve()}/web-archives"
+
+
+def test_valid_keys_cover_nested_sections():
+    keys = valid_keys()
+    assert {"data", "data.dedup", "data.dedup.threshold", "checkpoint.async", "train.optim.lr"} <= set(keys)
+
+
+def test_config_from_dict_forbids_extra_at_top_level():
+    with pytest.raises(ConfigError, match="unknown key 'trian'"):
+        config_from_dict({"trian": {"steps": 1}})
