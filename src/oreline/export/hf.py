@@ -1,0 +1,343 @@
+"""Hugging Face Llama export and import: safetensors + config.json + tokenizer, no custom code.
+
+oreline's Llama already uses `LlamaForCausalLM`'s parameter names and HF's rotate-half RoPE, so
+the weight mapping is the identity (`HF_RENAME`, kept as an explicit table so a future rename is
+one line, torchtitan-style). No q/k permutation is needed: that permutation exists only for
+Meta's original checkpoints, whose RoPE rotates interleaved pairs instead of halves.
+
+Export (`export_state_dict_hf`) writes, into a temporary sibling folder renamed into place:
+  model.safetensors                  or model-0000i-of-0000n.safetensors + model.safetensors.index.json
+                                     when the weights exceed max_shard_bytes (HF's sharded layout:
+                                     {"metadata": {"total_size": …}, "weight_map": {name: file}})
+  config.json                        LlamaForCausalLM; RoPE as `rope_theta` + `rope_scaling`
+                                     (rope_type llama3), the keys transformers 4.x reads and 5.x
+                                     standardises into `rope_parameters`
+  generation_config.json             bos / eos / pad ids
+  tokenizer.json, tokenizer_config.json, special_tokens_map.json   copied from the tokenizer folder
+  oreline_export.json                provenance: source checkpoint, step, fingerprints, file hashes
+Tied models store no `lm_head.weight` (HF ties it on load from `tie_word_embeddings`).
+
+Import (`import_hf`) reads config.json and the safetensors (sharded or not; `pytorch_model.bin` is
+refused because loading it means unpickling), checks every shape against the config, and writes an
+oreline model-only snapshot (`model.safetensors` + `meta.json` {"kind": "model_only", "model_args",
+"tokenizer_dir"} + `checksums.json`, the layout of `oreline.train.checkpoint`) that
+`load_model_state`, eval and export read. Weights are converted to fp32 (oreline trains in fp32).
+Architectures the Llama here cannot represent (biases, another activation, another RoPE type, a
+head_dim that is not hidden/heads) are refused with the offending key rather than loaded wrongly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from oreline.errors import ConfigError, InputError
+from oreline.model.llama import ModelArgs, check_shapes, expected_shapes
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+DEFAULT_SPECIAL_IDS = {"pad": 0, "bos": 1, "eos": 2}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def hf_rename(args: ModelArgs) -> dict[str, str]:
+    """oreline tensor name → HF tensor name. The identity, by construction of oreline.model.llama."""
+    return {name: name for name in expected_shapes(args)}
+
+
+# ---------------------------------------------------------------------------------------------
+# export
+
+
+def hf_config(args: ModelArgs, special_ids: dict[str, int], dtype: str = "float32") -> dict[str, Any]:
+    """config.json of a LlamaForCausalLM with these shapes."""
+    rope_scaling = None
+    if args.rope_scaling:
+        rope_scaling = {"rope_type": "llama3", **{k: float(v) for k, v in args.rope_scaling.items()}}
+        rope_scaling["original_max_position_embeddings"] = int(args.rope_scaling["original_max_position_embeddings"])
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_dim,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "num_hidden_layers": args.n_layers,
+        "head_dim": args.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": args.max_seq_len,
+        "vocab_size": args.vocab_size,
+        "tie_word_embeddings": args.tie_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "initializer_range": args.init_std,
+        "bos_token_id": special_ids["bos"],
+        "eos_token_id": special_ids["eos"],
+        "pad_token_id": special_ids["pad"],
+        "use_cache": True,
+        "torch_dtype": dtype,
+    }
+
+
+def tokenizer_special_ids(tokenizer_dir: Path | None) -> dict[str, int]:
+    """Ids of <pad>, <s>, </s> from tokenizer.json's added tokens (oreline's fixed 0/1/2 by default)."""
+    ids = dict(DEFAULT_SPECIAL_IDS)
+    if tokenizer_dir is None or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        return ids
+    added = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens", [])
+    by_content = {t["content"]: t["id"] for t in added}
+    for key, token in (("pad", "<pad>"), ("bos", "<s>"), ("eos", "</s>")):
+        if token in by_content:
+            ids[key] = by_content[token]
+    return ids
+
+
+def _shard(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[str, torch.Tensor]]:
+    """Greedy, in order: a shard closes when the next tensor would pass the limit (a tensor larger
+    than the limit gets a shard of its own, as in HF's `split_torch_state_dict_into_shards`)."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    return shards
+
+
+def _temp_sibling(out_dir: Path) -> Path:
+    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _publish(tmp: Path, out_dir: Path, marker: str) -> None:
+    """Replace out_dir by tmp, but only if out_dir is empty or an earlier output of the same kind."""
+    if out_dir.exists():
+        if any(out_dir.iterdir()) and not (out_dir / marker).is_file():
+            shutil.rmtree(tmp)
+            raise InputError(f"{out_dir} exists and is not an earlier output (no {marker} in it)",
+                             "choose an empty or new --out folder")
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+
+
+def _file_hashes(folder: Path) -> dict[str, dict[str, Any]]:
+    import xxhash
+
+    out = {}
+    for p in sorted(folder.iterdir()):
+        if p.is_file():
+            h = xxhash.xxh3_128()
+            with open(p, "rb") as fh:
+                while chunk := fh.read(8 << 20):
+                    h.update(chunk)
+            out[p.name] = {"bytes": p.stat().st_size, "xxh3_128": h.hexdigest()}
+    return out
+
+
+def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, tokenizer_dir: Path | None,
+                         out_dir: Path, max_shard_bytes: int = 2_000_000_000, dtype: str = "float32",
+                         provenance: dict | None = None) -> dict[str, Any]:
+    """Write an HF Llama folder from an oreline state dict. Returns a summary (files, bytes, shards)."""
+    from safetensors.torch import save_file
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown export dtype {dtype!r}", f"use one of {', '.join(DTYPES)}")
+    out_dir = Path(out_dir)
+    sd = dict(state_dict)
+    if args.tie_embeddings:
+        sd.pop("lm_head.weight", None)  # checked equal to the embeddings by check_shapes below
+    check_shapes(state_dict, args, source="export")
+    rename = hf_rename(args)
+    # contiguous, unshared copies: safetensors refuses tensors that share storage
+    tensors = {rename[k]: sd[k].detach().to("cpu", DTYPES[dtype], copy=True).contiguous() for k in rename}
+    special = tokenizer_special_ids(tokenizer_dir)
+
+    tmp = _temp_sibling(out_dir)
+    shards = _shard(tensors, max_shard_bytes)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    meta = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(tmp / "model.safetensors"), metadata=meta)
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, start=1):
+            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(tmp / name), metadata=meta)
+            weight_map |= {k: name for k in shard}
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
+    (tmp / "config.json").write_text(json.dumps(hf_config(args, special, dtype), indent=2), encoding="utf-8")
+    gen = {"bos_token_id": special["bos"], "eos_token_id": special["eos"],
+           "pad_token_id": special["pad"]}
+    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2), encoding="utf-8")
+
+    copied = []
+    if tokenizer_dir is not None:
+        tokenizer_dir = Path(tokenizer_dir)
+        if not (tokenizer_dir / "tokenizer.json").is_file():
+            shutil.rmtree(tmp)
+            raise InputError(f"tokenizer folder {tokenizer_dir} has no tokenizer.json",
+                             "pass the folder written by `oreline tokenizer train`")
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file():
+                shutil.copy2(tokenizer_dir / name, tmp / name)
+                copied.append(name)
+    files = _file_hashes(tmp)
+    record = {"format": "hf-llama", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "model_args": args.to_dict(), "dtype": dtype, "tokenizer_dir": str(tokenizer_dir) if tokenizer_dir else None,
+              "special_token_ids": special, "files": files, **(provenance or {})}
+    (tmp / "oreline_export.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
+    _publish(tmp, out_dir, "oreline_export.json")
+    return {"out_dir": str(out_dir), "shards": len(shards), "weight_bytes": total, "tensors": len(tensors),
+            "tokenizer_files": copied, "files": sorted(files)}
+
+
+def _resolve_tokenizer_dir(value: str | None, checkpoint: Path) -> Path | None:
+    """meta.json's tokenizer_dir: as written, else relative to the run directory of the checkpoint."""
+    if not value:
+        return None
+    for cand in (Path(value), checkpoint.parent.parent / value, checkpoint / value):
+        if (cand / "tokenizer.json").is_file():
+            return cand
+    return None
+
+
+def export_hf(checkpoint: Path, out_dir: Path, console=None, max_shard_bytes: int | None = None,
+              dtype: str = "float32") -> dict[str, Any]:
+    """`oreline export CHECKPOINT --out DIR`: a checkpoint (full, model-only, or a run's latest) → HF folder."""
+    from oreline.train.checkpoint import load_model_state, resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(Path(checkpoint))
+    state_dict, args, meta = load_model_state(checkpoint)
+    tokenizer_dir = _resolve_tokenizer_dir(meta.get("tokenizer_dir"), checkpoint)
+    if max_shard_bytes is None:
+        max_shard_bytes = int(((meta.get("config") or {}).get("export") or {}).get("max_shard_bytes", 2_000_000_000))
+    provenance = {"source_checkpoint": str(checkpoint), "step": meta.get("step"),
+                  **{k: meta[k] for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint") if k in meta}}
+    summary = export_state_dict_hf(state_dict, args, tokenizer_dir, out_dir, max_shard_bytes, dtype, provenance)
+    if console is not None:
+        console.print(f"exported {checkpoint} (step {meta.get('step')}) → {out_dir}: {summary['tensors']} tensors, "
+                      f"{summary['weight_bytes'] / 2**20:.1f} MiB in {summary['shards']} shard(s)")
+        if tokenizer_dir is None:
+            console.print(f"[yellow]no tokenizer found (meta tokenizer_dir={meta.get('tokenizer_dir')!r}): "
+                          "the export holds weights and config only; copy tokenizer.json next to them[/]")
+        else:
+            console.print(f"tokenizer: {', '.join(summary['tokenizer_files'])} from {tokenizer_dir}")
+        console.print(f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(out_dir)!r})")
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# import
+
+
+def args_from_hf_config(cfg: dict[str, Any]) -> ModelArgs:
+    """ModelArgs from a LlamaForCausalLM config.json; refuses what this Llama cannot represent."""
+    hint = "only Llama-architecture checkpoints (LlamaForCausalLM) without biases can be imported"
+    if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in (cfg.get("architectures") or []):
+        raise ConfigError(f"config.json describes {cfg.get('model_type') or cfg.get('architectures')}, not a Llama", hint)
+    for key, ok in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu"), ("pretraining_tp", 1)):
+        if cfg.get(key, ok) != ok:
+            raise ConfigError(f"config.json has {key}={cfg[key]!r}; oreline's Llama supports {key}={ok!r} only", hint)
+    n_heads = cfg["num_attention_heads"]
+    if cfg.get("head_dim") not in (None, cfg["hidden_size"] // n_heads):
+        raise ConfigError(f"config.json head_dim={cfg['head_dim']} differs from hidden_size / num_attention_heads",
+                          hint)
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10_000.0)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    scaling = None
+    if rope_type == "llama3":
+        scaling = {k: float(rope[k]) for k in ("factor", "low_freq_factor", "high_freq_factor")}
+        scaling["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
+    elif rope_type != "default":
+        raise ConfigError(f"config.json uses RoPE type {rope_type!r}", "oreline supports default and llama3 RoPE only")
+    return ModelArgs(
+        dim=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"], n_heads=n_heads,
+        n_kv_heads=cfg.get("num_key_value_heads") or n_heads, vocab_size=cfg["vocab_size"],
+        ffn_dim=cfg["intermediate_size"], norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta,
+        rope_scaling=scaling, max_seq_len=cfg.get("max_position_embeddings", 2048),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        init_std=float(cfg.get("initializer_range", 0.02)),
+    )
+
+
+def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of an HF folder: model.safetensors, or the shards its index names."""
+    from safetensors.torch import load_file
+
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    elif (hf_dir / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    elif any(hf_dir.glob("*.bin")):
+        raise InputError(f"{hf_dir} holds pickled *.bin weights only; oreline never unpickles",
+                         "convert them first: AutoModelForCausalLM.from_pretrained(d).save_pretrained(d2)")
+    else:
+        raise InputError(f"{hf_dir} has no model.safetensors or model.safetensors.index.json",
+                         "pass a folder written by save_pretrained or oreline export")
+    sd: dict[str, torch.Tensor] = {}
+    for name in files:
+        if not (hf_dir / name).is_file():
+            raise InputError(f"shard {name} named by the index is missing from {hf_dir}", "re-download or re-export it")
+        sd.update(load_file(str(hf_dir / name)))
+    return sd
+
+
+def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
+    """`oreline import-hf DIR --out OUT`: HF Llama folder → oreline model-only snapshot. Returns the weights."""
+    from safetensors.torch import save_file
+
+    from oreline.train.checkpoint import FORMAT_VERSION, write_checksums
+
+    hf_dir, out = Path(hf_dir), Path(out)
+    if not (hf_dir / "config.json").is_file():
+        raise InputError(f"{hf_dir} has no config.json", "pass a Hugging Face model folder")
+    args = args_from_hf_config(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")))
+    raw = read_hf_weights(hf_dir)
+    # Old HF checkpoints carry the RoPE inverse frequencies as buffers; they are derived, not weights.
+    raw = {k: v for k, v in raw.items() if not k.endswith("rotary_emb.inv_freq")}
+    inverse = {hf: ours for ours, hf in hf_rename(args).items()}
+    sd = {inverse.get(k, k): v.to(torch.float32) for k, v in raw.items()}
+    check_shapes(sd, args, source=f"import {hf_dir}")
+    if args.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+
+    tmp = _temp_sibling(out)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"),
+              metadata={"format": "pt", "step": "0"})
+    tokenizer_dir = None
+    if (hf_dir / "tokenizer.json").is_file():
+        (tmp / "tokenizer").mkdir()
+        for name in TOKENIZER_FILES:
+            if (hf_dir / name).is_file():
+                shutil.copy2(hf_dir / name, tmp / "tokenizer" / name)
+        tokenizer_dir = str((out / "tokenizer").resolve())
+    meta = {"format_version": FORMAT_VERSION, "kind": "model_only", "step": 0, "model_args": args.to_dict(),
+            "tokenizer_dir": tokenizer_dir, "source": "import-hf", "hf_dir": str(hf_dir.resolve()),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch_version": torch.__version__}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    write_checksums(tmp)
+    _publish(tmp, out, "meta.json")
+    if console is not None:
+        n = sum(v.numel() for v in sd.values())
+        console.print(f"imported {hf_dir} → {out}: {len(sd)} tensors, {n:,} parameters, "
+                      f"dim {args.dim} × {args.n_layers} layers, vocab {args.vocab_size}, tied={args.tie_embeddings}"
+                      + ("" if tokenizer_dir else " (no tokenizer.json found: weights only)"))
+    return sd

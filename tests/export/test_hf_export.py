@@ -1,0 +1,201 @@
+"""HF export and import: transformers loads the export with no custom code and agrees with oreline."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from oreline.cli import app
+from oreline.config import TokenizerConfig
+from oreline.errors import ConfigError, InputError
+from oreline.export.hf import export_hf, export_state_dict_hf, import_hf
+from oreline.model.llama import Llama, ModelArgs, generate
+from oreline.tokens.train_bpe import load_tokenizer, train_tokenizer
+from oreline.train.checkpoint import load_model_state, save_checkpoint, verify_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(samples, tmp_path_factory) -> Path:
+    """A real 512-token byte-level BPE trained on Tiny Shakespeare by oreline's own trainer."""
+    root = tmp_path_factory.mktemp("tok")
+    with gzip.open(samples / "english-prose" / "tinyshakespeare.txt.gz", "rt", encoding="utf-8") as fh:
+        text = fh.read(200_000)
+    with open(root / "docs.jsonl", "w", encoding="utf-8") as fh:
+        for i, para in enumerate(p for p in text.split("\n\n") if p.strip()):
+            fh.write(json.dumps({"id": f"d{i}", "text": para}) + "\n")
+    train_tokenizer([root / "docs.jsonl"], root / "tokenizer", TokenizerConfig(vocab_size=512, heldout_docs=10))
+    return root / "tokenizer"
+
+
+def make_model(vocab: int, **kw) -> Llama:
+    args = ModelArgs(**(dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=vocab, ffn_dim=192,
+                             max_seq_len=256, tie_embeddings=True) | kw))
+    torch.manual_seed(0)
+    model = Llama(args).eval()
+    with torch.no_grad():  # non-trivial norm weights, so a dropped or swapped norm would show
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def snapshot(model: Llama, root: Path, tokenizer_dir: Path | None) -> Path:
+    """A model-only checkpoint written by the real checkpoint code, as training writes it."""
+    meta = {"model_args": model.args.to_dict(), "tokenizer_dir": str(tokenizer_dir) if tokenizer_dir else None,
+            "tokens_seen": 0}
+    return save_checkpoint(root, 7, model, None, meta, kind="model_only")
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(tie_embeddings=False, rope_theta=500_000.0, rope_scaling=SCALING)],
+                         ids=["tied", "untied-llama3-rope"])
+def test_transformers_loads_export_and_agrees(kw, tokenizer_dir, tmp_path):
+    tok = load_tokenizer(tokenizer_dir)
+    model = make_model(tok.vocab_size, **kw)
+    ckpt = snapshot(model, tmp_path / "checkpoints", tokenizer_dir)
+    out = tmp_path / "hf"
+    summary = export_hf(ckpt, out)
+    assert summary["shards"] == 1 and (out / "model.safetensors").is_file()
+    assert set(summary["tokenizer_files"]) == {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+    assert ("lm_head.weight" in load_file(str(out / "model.safetensors"))) is (not model.args.tie_embeddings)
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == "LlamaForCausalLM" and hf.dtype == torch.float32
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    text = "First Citizen:\nBefore we proceed any further, hear me speak."
+    ids = tok.encode(text)
+    assert hf_tok(text, add_special_tokens=False)["input_ids"] == ids
+    assert (hf_tok.pad_token_id, hf_tok.bos_token_id, hf_tok.eos_token_id) == (0, 1, 2)
+
+    batch = torch.tensor([[1] + ids])
+    with torch.no_grad():
+        diff = (hf(batch).logits - model(batch)).abs().max().item()
+    assert diff < 1e-4
+    ours = generate(model, [1] + ids[:5], max_new_tokens=24)
+    theirs = hf.generate(torch.tensor([[1] + ids[:5]]), max_new_tokens=24, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)[0, 6:].tolist()
+    assert ours == theirs and len(ours) == 24
+
+    record = json.loads((out / "oreline_export.json").read_text())
+    assert record["step"] == 7 and record["model_args"] == model.args.to_dict()
+    assert record["files"]["config.json"]["bytes"] == (out / "config.json").stat().st_size
+
+
+def test_sharded_export_loads(tokenizer_dir, tmp_path):
+    model = make_model(512, tie_embeddings=False)
+    out = tmp_path / "hf"
+    summary = export_state_dict_hf(model.state_dict(), model.args, tokenizer_dir, out, max_shard_bytes=60_000)
+    assert summary["shards"] > 3
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(model.state_dict())
+    assert index["metadata"]["total_size"] == sum(v.numel() * 4 for v in model.state_dict().values())
+    assert not (out / "model.safetensors").exists()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    x = torch.randint(0, 512, (1, 40))
+    with torch.no_grad():
+        assert (hf(x).logits - model(x)).abs().max().item() < 1e-4
+    # importing the shards gives back the same tensors, bit for bit
+    sd = import_hf(out, tmp_path / "imported")
+    assert sd.keys() == model.state_dict().keys()
+    assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
+
+
+def test_export_import_round_trip_is_exact(tokenizer_dir, tmp_path):
+    model = make_model(512, rope_scaling=SCALING, depth_scaled_init=True)
+    export_state_dict_hf(model.state_dict(), model.args, tokenizer_dir, tmp_path / "hf")
+    back = tmp_path / "imported"
+    import_hf(tmp_path / "hf", back)
+    assert verify_checkpoint(back)[0]
+    sd, args, meta = load_model_state(back)
+    assert meta["kind"] == "model_only" and (Path(meta["tokenizer_dir"]) / "tokenizer.json").is_file()
+    # init_std / depth_scaled_init do not travel through HF's config; the shapes and numerics do
+    assert args.to_dict() | {"depth_scaled_init": True} == model.args.to_dict()
+    assert sd.keys() == model.state_dict().keys()
+    assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
+    # and the import exports again to the same weights file
+    export_hf(back, tmp_path / "hf2")
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == (tmp_path / "hf2" / "model.safetensors").read_bytes()
+
+
+def test_import_of_a_transformers_save(tmp_path):
+    """A folder written by transformers itself (5.x `rope_parameters` config) imports and agrees."""
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=1, vocab_size=300, max_position_embeddings=128,
+                                   rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                   rope_parameters={"rope_type": "llama3", "rope_theta": 500_000.0, **SCALING})
+    torch.manual_seed(1)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    sd = import_hf(tmp_path / "hf", tmp_path / "ours")
+    _, args, _ = load_model_state(tmp_path / "ours")
+    assert args.rope_scaling == SCALING and args.n_kv_heads == 1 and args.norm_eps == 1e-6
+    model = Llama(args).eval()
+    model.load_state_dict(sd, strict=True)
+    x = torch.randint(0, 300, (2, 90))
+    with torch.no_grad():
+        assert (model(x) - hf(x).logits).abs().max().item() < 1e-5
+
+
+def test_import_refuses_what_it_cannot_represent(tmp_path):
+    model = make_model(512)
+    good = tmp_path / "hf"
+    export_state_dict_hf(model.state_dict(), model.args, None, good)
+    config = json.loads((good / "config.json").read_text())
+
+    bias = tmp_path / "bias"
+    export_state_dict_hf(model.state_dict(), model.args, None, bias)
+    (bias / "config.json").write_text(json.dumps(config | {"mlp_bias": True}))
+    with pytest.raises(ConfigError, match="mlp_bias=True"):
+        import_hf(bias, tmp_path / "x")
+
+    wrong = tmp_path / "wrong"
+    export_state_dict_hf(model.state_dict(), model.args, None, wrong)
+    (wrong / "config.json").write_text(json.dumps(config | {"intermediate_size": 200}))
+    with pytest.raises(ConfigError, match=r"model.layers.0.mlp.(gate|up|down)_proj.weight has shape .*expects .*200"):
+        import_hf(wrong, tmp_path / "x")
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text(json.dumps(config))
+    (pickled / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(InputError, match="never unpickles"):
+        import_hf(pickled, tmp_path / "x")
+    assert not (tmp_path / "x").exists()  # nothing half-written
+
+
+def test_export_refuses_mismatch_and_foreign_out_dir(tmp_path):
+    model = make_model(512)
+    with pytest.raises(ConfigError, match="model.norm.weight has shape"):
+        export_state_dict_hf(model.state_dict() | {"model.norm.weight": torch.ones(65)}, model.args, None, tmp_path / "a")
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("mine")
+    with pytest.raises(InputError, match="not an earlier output"):
+        export_state_dict_hf(model.state_dict(), model.args, None, foreign)
+    assert (foreign / "todo.txt").read_text() == "mine"
+    export_state_dict_hf(model.state_dict(), model.args, None, tmp_path / "b")
+    export_state_dict_hf(model.state_dict(), model.args, None, tmp_path / "b")  # an export is replaced
+
+
+def test_cli_export_and_import(tokenizer_dir, tmp_path):
+    model = make_model(512)
+    ckpt = snapshot(model, tmp_path / "run" / "checkpoints", tokenizer_dir)
+    runner = CliRunner()
+    result = runner.invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
+    assert result.exit_code == 0, result.output
+    flat = result.output.replace("\n", "")  # rich wraps long paths
+    assert "(step 7)" in flat and ckpt.name in flat
+    result = runner.invoke(app, ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")])
+    assert result.exit_code == 0, result.output
+    assert f"{model.num_params():,} parameters" in result.output.replace("\n", " ")
+    sd, _, _ = load_model_state(tmp_path / "back")
+    assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
