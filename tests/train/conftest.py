@@ -1,0 +1,82 @@
+"""Session fixtures of the training layer: real English prose → a small BPE tokenizer → token shards.
+
+Jane Austen's *Emma* (nltk-gutenberg in the samples) is cut into ~1,500-character blocks of
+paragraphs, one document each; a 512-token byte-level BPE (the `debug` preset's vocabulary)
+is trained on them and the documents are tokenized with 10 % held out for validation. About
+300k tokens, built once per session in a couple of seconds with the token layer's own functions.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from oreline.config import (
+    Config,
+    TokenizeConfig,
+    TokenizerConfig,
+    _set_dotted,
+    config_from_dict,
+    load_config,
+    to_dict,
+)
+
+
+def _blocks(text: str, target: int = 1500) -> list[str]:
+    out, cur, size = [], [], 0
+    for para in text.replace("\r\n", "\n").split("\n\n"):
+        para = " ".join(para.split())
+        if not para:
+            continue
+        cur.append(para)
+        size += len(para)
+        if size >= target:
+            out.append("\n\n".join(cur))
+            cur, size = [], 0
+    if cur:
+        out.append("\n\n".join(cur))
+    return out
+
+
+@pytest.fixture(scope="session")
+def prose_tokens(samples, tmp_path_factory) -> dict[str, Path]:
+    """{"tokens": token shard folder, "tokenizer": tokenizer folder, "docs": JSONL} of Emma."""
+    from oreline.tokens.tokenize import tokenize_corpus
+    from oreline.tokens.train_bpe import train_tokenizer
+
+    root = tmp_path_factory.mktemp("prose")
+    with zipfile.ZipFile(samples / "english-prose" / "nltk-gutenberg.zip") as zf:
+        text = zf.read("gutenberg/austen-emma.txt").decode("utf-8", "replace")
+    docs = root / "emma.jsonl"
+    with docs.open("w", encoding="utf-8") as fh:
+        for i, block in enumerate(_blocks(text)):
+            fh.write(json.dumps({"id": f"emma-{i}", "text": block}) + "\n")
+    train_tokenizer([docs], root / "tokenizer", TokenizerConfig(vocab_size=512, heldout_docs=20))
+    tokenize_corpus([docs], root / "tokenizer", root / "tokens", TokenizeConfig(val_fraction=0.1, workers=1))
+    return {"tokens": root / "tokens", "tokenizer": root / "tokenizer", "docs": docs}
+
+
+def make_config(run_root: Path, prose: dict[str, Path], **dotted) -> Config:
+    """A small debug-preset training config on the prose fixture; keyword keys use __ for dots."""
+    tree = to_dict(load_config())
+    base = {
+        "run.runs_dir": str(run_root), "run.name": "t",
+        "model.preset": "debug",
+        "train.tokens": str(prose["tokens"]), "train.tokenizer": str(prose["tokenizer"]),
+        "train.seq_len": 64, "train.micro_batch": 4, "train.grad_accum": 2, "train.steps": 20,
+        "train.log_every": 5, "train.eval_every": 10, "train.eval_batches": 4,
+        "train.optim.warmup_steps": 4, "train.optim.lr": 3e-3, "train.optim.min_lr": 3e-4,
+        "checkpoint.every": 0, "eval.max_new_tokens": 8,
+        "eval.prompts": ["The capital of France is", "Emma"],
+    }
+    base.update({k.replace("__", "."): v for k, v in dotted.items()})
+    for key, value in base.items():
+        _set_dotted(tree, key, value)
+    return config_from_dict(tree)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
