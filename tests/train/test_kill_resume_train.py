@@ -1,0 +1,198 @@
+"""Bit-exact resume proven with real kills: SIGKILL `oreline train` mid-step, mid-save and mid-eval.
+
+An uninterrupted run and a run killed three times (mid-step, mid-save, mid-eval) (resumed each time with the same command,
+`--resume auto`) must log bit-identical losses, grad norms and learning rates at every step and
+end with bit-identical weights. The runs are real subprocesses of `python -m oreline train` on a
+debug-preset Llama with a tokenizer and token shards built from the sample prose.
+benchmarks/resume_exactness.py does the same with 20 random kill points.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from oreline.config import TokenizeConfig, TokenizerConfig
+from oreline.train.checkpoint import load_model_state
+
+STEPS, EVERY, EVAL_EVERY = 16, 4, 6
+SLEEP = 0.15  # train.debug.sleep_per_step_s: makes "during a step" a window the test can hit
+
+
+def write_prose_docs(samples: Path, out: Path, n: int = 2000) -> Path:
+    with gzip.open(samples / "english-prose" / "tinyshakespeare.txt.gz", "rt", encoding="utf-8") as fh:
+        text = fh.read()
+    paras = [p for p in text.split("\n\n") if len(p) > 40][:n]
+    out.write_text("".join(json.dumps({"id": f"shakespeare-{i}", "text": p}) + "\n" for i, p in enumerate(paras)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(samples, tmp_path_factory) -> dict[str, Path]:
+    from oreline.tokens.tokenize import tokenize_corpus
+    from oreline.tokens.train_bpe import train_tokenizer
+
+    root = tmp_path_factory.mktemp("kill-corpus")
+    docs = write_prose_docs(samples, root / "docs.jsonl")
+    train_tokenizer([docs], root / "tok", TokenizerConfig(vocab_size=512, heldout_docs=20))
+    tokenize_corpus([docs], root / "tok", root / "tokens", TokenizeConfig(val_fraction=0.05), workers=1)
+    return {"tokenizer": root / "tok", "tokens": root / "tokens"}
+
+
+def write_config(path: Path, runs: Path, corpus: dict[str, Path], extra: str = "") -> Path:
+    path.write_text(f"""
+[run]
+name = "r"
+runs_dir = "{runs}"
+[model]
+preset = "debug"
+[train]
+tokens = "{corpus['tokens']}"
+tokenizer = "{corpus['tokenizer']}"
+seq_len = 64
+micro_batch = 4
+steps = {STEPS}
+log_every = 1
+eval_every = {EVAL_EVERY}
+eval_batches = 2
+[train.optim]
+lr = 3e-3
+warmup_steps = 4
+[train.debug]
+sleep_per_step_s = {SLEEP}
+[checkpoint]
+every = {EVERY}
+keep_last = 2
+[eval]
+max_new_tokens = 4
+prompts = ["To be"]
+{extra}
+""")
+    return path
+
+
+def env() -> dict[str, str]:
+    # one thread in every run: the float results of a matmul depend on how it is split over threads
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def launch(config: Path, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "oreline", "train", "-c", str(config)], env=env(),
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def records(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # the line a kill cut short
+            out.append(json.loads(line))
+    return out
+
+
+def has(run: Path, type_: str, step: int) -> bool:
+    return any(r.get("type") == type_ and r.get("step") == step for r in records(run))
+
+
+def wait_for(proc: subprocess.Popen, cond, timeout: float = 120.0) -> bool:
+    """Poll cond every millisecond; False if the process ended or time ran out first."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.001)
+    return False
+
+
+def kill_at(proc: subprocess.Popen, run: Path, kind: str, step: int, rng: random.Random) -> str:
+    """SIGKILL the run at `kind` ("step", "save", "eval") of `step`; returns what was hit."""
+    ckpts = run / "checkpoints"
+    if kind == "step":
+        if not wait_for(proc, lambda: has(run, "train", step - 1)):
+            return "finished"
+        time.sleep(rng.uniform(0.0, SLEEP))
+        hit = f"during step {step}"
+    elif kind == "save":
+        tmp = ckpts / f".tmp-step-{step:08d}"
+        if not wait_for(proc, lambda: tmp.exists() or has(run, "checkpoint", step)):
+            return "finished"
+        hit = f"during the save of step {step}" if tmp.exists() else f"after the save of step {step}"
+    else:
+        if not wait_for(proc, lambda: has(run, "checkpoint", step)):
+            return "finished"
+        hit = f"during the eval of step {step}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if kind == "eval" and has(run, "eval", step):
+        hit = f"after the eval of step {step}"
+    return hit
+
+
+def run_with_kills(config: Path, run: Path, plan: list[tuple[str, int]], seed: int = 0,
+                   log: Path | None = None) -> list[str]:
+    """Run to the end, killing per plan and resuming with the same command after each kill."""
+    rng = random.Random(seed)
+    log = log or run.parent / "kills.log"
+    hits = []
+    for kind, step in plan:
+        proc = launch(config, log)
+        hit = kill_at(proc, run, kind, step, rng)
+        if hit == "finished":
+            raise AssertionError(f"the run ended (rc {proc.returncode}) before the {kind} kill at {step}: "
+                                 + log.read_text()[-3000:])
+        hits.append(hit)
+    proc = launch(config, log)
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    return hits
+
+
+def per_step(run: Path, key: str) -> dict[int, float]:
+    recs = [r for r in records(run) if r.get("type") == "train"]
+    steps = [r["step"] for r in recs]
+    assert steps == sorted(set(steps)), f"metrics.jsonl repeats or reorders steps: {steps}"
+    return {r["step"]: r[key] for r in recs}
+
+
+def assert_identical(ref: Path, got: Path) -> None:
+    for key in ("loss", "grad_norm", "lr", "tokens_seen"):
+        a, b = per_step(ref, key), per_step(got, key)
+        assert list(a) == list(range(1, STEPS + 1)) and a == b, f"{key} differs: " + str(
+            [(s, a.get(s), b.get(s)) for s in a if a.get(s) != b.get(s)][:5])
+    sd_a, _, meta_a = load_model_state(ref)
+    sd_b, _, meta_b = load_model_state(got)
+    assert meta_a["step"] == meta_b["step"] == STEPS
+    assert sd_a.keys() == sd_b.keys()
+    for k in sd_a:
+        assert torch.equal(sd_a[k], sd_b[k]), f"final weight {k} differs"
+
+
+def test_killed_and_resumed_run_is_bit_identical(corpus, tmp_path):
+    ref_cfg = write_config(tmp_path / "ref.toml", tmp_path / "ref", corpus)
+    ref_proc = launch(ref_cfg, tmp_path / "ref.log")  # the uninterrupted run, alongside the killed one
+    cfg = write_config(tmp_path / "killed.toml", tmp_path / "killed", corpus)
+    run = tmp_path / "killed" / "r"
+    # step 3: before the first checkpoint (the relaunch starts afresh); the save of step 8 (resumes
+    # from step 4 and replays 5-8); the eval after step 12's checkpoint (resumes from step 12)
+    hits = run_with_kills(cfg, run, [("step", 3), ("save", 8), ("eval", 12)], log=tmp_path / "k.log")
+    assert ref_proc.wait(timeout=300) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    assert_identical(tmp_path / "ref" / "r", run)
+    events = [r for r in records(run) if r.get("type") == "event" and r.get("kind") == "resume"]
+    assert len(events) == 2, hits  # the first kill came before any checkpoint: a fresh start
+    assert "during the save of step 8" in hits, hits
+    assert not list((run / "checkpoints").glob(".tmp-*"))
