@@ -120,13 +120,13 @@ def hash_params(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _minhash_rows(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(n_shingles, num_perm) permuted values of shingle hashes x, uint64 holding 32-bit values.
+    """(n_shingles, num_perm) uint64 values (a·x + b) mod 2^64, before the >> 32.
 
-    In place on one buffer: the matrix is the whole cost of MinHash, so no temporaries.
+    The shift is monotone, so it commutes with the minimum and is applied to the reduced
+    signature only; the matrix is the whole cost of MinHash, so it is built in one buffer.
     """
     out = np.multiply(x[:, None], a[None, :])
     np.add(out, b[None, :], out=out)
-    np.right_shift(out, np.uint64(32), out=out)
     return out
 
 
@@ -143,7 +143,7 @@ def minhash_signatures(
     Shingle hashes of consecutive documents are stacked and permuted in blocks of about max_rows
     rows, then reduced per document with np.minimum.reduceat, so numpy's per-call cost is paid per
     block, not per document. The block (max_rows × num_perm × 8 bytes = 1 MiB by default) stays in
-    the L2 cache: measured here, 1,024-row blocks ran ~6× faster than 16,384-row ones.
+    the L2 cache: measured here, 1,024-row blocks ran 2-3× faster than 16,384-row ones.
     """
     a, b = hash_params(num_perm, seed)
     sets = [shingles(t, shingle_words) for t in texts]
@@ -159,7 +159,7 @@ def minhash_signatures(
         if block:
             vals = _minhash_rows(np.concatenate([sets[i] for i in block]), a, b)
             offsets = np.concatenate(([0], np.cumsum(counts[block])[:-1]))
-            sig[block] = np.minimum.reduceat(vals, offsets, axis=0).astype(np.uint32)
+            sig[block] = (np.minimum.reduceat(vals, offsets, axis=0) >> np.uint64(32)).astype(np.uint32)
         start = stop
     return sig, counts
 

@@ -45,6 +45,7 @@ the heuristic filters.
 
 from __future__ import annotations
 
+import itertools
 import re
 import string
 from collections.abc import Callable
@@ -75,11 +76,13 @@ C4_POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies", 
 # FineWeb's "line ends with punctuation" (a subset of datatrove's TERMINAL_PUNCTUATION)
 TERMINAL_PUNCT = (".", "!", "?", '"', "'", ":", ";", ")", "…", "。", "！", "？", "」", "』", "”", "’", "؟", "।", "۔")
 SENTENCE_END = re.compile(r"[.!?。！？]+(?:[\"'”’)\]]*)(?=\s|$)")
-PARAGRAPH_SPLIT = re.compile(r"\n{2,}")
+_DELETE_PUNCT = str.maketrans("", "", PUNCT)
+_STOP_ANY_CASE = frozenset(v for w in STOP_WORDS for v in (w, w.capitalize(), w.upper()))
 CITATION = re.compile(r"\[\d*\]|\[citation needed\]", re.IGNORECASE)
 
 GOPHER_TOP_NGRAMS = ((2, 0.20), (3, 0.18), (4, 0.16))
 GOPHER_DUP_NGRAMS = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
+_TOP, _DUP = dict(GOPHER_TOP_NGRAMS), dict(GOPHER_DUP_NGRAMS)
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio constant; odd, so multiplication is a bijection
 _ROLL = np.uint64(0x100000001B3)  # FNV prime as the rolling-hash base
 
@@ -94,6 +97,17 @@ def uses_spaces(doc: Document) -> bool:
 
 def _nonempty_lines(text: str) -> list[str]:
     return [s for s in (line.strip() for line in text.split("\n")) if s]
+
+
+def _count_up_to(words: list[str], vocabulary: frozenset[str], limit: int) -> int:
+    """How many words are in vocabulary, counting stops at limit (prose reaches it in a few words)."""
+    found = 0
+    for w in words:
+        if w in vocabulary:
+            found += 1
+            if found >= limit:
+                break
+    return found
 
 
 def _duplicates(items: list[str]) -> tuple[int, int]:
@@ -119,7 +133,7 @@ def gopher_quality(doc: Document, cfg: QualityConfig) -> str | None:
     lines = _nonempty_lines(text)
     if uses_spaces(doc):
         raw = text.split()
-        words = [w for w in (t.strip(PUNCT) for t in raw) if w]  # punctuation-only tokens are not words
+        words = text.translate(_DELETE_PUNCT).split()  # punctuation is not part of words
         n = len(words)
         doc.metadata["words"] = n
         if n < 50:
@@ -137,9 +151,11 @@ def gopher_quality(doc: Document, cfg: QualityConfig) -> str | None:
             return "gopher:bullet_lines"
         if lines and sum(line.endswith(ELLIPSES) for line in lines) / len(lines) > 0.3:
             return "gopher:ellipsis_lines"
-        if sum(1 for t in raw if t.isalpha() or any(map(str.isalpha, t))) / n_raw < 0.8:
+        # ≥ 80% of tokens need a letter; punctuation-only tokens vanished from `words`
+        no_letter = n_raw - n + sum(1 for w in words if not w.isalpha() and not any(map(str.isalpha, w)))
+        if no_letter / n_raw > 0.2:
             return "gopher:alpha_words"
-        if language(doc) in ("", "en") and sum(w.lower() in STOP_WORDS for w in words) < 2:
+        if language(doc) in ("", "en") and _count_up_to(words, _STOP_ANY_CASE, 2) < 2:
             return "gopher:stop_words"
         return None
     if lines and sum(line.startswith(BULLETS) for line in lines) / len(lines) > 0.9:
@@ -149,21 +165,14 @@ def gopher_quality(doc: Document, cfg: QualityConfig) -> str | None:
     return None
 
 
-def _ngram_hashes(ids: np.ndarray, n: int, prev: np.ndarray | None) -> np.ndarray:
-    """Hashes of all word n-grams from the (n-1)-gram hashes: h_n[i] = h_{n-1}[i]·B + x[i+n-1]."""
-    if prev is None:
-        return ids.copy()
-    with np.errstate(over="ignore"):
-        return prev[: len(ids) - n + 1] * _ROLL + ids[n - 1 :]
-
-
 def gopher_repetition(doc: Document, cfg: QualityConfig) -> str | None:
     """Gopher repetition rules (Rae et al. 2021, Table A1) with hashed n-grams instead of joined strings."""
     text = doc.text
     total = len(text)
     if total == 0:
         return None
-    paragraphs = [p.strip() for p in PARAGRAPH_SPLIT.split(text.strip()) if p.strip()]
+    # splitting on "\n\n" then stripping equals splitting on \n{2,}, without a regex
+    paragraphs = [p for p in (q.strip() for q in text.split("\n\n")) if p]
     dup_n, dup_chars = _duplicates(paragraphs)
     if paragraphs and dup_n / len(paragraphs) > 0.30:
         return "gopher_rep:dup_para_frac"
@@ -180,41 +189,43 @@ def gopher_repetition(doc: Document, cfg: QualityConfig) -> str | None:
     words = text.split()
     if len(words) < 2:
         return None
+    # one integer per distinct word: setdefault keeps the first counter value seen for each word
     vocab: dict[str, int] = {}
-    ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in words), dtype=np.uint64, count=len(words))
+    ids = np.fromiter(map(vocab.setdefault, words, itertools.count()), dtype=np.uint64, count=len(words))
     with np.errstate(over="ignore"):
         ids = (ids + np.uint64(1)) * _MIX  # spread small ids over 64 bits before rolling
         ids ^= ids >> np.uint64(29)
     lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
     csum = np.concatenate(([0], np.cumsum(lens)))
-    h = None
-    for n in range(1, 11):
+    h = ids
+    for n in range(2, 11):
         if len(words) < n:
             break
-        h = _ngram_hashes(ids, n, h)
-        if n == 1:
-            continue
-        top_frac = dict(GOPHER_TOP_NGRAMS).get(n)
-        if top_frac is not None:
-            _, first, counts = np.unique(h, return_index=True, return_counts=True)
-            top = counts.max()
-            if top >= 2:  # a single occurrence is not repetition
-                best = first[counts == top]
-                chars = (csum[best + n] - csum[best]).max() + (n - 1)  # the n-gram joined with spaces
-                if top * chars / total > top_frac:
-                    return f"gopher_rep:top_{n}gram"
-            continue
-        dup_frac = dict(GOPHER_DUP_NGRAMS)[n]
-        # characters of words covered by a repeated (not first) occurrence of any n-gram, counted once
-        _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
-        repeats = np.nonzero(first[inverse] < np.arange(len(h)))[0]
-        if repeats.size == 0:
+        with np.errstate(over="ignore"):
+            h = h[: len(words) - n + 1] * _ROLL + ids[n - 1 :]  # h_n[i] = h_{n-1}[i]·B + x[i+n-1]
+        # a stable sort puts equal hashes together, first occurrence first
+        order = np.argsort(h, kind="stable")
+        sh = h[order]
+        same = sh[1:] == sh[:-1]
+        if not same.any():
             break  # no repeated n-gram means no repeated longer n-gram either
-        cover = np.zeros(len(words) + 1, dtype=np.int32)
-        np.add.at(cover, repeats, 1)
-        np.add.at(cover, repeats + n, -1)
+        top_frac = _TOP.get(n)
+        if top_frac is not None:
+            # run lengths of equal hashes: the most frequent n-gram's count and first position
+            starts = np.flatnonzero(np.concatenate(([True], ~same)))
+            counts = np.diff(np.append(starts, len(sh)))
+            top = counts.max()
+            best = order[starts[counts == top]]
+            chars = (csum[best + n] - csum[best]).max() + (n - 1)  # the n-gram joined with spaces
+            if top * chars / total > top_frac:
+                return f"gopher_rep:top_{n}gram"
+            continue
+        # characters of words covered by a repeated (not first) occurrence of any n-gram, counted once
+        repeats = order[1:][same]
+        m = len(words) + 1
+        cover = np.bincount(repeats, minlength=m) - np.bincount(repeats + n, minlength=m)
         covered = np.cumsum(cover[:-1]) > 0
-        if lens[covered].sum() / total > dup_frac:
+        if lens[covered].sum() / total > _DUP[n]:
             return f"gopher_rep:dup_{n}gram"
     return None
 
