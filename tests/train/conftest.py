@@ -80,3 +80,20 @@ def make_config(run_root: Path, prose: dict[str, Path], **dotted) -> Config:
 
 def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test: the 2 shared cores make 2-thread timings erratic (spin-waits)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def train_config(tmp_path, prose_tokens):
+    """make_config bound to this test's tmp_path (the run is tmp_path / "t") and the prose tokens."""
+    return lambda **dotted: make_config(tmp_path, prose_tokens, **dotted)

@@ -1,0 +1,167 @@
+"""The training loop on real prose: loss normalisation, batch arithmetic, metrics files, NaN, resume."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from oreline.errors import TrainingError
+from oreline.model.llama import Llama
+from oreline.model.presets import resolve_model_args
+from oreline.tokens.loader import TokenLoader
+from oreline.train.dist import DistInfo
+from oreline.train.loop import (
+    enable_activation_checkpointing,
+    forward_backward,
+    global_batch,
+    to_device,
+    train,
+)
+from oreline.train.optim import lr_at
+
+CPU1 = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None, is_main=True)
+TRAIN_KEYS = {"step", "tokens_seen", "tokens_in_step", "loss", "loss_token", "loss_eos", "loss_bos", "lr", "grad_norm",
+              "clipped", "tokens_per_s", "mfu", "step_ms", "data_ms", "data_wait_frac", "rss_mb", "cuda_alloc_mb",
+              "cuda_reserved_mb", "cuda_peak_mb", "comm_ms"}
+EVAL_KEYS = {"step", "val_loss", "val_ppl", "val_bpb", "val_loss_token", "val_loss_eos", "val_loss_bos", "train_loss"}
+
+
+def read_metrics(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _model(seed: int = 0) -> Llama:
+    from oreline.config import ModelConfig
+
+    torch.manual_seed(seed)
+    return Llama(resolve_model_args(ModelConfig(preset="debug"), 512))
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def _uneven_batch(prose_tokens):
+    """8 real sequences whose micro-batches of 2 hold very different numbers of targets."""
+    loader = TokenLoader(prose_tokens["tokens"], seq_len=64, micro_batch=8, seed=3)
+    b = to_device(loader.next_batch(), torch.device("cpu"))
+    b.labels[0:2, :50] = -100  # micro-batch 0: 28 targets at most
+    b.labels[4:6, 5:] = -100  # micro-batch 2: 10 targets at most
+    return b, loader.bos_id, loader.eos_id
+
+
+def _split(b, size: int):
+    return [type(b)(b.input_ids[i:i + size], b.labels[i:i + size], None) for i in range(0, b.input_ids.shape[0], size)]
+
+
+def test_accumulation_equals_one_big_batch_even_with_uneven_targets(prose_tokens, one_thread):
+    batch, bos, eos = _uneven_batch(prose_tokens)
+    n_targets = float((batch.labels != -100).sum())
+    big, acc, naive = _model(), _model(), _model()
+    forward_backward(big, [batch], n_targets, CPU1, contextlib.nullcontext, bos, eos)
+    sums = forward_backward(acc, _split(batch, 2), n_targets, CPU1, contextlib.nullcontext, bos, eos)
+    g_big, g_acc = _grads(big), _grads(acc)
+    for name in g_big:
+        torch.testing.assert_close(g_acc[name], g_big[name], rtol=1e-5, atol=1e-7, msg=name)
+    assert float(sums[1] + sums[3] + sums[5]) == n_targets  # the breakdown counts every target once
+    # the naive mean of per-micro-batch means weights the 10-target micro-batch like a full one: different
+    for micro in _split(batch, 2):
+        forward_backward(naive, [micro], float((micro.labels != -100).sum()) * 4, CPU1, contextlib.nullcontext, bos, eos)
+    g_naive = _grads(naive)
+    assert max(float((g_naive[n] - g_big[n]).abs().max()) for n in g_big) > 1e-4
+
+
+def test_activation_checkpointing_keeps_the_gradients(prose_tokens, one_thread):
+    batch, bos, eos = _uneven_batch(prose_tokens)
+    plain, ckpt = _model(), _model()
+    enable_activation_checkpointing(ckpt)
+    assert [n for n, _ in ckpt.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    n = float((batch.labels != -100).sum())
+    forward_backward(plain, [batch], n, CPU1, contextlib.nullcontext, bos, eos)
+    forward_backward(ckpt, [batch], n, CPU1, contextlib.nullcontext, bos, eos)
+    for name, g in _grads(plain).items():
+        torch.testing.assert_close(_grads(ckpt)[name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_global_batch_mismatch_stops_with_the_arithmetic(tmp_path, train_config):
+    cfg = train_config(train__global_batch_tokens=1000)
+    with pytest.raises(TrainingError) as err:
+        train(cfg, resume="none")
+    msg = str(err.value)
+    assert "micro 4 × accum 2 × world 1 × seq_len 64 = 512 tokens" in msg and "1,000" in msg
+    ok = train_config(train__global_batch_tokens=512)
+    assert global_batch(ok, world=1)["tokens"] == 512
+    assert global_batch(ok, world=1)["sequences"] == 8
+
+
+def test_short_run_writes_every_metric_and_tensorboard(tmp_path, train_config, one_thread):
+    cfg = train_config(train__steps=12, train__log_every=4, train__eval_every=6)
+    summary = train(cfg, resume="none")
+    run = tmp_path / "t"
+    recs = read_metrics(run / "metrics.jsonl")
+    kinds = [r["type"] for r in recs]
+    assert kinds[0] == "start" and kinds[-1] == "end"
+    start = recs[0]
+    assert start["global_batch"] == {"micro": 4, "accum": 2, "world": 1, "seq_len": 64, "sequences": 8, "tokens": 512,
+                                     "configured_tokens": None}
+    assert start["model"]["params"] > start["model"]["non_embedding_params"] > 0
+    assert start["peak_flops"] > 0 and "measured" in start["peak_source"]
+    assert start["schedule"][0][0] == 1 and start["schedule"][-1][0] == 12
+    trains = [r for r in recs if r["type"] == "train"]
+    assert [r["step"] for r in trains] == [1, 4, 8, 12]
+    for r in trains:
+        assert set(r) >= TRAIN_KEYS, TRAIN_KEYS - set(r)
+        assert r["tokens_seen"] == 512 * r["step"] and r["tokens_in_step"] == 512
+        assert math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["tokens_per_s"] > 0
+        assert 0 < r["mfu"] < 1 and 0 <= r["data_wait_frac"] <= 1 and r["rss_mb"] > 0
+        assert r["lr"] == pytest.approx(lr_at(r["step"] - 1, cfg.train))
+    evals = [r for r in recs if r["type"] == "eval"]
+    assert [r["step"] for r in evals] == [6, 12]
+    for r in evals:
+        assert set(r) >= EVAL_KEYS
+        assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
+        assert 0 < r["val_bpb"] < r["val_loss"]  # ~3-4 bytes per token: bits per byte are well below nats per token
+    gens = [r for r in recs if r["type"] == "generation"]
+    assert sorted((g["step"], g["prompt"]) for g in gens) == [(s, p) for s in (6, 12) for p in sorted(cfg.eval.prompts)]
+    assert recs[-1]["tokens_seen"] == 12 * 512 and summary["final_val_loss"] == evals[-1]["val_loss"]
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run / "config.toml").is_file()
+    assert (run / "fingerprint.json").read_text().count(summary["config_fingerprint"]) == 1
+
+
+def test_nan_step_is_skipped_and_never_reaches_the_weights(tmp_path, train_config, one_thread):
+    from oreline.train.checkpoint import load_model_state
+
+    cfg = train_config(train__steps=5, train__log_every=1, train__eval_every=0,
+                      train__debug__inject_nan_at_step=3, checkpoint__every=5, eval__prompts=[])
+    summary = train(cfg, resume="none")
+    recs = read_metrics(tmp_path / "t" / "metrics.jsonl")
+    events = [r for r in recs if r["type"] == "event"]
+    assert [(e["step"], e["kind"], e["action"]) for e in events] == [(3, "nonfinite", "skip")]
+    step3 = next(r for r in recs if r["type"] == "train" and r["step"] == 3)
+    assert step3["loss"] is None  # NaN is written as null, the event says what it was
+    assert summary["skipped_steps"] == 1 and math.isfinite(summary["final_val_loss"])
+    state, _, meta = load_model_state(tmp_path / "t")
+    assert meta["step"] == 5 and all(bool(torch.isfinite(t).all()) for t in state.values())
+
+
+def test_resume_continues_exactly_and_metrics_read_as_one_run(tmp_path, train_config, one_thread):
+    cfg = train_config(train__steps=8, train__log_every=1, train__eval_every=0,
+                      checkpoint__every=4, eval__prompts=[])
+    first = train(cfg, resume="none")
+    run = tmp_path / "t"
+    losses = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if r["type"] == "train"}
+    shutil.rmtree(run / "checkpoints" / "step-00000008")  # as if killed after step 4's checkpoint
+    second = train(cfg, resume="auto")
+    assert second["resumed_from"].endswith("step-00000004")
+    recs = read_metrics(run / "metrics.jsonl")
+    trains = [r for r in recs if r["type"] == "train"]
+    assert [r["step"] for r in trains] == list(range(1, 9))
+    assert {r["step"]: r["loss"] for r in trains} == losses  # bit-exact on CPU
+    assert second["final_val_loss"] == first["final_val_loss"]
+    assert [r["kind"] for r in recs if r["type"] == "event"] == ["resume"]

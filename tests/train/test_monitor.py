@@ -1,0 +1,89 @@
+"""Loss breakdown, device peaks (table and measured), MFU, and the metrics logger's files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from oreline.train.monitor import (
+    BREAKDOWN_KEYS,
+    MetricsLogger,
+    breakdown_means,
+    device_peak_flops,
+    gpu_peak_flops,
+    loss_breakdown,
+    measure_cpu_matmul_peak,
+    mfu,
+    truncate_metrics,
+)
+
+BOS, EOS = 1, 2
+
+
+def test_loss_breakdown_sums_and_counts_by_class():
+    # two packed rows: [BOS a b EOS BOS c] → targets [a b EOS (BOS→-100) c d]
+    input_ids = torch.tensor([[BOS, 10, 11, EOS, BOS, 12], [13, 14, EOS, BOS, EOS, 15]])
+    labels = torch.tensor([[10, 11, EOS, -100, 12, 16], [14, EOS, -100, EOS, 15, 17]])
+    loss = torch.arange(12, dtype=torch.float32).view(2, 6) + 1.0  # 1..12, distinct per position
+    sums = dict(zip(BREAKDOWN_KEYS, loss_breakdown(loss, input_ids, labels, BOS, EOS).tolist(), strict=True))
+    # row 0: pos0 input BOS → bos (1); pos1 token (2); pos2 EOS target (3); pos3 ignored; pos4 input BOS → bos (5); pos5 token (6)
+    # row 1: pos0 token (7); pos1 EOS (8); pos2 ignored; pos3 input BOS, target EOS → eos (10); pos4 token (11); pos5 token (12)
+    assert sums["sum_bos"] == 1 + 5 and sums["n_bos"] == 2
+    assert sums["sum_eos"] == 3 + 8 + 10 and sums["n_eos"] == 3
+    assert sums["sum_token"] == 2 + 6 + 7 + 11 + 12 and sums["n_token"] == 5
+    means = breakdown_means(loss_breakdown(loss, input_ids, labels, BOS, EOS))
+    assert means["n_targets"] == 10
+    assert means["loss"] == pytest.approx((6 + 21 + 38) / 10)
+    assert means["loss_eos"] == pytest.approx(7.0)
+    assert breakdown_means([0.0] * 6)["loss"] is None  # no targets: no made-up number
+
+
+def test_gpu_peak_table_matches_names_and_refuses_to_guess():
+    peak, src = gpu_peak_flops("NVIDIA H100 80GB HBM3", "bf16", tf32=False)
+    assert peak == 989e12 and "H100 SXM" in src
+    assert gpu_peak_flops("NVIDIA H100 PCIe", "bf16", tf32=False)[0] == 756e12
+    assert gpu_peak_flops("NVIDIA A100-SXM4-80GB", "fp32", tf32=True)[0] == 156e12
+    assert gpu_peak_flops("NVIDIA A100-SXM4-80GB", "fp32", tf32=False)[0] == 19.5e12
+    assert gpu_peak_flops("NVIDIA A10", "bf16", tf32=False)[0] == 125e12
+    assert gpu_peak_flops("NVIDIA H200", "bf16", tf32=False)[0] == 989e12
+    peak, src = gpu_peak_flops("Tesla V100-SXM2-32GB", "bf16", tf32=False)
+    assert peak is None and "V100" in src
+    peak, src = gpu_peak_flops("Imaginary GPU 9000", "bf16", tf32=False)
+    assert peak is None and "Imaginary GPU 9000" in src and "GPU_PEAKS" in src
+
+
+def test_cpu_peak_is_measured_and_mfu_is_its_share():
+    shapes = ((256, 64, 64), (256, 64, 256))
+    peak = measure_cpu_matmul_peak(shapes)
+    assert 1e8 < peak < 1e14  # FLOP/s of a real CPU, neither zero nor absurd
+    got, src = device_peak_flops(torch.device("cpu"), "fp32", shapes)
+    assert got == peak and "measured" in src and "256×64×64" in src  # cached: the same figure
+    assert device_peak_flops(torch.device("cpu"), "bf16")[0] is None
+    assert mfu(6e6, 1000.0, 1.2e10) == pytest.approx(0.5)
+    assert mfu(6e6, 1000.0, None) is None
+
+
+def test_logger_writes_jsonl_tensorboard_and_nulls_for_nan(tmp_path):
+    log = MetricsLogger(tmp_path / "metrics.jsonl", tmp_path / "tb")
+    log.log({"type": "start", "step": 0, "device": "cpu"})
+    for step in (1, 2, 3):
+        log.log({"type": "train", "step": step, "loss": 5.0 - step, "grad_norm": math.nan if step == 2 else 1.0})
+    log.log({"type": "generation", "step": 3, "prompt": "The", "text": " end", "mode": "greedy"})
+    log.close()
+    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["type"] for r in recs] == ["start", "train", "train", "train", "generation"]
+    assert recs[2]["grad_norm"] is None and recs[2]["loss"] == 3.0
+    assert all("time" in r for r in recs)
+    events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+
+
+def test_truncate_drops_later_steps_and_cut_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"type": "train", "step": s}) for s in range(1, 7)] + ['{"type": "train", "st']
+    path.write_text("\n".join(lines) + "\n")
+    assert truncate_metrics(path, 4) == 3
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3, 4]
