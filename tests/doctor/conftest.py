@@ -20,7 +20,7 @@ run_factory = sys.modules[FACTORY]
 
 @pytest.fixture(scope="session")
 def healthy_template(tmp_path_factory) -> Path:
-    return run_factory.build_healthy_run(tmp_path_factory.mktemp("template") / "run")
+    return run_factory.session_template(tmp_path_factory)
 
 
 @pytest.fixture

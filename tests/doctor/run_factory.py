@@ -172,6 +172,16 @@ def build_healthy_run(root: Path) -> Path:
     return root
 
 
+_TEMPLATE: list[Path] = []
+
+
+def session_template(tmp_path_factory) -> Path:
+    """One healthy run per test session, shared by tests/doctor and tests/report (built in ~5 s)."""
+    if not _TEMPLATE:
+        _TEMPLATE.append(build_healthy_run(tmp_path_factory.mktemp("healthy-template") / "run"))
+    return _TEMPLATE[0]
+
+
 def copy_run(template: Path, dest: Path) -> Path:
     shutil.copytree(template, dest)
     return dest

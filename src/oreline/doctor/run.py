@@ -614,10 +614,13 @@ def _latest_target(latest: Path) -> Path | None:
 
 def verify(ckpt: Path) -> tuple[bool, list[str]]:
     """oreline.train.checkpoint.verify_checkpoint when it exists, else a basic completeness check."""
-    try:
-        from oreline.train.checkpoint import verify_checkpoint
+    try:  # checkpoint_files holds the verifier without importing torch (oreline.train.checkpoint re-exports it)
+        from oreline.train.checkpoint_files import verify_checkpoint
     except ImportError:
-        verify_checkpoint = None
+        try:
+            from oreline.train.checkpoint import verify_checkpoint
+        except ImportError:
+            verify_checkpoint = None
     if verify_checkpoint is not None:
         try:
             ok, problems = verify_checkpoint(ckpt)

@@ -1,0 +1,143 @@
+"""The report's charts: matplotlib figures rendered to base64 PNG data URIs.
+
+Figures are built with `matplotlib.figure.Figure` and saved through the Agg canvas, never with
+pyplot: no global state, no GUI backend, safe to call from any thread or process. Each function
+takes plain Python data (already read from the run's artifacts) and returns a `data:image/png`
+URI that the HTML embeds, so the report works offline as one file.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections.abc import Sequence
+
+from matplotlib.figure import Figure
+
+WIDTH, HEIGHT, DPI = 9.0, 3.2, 96
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+
+Series = tuple[Sequence[float], Sequence[float]]
+
+
+def to_data_uri(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)  # the constrained layout already fits the labels
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure(height: float = HEIGHT) -> Figure:
+    fig = Figure(figsize=(WIDTH, height), dpi=DPI)
+    fig.set_layout_engine("constrained")
+    return fig
+
+
+def funnel_chart(steps: list[dict]) -> str:
+    """Left: documents after each step. Right: documents dropped per reason, colored by step."""
+    fig = _figure(max(HEIGHT, 0.45 * len(steps) + 1.2))
+    left, right = fig.subplots(1, 2, width_ratios=[1, 1.3])
+    names = [str(s.get("name", "?")) for s in steps]
+    outs = [int(s.get("docs_out") or 0) for s in steps]
+    ins = [int(s.get("docs_in") or 0) for s in steps]
+    y = list(range(len(steps)))[::-1]
+    left.barh(y, ins, color="#dddddd", label="in")
+    left.barh(y, outs, color=COLORS[0], label="out")
+    for yi, a, b in zip(y, ins, outs, strict=True):
+        share = (a - b) / a if a else 0.0
+        left.text(b, yi, f" {b:,}  (−{100 * share:.1f}%)", va="center", fontsize=8)
+    left.set_yticks(y, names)
+    left.set_xlabel("documents")
+    left.set_title("documents after each step")
+    left.set_xlim(0, max(ins + [1]) * 1.45)
+    reasons = []
+    for i, s in enumerate(steps):
+        for reason, count in (s.get("dropped") or {}).items():
+            reasons.append((int(count), str(reason), i))
+    reasons.sort(reverse=True)
+    reasons = reasons[:14]
+    if reasons:
+        ry = list(range(len(reasons)))[::-1]
+        right.barh(ry, [c for c, _, _ in reasons], color=[COLORS[i % len(COLORS)] for _, _, i in reasons])
+        right.set_yticks(ry, [f"{names[i]}: {r}" for _, r, i in reasons], fontsize=8)
+        for yi, (c, _, _) in zip(ry, reasons, strict=True):
+            right.text(c, yi, f" {c:,}", va="center", fontsize=8)
+        right.set_xlim(0, reasons[0][0] * 1.3)
+        right.set_xlabel("documents dropped")
+        right.set_title("why documents were dropped")
+    else:
+        right.axis("off")
+        right.text(0.5, 0.5, "no drop reasons recorded", ha="center", va="center")
+    return to_data_uri(fig)
+
+
+def bar_chart(labels: list[str], values: list[float], title: str, xlabel: str) -> str:
+    fig = _figure(max(2.2, 0.28 * len(labels) + 1.0))
+    ax = fig.subplots()
+    y = list(range(len(labels)))[::-1]
+    ax.barh(y, values, color=COLORS[0])
+    ax.set_yticks(y, labels)
+    total = sum(values) or 1
+    for yi, v in zip(y, values, strict=True):
+        ax.text(v, yi, f" {v:,.0f} ({100 * v / total:.1f}%)", va="center", fontsize=8)
+    ax.set_xlim(0, max(values + [1]) * 1.3)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    return to_data_uri(fig)
+
+
+def histogram(values: Sequence[float], title: str, xlabel: str, log_x: bool = True) -> str:
+    fig = _figure()
+    ax = fig.subplots()
+    vals = [v for v in values if v > 0] if log_x else list(values)
+    if log_x and vals:
+        lo, hi = math.log10(min(vals)), math.log10(max(vals))
+        bins = [10 ** (lo + (hi - lo) * i / 40) for i in range(41)] if hi > lo else 10
+        ax.set_xscale("log")
+    else:
+        bins = 40
+    ax.hist(vals, bins=bins, color=COLORS[0], edgecolor="white", linewidth=0.4)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("documents")
+    ax.set_title(title)
+    return to_data_uri(fig)
+
+
+def line_chart(series: dict[str, Series], title: str, ylabel: str, *, points: dict[str, Series] | None = None,
+               dashed: dict[str, Series] | None = None, log_y: bool = False, vlines: Sequence[tuple[float, str]] = (),
+               right: dict[str, Series] | None = None, right_label: str = "") -> str:
+    """Lines over training steps; `points` as markers (evaluations), `dashed` as plans, `vlines` for events,
+    `right` on a second y axis."""
+    fig = _figure()
+    ax = fig.subplots()
+    i = 0
+    for label, (x, y) in series.items():
+        ax.plot(x, y, label=label, color=COLORS[i % len(COLORS)], linewidth=1.4)
+        i += 1
+    for label, (x, y) in (points or {}).items():
+        ax.plot(x, y, "o-", label=label, color=COLORS[i % len(COLORS)], markersize=5, linewidth=1)
+        i += 1
+    for label, (x, y) in (dashed or {}).items():
+        ax.plot(x, y, "--", label=label, color="#999999", linewidth=1)
+    for x, label in vlines:
+        ax.axvline(x, color="#d62728", alpha=0.35, linewidth=1)
+        ax.text(x, 1.0, label, transform=ax.get_xaxis_transform(), rotation=90, va="top", ha="right", fontsize=7,
+                color="#d62728")
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if right:
+        ax2 = ax.twinx()
+        for label, (x, y) in right.items():
+            ax2.plot(x, y, label=label, color=COLORS[i % len(COLORS)], linewidth=1.2, linestyle=":")
+            i += 1
+        ax2.set_ylabel(right_label)
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    if handles:
+        ax.legend(handles, labels, fontsize=8, loc="best")
+    return to_data_uri(fig)
