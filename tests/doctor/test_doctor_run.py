@@ -104,6 +104,16 @@ def test_fingerprint_mismatch_after_retraining_the_tokenizer(healthy_run):
     assert "re-run oreline tokenize" in f.fix
 
 
+def test_fingerprint_mismatch_after_rebuilding_the_shards(healthy_run):
+    from oreline.config import TokenizeConfig
+    from oreline.tokens.tokenize import tokenize_corpus
+
+    tokenize_corpus([healthy_run / "data" / "docs"], healthy_run / "tokenizer", healthy_run / "tokens",
+                    TokenizeConfig(val_fraction=0.3), workers=1)
+    f = finding(healthy_run, "fingerprint_mismatch")
+    assert "tokens/manifest.json data fingerprint" in f.evidence and "rebuilt after training started" in f.evidence
+
+
 def test_seq_len_exceeds_model_maximum(healthy_run):
     cfg = healthy_run / "config.toml"
     cfg.write_text(cfg.read_text().replace("seq_len = 128", "seq_len = 512"))

@@ -14,7 +14,7 @@ Signatures and thresholds (records are the `train` lines of metrics.jsonl, one p
 | lr_constant | ≥ 3 records and max(lr) − min(lr) ≤ 1e-9·max(lr) while train.optim.schedule ≠ constant (or lr = 0 throughout) |
 | loss_not_falling | ≥ 8 finite losses and mean(last quarter) > (1 − 0.05) · mean(first quarter) |
 | eos_missing | a document in a token shard whose last token is not EOS (`</s>`, id from the tokenizer) |
-| fingerprint_mismatch | sha256 of canonical tokenizer.json ≠ manifest / shard header / start record / checkpoint meta fingerprint (prefix match, so short forms compare) ; start vs checkpoint data fingerprints |
+| fingerprint_mismatch | sha256 of canonical tokenizer.json ≠ the tokenizer fingerprint in the manifest / a shard header / the start record / a checkpoint meta / an eval result (prefix match, so short forms compare); the manifest's or a checkpoint's data fingerprint ≠ the start record's |
 | seq_len_exceeds_max | train.seq_len (config or start record) > the model's max_seq_len (start record, checkpoint meta, or the resolved preset) |
 | data_wait_high | median data_wait_frac (else data_ms/step_ms) over records after the first > 0.25 (warn), > 0.5 (fail) |
 | throughput_falling | ≥ 8 records after the first; median tokens/s of the last quarter < 0.75 × the first quarter's |
@@ -245,7 +245,8 @@ def check_nan_loss(run: RunArtifacts) -> list[Finding]:
     if not train and not evals:
         raise NotAvailable("no train or eval records in metrics.jsonl")
     bad = [int(r.get("step", -1)) for r in train if "loss" in r and not is_finite(r["loss"])]
-    bad_eval = [int(r.get("step", -1)) for r in evals if "val_loss" in r and not is_finite(r["val_loss"])]
+    bad_eval = [int(r.get("step", -1)) for r in evals if "val_loss" in r and not is_finite(r["val_loss"])
+                and r.get("val_targets") != 0]  # an empty validation split has no loss, which is not NaN
     events = [e for e in run.records("event") if e.get("kind") == "nonfinite"]
     if not (bad or bad_eval or events):
         return []
@@ -501,18 +502,25 @@ def check_fingerprint_mismatch(run: RunArtifacts) -> list[Finding]:
         claims.append(("metrics.jsonl start record", run.start["tokenizer_fingerprint"]))
     metas = [(c.name, read_json(c / "meta.json")[0] or {}) for c in run.checkpoint_dirs()]
     claims += [(f"checkpoint {name}", m["tokenizer_fingerprint"]) for name, m in metas if m.get("tokenizer_fingerprint")]
+    evals = [(p.name, read_json(p)[0]) for p in sorted((run.root / "eval").glob("*.json"))] if (run.root / "eval").is_dir() else []
+    claims += [(f"eval/{name}", e["tokenizer_fingerprint"]) for name, e in evals
+               if isinstance(e, dict) and e.get("tokenizer_fingerprint")]
     if not claims:
         raise NotAvailable("no manifest, shard, start record or checkpoint records a tokenizer fingerprint")
     wrong = [f"{where} has {str(fp)[:12]}" for where, fp in claims if not same_fingerprint(fp, actual)]
     start_data = run.start.get("data_fingerprint")
+    manifest_data = (run.manifest or {}).get("data_fingerprint")
+    if start_data and manifest_data and not same_fingerprint(start_data, manifest_data):
+        wrong.append(f"tokens/manifest.json data fingerprint {str(manifest_data)[:12]} ≠ the start record's "
+                     f"{str(start_data)[:12]} (the shards were rebuilt after training started)")
     if start_data:
         wrong += [f"checkpoint {name} data fingerprint {str(m['data_fingerprint'])[:12]} ≠ start record's {str(start_data)[:12]}"
                   for name, m in metas if m.get("data_fingerprint") and not same_fingerprint(m["data_fingerprint"], start_data)]
     if not wrong:
         return []
+    shown = tok_json.relative_to(run.root) if tok_json.is_relative_to(run.root) else tok_json
     return [Finding("fingerprint_mismatch", "fail",
-                    f"{tok_json.relative_to(run.root) if tok_json.is_relative_to(run.root) else tok_json} is "
-                    f"{actual[:12]}, but {'; '.join(wrong[:MAX_LISTED])}",
+                    f"{shown} is {actual[:12]}; disagreeing: {'; '.join(wrong[:MAX_LISTED])}",
                     "the token shards (or checkpoint) were made with another tokenizer: re-run oreline tokenize "
                     "with this tokenizer, or point train.tokenizer at the one the shards were built with")]
 

@@ -481,6 +481,8 @@ def section_fingerprints(run: RunArtifacts) -> str:
         meta = read_json(ckpt / "meta.json")[0] or {}
         pairs += [(f"{ckpt.name} {k}", meta.get(k)) for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint")
                   if meta.get(k)]
+    for path, obj in _eval_files(run):
+        pairs += [(f"eval/{path.name} {k}", obj.get(k)) for k in ("tokenizer_fingerprint", "data_fingerprint") if obj.get(k)]
     for stage, rec in (run.lineage or {}).items():
         if isinstance(rec, dict):
             pairs += [(f"lineage {stage}.{k}", rec.get(k)) for k in ("key", "output") if rec.get(k)]
