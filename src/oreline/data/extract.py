@@ -1,0 +1,174 @@
+"""HTML to plain text: resiliparse by default, trafilatura or html2text on request.
+
+Extractors (`EXTRACTORS`):
+- "resiliparse" (the default, "default" is an alias): `resiliparse.extract.html2text.
+  extract_plain_text` with `main_content=True` (Bevendorff et al. 2023, "An Empirical Comparison
+  of Web Content Extraction Algorithms"): block-level formatting kept; alt texts, noscript,
+  form fields, comment sections and post metadata (bylines, dates) dropped, which measured
+  +0.037 F1 over the library defaults on the benchmark's dev half. Measured here: F1 0.960 vs
+  trafilatura's 0.973, 5-9x faster (`benchmarks/extraction_quality.py` prints both).
+- "trafilatura": `trafilatura.extract` (Barbaresi 2021) – the most precise, and the slowest.
+- "html2text": `html2text.HTML2Text` with `body_width=0` (no hard wrapping) and links/images off;
+  Markdown-ish output of the whole page.
+The optional extractors are imported on first use and fail with an install hint.
+
+Script and style never reach the text: resiliparse and trafilatura skip them; html2text is
+given the HTML with `<script>`, `<style>` and `<noscript>` elements removed first.
+
+Pathological pages:
+- resiliparse's main-content pass is quadratic in DOM depth (measured: 1,000 levels 17 ms, 5,000
+  levels 0.44 s, 20,000 levels 24 s, 100,000 levels did not finish in 2 minutes) and runs in C,
+  where no Python signal can interrupt it. So the nesting depth is estimated first (a cheap tag
+  scan, only for pages with more than `MAX_MAIN_CONTENT_DEPTH` tags) and pages nested deeper
+  fall back to the full-page extraction, which is linear (100,000 levels: 70 ms).
+- Per-document time limit (`timeout_s`): `time_limit` arms `signal.setitimer(ITIMER_REAL)` and
+  SIGALRM raises `ExtractTimeout` (a TimeoutError), which `extract_text` turns into the drop
+  reason "extract:timeout". Python-level extractors (trafilatura, html2text) are interrupted
+  mid-way; a C extractor is interrupted when it returns, so the limit also drops pages that took
+  too long. SIGALRM only exists in a process's main thread on POSIX: elsewhere (threads,
+  Windows) the limit is measured after the call instead of enforced during it. The pipeline runs
+  extraction in worker processes' main threads, where it is enforced.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from oreline.errors import ConfigError
+
+MAX_MAIN_CONTENT_DEPTH = 1500
+_TAG = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9]{0,15})[^>]*?(/?)>")
+# Void elements and elements whose end tag is usually implied do not add lasting depth.
+_NO_DEPTH = frozenset(
+    ["area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr", "p", "li", "td", "th", "tr", "dt", "dd", "option", "optgroup", "thead", "tbody", "tfoot", "colgroup", "rt", "rp"]
+)
+_DROP_FOR_HTML2TEXT = re.compile(r"<(script|style|noscript)\b[^>]*>.*?</\1\s*>", re.I | re.S)
+
+
+class ExtractTimeout(TimeoutError):
+    """Extraction of one document ran past `data.extract.timeout_s`."""
+
+
+@contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise ExtractTimeout in the block after `seconds` (see the module docstring for where)."""
+    if not seconds or seconds <= 0:
+        yield
+        return
+    use_alarm = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    start = time.perf_counter()
+    if use_alarm:
+        def _on_alarm(signum, frame):
+            raise ExtractTimeout(f"extraction took longer than {seconds:g} s")
+
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    if time.perf_counter() - start > seconds:
+        raise ExtractTimeout(f"extraction took longer than {seconds:g} s")
+
+
+def nesting_depth(html: str, stop_at: int | None = None) -> int:
+    """Estimated maximum element nesting depth (upper-bound-ish: unclosed non-void tags count)."""
+    depth = deepest = 0
+    for m in _TAG.finditer(html):
+        name = m.group(2).lower()
+        if name in _NO_DEPTH or m.group(3):
+            continue
+        if m.group(1):
+            depth = max(depth - 1, 0)
+        else:
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if stop_at is not None and deepest > stop_at:
+                    break
+    return deepest
+
+
+def too_deep_for_main_content(html: str) -> bool:
+    if html.count("<") <= MAX_MAIN_CONTENT_DEPTH:  # cannot be deeper than it has tags
+        return False
+    return nesting_depth(html, stop_at=MAX_MAIN_CONTENT_DEPTH) > MAX_MAIN_CONTENT_DEPTH
+
+
+def _resiliparse(html: str, main_content: bool) -> str:
+    from resiliparse.extract.html2text import extract_plain_text
+
+    if main_content and too_deep_for_main_content(html):
+        main_content = False
+    return extract_plain_text(
+        html, preserve_formatting=True, main_content=main_content, alt_texts=False,
+        links=False, form_fields=False, noscript=False, comments=False, post_meta=False,
+    )
+
+
+def _trafilatura(html: str, main_content: bool) -> str:
+    try:
+        import trafilatura
+    except ImportError as exc:
+        raise ConfigError("extractor 'trafilatura' is not installed",
+                          "pip install 'oreline[extract]' or set data.extract.extractor=resiliparse") from exc
+    if main_content:
+        return trafilatura.extract(html, include_comments=False, include_tables=True) or ""
+    return trafilatura.html2txt(html) or ""
+
+
+
+def _html2text(html: str, main_content: bool) -> str:
+    try:
+        import html2text
+    except ImportError as exc:
+        raise ConfigError("extractor 'html2text' is not installed",
+                          "pip install 'oreline[extract]' or set data.extract.extractor=resiliparse") from exc
+    parser = html2text.HTML2Text()
+    parser.body_width = 0
+    parser.ignore_links = True
+    parser.ignore_images = True
+    parser.ignore_emphasis = True
+    return parser.handle(_DROP_FOR_HTML2TEXT.sub(" ", html))
+
+
+EXTRACTORS: dict[str, Callable[[str, bool], str]] = {
+    "resiliparse": _resiliparse,
+    "default": _resiliparse,
+    "trafilatura": _trafilatura,
+    "html2text": _html2text,
+}
+
+
+def html_to_text(html: str, extractor: str = "default", main_content: bool = True, timeout_s: float | None = None) -> str:
+    """Plain text of an HTML page; raises ExtractTimeout past timeout_s (None: no limit)."""
+    try:
+        fn = EXTRACTORS[extractor]
+    except KeyError:
+        raise ConfigError(f"unknown extractor {extractor!r}", f"use one of {sorted(EXTRACTORS)}") from None
+    if not html:
+        return ""
+    with time_limit(timeout_s):
+        return fn(html, main_content)
+
+
+def extract_text(html: str, cfg) -> tuple[str, str | None]:
+    """(text, drop reason) under `cfg.data.extract`: "extract:timeout", "extract:error", "extract:empty"."""
+    try:
+        text = html_to_text(html, cfg.extractor, cfg.main_content, cfg.timeout_s)
+    except ExtractTimeout:
+        return "", "extract:timeout"
+    except ConfigError:
+        raise
+    except Exception:  # a parser failing on one page drops that page, never the run
+        return "", "extract:error"
+    if len(text.strip()) < max(cfg.min_chars, 1):
+        return text, "extract:empty"
+    return text, None

@@ -1,0 +1,262 @@
+"""WARC/WET/ARC reading on the real sample archives, including warcio's edge cases."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import re
+
+import pytest
+
+from oreline.config import ProtocolConfig
+from oreline.data.warc import (
+    ReadReport,
+    dechunk,
+    decode_payload,
+    iter_records,
+    protocol_reason,
+    record_to_document,
+)
+
+
+def read(path, **kw):
+    report = ReadReport()
+    records = list(iter_records(path, report=report, **kw))
+    return records, report
+
+
+@pytest.fixture(scope="module")
+def edge(samples):
+    return samples / "web-archives" / "warcio-edge-cases"
+
+
+# (file, records parsed, yielded, revisits, has error)
+EDGE_CASES = [
+    ("example.warc", 6, 1, 1, False),
+    ("example.warc.gz", 6, 1, 1, False),
+    ("example-bad-non-chunked.warc.gz", 6, 1, 1, False),  # whole file in one gzip member
+    ("example-bad.warc.gz.bad", 6, 2, 1, False),  # also one member; name says nothing
+    ("example-wrong-chunks.warc.gz", 2, 1, 0, False),  # a record split across gzip members
+    ("example-digest.warc", 4, 0, 0, False),  # request records only: all skipped
+    ("example-iana.org-chunked.warc", 3, 1, 0, False),
+    ("example-resource.warc.gz", 3, 1, 0, False),
+    ("example-space-in-target-uri.warc.gz", 2, 1, 0, False),
+    ("example-wget-bad-target-uri.warc.gz", 6, 3, 0, False),
+    ("post-test.warc.gz", 6, 3, 0, False),
+    ("example-trunc.warc", 3, 1, 0, True),  # a record's block is shorter than its Content-Length
+    ("example.arc", 2, 1, 0, False),
+    ("example.arc.gz", 2, 1, 0, False),
+    ("example-space-in-url.arc", 2, 0, 0, True),  # declared length runs past the end of the file
+    ("bad.arc", 0, 0, 0, True),  # length -1
+]
+
+
+@pytest.mark.parametrize(("name", "n_records", "n_yielded", "n_revisits", "has_error"), EDGE_CASES)
+def test_edge_case_files(edge, name, n_records, n_yielded, n_revisits, has_error):
+    records, report = read(edge / name)
+    assert report.records == n_records
+    assert len(records) == report.yielded == n_yielded
+    assert report.revisits == n_revisits
+    assert bool(report.errors) == has_error, report.errors
+    for err in report.errors:
+        assert set(err) == {"file", "offset", "error"} and err["file"].endswith(name)
+    accounted = sum(report.skipped.values()) + report.yielded + sum(report.dropped.values()) + report.damaged
+    assert accounted == report.records
+
+
+def test_example_response_fields(edge):
+    for name in ("example.warc", "example.warc.gz", "example.arc", "example-wrong-chunks.warc.gz"):
+        (rec,), _ = read(edge / name)
+        assert rec.record_type == "response" and rec.http_status == 200
+        assert rec.content_type == "text/html" and rec.url == "http://example.com/"
+        assert rec.payload.lstrip().lower().startswith(b"<!doctype html>")
+        assert b"Example Domain" in rec.payload
+
+
+def test_truncated_file_keeps_records_before_damage(edge):
+    records, report = read(edge / "example-trunc.warc")
+    assert [r.record_type for r in records] == ["response"]
+    (err,) = report.errors
+    assert err["offset"] > records[0].offset
+
+
+def test_chunked_transfer_encoding_is_decoded(edge):
+    (rec,), report = read(edge / "example-iana.org-chunked.warc")
+    assert report.decoding["chunked"] == 1
+    assert rec.payload.lstrip().lower().startswith(b"<!doctype html>")
+    assert rec.payload.rstrip().endswith(b"</html>")
+    assert dechunk(b"4\r\nWiki\r\n5\r\npedia\r\n0\r\n\r\n") == b"Wikipedia"
+    assert dechunk(b"<html>not chunked</html>") is None
+
+
+def test_per_record_gzip_offsets_are_member_offsets(edge):
+    path = edge / "example.warc.gz"
+    records, _ = read(path, record_types=("warcinfo", "response", "request", "revisit"))
+    data = path.read_bytes()
+    for rec in records:
+        assert data[rec.offset:rec.offset + 2] == b"\x1f\x8b"
+        head = gzip.GzipFile(fileobj=io.BytesIO(data[rec.offset:])).read(200)
+        assert head.startswith(b"WARC/1.0") and rec.record_id.encode() in head
+
+
+def test_plain_offsets_are_byte_offsets(edge):
+    path = edge / "example.warc"
+    data = path.read_bytes()
+    records, _ = read(path, record_types=("warcinfo", "response", "request", "revisit"))
+    assert len(records) == 6
+    for rec in records:
+        assert data[rec.offset:rec.offset + 5] == b"WARC/"
+
+
+def test_ia_warc_0_17(samples):
+    records, report = read(samples / "web-archives/ia-blackbook-2008/IAH-20080430204825-00000-blackbook.warc.gz")
+    assert report.records == 822 and not report.errors
+    assert report.by_type == {"warcinfo": 1, "response": 299, "request": 261, "metadata": 261}
+    assert {r.warc_version for r in records} == {"0.17"}
+    html = [r for r in records if r.content_type == "text/html"]
+    assert len(html) == 140
+    assert all(r.http_status is not None for r in html)
+    assert sum(1 for r in records if r.url.startswith("dns:")) > 0  # dns records have no HTTP status
+    assert all(r.http_status is None for r in records if r.url.startswith("dns:"))
+
+
+def test_pywb_revisits_are_counted(samples):
+    records, report = read(samples / "web-archives/pywb-iana-revisits/iana.warc.gz")
+    assert report.revisits == 123 == report.by_type["revisit"] == report.skipped["revisit"]
+    assert len(records) == 48 and not report.errors
+    assert sum(r.content_type == "text/html" for r in records) == 20
+
+
+def test_wet_conversion_records(samples):
+    cc = samples / "web-archives/commoncrawl-samples"
+    (rec,), report = read(cc / "whirlwind.warc.wet.gz")
+    assert rec.record_type == "conversion" and rec.language == "spa" and rec.http_status is None
+    doc = record_to_document(rec, report)
+    assert doc.url == "https://an.wikipedia.org/wiki/Escopete" and "Escopete" in doc.text
+    assert not doc.metadata["is_html"] and doc.metadata["warc_language"] == "spa"
+    assert protocol_reason(doc.metadata, ProtocolConfig()) is None  # no HTTP status, text/plain
+    records, report = read(cc / "eugeneware-CC-MAIN-20140820021334-00006-ip-10-180-136-8.ec2.internal.warc.wet")
+    assert len(records) == 3 and {r.record_type for r in records} == {"conversion"}
+
+
+def test_charset_decoding_of_cc_excerpt(samples):
+    records, report = read(samples / "web-archives/commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz")
+    assert len(records) == 16
+    docs = [record_to_document(r, report) for r in records]
+    by_declared = {}
+    for doc in docs:
+        by_declared.setdefault(doc.metadata["declared_charset"], []).append(doc)
+        assert doc.metadata["replacement_chars"] <= max(2, len(doc.text) // 1000)
+    for label in ("gb2312", "gbk"):
+        for doc in by_declared[label]:
+            assert doc.metadata["charset"] == "gb18030"
+            assert len(re.findall("[\u4e00-\u9fff]", doc.text)) > 50  # readable Chinese
+    (ru,) = by_declared["windows-1251"]
+    assert ru.metadata["charset"] == "cp1251" and len(re.findall("[а-яА-Я]", ru.text)) > 100
+    assert report.replacement_chars == sum(d.metadata["replacement_chars"] for d in docs)
+
+
+def test_brotli_servo_capture_decodes(samples):
+    records, report = read(samples / "web-archives/servo-site-captures-2018/GoogleJapan.warc.gz")
+    assert report.decoding["content_encoding:br"] == 1 and not report.errors
+    assert not any(k.startswith("content_encoding_failed") for k in report.decoding)
+    html = [r for r in records if r.content_type == "text/html" and r.http_status == 200]
+    assert html and all(b"<" in r.payload[:200] for r in html)
+
+
+def test_zstd_and_whole_file_gzip_match_plain(edge, tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    raw = (edge / "example.warc").read_bytes()
+    (tmp_path / "a.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    (tmp_path / "a.bin").write_bytes(gzip.compress(raw))  # whole-file gzip, no telling name
+    plain, _ = read(edge / "example.warc")
+    for name in ("a.zst", "a.bin"):
+        got, report = read(tmp_path / name)
+        assert not report.errors and report.records == 6
+        assert [(r.record_id, r.payload, r.http_status) for r in got] == [(r.record_id, r.payload, r.http_status) for r in plain]
+
+
+def test_damaged_gzip_keeps_earlier_records(edge, tmp_path):
+    data = (edge / "example.warc.gz").read_bytes()
+    full, _ = read(edge / "example.warc.gz", record_types=("warcinfo", "response", "request", "revisit"))
+    cut = full[-1].offset + 40  # inside the last member
+    (tmp_path / "trunc.warc.gz").write_bytes(data[:cut])
+    got, report = read(tmp_path / "trunc.warc.gz", record_types=("warcinfo", "response", "request", "revisit"))
+    assert [r.record_id for r in got] == [r.record_id for r in full[:-1]]
+    assert report.errors and report.errors[0]["offset"] == full[-1].offset
+    corrupt = bytearray(data)
+    mid = full[-1].offset + 20
+    corrupt[mid:mid + 8] = b"\xff" * 8
+    (tmp_path / "corrupt.warc.gz").write_bytes(bytes(corrupt))
+    got, report = read(tmp_path / "corrupt.warc.gz", record_types=("warcinfo", "response", "request", "revisit"))
+    assert [r.record_id for r in got] == [r.record_id for r in full[:-1]]
+    assert "gzip" in report.errors[0]["error"]
+
+
+@pytest.mark.parametrize("content", [b"", os.urandom(5000), b"just some text\nnot a warc\n", b"\x1f\x8b\x08garbage", b"\x28\xb5\x2f\xfdjunk"])
+def test_bad_files_give_an_error_entry(tmp_path, content):
+    path = tmp_path / "bad.warc.gz"
+    path.write_bytes(content)
+    records, report = read(path)
+    assert records == [] and len(report.errors) == 1
+    assert report.errors[0]["file"] == str(path)
+
+
+def test_missing_file_is_an_error_entry(tmp_path):
+    records, report = read(tmp_path / "nope.warc")
+    assert records == [] and "cannot open" in report.errors[0]["error"]
+
+
+def _warc_record(rtype: str, block: bytes, rid: str) -> bytes:
+    head = (f"WARC/1.1\r\nWARC-Type: {rtype}\r\nWARC-Record-ID: <urn:uuid:{rid}>\r\n"
+            f"WARC-Target-URI: http://x.test/{rid}\r\nContent-Type: text/plain\r\nContent-Length: {len(block)}\r\n\r\n")
+    return head.encode() + block + b"\r\n\r\n"
+
+
+def test_oversized_record_is_reported_and_skipped(tmp_path):
+    path = tmp_path / "big.warc"
+    with open(path, "wb") as f:
+        f.write(_warc_record("resource", b"small one", "a"))
+        f.write(_warc_record("resource", b"x" * 50_000_001, "big"))
+        f.write(_warc_record("resource", b"after the big one", "b"))
+    records, report = read(path)
+    assert [r.payload for r in records] == [b"small one", b"after the big one"]
+    assert report.dropped["read:too_large"] == 1
+    (o,) = report.oversized
+    assert o["record_id"] == "urn:uuid:big" and o["bytes"] == 50_000_001
+
+
+def test_record_to_document_metadata(edge):
+    (rec,), report = read(edge / "example.warc.gz")
+    doc = record_to_document(rec, report)
+    assert doc.id == "urn:uuid:a9c51e3e-0221-11e7-bf66-0242ac120005"
+    meta = doc.metadata
+    for key in ("source_file", "offset", "record_id", "crawl_date", "http_status", "content_type", "charset", "is_html"):
+        assert key in meta
+    assert meta["is_html"] and meta["http_status"] == 200 and meta["crawl_date"].startswith("2017-")
+    assert "Example Domain" in doc.text
+
+
+def test_decode_payload_order():
+    text = "Привет, мир"
+    assert decode_payload(text.encode("cp1251"), "windows-1251") == (text, "cp1251", 0)
+    meta = b'<html><head><meta http-equiv="Content-Type" content="text/html; charset=gbk"></head>'
+    zh = "中文网页内容"
+    got, enc, n = decode_payload(meta + zh.encode("gbk"), None)
+    assert zh in got and enc == "gb18030" and n == 0
+    # a single-byte label on valid multi-byte UTF-8 is a wrong label
+    assert decode_payload("café déjà vu".encode(), "iso-8859-1")[:2] == ("café déjà vu", "utf-8")
+    assert decode_payload("naïve".encode("cp1252"), None)[0] == "naïve"
+    assert decode_payload(b"\xef\xbb\xbfbom text", "cp1251")[:2] == ("bom text", "utf-8")
+    garbage, _, n = decode_payload(b"ok \xff\xfe\xfd" * 10, "utf-8")
+    assert n == garbage.count("\ufffd")
+
+
+def test_protocol_reason():
+    cfg = ProtocolConfig()
+    assert protocol_reason({"http_status": 200, "content_type": "text/html"}, cfg) is None
+    assert protocol_reason({"http_status": 404, "content_type": "text/html"}, cfg) == "http:status_404"
+    assert protocol_reason({"http_status": 200, "content_type": "image/png"}, cfg) == "http:content_type_image/png"
+    assert protocol_reason({"http_status": None, "content_type": ""}, cfg) == "http:content_type_none"
+    assert protocol_reason({"http_status": 500, "content_type": "x"}, ProtocolConfig(enabled=False)) is None
