@@ -3,14 +3,13 @@
 An uninterrupted run and a run killed three times (mid-step, mid-save, mid-eval) (resumed each time with the same command,
 `--resume auto`) must log bit-identical losses, grad norms and learning rates at every step and
 end with bit-identical weights. The runs are real subprocesses of `python -m oreline train` on a
-debug-preset Llama with a tokenizer and token shards built from the sample prose.
+debug-preset Llama with the prose tokenizer and token shards of tests/train/conftest.py.
 benchmarks/resume_exactness.py does the same with 20 random kill points.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import os
 import random
@@ -20,34 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
-from oreline.config import TokenizeConfig, TokenizerConfig
 from oreline.train.checkpoint import load_model_state
 
 STEPS, EVERY, EVAL_EVERY = 16, 4, 6
 SLEEP = 0.15  # train.debug.sleep_per_step_s: makes "during a step" a window the test can hit
-
-
-def write_prose_docs(samples: Path, out: Path, n: int = 2000) -> Path:
-    with gzip.open(samples / "english-prose" / "tinyshakespeare.txt.gz", "rt", encoding="utf-8") as fh:
-        text = fh.read()
-    paras = [p for p in text.split("\n\n") if len(p) > 40][:n]
-    out.write_text("".join(json.dumps({"id": f"shakespeare-{i}", "text": p}) + "\n" for i, p in enumerate(paras)))
-    return out
-
-
-@pytest.fixture(scope="module")
-def corpus(samples, tmp_path_factory) -> dict[str, Path]:
-    from oreline.tokens.tokenize import tokenize_corpus
-    from oreline.tokens.train_bpe import train_tokenizer
-
-    root = tmp_path_factory.mktemp("kill-corpus")
-    docs = write_prose_docs(samples, root / "docs.jsonl")
-    train_tokenizer([docs], root / "tok", TokenizerConfig(vocab_size=512, heldout_docs=20))
-    tokenize_corpus([docs], root / "tok", root / "tokens", TokenizeConfig(val_fraction=0.05), workers=1)
-    return {"tokenizer": root / "tok", "tokens": root / "tokens"}
 
 
 def write_config(path: Path, runs: Path, corpus: dict[str, Path], extra: str = "") -> Path:
@@ -182,10 +159,10 @@ def assert_identical(ref: Path, got: Path) -> None:
         assert torch.equal(sd_a[k], sd_b[k]), f"final weight {k} differs"
 
 
-def test_killed_and_resumed_run_is_bit_identical(corpus, tmp_path):
-    ref_cfg = write_config(tmp_path / "ref.toml", tmp_path / "ref", corpus)
+def test_killed_and_resumed_run_is_bit_identical(prose_tokens, tmp_path):
+    ref_cfg = write_config(tmp_path / "ref.toml", tmp_path / "ref", prose_tokens)
     ref_proc = launch(ref_cfg, tmp_path / "ref.log")  # the uninterrupted run, alongside the killed one
-    cfg = write_config(tmp_path / "killed.toml", tmp_path / "killed", corpus)
+    cfg = write_config(tmp_path / "killed.toml", tmp_path / "killed", prose_tokens)
     run = tmp_path / "killed" / "r"
     # step 3: before the first checkpoint (the relaunch starts afresh); the save of step 8 (resumes
     # from step 4 and replays 5-8); the eval after step 12's checkpoint (resumes from step 12)
