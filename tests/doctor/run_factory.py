@@ -74,7 +74,10 @@ def _data(root: Path, docs: list[dict]) -> Path:
     steps = [{"name": name, "docs_in": a, "docs_out": b, "bytes_in": int(kept_bytes * s * a / b),
               "bytes_out": int(kept_bytes * s), "seconds": round(0.1 + a / 900, 3), "dropped": dropped}
              for name, a, b, s, dropped in funnel]
-    stats = {"steps": steps, "inputs": {"files": 2, "bytes": steps[0]["bytes_in"]}, "errors": []}
+    files = {f"crawl-{i}.warc.gz": {"records": 500, "bytes": steps[0]["bytes_in"] // 2, "by_type": {"response": 500}}
+             for i in range(2)}
+    stats = {"version": 1, "fingerprint": "d" * 64, "steps": steps, "errors": [],
+             "inputs": {"files": files, "unknown": [], "records": 1000, "bytes": steps[0]["bytes_in"]}}
     (out / "stats.json").write_text(json.dumps(stats, indent=2))
     return shard
 

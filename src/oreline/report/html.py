@@ -187,6 +187,15 @@ def section_funnel(run: RunArtifacts) -> str:
     out = img(plots.funnel_chart(steps), "data funnel")
     out += table(["step", "docs in", "docs out", "dropped", "bytes in", "bytes out", "seconds", "docs/s", "top reasons"],
                  rows, numeric={1, 2, 3, 4, 5, 6, 7})
+    inputs = run.data_stats.get("inputs") or {}
+    files = inputs.get("files")
+    n_files = len(files) if isinstance(files, dict | list) else files
+    facts = [f"{fmt(n_files)} input files" if n_files is not None else None,
+             f"{fmt(inputs['records'])} records" if is_finite(inputs.get("records")) else None,
+             f"{fmt(inputs['bytes'])} bytes" if is_finite(inputs.get("bytes")) else None,
+             f"{len(inputs['unknown'])} files of unknown kind skipped" if inputs.get("unknown") else None]
+    if any(facts):
+        out += "<p>inputs: " + esc(", ".join(f for f in facts if f)) + ".</p>"
     first, last = steps[0].get("docs_in"), steps[-1].get("docs_out")
     if is_finite(first) and is_finite(last) and first:
         out += f"<p>{fmt(last)} of {fmt(first)} documents kept ({100 * last / first:.2f}%).</p>"
@@ -199,8 +208,12 @@ def section_funnel(run: RunArtifacts) -> str:
 
 
 def _doc_shards(run: RunArtifacts) -> list[Path]:
+    """The kept documents: data/docs/ (the pipeline's output), never rejects/ or work/ (intermediate)."""
     data = run.root / "data"
-    return sorted(p for p in data.rglob("*.parquet") if "rejects" not in p.relative_to(data).parts
+    root = data / "docs" if (data / "docs").is_dir() else data
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*.parquet") if not {"rejects", "work"} & set(p.relative_to(data).parts)
                   and not p.name.startswith((".", "_")))
 
 
@@ -469,6 +482,8 @@ def section_eval(run: RunArtifacts) -> str:
 def section_fingerprints(run: RunArtifacts) -> str:
     pairs: list[tuple[str, Any]] = []
     pairs += [(f"fingerprint.json {k}", v) for k, v in flatten(run.fingerprint or {})]
+    if run.data_stats and run.data_stats.get("fingerprint"):
+        pairs.append(("data/stats.json fingerprint", run.data_stats["fingerprint"]))
     start = run.start
     pairs += [(f"training start {k}", start.get(k)) for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint")
               if start.get(k)]
