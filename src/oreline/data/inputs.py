@@ -4,7 +4,7 @@
 into a deterministic list of `(path, kind)`; files of an unknown kind are returned separately so
 the run reports them instead of ignoring them. Kinds, by suffix:
 
-    warc     .warc .warc.gz .warc.zst .wet .wet.gz .wet.zst .wat .wat.gz   (fastwarc; warc.py)
+    warc     .warc(.gz|.zst) .wet(.gz|.zst) .wat(.gz|.zst) .arc(.gz)   (read by data/warc.py)
     jsonl    .jsonl .jsonl.gz .jsonl.zst    one JSON object per line, text under data.read.jsonl_text_key
     parquet  .parquet                       any table with a text column (oreline shards included)
     txt      .txt .txt.gz                   one document per file (clean prose)
@@ -31,7 +31,8 @@ from oreline.data.document import Document, content_id
 from oreline.errors import InputError
 
 KINDS: dict[str, tuple[str, ...]] = {
-    "warc": (".warc", ".warc.gz", ".warc.zst", ".wet", ".wet.gz", ".wet.zst", ".wat", ".wat.gz", ".wat.zst"),
+    "warc": (".warc", ".warc.gz", ".warc.zst", ".wet", ".wet.gz", ".wet.zst", ".wat", ".wat.gz", ".wat.zst",
+             ".arc", ".arc.gz"),
     "jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst"),
     "parquet": (".parquet",),
     "txt": (".txt", ".txt.gz"),

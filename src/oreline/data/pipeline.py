@@ -146,10 +146,21 @@ def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config)
     sig_paths = [phase1_dir(work, i) / "signatures.parquet" for i, _, _ in finished]
     sig_paths = [p for p in sig_paths if p.is_file()]
     plan = dedup_plan(sig_paths, ddir, cfg) if sig_paths else {}
-    for i, _, _ in finished:
+    ids_of: dict[int, list[str]] = {}
+    keeper: dict[str, int] = {}  # the task that keeps a document id found in several files
+    for i, _path, _ in sorted(finished, key=lambda t: str(t[1])):  # dedup's survivor order: source first
         sig = phase1_dir(work, i) / "signatures.parquet"
-        ids = pq.read_table(sig, columns=["doc_id"]).column("doc_id").to_pylist() if sig.is_file() else []
-        mine = {d: list(plan[d]) for d in ids if d in plan}
+        ids_of[i] = pq.read_table(sig, columns=["doc_id"]).column("doc_id").to_pylist() if sig.is_file() else []
+        for d in ids_of[i]:
+            keeper.setdefault(d, i)
+    for i, _, _ in finished:
+        mine = {}
+        for d in ids_of[i]:
+            removal = plan.get(d)
+            # the plan is keyed by id: when the same record id is in two files, the survivor's
+            # own id is in the plan, and only the copy in the first file may stay
+            if removal is not None and not (removal[1] == d and keeper[d] == i):
+                mine[d] = list(removal)
         write_json_atomic(ddir / f"{task_name(i)}.json", mine)
     stats_file = ddir / "dedup_stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
@@ -229,14 +240,16 @@ def print_funnel(stats: dict[str, Any], console: Console) -> None:
     """The funnel as a table: documents and bytes per step, change in percent and top drop reasons."""
     table = Table(title="oreline data: funnel", show_lines=False)
     for col, just in (("step", "left"), ("docs in", "right"), ("docs out", "right"), ("change", "right"),
-                      ("MB out", "right"), ("s", "right"), ("dropped (top reasons)", "left")):
-        table.add_column(col, justify=just)
+                      ("MB out", "right"), ("s", "right")):
+        table.add_column(col, justify=just, no_wrap=True)
+    table.add_column("dropped (top reasons)", justify="left", overflow="fold", min_width=30)
     for st in stats["steps"]:
         reasons = sorted(st["dropped"].items(), key=lambda kv: -kv[1])
         shown = " · ".join(f"{r} {n:,}" for r, n in reasons[:4]) + (f" · +{len(reasons) - 4} more" if len(reasons) > 4 else "")
         table.add_row(st["name"], f"{st['docs_in']:,}", f"{st['docs_out']:,}", _pct(st["docs_in"], st["docs_out"]),
                       f"{st['bytes_out'] / 1e6:,.2f}", f"{st['seconds']:.2f}", shown)
-    console.print(table)
+    # a pipe or log file gets a readable width instead of rich's 80-column default
+    console.print(table, width=None if console.is_terminal else 160, crop=console.is_terminal)
     inp, out = stats["inputs"], stats["output"]
     secs = stats.get("seconds") or 0.0
     console.print(

@@ -124,18 +124,16 @@ def protocol_step(cfg) -> Step:
 
 
 def extract_step(cfg) -> Step:
-    from oreline.data.extract import html_to_text
+    from oreline.data.extract import extract_text
 
     ecfg = cfg.data.extract
 
     def extract(doc: Document) -> str | None:
-        text = html_to_text(doc.text, extractor=ecfg.extractor, main_content=ecfg.main_content)
-        doc.metadata["is_html"] = False  # extracted: the text is no longer HTML
+        text, reason = extract_text(doc.text, ecfg)  # enforces data.extract.timeout_s per page
+        doc.metadata["is_html"] = False  # from here on the text is no longer HTML
         doc.metadata["extracted"] = True
-        if text is None or len(text.strip()) < ecfg.min_chars:
-            return "extract:empty"
         doc.text = text
-        return None
+        return reason
 
     return Step("extract", extract, applies=_is_html)
 

@@ -330,7 +330,7 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
                 out_bytes += text_bytes(piece.text)
     stats = {
         "task": index,
-        "steps": [dedup.as_dict()] + ([chunk.as_dict()] if chunking else []),
+        "steps": ([dedup.as_dict()] if dedup_enabled(cfg) else []) + ([chunk.as_dict()] if chunking else []),
         "output": {"docs": out_docs, "bytes": out_bytes, "shards": [p.name for p in docs_w.paths],
                    "reject_shards": [p.name for p in rej_w.paths]},
         "seconds": round(time.perf_counter() - t_start, 6),

