@@ -1,0 +1,412 @@
+"""Model-based quality: a reference n-gram LM estimated by oreline, written as ARPA, and perplexity.
+
+Idea (Wenzek et al. 2020, "CCNet", §3.3): a language model trained on trusted text (Wikipedia
+there, any clean prose here) gives low perplexity to text that looks like it and high perplexity
+to boilerplate, spam, lists and gibberish; documents are then cut by an absolute perplexity or
+sorted into head / middle / tail buckets by percentiles of the crawl's own distribution.
+
+Model. Interpolated modified Kneser-Ney (Chen & Goodman 1998, "An Empirical Study of Smoothing
+Techniques for Language Modeling", §3–4; the estimate KenLM's lmplz makes, Heafield et al. 2013):
+
+- tokens: lowercased `\\w+` words and single punctuation marks, digits mapped to 0 (as CCNet);
+  a sentence ends after [.!?] followed by whitespace, or at a blank line; each gets <s> … </s>.
+- adjusted counts a(g): raw counts for the highest order and for n-grams starting with <s>,
+  otherwise the number of distinct words seen to the left of g (continuation counts).
+- discounts per order from counts-of-counts n1..n4 of a: Y = n1/(n1+2 n2), D1 = 1-2Y n2/n1,
+  D2 = 2-3Y n3/n2, D3+ = 3-4Y n4/n3.
+- p(w|h) = (a(hw) - D(a(hw))) / Σ_x a(hx) + γ(h) p(w|h'), γ(h) = (D1 N1(h·) + D2 N2(h·) +
+  D3+ N3+(h·)) / Σ_x a(hx), h' = h without its first word; unigrams interpolate with the uniform
+  distribution over the vocabulary plus <unk>.
+
+The ARPA file holds log10 p(w|h) of every seen n-gram and log10 γ(h) as the backoff of each
+context, so ARPA backoff lookup (p(w|h) = p*(hw) if seen, else b(h)·p(w|h')) gives exactly the
+interpolated model. `kenlm` (`pip install oreline[ngram]`) queries it fast when installed; the
+same file is otherwise read by `ArpaModel`, a dict-based query in pure Python (identical scores).
+
+Perplexity of a document: 10 ** (-Σ log10 p / number of predicted tokens, </s> included).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oreline.config import DataConfig, QualityConfig
+from oreline.data.document import Document
+from oreline.errors import ConfigError, InputError
+
+TOKEN = re.compile(r"\w+|[^\w\s]")
+SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
+DIGIT = re.compile(r"\d")
+BOS, EOS, UNK = "<s>", "</s>", "<unk>"
+TOKENIZER_VERSION = "words-v1"
+BUCKET_PERCENTILES = (30, 60)  # CCNet: head below the 30th, tail above the 60th percentile
+
+
+def sentences(text: str) -> list[list[str]]:
+    """Token lists of the sentences of text (empty sentences dropped)."""
+    out = []
+    for part in SENTENCE_BREAK.split(text):
+        toks = TOKEN.findall(DIGIT.sub("0", part.lower()))
+        if toks:
+            out.append(toks)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# estimation
+
+
+def _discounts(adjusted: np.ndarray) -> tuple[float, float, float]:
+    coc = np.bincount(adjusted[adjusted <= 4].astype(np.int64), minlength=5)
+    n1, n2, n3, n4 = (int(coc[k]) for k in (1, 2, 3, 4))  # n-grams whose adjusted count is exactly k
+    if not (n1 and n2 and n3 and n4):  # tiny corpora: fall back to absolute discounting
+        return 0.5, 1.0, 1.5
+    y = n1 / (n1 + 2 * n2)
+    d = (1 - 2 * y * n2 / n1, 2 - 3 * y * n3 / n2, 3 - 4 * y * n4 / n3)
+    return tuple(float(min(max(x, 0.01), k)) for x, k in zip(d, (1, 2, 3), strict=True))  # type: ignore[return-value]
+
+
+def _encode(sents: Iterable[list[str]]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Vocabulary (id 0 = <s>, 1 = </s>), the padded id stream and each position's sentence number."""
+    vocab: dict[str, int] = {BOS: 0, EOS: 1}
+    ids: list[int] = []
+    sid: list[int] = []
+    counter = iter(range(2, 1 << 62))
+    for k, toks in enumerate(sents):
+        ids.append(0)
+        ids.extend(vocab.setdefault(t, next(counter)) if t not in vocab else vocab[t] for t in toks)
+        ids.append(1)
+        sid.extend([k] * (len(toks) + 2))
+    words = [""] * len(vocab)
+    for w, i in vocab.items():
+        words[i] = w
+    return words, np.array(ids, dtype=np.int64), np.array(sid, dtype=np.int64)
+
+
+def estimate_kneser_ney(sents: Iterable[list[str]], order: int = 3) -> dict[str, Any]:
+    """Interpolated modified Kneser-Ney, vectorized over n-gram keys.
+
+    An n-gram is one int64 key: its word ids packed in `bits` bits each, first word highest, so
+    sorted keys group n-grams by context and `key >> bits` is the context, `key & mask` the suffix.
+    Returns {"order", "words", "bits", "discounts", "keys": [per order], "log10p": [...], "log10b": [...]}.
+    """
+    words, seq, sid = _encode(sents)
+    if len(words) <= 2:
+        raise InputError("no text to train the reference model on", "pass trusted .txt/.zip/JSONL/Parquet text")
+    bits = max(1, int(len(words) - 1).bit_length())
+    if bits * order > 63:
+        raise ConfigError(f"a {order}-gram model over {len(words):,} words does not fit 64-bit keys", "lower the order")
+    keys, raw = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    key = np.zeros(len(seq), dtype=np.int64)
+    for n in range(1, order + 1):
+        m = len(seq) - n + 1
+        key = (key[:m] << bits) | seq[n - 1 :]
+        valid = sid[:m] == sid[n - 1 :]  # n-grams never cross sentences
+        k, c = np.unique(key[valid], return_counts=True)
+        keys.append(k)
+        raw.append(c)
+    adjusted = [None] * (order + 1)
+    adjusted[order] = raw[order]
+    for n in range(order - 1, 0, -1):
+        suffix, left = np.unique(keys[n + 1] & ((1 << (n * bits)) - 1), return_counts=True)
+        pos = np.searchsorted(suffix, keys[n])
+        found = (pos < len(suffix)) & (suffix[np.minimum(pos, len(suffix) - 1)] == keys[n])
+        cont = np.where(found, left[np.minimum(pos, len(suffix) - 1)], 0)
+        starts_bos = (keys[n] >> ((n - 1) * bits)) == 0
+        adjusted[n] = np.where(starts_bos, raw[n], cont)  # nothing precedes <s>: raw counts
+    uniform = 1.0 / len(words)  # every word but <s>, plus <unk>
+    discounts, log10p, log10b = {}, [None] * (order + 1), [None] * (order + 1)
+    prob = [None] * (order + 1)
+    gammas = [None] * (order + 1)  # (context keys, gamma) of order n
+    for n in range(1, order + 1):
+        a = adjusted[n].astype(np.float64)
+        if n == 1:
+            a[keys[1] == 0] = 0.0  # <s> is never predicted
+        d = _discounts(adjusted[n][a > 0])
+        discounts[n] = d
+        disc = np.where(a == 0, 0.0, np.where(a == 1, d[0], np.where(a == 2, d[1], d[2])))
+        ctx = keys[n] >> bits
+        uctx, inv = np.unique(ctx, return_inverse=True)
+        total = np.bincount(inv, weights=a)
+        gamma = np.bincount(inv, weights=disc) / total
+        gammas[n] = (uctx, gamma)
+        if n == 1:
+            lower = uniform
+        else:
+            lower = prob[n - 1][np.searchsorted(keys[n - 1], keys[n] & ((1 << ((n - 1) * bits)) - 1))]
+        prob[n] = (a - disc) / total[inv] + gamma[inv] * lower
+    for n in range(1, order + 1):
+        with np.errstate(divide="ignore"):
+            log10p[n] = np.log10(prob[n])
+        if n == 1:
+            log10p[1][keys[1] == 0] = -99.0
+        b = np.zeros(len(keys[n]))
+        if n < order:
+            uctx, gamma = gammas[n + 1]
+            pos = np.searchsorted(uctx, keys[n])
+            hit = (pos < len(uctx)) & (uctx[np.minimum(pos, len(uctx) - 1)] == keys[n])
+            b[hit] = np.log10(gamma[pos[hit]])
+        log10b[n] = b
+    unk = float(np.log10(gammas[1][1][0] * uniform))
+    return {"order": order, "words": words, "bits": bits, "discounts": discounts, "keys": keys,
+            "log10p": log10p, "log10b": log10b, "unk_log10p": unk}
+
+
+def write_arpa(model: dict[str, Any], path: str | Path) -> None:
+    """ARPA text: \\data\\ counts, then one section per order of `log10p  gram  [log10 backoff]`."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    order, words, bits = model["order"], np.array(model["words"], dtype=object), model["bits"]
+    mask = (1 << bits) - 1
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("\\data\\\n")
+        for n in range(1, order + 1):
+            fh.write(f"ngram {n}={len(model['keys'][n]) + (n == 1)}\n")
+        for n in range(1, order + 1):
+            fh.write(f"\n\\{n}-grams:\n")
+            keys = model["keys"][n]
+            cols = [words[(keys >> ((n - 1 - j) * bits)) & mask] for j in range(n)]
+            grams = cols[0] if n == 1 else [" ".join(t) for t in zip(*cols, strict=True)]
+            if n == 1:
+                fh.write(f"{model['unk_log10p']:.6f}\t{UNK}\n")
+            for gram, p, b in zip(grams, model["log10p"][n].tolist(), model["log10b"][n].tolist(), strict=True):
+                fh.write(f"{p:.6f}\t{gram}\t{b:.6f}\n" if b != 0.0 else f"{p:.6f}\t{gram}\n")
+        fh.write("\n\\end\\\n")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# query
+
+
+class ArpaModel:
+    """Backoff query of an ARPA file in pure Python: {gram: log10 p} and {context: log10 b} per order."""
+
+    def __init__(self, path: str | Path):
+        self.prob: dict[str, float] = {}
+        self.backoff: dict[str, float] = {}
+        self.order = 0
+        section = 0
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                line = line.rstrip("\n")
+                if not line or line.startswith("ngram ") or line == "\\data\\":
+                    continue
+                if line.startswith("\\") and line.endswith("-grams:"):
+                    section = int(line[1:].split("-")[0])
+                    self.order = max(self.order, section)
+                    continue
+                if line == "\\end\\":
+                    break
+                parts = line.split("\t")
+                self.prob[parts[1]] = float(parts[0])
+                if len(parts) > 2:
+                    self.backoff[parts[1]] = float(parts[2])
+        if UNK not in self.prob:
+            raise InputError(f"{path} has no <unk> unigram", "train the model with oreline quality train-reference")
+
+    def word_log10(self, context: list[str], w: str) -> float:
+        """log10 p(w | context) by ARPA backoff: the longest seen (h, w), plus the backoffs of longer h."""
+        prob, backoff = self.prob, self.backoff
+        if w not in prob:
+            w = UNK
+        context = context[len(context) - self.order + 1 :] if self.order > 1 else []
+        acc = 0.0
+        for start in range(len(context)):
+            h = " ".join(context[start:])
+            p = prob.get(f"{h} {w}")
+            if p is not None:
+                return p + acc
+            acc += backoff.get(h, 0.0)
+        return prob[w] + acc
+
+    def sentence_log10(self, toks: list[str]) -> float:
+        """Σ log10 p of the tokens and </s>, starting from <s>."""
+        prob = self.prob
+        context = [BOS]
+        total = 0.0
+        for w in (*toks, EOS):
+            total += self.word_log10(context, w)
+            context.append(w if w in prob else UNK)
+            if len(context) >= self.order:
+                del context[0]
+        return total
+
+
+class KenlmModel:
+    """The same ARPA file queried with the kenlm package (C++)."""
+
+    def __init__(self, path: str | Path):
+        import kenlm
+
+        self.model = kenlm.Model(str(path))
+        self.order = self.model.order
+
+    def sentence_log10(self, toks: list[str]) -> float:
+        return self.model.score(" ".join(toks), bos=True, eos=True)
+
+
+def load_reference(folder: str | Path, backend: str = "auto") -> ArpaModel | KenlmModel:
+    """The reference model in folder (model.arpa): kenlm when importable (auto), else ArpaModel."""
+    arpa = Path(folder) / "model.arpa"
+    if not arpa.is_file():
+        raise InputError(f"no reference model at {arpa}", "train one with `oreline quality train-reference TEXT -o FOLDER`")
+    if backend in ("auto", "kenlm"):
+        try:
+            return KenlmModel(arpa)
+        except ImportError:
+            if backend == "kenlm":
+                raise InputError("the kenlm package is not installed", "pip install 'oreline[ngram]'") from None
+    return ArpaModel(arpa)
+
+
+def doc_perplexity(model: ArpaModel | KenlmModel, text: str) -> tuple[float, int]:
+    """(perplexity per token, predicted tokens incl. </s>); (inf, 0) for text without tokens."""
+    log10, n = 0.0, 0
+    for toks in sentences(text):
+        log10 += model.sentence_log10(toks)
+        n += len(toks) + 1
+    return (10 ** (-log10 / n), n) if n else (math.inf, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# pipeline filter and CLI entry points
+
+
+def perplexity_filter_factory(cfg: QualityConfig) -> Callable[[Document], str | None]:
+    """fn(doc) → reason: writes metadata["perplexity"] and drops above perplexity_max or by bucket.
+
+    With perplexity_max set, documents above it are dropped ("perplexity:>MAX"). Otherwise the
+    CCNet buckets from the model folder's buckets.json (written by `oreline quality score`) are
+    used: head ≤ p30 < middle ≤ p60 < tail, and buckets not in perplexity_keep_buckets are dropped.
+    """
+    if not cfg.perplexity_model:
+        raise ConfigError("data.quality.perplexity_model is not set", "train a model with oreline quality train-reference and set its folder")
+    folder = Path(cfg.perplexity_model)
+    model = load_reference(folder)
+    limit = cfg.perplexity_max
+    cuts = None
+    if limit is None:
+        bfile = folder / "buckets.json"
+        if not bfile.is_file():
+            raise ConfigError(
+                f"data.quality.perplexity_max is not set and {bfile} does not exist",
+                "set data.quality.perplexity_max, or run `oreline quality score SAMPLE --model FOLDER` to write bucket cut-offs",
+            )
+        cuts = json.loads(bfile.read_text())["cutoffs"]
+    keep = set(cfg.perplexity_keep_buckets)
+
+    def perplexity(doc: Document) -> str | None:
+        ppl, n = doc_perplexity(model, doc.text)
+        doc.metadata["perplexity"] = round(ppl, 2) if n else None
+        if not n:
+            return "perplexity:no_tokens"
+        if limit is not None:
+            return f"perplexity:>{limit:g}" if ppl > limit else None
+        bucket = "head" if ppl <= cuts[0] else "middle" if ppl <= cuts[1] else "tail"
+        doc.metadata["perplexity_bucket"] = bucket
+        return None if bucket in keep else f"perplexity:bucket_{bucket}"
+
+    return perplexity
+
+
+def _iter_docs(paths: Iterable[str | Path]) -> Iterator[Document]:
+    from oreline.data.inputs import discover_inputs, iter_input_documents
+
+    found, unknown = discover_inputs([str(p) for p in paths])
+    if unknown:
+        raise InputError(f"{len(unknown)} input files of unknown kind, e.g. {unknown[0]}", "pass .txt/.txt.gz/.zip/.jsonl/.parquet files")
+    for path, kind in found:
+        if kind == "warc":
+            raise InputError(f"{path} is a WARC file", "run oreline data first and score its Parquet shards")
+        yield from iter_input_documents(path, DataConfig())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def train_reference(docs: list[str], out: str | Path, kind: str = "ngram", console: Any = None, order: int = 3,
+                    heldout_every: int = 20) -> dict[str, Any]:
+    """Estimate a KN n-gram model on trusted text and write out/model.arpa + out/meta.json.
+
+    Every `heldout_every`-th sentence is held out (not trained on) to report held-out perplexity.
+    """
+    if kind != "ngram":
+        raise ConfigError(f"reference kind {kind!r} is not available yet", "use --kind ngram")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    train, held = [], []
+    n_docs = 0
+    for doc in _iter_docs(docs):
+        n_docs += 1
+        for i, toks in enumerate(sentences(doc.text)):
+            (held if heldout_every and i % heldout_every == heldout_every - 1 else train).append(toks)
+    model = estimate_kneser_ney(train, order)
+    write_arpa(model, out / "model.arpa")
+    ref = ArpaModel(out / "model.arpa")
+    log10 = sum(ref.sentence_log10(t) for t in held)
+    n_held = sum(len(t) + 1 for t in held)
+    meta = {
+        "kind": "ngram", "smoothing": "interpolated modified Kneser-Ney", "order": order,
+        "tokenizer": TOKENIZER_VERSION, "inputs": [str(d) for d in docs], "documents": n_docs,
+        "train_tokens": sum(len(t) + 1 for t in train), "heldout_tokens": n_held,
+        "heldout_perplexity": round(10 ** (-log10 / n_held), 3) if n_held else None,
+        "vocab": len(model["words"]), "ngrams": {n: len(model["keys"][n]) for n in range(1, order + 1)},
+        "discounts": {n: [round(d, 4) for d in ds] for n, ds in model["discounts"].items()},
+        "arpa_sha256": _sha256(out / "model.arpa"),
+    }
+    tmp = out / f".meta.json.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, out / "meta.json")
+    if console is not None:
+        console.print(f"reference {order}-gram KN model: {meta['train_tokens']:,} training tokens from {n_docs} documents, "
+                      f"vocab {meta['vocab']:,}, held-out perplexity {meta['heldout_perplexity']} → {out / 'model.arpa'}")
+    return meta
+
+
+def score_cli(docs: list[str], model: str | Path, out: str | Path | None, console: Any = None) -> dict[str, Any]:
+    """Score documents, print the perplexity distribution, write per-doc scores and bucket cut-offs.
+
+    out (Parquet): id, source_file, tokens, perplexity. The 30th/60th percentiles become the
+    CCNet bucket cut-offs in model/buckets.json, used by the pipeline when perplexity_max is unset.
+    """
+    ref = load_reference(model)
+    ids, sources, tokens, ppls = [], [], [], []
+    for doc in _iter_docs(docs):
+        ppl, n = doc_perplexity(ref, doc.text)
+        ids.append(doc.id)
+        sources.append(str(doc.metadata.get("source_file", "")))
+        tokens.append(n)
+        ppls.append(ppl)
+    finite = np.array([p for p in ppls if math.isfinite(p)])
+    if finite.size == 0:
+        raise InputError("no document had any token to score", "pass text documents")
+    pct = {q: float(np.percentile(finite, q)) for q in (10, 30, 50, 60, 90)}
+    summary = {"documents": len(ppls), "scored": int(finite.size), "percentiles": pct}
+    cutoffs = [pct[BUCKET_PERCENTILES[0]], pct[BUCKET_PERCENTILES[1]]]
+    bfile = Path(model) / "buckets.json"
+    bfile.write_text(json.dumps({"cutoffs": cutoffs, "percentiles": list(BUCKET_PERCENTILES),
+                                 "from": [str(d) for d in docs], "documents": int(finite.size)}, indent=2))
+    if out is not None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"id": ids, "source_file": sources, "tokens": tokens, "perplexity": ppls}), str(out))
+    if console is not None:
+        console.print(f"{len(ppls)} documents; perplexity p10 {pct[10]:.1f}, p30 {pct[30]:.1f}, median {pct[50]:.1f}, "
+                      f"p60 {pct[60]:.1f}, p90 {pct[90]:.1f}; bucket cut-offs → {bfile}" + (f"; scores → {out}" if out else ""))
+    return summary
