@@ -172,3 +172,14 @@ def test_chromium_renders_a_non_blank_page_with_every_section(healthy_report, tm
 
     dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, timeout=120, check=False, text=True).stdout
     assert parse(dom).ids == SECTION_IDS
+
+
+def test_thinning_keeps_spikes_and_bounds_points():
+    from oreline.report.plots import thin
+
+    x = list(range(100_000))
+    y = [1.0] * 100_000
+    y[54_321] = 50.0
+    xs, ys = thin(x, y, max_points=2000)
+    assert len(xs) <= 2000 and 50.0 in ys and xs[ys.index(50.0)] == 54_321
+    assert thin(x[:10], y[:10]) == (x[:10], y[:10])

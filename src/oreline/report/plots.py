@@ -16,9 +16,28 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 WIDTH, HEIGHT, DPI = 9.0, 3.2, 96
+MAX_POINTS = 2000
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 Series = tuple[Sequence[float], Sequence[float]]
+
+
+def thin(x: Sequence[float], y: Sequence[float], max_points: int = MAX_POINTS) -> Series:
+    """At most ~max_points points: per bucket of consecutive points keep the min and the max, so
+    spikes survive (a plain stride would drop them) while a 100k-step curve draws in milliseconds."""
+    n = len(x)
+    if n <= max_points:
+        return x, y
+    size = math.ceil(n / (max_points // 2))
+    xs: list[float] = []
+    ys: list[float] = []
+    for start in range(0, n, size):
+        idx = range(start, min(n, start + size))
+        lo, hi = min(idx, key=lambda i: y[i]), max(idx, key=lambda i: y[i])
+        for i in sorted({lo, hi}):
+            xs.append(x[i])
+            ys.append(y[i])
+    return xs, ys
 
 
 def to_data_uri(fig: Figure) -> str:
@@ -112,6 +131,7 @@ def line_chart(series: dict[str, Series], title: str, ylabel: str, *, points: di
     ax = fig.subplots()
     i = 0
     for label, (x, y) in series.items():
+        x, y = thin(x, y)
         ax.plot(x, y, label=label, color=COLORS[i % len(COLORS)], linewidth=1.4)
         i += 1
     for label, (x, y) in (points or {}).items():
@@ -133,6 +153,7 @@ def line_chart(series: dict[str, Series], title: str, ylabel: str, *, points: di
     if right:
         ax2 = ax.twinx()
         for label, (x, y) in right.items():
+            x, y = thin(x, y)
             ax2.plot(x, y, label=label, color=COLORS[i % len(COLORS)], linewidth=1.2, linestyle=":")
             i += 1
         ax2.set_ylabel(right_label)
