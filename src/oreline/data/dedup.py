@@ -21,7 +21,8 @@ for banded LSH; the same scheme as datatrove's MinhashDedup* stages and datasket
    signatures", so it is not used.
 6. Clusters: connected components of the verified edges (union-find). The survivor of a cluster,
    and of an exact-duplicate group, is the document with the smallest sort key
-   (source file, offset, doc id): the earliest one in the input, whatever the order of edges.
+   (metadata source_file[:member], offset, doc id; the position in its task when there is no
+   offset): the earliest one in the input, whatever the order of the edges or the files.
    Components are transitive: A~B and B~C removes C even when A and C are below the threshold.
 
 Stages and files (each stage can run as separate tasks, e.g. one per input file or band range):
@@ -326,7 +327,9 @@ def _atomic_write_table(table: pa.Table, path: Path) -> None:
 
 def _sort_fields(doc: Document, position: int) -> tuple[str, int]:
     md = doc.metadata
-    source = str(md.get("source") or md.get("source_file") or md.get("file") or "")
+    source = str(md.get("source_file") or md.get("source") or "")
+    if md.get("member"):  # documents of one zip archive are ordered by member name
+        source = f"{source}:{md['member']}"
     offset = md.get("offset")
     return source, int(offset) if isinstance(offset, int | np.integer) else position
 
