@@ -199,13 +199,15 @@ def export(
     checkpoint: Annotated[Path, typer.Argument(help="checkpoint directory (or a run directory: its latest)")],
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
     format: Annotated[str, typer.Option(help="export format")] = "hf",
+    dtype: Annotated[str, typer.Option(help="weights dtype: float32, bfloat16 or float16")] = "float32",
+    max_shard_bytes: Annotated[Optional[int], typer.Option(help="safetensors shard size (default: export.max_shard_bytes of the run)")] = None,
 ) -> None:
     """Export to Hugging Face Llama format (safetensors + config + tokenizer)."""
     from oreline.export.hf import export_hf
 
     if format != "hf":
         raise OrelineError(f"unknown export format {format!r}", "use --format hf")
-    export_hf(checkpoint, out, console=Console())
+    export_hf(checkpoint, out, console=Console(), max_shard_bytes=max_shard_bytes, dtype=dtype)
 
 
 @app.command("import-hf")

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from oreline.cli import app
 from oreline.config import TokenizerConfig
-from oreline.errors import ConfigError, InputError
+from oreline.errors import ConfigError, DataIntegrityError, InputError
 from oreline.export.hf import export_hf, export_state_dict_hf, import_hf
 from oreline.model.llama import Llama, ModelArgs, generate
 from oreline.tokens.train_bpe import load_tokenizer, train_tokenizer
@@ -199,3 +199,32 @@ def test_cli_export_and_import(tokenizer_dir, tmp_path):
     assert f"{model.num_params():,} parameters" in result.output.replace("\n", " ")
     sd, _, _ = load_model_state(tmp_path / "back")
     assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
+
+
+def test_export_refuses_non_finite_weights(tmp_path):
+    model = make_model(512)
+    sd = model.state_dict()
+    sd["model.layers.1.self_attn.v_proj.weight"] = sd["model.layers.1.self_attn.v_proj.weight"].clone()
+    sd["model.layers.1.self_attn.v_proj.weight"][3, 5] = float("nan")
+    with pytest.raises(DataIntegrityError, match="model.layers.1.self_attn.v_proj.weight holds NaN"):
+        export_state_dict_hf(sd, model.args, None, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_cli_bf16_sharded_export(tokenizer_dir, tmp_path):
+    model = make_model(512)
+    snapshot(model, tmp_path / "run" / "checkpoints", tokenizer_dir)
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"),
+                                      "--dtype", "bfloat16", "--max-shard-bytes", "40000"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    shards = sorted((tmp_path / "hf").glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and all(t.dtype == torch.bfloat16 for f in shards for t in load_file(str(f)).values())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    sd = import_hf(tmp_path / "hf", tmp_path / "back")  # back to fp32: the bf16-rounded weights exactly
+    assert all(torch.equal(sd[k], v.to(torch.bfloat16).float()) for k, v in model.state_dict().items())
+    rounded = Llama(model.args).eval()
+    rounded.load_state_dict(sd)
+    x = torch.randint(0, 512, (1, 32))
+    with torch.no_grad():
+        assert (hf(x).logits - rounded(x)).abs().max().item() < 1e-4

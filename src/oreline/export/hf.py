@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from oreline.errors import ConfigError, InputError
+from oreline.errors import ConfigError, DataIntegrityError, InputError
 from oreline.model.llama import ModelArgs, check_shapes, expected_shapes
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -162,6 +162,10 @@ def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, t
     if args.tie_embeddings:
         sd.pop("lm_head.weight", None)  # checked equal to the embeddings by check_shapes below
     check_shapes(state_dict, args, source="export")
+    for name, t in sd.items():  # a diverged checkpoint must not become a published model
+        if not torch.isfinite(t).all():
+            raise DataIntegrityError(f"export: tensor {name} holds NaN or inf values",
+                                     "export an earlier checkpoint (oreline checkpoint ls RUN_DIR)")
     rename = hf_rename(args)
     # contiguous, unshared copies: safetensors refuses tensors that share storage
     tensors = {rename[k]: sd[k].detach().to("cpu", DTYPES[dtype], copy=True).contiguous() for k in rename}

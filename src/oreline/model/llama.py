@@ -190,7 +190,13 @@ class Attention(nn.Module):
         if mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:  # (B, 1, T, T) boolean, True where attention is allowed
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            if gqa:
+                # CUDA's flash kernel (which has GQA) takes no mask, and the memory-efficient one
+                # (which takes masks) has no GQA: repeating kv keeps masked attention off the
+                # O(T²)-memory math fallback.
+                rep = self.n_heads // self.n_kv_heads
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, dim)
         return self.o_proj(y)
 
