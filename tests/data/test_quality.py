@@ -8,6 +8,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oreline.config import QualityConfig
 from oreline.data.document import Document
@@ -168,3 +170,13 @@ def test_quality_filters_order_and_switches():
     assert quality_filters(CFG.model_copy(update={"enabled": False})) == []
     (_, fn), *_ = quality_filters(CFG)
     assert fn(en("too short")) == "gopher:short_doc"
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from("ab Z.!?#…-•{}\n\t 0中\ud800é"), max_size=600),
+       lang=st.sampled_from(["en", "zh", "ru", "", "xx"]))
+def test_filters_never_crash(text, lang):
+    doc = Document("f", text, metadata={"language": lang})
+    for name, fn in quality_filters(CFG):
+        reason = fn(doc)
+        assert reason is None or (isinstance(reason, str) and ":" in reason), name
