@@ -64,6 +64,9 @@ def test_manifest_records_fingerprints_and_checksums(tokens_dir, corpus_files, b
         path = tokens_dir / s["name"]
         assert fmt.file_sha256(path) == s["sha256"] and path.stat().st_size == s["bytes"]
         assert fmt.read_header(path).fingerprint == tok.fingerprint
+        shard = fmt.open_shard(path)
+        last_doc = int(shard.offsets[-1] - shard.offsets[-2])
+        assert s["tokens"] - last_doc < 20_000  # a shard closes with the document that fills it
     total = manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"]
     assert total == sum(s["tokens"] for s in manifest["shards"])
 

@@ -31,6 +31,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from oreline.config import TokenizeConfig
 from oreline.errors import InputError
 from oreline.runs import write_json_atomic
@@ -139,9 +141,13 @@ def run_task(task: Task) -> dict:
             else:
                 groups = {"train": encoded}
             for split, docs in groups.items():
-                if docs:
+                while docs:  # cut the batch where the shard fills up, so shards stay near max_shard_tokens
                     w = writer(split)
-                    w.add_documents(docs)
+                    room = task.max_shard_tokens - w.tokens
+                    filled = np.cumsum([len(d) + 2 for d in docs])
+                    k = max(1, min(len(docs), int(np.searchsorted(filled, room, side="left")) + 1))
+                    w.add_documents(docs[:k])
+                    docs = docs[k:]
                     if w.tokens >= task.max_shard_tokens:
                         finish(split)
         for split in list(writers):
