@@ -162,3 +162,13 @@ def test_filter_by_threshold_and_by_buckets(samples, reference, tmp_path):
     assert fn(prose) is None and prose.metadata["perplexity_bucket"] == "head"
     assert fn(menu) == "perplexity:bucket_tail"
     (reference / "buckets.json").unlink()
+
+
+def test_odd_characters_train_and_score(tmp_path):
+    text = "Plain words here.\nA \ud800 lone surrogate, a \x00 NUL and tabs\tin it.\n\nDigits 1984 map to 0000."
+    assert sentences(text)[1] == ["a", "lone", "surrogate", ",", "a", "nul", "and", "tabs", "in", "it", "."]
+    assert ["digits", "0000", "map", "to", "0000", "."] in sentences(text)
+    model = estimate_kneser_ney(sentences(text * 3), order=3)
+    write_arpa(model, tmp_path / "m.arpa")
+    ppl, n = doc_perplexity(ArpaModel(tmp_path / "m.arpa"), text)
+    assert n == sum(len(s) + 1 for s in sentences(text)) and 1 < ppl < 50

@@ -8,7 +8,7 @@ sorted into head / middle / tail buckets by percentiles of the crawl's own distr
 Model. Interpolated modified Kneser-Ney (Chen & Goodman 1998, "An Empirical Study of Smoothing
 Techniques for Language Modeling", §3–4; the estimate KenLM's lmplz makes, Heafield et al. 2013):
 
-- tokens: lowercased `\\w+` words and single punctuation marks, digits mapped to 0 (as CCNet);
+- tokens: lowercased `\\w+` words and single printable punctuation marks, digits mapped to 0 (as CCNet);
   a sentence ends after [.!?] followed by whitespace, or at a blank line; each gets <s> … </s>.
 - adjusted counts a(g): raw counts for the highest order and for n-grams starting with <s>,
   otherwise the number of distinct words seen to the left of g (continuation counts).
@@ -55,7 +55,8 @@ def sentences(text: str) -> list[list[str]]:
     """Token lists of the sentences of text (empty sentences dropped)."""
     out = []
     for part in SENTENCE_BREAK.split(text):
-        toks = TOKEN.findall(DIGIT.sub("0", part.lower()))
+        # non-printable marks (controls, lone surrogates) are not words and would break the ARPA file
+        toks = [t for t in TOKEN.findall(DIGIT.sub("0", part.lower())) if t.isprintable()]
         if toks:
             out.append(toks)
     return out
