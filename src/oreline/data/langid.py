@@ -35,8 +35,8 @@ UNKNOWN = "und"
 _model = None
 _KANA = re.compile("[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9f]")
 _HAN = re.compile("[\u4e00-\u9fff\u3400-\u4dbf]")
-_UPPER = re.compile("[A-Z]")
-_LETTER = re.compile("[A-Za-z]")
+_ASCII_UPPER = bytes(range(65, 91))
+_ASCII_LETTERS = _ASCII_UPPER + bytes(range(97, 123))
 
 
 def model_path() -> Path:
@@ -65,8 +65,10 @@ def _prepare(text: str) -> str:
     text = text[:MAX_CHARS]
     if "\n" in text or "\r" in text:
         text = text.replace("\r", " ").replace("\n", " ")
-    letters = len(_LETTER.findall(text)) if text.isascii() or len(text) < 2000 else 0
-    if letters > 5 and len(_UPPER.findall(text)) > 0.8 * letters:
+    # count ASCII letters with bytes.translate (C speed; UTF-8 multi-byte sequences hold no ASCII)
+    raw = text.encode("utf-8", "ignore")
+    letters = len(raw) - len(raw.translate(None, _ASCII_LETTERS))
+    if letters > 5 and len(raw) - len(raw.translate(None, _ASCII_UPPER)) > 0.8 * letters:
         text = text.lower()
     return text.strip()
 

@@ -373,23 +373,23 @@ def _iter_stream(src: _Stream, name: str, max_bytes: int, report: ReadReport, wa
         except ValueError:
             report.error(name, offset, f"invalid Content-Length {headers.get('content-length')!r}")
             return
-        rtype = headers.get("warc-type", "").lower()
+        rtype = headers.get("warc-type", "").lower() or "unknown"
         report.records += 1
         report.by_type[rtype] += 1
         if rtype == "revisit":
             report.revisits += 1
         rid = headers.get("warc-record-id", "").strip("<>")
         if rtype not in wanted or length > max_bytes:
-            if rtype not in wanted:
-                report.skipped[rtype] += 1
-            else:
-                report.dropped["read:too_large"] += 1
-                report.oversized.append({"file": name, "offset": offset, "record_id": rid, "bytes": length})
             if src.skip(length) < length:
                 report.damaged += 1
                 if src.damage is None:
                     report.error(name, offset, f"truncated {rtype} record: file ends inside its {length}-byte block")
                 return
+            if rtype not in wanted:
+                report.skipped[rtype] += 1
+            else:
+                report.dropped["read:too_large"] += 1
+                report.oversized.append({"file": name, "offset": offset, "record_id": rid, "bytes": length})
             continue
         block = src.read(length)
         if len(block) < length:
