@@ -30,16 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from oreline.doctor.run import (
-    CHECKS,
-    NotAvailable,
-    RunArtifacts,
-    is_finite,
-    load_run,
-    read_json,
-    run_checks,
-    series,
-)
+from oreline.doctor.artifacts import NotAvailable, RunArtifacts, is_finite, load_run, read_json, series
+from oreline.doctor.run import CHECKS, run_checks
 from oreline.report import plots
 from oreline.runs import write_bytes_atomic
 

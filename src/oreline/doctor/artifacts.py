@@ -1,0 +1,265 @@
+"""What the run doctor and the report read from a run directory, loaded once and never trusted.
+
+`load_run(run_dir) -> RunArtifacts`: config.toml (raw TOML; a missing key falls back to oreline's
+Config default), metrics.jsonl split by record type (lines that are not JSON objects are kept as
+(line number, error) instead of failing), data/stats.json, tokenizer_stats.json, the token
+manifest, fingerprint.json and lineage.json. An absent or unreadable file is None plus a reason,
+never an exception: the doctor and the report turn the reason into "not checked" / "not
+available" text.
+
+Token shards are read only through oreline.tokens.shards (one reader of the format);
+checkpoints are verified through oreline.train.checkpoint_files.verify_checkpoint (the full
+checksum check), with a basic completeness check when that module is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oreline.config import expand
+from oreline.errors import DataIntegrityError
+
+EOS_TOKEN = "</s>"
+
+
+class NotAvailable(Exception):
+    """A check cannot run because the artifact it reads is absent; the message says which."""
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def read_json(path: Path) -> tuple[Any, str | None]:
+    """(object, None) or (None, why it could not be read)."""
+    if not path.is_file():
+        return None, f"{path.name} absent"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"{path} unreadable ({exc})"
+
+
+def read_metrics(path: Path) -> tuple[dict[str, list[dict]], list[tuple[int, str]]]:
+    """metrics.jsonl → records by type, plus (line number, error) for lines that are not objects."""
+    by_type: dict[str, list[dict]] = {}
+    bad: list[tuple[int, str]] = []
+    if not path.is_file():
+        return by_type, bad
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)  # Python's json accepts NaN / Infinity, as json.dumps writes them
+            except json.JSONDecodeError as exc:
+                bad.append((lineno, str(exc)))
+                continue
+            if not isinstance(rec, dict):
+                bad.append((lineno, f"not an object: {type(rec).__name__}"))
+                continue
+            by_type.setdefault(str(rec.get("type", "unknown")), []).append(rec)
+    return by_type, bad
+
+
+@dataclass
+class RunArtifacts:
+    """Everything the doctor and the report read from a run directory, loaded once."""
+
+    root: Path
+    config: dict = field(default_factory=dict)
+    config_problem: str | None = None
+    metrics: dict[str, list[dict]] = field(default_factory=dict)
+    metrics_bad_lines: list[tuple[int, str]] = field(default_factory=list)
+    data_stats: dict | None = None
+    tokenizer_stats: dict | None = None
+    manifest: dict | None = None
+    fingerprint: dict | None = None
+    lineage: dict | None = None
+
+    def records(self, kind: str) -> list[dict]:
+        return self.metrics.get(kind, [])
+
+    @property
+    def start(self) -> dict:
+        starts = self.records("start")
+        return starts[-1] if starts else {}
+
+    def cfg(self, dotted: str) -> Any:
+        """A config value from config.toml, else the default of oreline's Config model."""
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return _config_default(dotted)
+            node = node[part]
+        return node
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        configured = self.config.get("train", {}).get("tokenizer") if isinstance(self.config.get("train"), dict) else None
+        return Path(expand(configured)) if configured else self.root / "tokenizer"
+
+    @property
+    def tokens_dir(self) -> Path:
+        configured = self.config.get("train", {}).get("tokens") if isinstance(self.config.get("train"), dict) else None
+        return Path(expand(configured)) if configured else self.root / "tokens"
+
+    def checkpoint_dirs(self) -> list[Path]:
+        ckpts = self.root / "checkpoints"
+        if not ckpts.is_dir():
+            return []
+        return sorted(p for p in ckpts.iterdir() if p.is_dir() and p.name.startswith("step-"))
+
+
+def _config_default(dotted: str) -> Any:
+    from oreline.config import Config, to_dict
+
+    node: Any = to_dict(Config())
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def load_run(run_dir: str | Path) -> RunArtifacts:
+    root = Path(run_dir)
+    run = RunArtifacts(root=root)
+    cfg_path = root / "config.toml"
+    if cfg_path.is_file():
+        try:
+            run.config = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            run.config_problem = f"config.toml unreadable ({exc})"
+    else:
+        run.config_problem = "config.toml absent"
+    run.metrics, run.metrics_bad_lines = read_metrics(root / "metrics.jsonl")
+    run.data_stats, _ = read_json(root / "data" / "stats.json")
+    run.tokenizer_stats, _ = read_json(run.tokenizer_dir / "tokenizer_stats.json")
+    run.manifest, _ = read_json(run.tokens_dir / "manifest.json")
+    run.fingerprint, _ = read_json(root / "fingerprint.json")
+    run.lineage, _ = read_json(root / "lineage.json")
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+
+
+def is_finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def series(records: list[dict], key: str) -> list[tuple[int, float]]:
+    """(step, value) for records that have a finite value under key."""
+    return [(int(r.get("step", i)), float(r[key])) for i, r in enumerate(records) if is_finite(r.get(key))]
+
+
+def same_fingerprint(a: str, b: str) -> bool:
+    """Equal, or one is a prefix (≥ 8 hex digits) of the other: short forms are common in headers."""
+    a, b = str(a).lower().removeprefix("sha256:"), str(b).lower().removeprefix("sha256:")
+    n = min(len(a), len(b))
+    return n >= 8 and a[:n] == b[:n]
+
+
+def tokenizer_fingerprint(tokenizer_json: Path) -> str:
+    """The tokens layer's fingerprint: sha256 of the canonical tokenizer.json."""
+    from oreline.tokens.train_bpe import canonical_fingerprint
+
+    return canonical_fingerprint(tokenizer_json.read_text(encoding="utf-8"))
+
+
+def eos_id(run: RunArtifacts) -> int:
+    """EOS as the tokenizer defines it; the manifest's eos_id only as a last resort, since a wrong
+    id there is exactly the bug this check looks for."""
+    specials = (run.tokenizer_stats or {}).get("special_tokens") or {}
+    if EOS_TOKEN in specials:
+        return int(specials[EOS_TOKEN])
+    tok, _ = read_json(run.tokenizer_dir / "tokenizer.json")
+    for added in (tok or {}).get("added_tokens", []) if isinstance(tok, dict) else []:
+        if added.get("content") == EOS_TOKEN:
+            return int(added["id"])
+    if is_finite((run.manifest or {}).get("eos_id")):
+        return int(run.manifest["eos_id"])
+    raise NotAvailable(f"no {EOS_TOKEN} token in {run.tokenizer_dir} and no eos_id in the manifest")
+
+
+def shard_paths(run: RunArtifacts) -> list[tuple[str, Path]]:
+    shards = (run.manifest or {}).get("shards") or []
+    return [(str(s.get("name")), run.tokens_dir / str(s.get("name"))) for s in shards if s.get("name")]
+
+
+def shard_header_fingerprints(run: RunArtifacts) -> list[tuple[str, str]]:
+    shards = shards_module()
+    out = []
+    for name, path in shard_paths(run):
+        try:
+            out.append((name, shards.read_header(path).fingerprint))
+        except (OSError, ValueError, DataIntegrityError):
+            continue  # an unreadable shard is eos_missing's evidence
+    return out
+
+
+def shards_module():
+    """The tokens layer's shard reader (never a second parser of the format)."""
+    try:
+        from oreline.tokens import shards
+    except ImportError as exc:
+        raise NotAvailable(f"oreline.tokens.shards is not importable ({exc})") from None
+    return shards
+
+
+def document_ends(shard) -> Any:
+    """The last token of each document, from the shard's memory-mapped document index."""
+    import numpy as np
+
+    offsets = np.asarray(shard.offsets, dtype=np.int64)
+    starts, ends = offsets[:-1], offsets[1:]
+    nonempty = ends > starts
+    last = np.full(len(starts), -1, dtype=np.int64)  # an empty document has no EOS either
+    last[nonempty] = np.asarray(shard.tokens)[ends[nonempty] - 1]
+    return last
+
+
+def latest_target(latest: Path) -> Path | None:
+    if latest.is_symlink():
+        return latest.parent / latest.readlink()
+    if latest.is_file():
+        name = latest.read_text(encoding="utf-8", errors="replace").strip()
+        return latest.parent / name if name else None
+    return latest if latest.is_dir() else None
+
+
+def verify_checkpoint_dir(ckpt: Path) -> tuple[bool, list[str]]:
+    """oreline.train.checkpoint.verify_checkpoint when it exists, else a basic completeness check."""
+    try:  # checkpoint_files holds the verifier without importing torch (oreline.train.checkpoint re-exports it)
+        from oreline.train.checkpoint_files import verify_checkpoint
+    except ImportError:
+        try:
+            from oreline.train.checkpoint import verify_checkpoint
+        except ImportError:
+            verify_checkpoint = None
+    if verify_checkpoint is not None:
+        try:
+            ok, problems = verify_checkpoint(ckpt)
+            return bool(ok), [str(p) for p in problems]
+        except Exception as exc:  # a verifier that crashes on a file is that file's problem
+            return False, [f"verify_checkpoint raised {type(exc).__name__}: {exc}"]
+    meta, problem = read_json(ckpt / "meta.json")
+    if meta is None:
+        return False, [problem or "meta.json unreadable"]
+    if not isinstance(meta, dict) or "step" not in meta:
+        return False, ["meta.json has no step"]
+    listed = meta.get("checksums") or meta.get("files") or {}
+    names = list(listed) if isinstance(listed, dict) else [str(x) for x in listed]
+    missing = [n for n in names if not (ckpt / n).is_file()]
+    if missing:
+        return False, [f"missing files listed in meta.json: {', '.join(missing[:5])}"]
+    return True, []
+
+
