@@ -92,3 +92,16 @@ def test_disk_check_walks_up_to_an_existing_folder(tmp_path):
 @pytest.mark.skipif(shutil.which("chronyc") is not None, reason="chronyc is installed: the absent branch cannot run")
 def test_clock_without_chronyc_is_skipped():
     assert check_clock().status == "skip"
+
+
+def test_cli_doctor_env_distributed(tmp_path):
+    from typer.testing import CliRunner
+
+    from oreline.cli import app
+
+    result = CliRunner().invoke(app, ["doctor", "env", "--distributed", "--run-dir", str(tmp_path)],
+                                env={"COLUMNS": "200"})
+    statuses = {f.status for f in check_env(True, tmp_path)}
+    assert result.exit_code == (1 if "fail" in statuses else 0), result.output
+    for check in ("rendezvous", "shared_fs", "clock", "nccl"):
+        assert check in result.output

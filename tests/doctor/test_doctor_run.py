@@ -182,6 +182,12 @@ def test_checkpoint_that_does_not_load(healthy_run):
     assert "step-00000100:" not in f.evidence
 
 
+def test_latest_pointing_nowhere(healthy_run):
+    (healthy_run / "checkpoints" / "latest").write_text("step-00000300\n")  # retention deleted it
+    f = finding(healthy_run, "checkpoint_unloadable")
+    assert "latest points to" in f.evidence and "step-00000200" in f.fix
+
+
 def test_checkpoint_meta_unreadable(healthy_run):
     (healthy_run / "checkpoints" / "step-00000100" / "meta.json").write_text("{not json")
     assert "step-00000100" in finding(healthy_run, "checkpoint_unloadable").evidence

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from oreline.config import expand
 from oreline.errors import DataIntegrityError
 
 EOS_TOKEN = "</s>"
+CHECKPOINT_RE = re.compile(r"^(model-)?step-(\d+)$")
 
 
 class NotAvailable(Exception):
@@ -110,10 +112,13 @@ class RunArtifacts:
         return Path(expand(configured)) if configured else self.root / "tokens"
 
     def checkpoint_dirs(self) -> list[Path]:
+        """Complete checkpoints, full (step-N) and model-only (model-step-N), oldest step first;
+        `.tmp-` folders of interrupted saves are not checkpoints (resume never offers them)."""
         ckpts = self.root / "checkpoints"
         if not ckpts.is_dir():
             return []
-        return sorted(p for p in ckpts.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        found = [p for p in ckpts.iterdir() if p.is_dir() and CHECKPOINT_RE.match(p.name)]
+        return sorted(found, key=lambda p: (int(CHECKPOINT_RE.match(p.name).group(2)), p.name))
 
 
 def _config_default(dotted: str) -> Any:

@@ -120,7 +120,7 @@ def check_nan_loss(run: RunArtifacts) -> list[Finding]:
     if recovered:
         parts.append("later steps are finite again (the run recovered)")
     first_bad = min(bad + bad_eval + [int(e.get("step", -1)) for e in events])
-    before = [c for c in run.checkpoint_dirs() if _step_of(c) is not None and _step_of(c) < first_bad]
+    before = [c for c in run.checkpoint_dirs() if c.name.startswith("step-") and _step_of(c) < first_bad]
     where = f" ({before[-1].name})" if before else ""
     return [Finding("nan_loss", status, "; ".join(parts),
                     f"resume from the last checkpoint before step {first_bad}{where} with a lower train.optim.lr "
@@ -128,9 +128,8 @@ def check_nan_loss(run: RunArtifacts) -> list[Finding]:
                     "train.stability.action=rollback recovers automatically")]
 
 
-def _step_of(ckpt: Path) -> int | None:
-    digits = ckpt.name.rsplit("-", 1)[-1]
-    return int(digits) if digits.isdigit() else None
+def _step_of(ckpt: Path) -> int:
+    return int(ckpt.name.rsplit("-", 1)[-1])  # checkpoint_dirs only yields (model-)step-N names
 
 
 def check_lr_constant(run: RunArtifacts) -> list[Finding]:
@@ -408,21 +407,22 @@ def check_checkpoints(run: RunArtifacts) -> list[Finding]:
     ckpts = run.checkpoint_dirs()
     latest = run.root / "checkpoints" / "latest"
     if not ckpts and not latest.exists() and not latest.is_symlink():
-        raise NotAvailable("no checkpoints/step-* folders")
-    bad = []
+        raise NotAvailable("no checkpoints/(model-)step-* folders")
+    bad, good = [], []
     for ckpt in ckpts:
         ok, problems = verify_checkpoint_dir(ckpt)
         if not ok:
             bad.append(f"{ckpt.name}: {'; '.join(problems[:3])}")
+        elif ckpt.name.startswith("step-"):
+            good.append(ckpt.name)  # only full checkpoints can be resumed from
     if latest.is_symlink() or latest.exists():
         target = latest_target(latest)
         if target is None or not target.is_dir():
             bad.append(f"checkpoints/latest points to {target or 'nothing'}, which does not exist")
     if not bad:
         return []
-    good = [c.name for c in ckpts if verify_checkpoint_dir(c)[0]]
     fix = (f"resume from {good[-1]} (oreline train --resume {run.root / 'checkpoints' / good[-1]}) and delete the "
-           "broken folder" if good else "no valid checkpoint is left: retrain from scratch (--resume none)")
+           "broken folder" if good else "no valid full checkpoint is left: retrain from scratch (--resume none)")
     return [Finding("checkpoint_unloadable", "fail", " | ".join(bad[:MAX_LISTED]), fix)]
 
 
