@@ -86,7 +86,11 @@ def _jobs_left(tasks: list[tuple[int, Path, str]], done) -> list[int]:
 
 def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, workers: int | None = None,
              console: Console | None = None) -> dict[str, Any]:
-    """Run the data pipeline over `inputs` into `out_dir`; returns the stats (also in stats.json)."""
+    """Run the data pipeline over `inputs` into `out_dir`; returns the stats (also in stats.json).
+
+    With workers > 1 the tasks run in forkserver processes, which import the caller's main
+    module: a script that calls this must guard its top level with `if __name__ == "__main__":`.
+    """
     t_start = time.perf_counter()
     out = Path(out_dir)
     work = out / "work"
