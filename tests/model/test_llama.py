@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from oreline.errors import ConfigError
-from oreline.model.llama import Llama, ModelArgs, apply_rope_scaling, check_shapes, generate
+from oreline.model.llama import LayerKV, Llama, ModelArgs, apply_rope_scaling, check_shapes, generate
 
 transformers = pytest.importorskip("transformers")
 
@@ -204,3 +204,20 @@ def test_a_few_steps_learn_a_batch():
         losses.append(loss.item())
     assert losses[0] == pytest.approx(math.log(301), rel=0.05)  # init predicts ~uniformly
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_kv_cache_matches_full_recompute():
+    torch.manual_seed(6)
+    model = Llama(tiny(max_seq_len=24)).eval()
+    ids = torch.randint(0, 301, (1, 20))
+    cache = [LayerKV() for _ in model.model.layers]
+    with torch.no_grad():
+        full = model(ids)
+        prefill = model(ids[:, :12], cache=cache)
+        steps = [model(ids[:, t:t + 1], cache=cache) for t in range(12, 20)]
+    assert len(cache[0]) == 20
+    assert torch.allclose(prefill, full[:, :12], atol=1e-5)
+    assert torch.allclose(torch.cat(steps, dim=1), full[:, 12:], atol=1e-5)
+    # a generation that slides past max_seq_len gives the same tokens with and without the cache
+    prompt = ids[0, :10].tolist()
+    assert generate(model, prompt, 20) == generate(model, prompt, 20, use_cache=False)

@@ -167,6 +167,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 # attention and MLP
 
 
+class LayerKV:
+    """One layer's keys and values (B, n_kv_heads, S, hd) of the tokens seen so far (generate)."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
 class Attention(nn.Module):
     """Grouped-query causal self-attention through F.scaled_dot_product_attention."""
 
@@ -179,17 +195,19 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, kv: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, n_heads, hd)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, hd)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hd)
+        if kv is not None:
+            k, v = kv.extend(k, v)  # (B, n_kv_heads, S, hd): the cached tokens, then these T
         gqa = self.n_kv_heads != self.n_heads  # kv head j serves query heads j·rep … (j+1)·rep−1, as HF
         if mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:  # (B, 1, T, T) boolean, True where attention is allowed
+        else:  # (B or 1, 1, T, S) boolean, True where attention is allowed
             if gqa:
                 # CUDA's flash kernel (which has GQA) takes no mask, and the memory-efficient one
                 # (which takes masks) has no GQA: repeating kv keeps masked attention off the
@@ -225,8 +243,8 @@ class Block(nn.Module):
         self.mlp = MLP(args)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+                mask: torch.Tensor | None = None, kv: LayerKV | None = None) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -264,20 +282,30 @@ class Llama(nn.Module):
         """(vocab, dim) weight of the output projection (the embedding table when tied)."""
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None,
+                cache: list[LayerKV] | None = None) -> torch.Tensor:
+        """Logits for every position. `cache` (one LayerKV per layer, generate's) continues a
+        sequence: these tokens sit at positions len(cache)…, and the cache grows by them."""
         B, T = input_ids.shape
-        if input_ids.shape[1] > self.args.max_seq_len:
-            raise ConfigError(f"sequence of {T} tokens is longer than model.max_seq_len={self.args.max_seq_len}",
+        start = len(cache[0]) if cache else 0
+        if start + input_ids.shape[1] > self.args.max_seq_len:
+            raise ConfigError(f"sequence of {start + T} tokens is longer than model.max_seq_len={self.args.max_seq_len}",
                               "shorten train.seq_len or raise model.max_seq_len")
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, hd)
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, hd)
         mask = None
+        dev = input_ids.device
         if doc_ids is not None:  # block-diagonal causal: same document and not in the future
-            causal = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()
+            if start:
+                raise ConfigError("doc_ids cannot be combined with a KV cache", "pass one of them")
+            causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
             same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]  # (B, T, T)
             mask = (same_doc & causal)[:, None]  # (B, 1, T, T)
+        elif start:  # query i sits at position start + i and sees keys 0 … start + i
+            mask = (torch.arange(start + T, device=dev)[None, :] <= start + torch.arange(T, device=dev)[:, None])
+            mask = mask[None, None]  # (1, 1, T, start + T)
         h = self.model.embed_tokens(input_ids)  # (B, T, dim)
-        for block in self.model.layers:
-            h = block(h, cos, sin, mask)
+        for i, block in enumerate(self.model.layers):
+            h = block(h, cos, sin, mask, cache[i] if cache else None)
         h = self.model.norm(h)
         logits = F.linear(h, self.output_weight)  # (B, T, vocab)
         return logits.float()
@@ -380,26 +408,35 @@ def check_shapes(model_or_state_dict: nn.Module | Mapping[str, torch.Tensor], ar
 @torch.no_grad()
 def generate(model: Llama, input_ids: torch.Tensor | list[int], max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, eos_id: int | None = None,
-             generator: torch.Generator | None = None) -> list[int]:
+             generator: torch.Generator | None = None, use_cache: bool = True) -> list[int]:
     """Continue a prompt; returns the NEW tokens only (an eos_id, when produced, is the last one).
 
     temperature 0 is greedy (argmax, token-identical to HF `generate(do_sample=False)`); otherwise
-    logits / temperature are sampled, restricted to the top_k most likely tokens when top_k is set.
-    No KV cache: each step re-runs the (cropped) context, which is simple and exact; a prompt
-    longer than max_seq_len keeps its last max_seq_len tokens.
+    logits / temperature are sampled, restricted to the top_k most likely tokens when top_k is set,
+    with `generator` (CPU or CUDA) for reproducible draws. With `use_cache` each step feeds one
+    token against cached keys/values; without, it re-runs the whole context (same tokens, slower).
+    Past max_seq_len the context slides: the last max_seq_len tokens are re-run from position 0,
+    cache or not, so both paths see exactly the same inputs.
     """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
+    core = getattr(model, "_orig_mod", model)  # torch.compile wraps the module
+    was_training = core.training
+    core.eval()
+    max_len = core.args.max_seq_len
+    device = next(core.parameters()).device
     ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
     if ids.dim() == 1:
         ids = ids[None]
     if ids.shape[0] != 1:
         raise ConfigError(f"generate takes one prompt, got a batch of {ids.shape[0]}", "call it once per prompt")
     out: list[int] = []
+    cache: list[LayerKV] | None = None
     try:
         for _ in range(max_new_tokens):
-            logits = model(ids[:, -model.args.max_seq_len:])[0, -1]  # (vocab,)
+            if cache is not None and len(cache[0]) < max_len:
+                logits = core(ids[:, -1:], cache=cache)[0, -1]  # (vocab,): only the newest token
+            else:  # first step, no cache, or a full window: run the last max_len tokens
+                cache = [LayerKV() for _ in core.model.layers] if use_cache else None
+                logits = core(ids[:, -max_len:], cache=cache)[0, -1]
             if temperature <= 0.0:
                 nxt = int(torch.argmax(logits))
             else:
@@ -416,5 +453,5 @@ def generate(model: Llama, input_ids: torch.Tensor | list[int], max_new_tokens: 
                 break
             ids = torch.cat([ids, torch.tensor([[nxt]], device=device)], dim=1)
     finally:
-        model.train(was_training)
+        core.train(was_training)
     return out
