@@ -129,6 +129,14 @@ def test_missing_and_broken_artifacts_are_named_not_fatal(report_run):
     assert "not available" not in section(text, "lengths")  # the Parquet shards are still there
 
 
+def test_truncated_checkpoint_shows_in_the_table_and_the_doctor_section(report_run):
+    shard = report_run / "checkpoints" / "step-00000200" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:500])
+    text = render_report(report_run)
+    assert "missing or resized: __0_0.distcp" in section(text, "checkpoints")
+    assert "checkpoint_unloadable" in section(text, "doctor")
+
+
 def test_empty_run_directory_still_gives_a_report(tmp_path):
     text = write_report(tmp_path).read_text()
     assert parse(text).ids == SECTION_IDS

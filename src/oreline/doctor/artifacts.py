@@ -83,6 +83,7 @@ class RunArtifacts:
     manifest: dict | None = None
     fingerprint: dict | None = None
     lineage: dict | None = None
+    hash_checkpoints: bool = True  # the doctor hashes every checkpoint file; the report checks sizes only
 
     def records(self, kind: str) -> list[dict]:
         return self.metrics.get(kind, [])
@@ -240,8 +241,26 @@ def latest_target(latest: Path) -> Path | None:
     return latest if latest.is_dir() else None
 
 
-def verify_checkpoint_dir(ckpt: Path) -> tuple[bool, list[str]]:
-    """oreline.train.checkpoint.verify_checkpoint when it exists, else a basic completeness check."""
+def quick_verify_checkpoint(ckpt: Path) -> tuple[bool, list[str]]:
+    """Completeness without hashing: meta.json readable, every file checksums.json lists present with
+    its recorded size. Milliseconds for any model size (the report uses it; the doctor hashes)."""
+    meta, problem = read_json(ckpt / "meta.json")
+    if not isinstance(meta, dict):
+        return False, [problem or "meta.json is not an object"]
+    sums, problem = read_json(ckpt / "checksums.json")
+    if not isinstance(sums, dict):
+        return False, [problem or "checksums.json is not an object"]
+    files = sums.get("files") or {}
+    bad = [rel for rel, want in files.items()
+           if not (ckpt / rel).is_file() or (ckpt / rel).stat().st_size != (want or {}).get("bytes")]
+    return (False, [f"missing or resized: {', '.join(bad[:3])}"]) if bad else (True, [])
+
+
+def verify_checkpoint_dir(ckpt: Path, hash_files: bool = True) -> tuple[bool, list[str]]:
+    """oreline.train.checkpoint.verify_checkpoint (every file hashed) when it exists, else a basic
+    completeness check; hash_files=False: the size-only `quick_verify_checkpoint`."""
+    if not hash_files and (ckpt / "checksums.json").exists():
+        return quick_verify_checkpoint(ckpt)
     try:  # checkpoint_files holds the verifier without importing torch (oreline.train.checkpoint re-exports it)
         from oreline.train.checkpoint_files import verify_checkpoint
     except ImportError:

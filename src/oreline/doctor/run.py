@@ -410,7 +410,7 @@ def check_checkpoints(run: RunArtifacts) -> list[Finding]:
         raise NotAvailable("no checkpoints/(model-)step-* folders")
     bad, good = [], []
     for ckpt in ckpts:
-        ok, problems = verify_checkpoint_dir(ckpt)
+        ok, problems = verify_checkpoint_dir(ckpt, hash_files=run.hash_checkpoints)
         if not ok:
             bad.append(f"{ckpt.name}: {'; '.join(problems[:3])}")
         elif ckpt.name.startswith("step-"):

@@ -15,8 +15,9 @@ shown is read from an artifact or computed from one; nothing is estimated.
 
 Document lengths and languages come from the data layer's Parquet shards, reading only the
 `text` and `language` columns, row group by row group, up to MAX_DOCS_SCANNED documents (the
-caption says when the figures are from a prefix of the corpus). Checkpoint validity here is the
-cheap check (checksums.json lists every file with its size); `oreline doctor run` hashes them.
+caption says when the figures are from a prefix of the corpus). Checkpoint validity here (and in
+the report's doctor section) is the size-only check: every file checksums.json lists is present
+with its size, which takes milliseconds at any model size; `oreline doctor run` hashes them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from oreline.doctor.artifacts import NotAvailable, RunArtifacts, is_finite, load_run, read_json, series
+from oreline.doctor.artifacts import (
+    NotAvailable,
+    RunArtifacts,
+    is_finite,
+    load_run,
+    quick_verify_checkpoint,
+    read_json,
+    series,
+)
 from oreline.doctor.run import CHECKS, run_checks
 from oreline.report import plots
 from oreline.runs import write_bytes_atomic
@@ -144,6 +153,7 @@ def section_overview(run: RunArtifacts) -> str:
 
 
 def section_doctor(run: RunArtifacts) -> str:
+    run.hash_checkpoints = False  # sizes only: hashing a large model's checkpoints takes minutes
     findings = run_checks(run)
     problems = [f for f in findings if f.status in ("warn", "fail")]
     skipped = [f for f in findings if f.status == "skip"]
@@ -389,16 +399,6 @@ def section_memory(run: RunArtifacts) -> str:
     return img(plots.line_chart(lines, "memory", "MB"), "memory") + kv_table(peaks)
 
 
-def _quick_valid(ckpt: Path) -> tuple[str, str]:
-    """Cheap completeness: checksums.json lists files that exist with the recorded sizes."""
-    sums, problem = read_json(ckpt / "checksums.json")
-    if sums is None:
-        return "no", problem or "checksums.json unreadable"
-    files = sums.get("files") or {} if isinstance(sums, dict) else {}
-    bad = [rel for rel, want in files.items() if not (ckpt / rel).is_file() or (ckpt / rel).stat().st_size != want.get("bytes")]
-    return ("no", f"missing or resized: {', '.join(bad[:3])}") if bad else ("yes (sizes)", "")
-
-
 def section_checkpoints(run: RunArtifacts) -> str:
     dirs = run.checkpoint_dirs()
     saves = {int(r["step"]): r for r in run.records("checkpoint") if is_finite(r.get("step"))}
@@ -411,7 +411,8 @@ def section_checkpoints(run: RunArtifacts) -> str:
         meta = read_json(ckpt / "meta.json")[0] or {}
         present.add(meta.get("step"))
         size = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
-        valid, why = _quick_valid(ckpt)
+        ok, problems = quick_verify_checkpoint(ckpt)
+        valid, why = ("yes (sizes)", "") if ok else ("no", "; ".join(problems))
         step = meta.get("step")
         rec = saves.get(step, {}) if isinstance(step, int) else {}
         rows.append([ckpt.name + (" (latest)" if ckpt.name == latest_name else ""), step, meta.get("tokens_seen"),
