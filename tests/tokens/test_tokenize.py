@@ -166,3 +166,19 @@ def test_missing_input_says_what_to_do(byte_tokenizer_dir, tmp_path):
 
     with pytest.raises(InputError, match="pass .parquet"):
         tokenize_corpus([tmp_path / "nothing-here"], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig())
+
+
+def test_unreadable_files_are_counted_not_fatal(corpus, byte_tokenizer_dir, tmp_path):
+    good = write_parquet(tmp_path / "good.parquet", corpus["ru"])
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1" + b"\0" * 100)
+    whole = write_jsonl(tmp_path / "cut.jsonl.gz", corpus["shakespeare"])
+    cut = tmp_path / "cut-short.jsonl.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    manifest = tokenize_corpus([good, broken, cut], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1)
+    assert manifest["rejected"]["unreadable_file"] == 2
+    assert manifest["rejected"].get("bad_json", 0) <= 1  # the line cut in half, if it was delivered
+    docs = manifest["splits"]["train"]["documents"]
+    assert len(corpus["ru"]) < docs < len(corpus["ru"]) + len(corpus["shakespeare"])  # the readable half is kept
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert {r["source"] for r in rows if r["reason"] == "unreadable_file"} == {str(broken), str(cut)}

@@ -116,23 +116,29 @@ def _jsonl_batches(path: Path, id_key: str, text_key: str, rejects: Rejects) -> 
         ids: list = []
         texts: list = []
         start = 0
-        for lineno, line in enumerate(fh):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                if not isinstance(obj, dict):
-                    raise ValueError("not an object")
-            except ValueError:
-                rejects.add("bad_json", str(path), lineno, line)
-                continue
-            ids.append(obj.get(id_key))
-            texts.append(obj.get(text_key))
-            if len(texts) == BATCH_ROWS:
-                yield _clean(ids, texts, str(path), start, rejects)
-                ids, texts, start = [], [], lineno + 1
+        error: Exception | None = None
+        try:
+            for lineno, line in enumerate(fh):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    if not isinstance(obj, dict):
+                        raise ValueError("not an object")
+                except ValueError:
+                    rejects.add("bad_json", str(path), lineno, line)
+                    continue
+                ids.append(obj.get(id_key))
+                texts.append(obj.get(text_key))
+                if len(texts) == BATCH_ROWS:
+                    yield _clean(ids, texts, str(path), start, rejects)
+                    ids, texts, start = [], [], lineno + 1
+        except (OSError, EOFError) as exc:  # truncated gzip: keep what was read, then report
+            error = exc
         if texts:
             yield _clean(ids, texts, str(path), start, rejects)
+        if error is not None:
+            raise error
 
 
 def _clean(ids: list, texts: list, source: str, first_row: int, rejects: Rejects) -> tuple[list[str], list[str]]:
@@ -152,11 +158,20 @@ def _clean(ids: list, texts: list, source: str, first_row: int, rejects: Rejects
 
 def iter_batches(path: Path, rejects: Rejects, id_key: str = "id", text_key: str = "text",
                  row_groups: tuple[int, int] | None = None) -> Iterator[tuple[list[str], list[str]]]:
-    """(ids, texts) batches of one input file; `row_groups` = [start, stop) of a Parquet file."""
-    if path.name.endswith(".parquet"):
-        yield from _parquet_batches(path, id_key, text_key, row_groups, rejects)
-    else:
-        yield from _jsonl_batches(path, id_key, text_key, rejects)
+    """(ids, texts) batches of one input file; `row_groups` = [start, stop) of a Parquet file.
+
+    A file that turns out to be unreadable part-way (corrupt Parquet, truncated gzip) keeps the
+    batches read so far; the rest is counted as `unreadable_file` with the error, and the run goes on.
+    """
+    import pyarrow as pa
+
+    try:
+        if path.name.endswith(".parquet"):
+            yield from _parquet_batches(path, id_key, text_key, row_groups, rejects)
+        else:
+            yield from _jsonl_batches(path, id_key, text_key, rejects)
+    except (pa.ArrowException, OSError, EOFError, UnicodeDecodeError) as exc:
+        rejects.add("unreadable_file", str(path), -1, f"{type(exc).__name__}: {exc}")
 
 
 def iter_texts(paths: list[Path], rejects: Rejects, id_key: str = "id", text_key: str = "text") -> Iterator[tuple[str, str]]:

@@ -219,7 +219,9 @@ def tokenize_corpus(inputs: list[str | Path], tokenizer_dir: str | Path, out_dir
     else:
         import multiprocessing as mp
 
-        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=mp.get_context("fork"),
+        # spawn, not fork: the caller may hold threads (torch, tensorboard, rayon) whose locks a
+        # forked child would inherit; a worker's start-up (~1 s of imports) is noise next to its task.
+        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=mp.get_context("spawn"),
                                  initializer=_worker_init) as pool:
             results = list(pool.map(run_task, tasks))
 
