@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+import operator
+import os
 import shutil
 
 import pyarrow.parquet as pq
@@ -13,9 +16,12 @@ from typer.testing import CliRunner
 
 from oreline.cli import app
 from oreline.config import load_config
+from oreline.data.document import Document
+from oreline.data.executor import TaskCrashed, run_tasks
 from oreline.data.inputs import discover_inputs, input_kind, iter_input_documents
 from oreline.data.pipeline import funnel_lines, run_data
 from oreline.data.shards import read_documents, write_documents
+from oreline.data.steps import Step, StepStats, run_steps
 from oreline.errors import FingerprintMismatch, InputError
 
 # a subset of the sample crawl that covers every kind of archive and keeps the test quick
@@ -207,3 +213,42 @@ def test_jsonl_and_parquet_inputs(tmp_path):
     shutil.copy(next((tmp_path / "pq").glob("*.parquet")), tmp_path / "y.parquet")
     back = list(iter_input_documents(tmp_path / "y.parquet", cfg))
     assert [(d.id, d.text) for d in back] == [(d.id, d.text) for d in docs]
+
+
+def test_config_inputs_expand_samples(samples, tmp_path):
+    stats = run_data(["{samples}/web-archives/commoncrawl-samples/whirlwind.warc.gz"], tmp_path / "o", _cfg(), workers=1)
+    assert list(stats["inputs"]["files"]) == [str(samples / "web-archives" / "commoncrawl-samples" / "whirlwind.warc.gz")]
+
+
+# ---------------------------------------------------------------------------------------------
+# the runner's guarantees: a failing step drops one document, a dying worker loses one task
+
+
+def test_an_exception_in_a_step_drops_only_that_document():
+    docs = [Document(f"d{i}", f"text {i}", "", {}) for i in range(4)]
+
+    def fragile(doc):
+        if doc.id == "d2":
+            raise ValueError("cannot handle this one")
+        return None
+
+    def upper(doc):
+        doc.text = doc.text.upper() + "!"
+        return None
+
+    steps = [Step("fragile", fragile), Step("upper", upper)]
+    stats = [StepStats(s.name) for s in steps]
+    rejected = []
+    kept = list(run_steps(docs, steps, stats, lambda d, step, reason: rejected.append((d.id, step, reason))))
+    assert [d.id for d in kept] == ["d0", "d1", "d3"] and kept[0].text == "TEXT 0!"
+    assert rejected == [("d2", "fragile", "fragile:error:ValueError")]
+    assert docs[2].metadata["error"].startswith("ValueError: cannot handle")
+    assert (stats[0].docs_in, stats[0].docs_out, stats[1].docs_in, stats[1].docs_out) == (4, 3, 3, 3)
+    assert stats[1].bytes_out == stats[1].bytes_in + 3  # "!" added to each of three documents
+
+
+def test_a_worker_that_dies_loses_only_its_task():
+    jobs = [(math.sqrt, 4.0), (os.abort,), (math.sqrt, 9.0), (math.sqrt, 16.0)]
+    results = run_tasks(operator.call, jobs, workers=2, label="crash test")
+    assert results[0] == 2.0 and results[2] == 3.0 and results[3] == 4.0
+    assert isinstance(results[1], TaskCrashed) and "died" in results[1].error

@@ -41,7 +41,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from oreline.config import Config, fingerprint, to_dict, write_resolved
+from oreline.config import Config, expand, fingerprint, to_dict, write_resolved
 from oreline.data.executor import TaskCrashed, run_tasks
 from oreline.data.inputs import KINDS, discover_inputs
 from oreline.data.steps import merge_step_stats
@@ -96,7 +96,7 @@ def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, w
     work = out / "work"
     console = console or Console(stderr=True)
     workers = max(1, int(workers or cfg.data.workers))
-    files, unknown = discover_inputs([str(i) for i in inputs])
+    files, unknown = discover_inputs([expand(str(i)) for i in inputs])  # {samples} in config inputs
     if not files:
         raise InputError(
             f"no readable input among {len(unknown)} file(s) given ({', '.join(str(u) for u in unknown[:3])})",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oreline.data.document import Document
+from oreline.errors import ConfigError
 
 StepFn = Callable[[Document], "str | None"]
 RejectFn = Callable[[Document, str, str], None]
@@ -87,6 +88,8 @@ def run_steps(
             t0 = clock()
             try:
                 reason = step.fn(doc)
+            except ConfigError:  # a setting that cannot work fails the run, not every document
+                raise
             except Exception as exc:  # a bad document must never stop the task
                 reason = f"{step.name}:error:{type(exc).__name__}"
                 doc.metadata["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
