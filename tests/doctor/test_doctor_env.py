@@ -105,3 +105,10 @@ def test_cli_doctor_env_distributed(tmp_path):
     assert result.exit_code == (1 if "fail" in statuses else 0), result.output
     for check in ("rendezvous", "shared_fs", "clock", "nccl"):
         assert check in result.output
+
+
+def test_malformed_master_port_is_named(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500x")
+    for finding in (check_port(), check_rendezvous()):
+        assert finding.status == "fail" and "'29500x'" in finding.evidence and finding.fix

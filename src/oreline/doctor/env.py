@@ -181,8 +181,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _env_int(name: str) -> int | None:
+    """An integer environment variable; a malformed one raises a ValueError naming it."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
 def check_port() -> Finding:
-    port = int(os.environ.get("MASTER_PORT") or DEFAULT_RDZV_PORT)
+    try:
+        port = _env_int("MASTER_PORT") or DEFAULT_RDZV_PORT
+    except ValueError as exc:
+        return Finding("port", "fail", str(exc), "set MASTER_PORT to a port number, e.g. 29500")
     ok, evidence = _bind("", port)
     if ok:
         return Finding("port", "ok", f"rendezvous port {port} is free ({evidence})")
@@ -218,7 +232,11 @@ def check_rendezvous(timeout: float = 3.0) -> Finding:
         return Finding("rendezvous", "ok" if ok else "fail",
                        f"MASTER_ADDR/MASTER_PORT unset; local bind test: {evidence}",
                        "" if ok else "the loopback interface is unusable: check the network namespace")
-    port = int(port_text)
+    try:
+        port = int(port_text)
+    except ValueError:
+        return Finding("rendezvous", "fail", f"MASTER_PORT={port_text!r} is not an integer",
+                       "set MASTER_PORT to a port number, e.g. 29500")
     if _is_local(addr):
         ok, evidence = _bind("", port)
         return Finding("rendezvous", "ok" if ok else "fail", f"MASTER_ADDR={addr} is this host; {evidence}",
@@ -270,12 +288,15 @@ def check_visible_devices() -> Finding:
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    local_world = os.environ.get("LOCAL_WORLD_SIZE")
+    try:
+        local_world = _env_int("LOCAL_WORLD_SIZE")
+    except ValueError as exc:
+        return Finding("visible_devices", "fail", str(exc), "unset LOCAL_WORLD_SIZE (torchrun sets it)")
     evidence = f"CUDA_VISIBLE_DEVICES={visible!r}, torch sees {count} CUDA device(s)"
     if visible is not None and visible.strip() in ("", "-1", "NoDevFiles"):
         return Finding("visible_devices", "warn" if count == 0 else "ok", evidence + " (GPUs hidden on purpose?)",
                        "unset CUDA_VISIBLE_DEVICES to use the GPUs")
-    if local_world and count and int(local_world) > count:
+    if local_world and count and local_world > count:
         return Finding("visible_devices", "fail", evidence + f", LOCAL_WORLD_SIZE={local_world}",
                        "run at most one process per visible GPU (--nproc-per-node)")
     return Finding("visible_devices", "ok", evidence)
