@@ -64,7 +64,8 @@ def funnel_chart(steps: list[dict]) -> str:
     left.barh(y, outs, color=COLORS[0], label="out")
     for yi, a, b in zip(y, ins, outs, strict=True):
         share = (a - b) / a if a else 0.0
-        left.text(b, yi, f" {b:,}  (−{100 * share:.1f}%)", va="center", fontsize=8)
+        label = f" {b:,}  (−{100 * share:.1f}%)" if a != b else f" {b:,}  (all kept)"
+        left.text(b, yi, label, va="center", fontsize=8)
     left.set_yticks(y, names)
     left.set_xlabel("documents")
     left.set_title("documents after each step")
