@@ -6,8 +6,8 @@ in alternating rounds so that load from other processes hits both alike. Reporte
 
 - train: tokens/s of one optimizer step (forward, cross-entropy, backward, AdamW) at batch × seq;
   oreline with and without the document mask (block-diagonal causal attention, 4 docs per row).
-- generate: new tokens/s of greedy decoding from a 16-token prompt. oreline's `generate` has no KV
-  cache (it re-runs the context each step); HF's uses its cache — this row shows what that costs.
+- generate: new tokens/s of greedy decoding from a 16-token prompt: oreline with its KV cache and
+  without (re-running the context each step), HF `generate` with its cache.
 
 Before timing, the logits of the two models are compared (max |Δ| printed) and generation is
 checked token-identical, so the speed figures are of two implementations of the same function.
@@ -71,7 +71,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (median over rounds)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per round")
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: torch's). On a shared, oversubscribed CPU use 1: "
+                         "OpenMP barriers across contended cores made a tiny forward ~30x slower here")
     opts = ap.parse_args()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
 
     torch.manual_seed(0)
     args = resolve_model_args(ModelConfig(preset=opts.preset))
@@ -86,18 +91,21 @@ def main() -> None:
           f"max |Δlogits| vs HF = {diff:.2e}")
 
     prompt = ids[0, :16].tolist()
-    gen = {"oreline (no KV cache)": [], "hf generate (KV cache)": []}
+    gen = {"oreline (KV cache)": [], "oreline (no cache)": [], "hf generate (KV cache)": []}
     for _ in range(opts.rounds):
         t0 = time.perf_counter()
         a = generate(ours, prompt, opts.new_tokens)
-        gen["oreline (no KV cache)"].append(time.perf_counter() - t0)
+        gen["oreline (KV cache)"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        a_nc = generate(ours, prompt, opts.new_tokens, use_cache=False)
+        gen["oreline (no cache)"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         with torch.no_grad():
             b = hf.generate(torch.tensor([prompt]), max_new_tokens=opts.new_tokens, do_sample=False,
                             eos_token_id=None, pad_token_id=0)[0, 16:].tolist()
         gen["hf generate (KV cache)"].append(time.perf_counter() - t0)
     hf_gen = opts.new_tokens / statistics.median(gen["hf generate (KV cache)"])
-    print(f"greedy generation of {opts.new_tokens} tokens: token-identical = {a == b}")
+    print(f"greedy generation of {opts.new_tokens} tokens: token-identical = {a == b == a_nc}")
     for name, secs in gen.items():
         tps = opts.new_tokens / statistics.median(secs)
         print(f"{name:24s} {tps:8.1f} tokens/s {tps / hf_gen:6.2f}x")
