@@ -15,6 +15,7 @@ from oreline.data.warc import (
     dechunk,
     decode_payload,
     iter_records,
+    parse_http,
     protocol_reason,
     record_to_document,
 )
@@ -260,3 +261,38 @@ def test_protocol_reason():
     assert protocol_reason({"http_status": 200, "content_type": "image/png"}, cfg) == "http:content_type_image/png"
     assert protocol_reason({"http_status": None, "content_type": ""}, cfg) == "http:content_type_none"
     assert protocol_reason({"http_status": 500, "content_type": "x"}, ProtocolConfig(enabled=False)) is None
+
+
+def test_whole_file_gzip_offsets_are_stream_offsets(edge, tmp_path):
+    every = ("warcinfo", "response", "request", "revisit")
+    (tmp_path / "whole.warc.gz").write_bytes(gzip.compress((edge / "example.warc").read_bytes()))
+    plain, _ = read(edge / "example.warc", record_types=every)
+    whole, _ = read(tmp_path / "whole.warc.gz", record_types=every)
+    # one member for the whole file: offsets index the decompressed stream, i.e. the plain file
+    assert [r.offset for r in whole] == [r.offset for r in plain]
+    assert len({r.offset for r in plain}) == 6
+
+
+def test_content_encodings_and_already_decoded_bodies():
+    import zlib
+
+    import brotli
+    import zstandard
+
+    html = b"<html><body><p>hello encoded world</p></body></html>"
+    raw_deflate = zlib.compressobj(wbits=-15)
+    bodies = {
+        "gzip": gzip.compress(html), "deflate": zlib.compress(html),
+        "br": brotli.compress(html), "zstd": zstandard.ZstdCompressor().compress(html),
+    }
+    bodies_raw_deflate = raw_deflate.compress(html) + raw_deflate.flush()
+    for enc, body in [*bodies.items(), ("deflate", bodies_raw_deflate)]:
+        report = ReadReport()
+        block = f"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: {enc}\r\n\r\n".encode() + body
+        status, headers, payload = parse_http(block, report)
+        assert (status, payload) == (200, html), enc
+        assert report.decoding[f"content_encoding:{enc}"] == 1
+    report = ReadReport()
+    block = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n" + html
+    assert parse_http(block, report)[2] == html  # stored decoded and de-chunked: kept as is, and counted
+    assert report.decoding == {"chunked_invalid_kept_raw": 1, "content_encoding_already_decoded:gzip": 1}

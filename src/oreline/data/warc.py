@@ -4,8 +4,10 @@ Why a small pure-Python parser rather than fastwarc: the promise here is "every 
 damage is kept, the damage is recorded, nothing crashes". fastwarc stops silently or raises on
 several warcio edge cases (records split across gzip members, truncated members), and the
 payload work (chunked transfer-encoding, gzip/deflate/brotli/zstd content encoding, charset
-decoding) happens in Python either way. Reading is not the pipeline's bottleneck (extraction
-and the quality filters are), see `benchmarks/` for the figures.
+decoding) happens in Python either way. Reading is not the pipeline's bottleneck: measured on
+the sample archives (4,204 records, 26 MB), this reader does ~3,000-3,900 records/s including
+HTTP parsing, de-chunking and content decoding, fastwarc ~15,000-18,000 records/s reading raw
+blocks only; extraction runs at ~150-500 pages/s and the pipeline's target is ~35 docs/s.
 
 Algorithm
 1. Compression is detected from magic bytes, never the file name: gzip (1f 8b; one member per
@@ -250,11 +252,13 @@ class _Stream:
         return out
 
     def seek_offset(self, dpos: int, gap: bytes) -> int:
-        """The offset to report for a record starting at decompressed position dpos."""
+        """The offset to report for a record starting at decompressed position dpos (after `gap`,
+        the blank separator lines before it): the file offset of its gzip member when the member
+        starts with this record (per-record gzip), else the decompressed position."""
         if self.kind == "gzip":
             for start, comp in reversed(self.members):
                 if start <= dpos:
-                    if len(self.members) > 2 and not gap.strip():  # per-record members
+                    if dpos - start <= len(gap):
                         return comp
                     break
         return dpos
@@ -508,9 +512,15 @@ def parse_http(block: bytes, report: ReadReport, max_bytes: int = DEFAULT_MAX_RE
             report.decoding["chunked"] += 1
             body = dechunked
     encodings = [e.strip().lower() for e in headers.get("content-encoding", "").split(",") if e.strip()]
-    for enc in reversed(encodings):  # applied in order listed, so undone in reverse
+    for enc in reversed(encodings if body else []):  # applied in order listed, so undone in reverse
         if enc in ("identity", "none"):
             continue
+        if enc not in _CONTENT_ENCODINGS:
+            report.decoding[f"content_encoding_unknown:{enc[:20]}"] += 1
+            break
+        if enc in ("gzip", "x-gzip", "deflate") and body[:1] in _DECODED_START:
+            report.decoding[f"content_encoding_already_decoded:{enc}"] += 1
+            break
         decoded = decode_content(body, enc, max_bytes)
         if decoded is None:
             report.decoding[f"content_encoding_failed:{enc}"] += 1
@@ -518,6 +528,12 @@ def parse_http(block: bytes, report: ReadReport, max_bytes: int = DEFAULT_MAX_RE
         report.decoding[f"content_encoding:{enc}"] += 1
         body = decoded
     return status, headers, body
+
+
+_CONTENT_ENCODINGS = frozenset({"gzip", "x-gzip", "deflate", "br", "zstd"})
+# first bytes of markup/JSON/text, never of a gzip or zlib stream (a brotli stream can start
+# with any of them, so brotli is always tried)
+_DECODED_START = b"<{[ \t\r\n"
 
 
 def dechunk(body: bytes) -> bytes | None:
@@ -543,10 +559,16 @@ def dechunk(body: bytes) -> bytes | None:
 
 
 def decode_content(body: bytes, encoding: str, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> bytes | None:
-    """Undo one Content-Encoding (output bounded by max_bytes); None when it does not apply."""
+    """Undo one Content-Encoding (output bounded by max_bytes); None when it does not apply.
+
+    A gzip/deflate body that already looks like markup or text (archivers often store the decoded
+    body and keep the header) is not fed to zlib: raw deflate in particular can turn such bytes
+    into garbage without an error."""
+    if not body or body[:1] in _DECODED_START and encoding in ("gzip", "x-gzip", "deflate"):
+        return None
     try:
         if encoding in ("gzip", "x-gzip", "deflate"):
-            for wbits in ((47, -15) if encoding != "deflate" else (15, -15, 47)):
+            for wbits in ((47,) if encoding != "deflate" else (15, -15, 47)):
                 try:
                     dec = zlib.decompressobj(wbits)
                     return dec.decompress(body, max_bytes)
