@@ -69,6 +69,8 @@ class _Rates:
         self.bytes += item[1]
 
     def text(self) -> str:
+        if not self.records:  # phases that do not read records show the task count only
+            return ""
         dt = max(time.monotonic() - self.t0, 1e-9)
         return f"{self.records:,} records · {self.records / dt:,.0f} rec/s · {self.bytes / dt / 1e6:,.1f} MB/s"
 

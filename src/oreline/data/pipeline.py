@@ -132,8 +132,19 @@ def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, w
             for p in phase1_dir(work, t[0]).glob("*.parquet"):
                 if not p.name.startswith("signatures"):
                     p.unlink()
+        _remove_wrecks(out)
         write_json_atomic(out / "_SUCCESS", {"data": fp, "docs": stats["output"]["docs"]})
     return stats
+
+
+def _remove_wrecks(out: Path) -> None:
+    """Delete temporary files left by killed attempts: every output is written under a hidden
+    temporary name and renamed, so a hidden file in a finished run is garbage."""
+    for p in sorted(out.rglob(".*"), reverse=True):
+        if p.is_file():
+            p.unlink()
+        elif p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config) -> dict[str, Any]:
