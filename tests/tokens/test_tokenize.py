@@ -182,3 +182,17 @@ def test_unreadable_files_are_counted_not_fatal(corpus, byte_tokenizer_dir, tmp_
     assert len(corpus["ru"]) < docs < len(corpus["ru"]) + len(corpus["shakespeare"])  # the readable half is kept
     rows = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert {r["source"] for r in rows if r["reason"] == "unreadable_file"} == {str(broken), str(cut)}
+
+
+def test_data_output_folder_means_its_kept_documents(corpus, tmp_path):
+    from oreline.tokens.inputs import expand_inputs
+
+    out = tmp_path / "data"
+    kept = write_parquet(out / "docs" / "part-00000-000.parquet", corpus["ru"])
+    write_parquet(out / "rejects" / "part-00000-000.parquet", corpus["zh"])
+    (out / "work").mkdir()
+    (out / "work" / "sig.parquet").write_bytes(b"not documents")
+    (out / "_SUCCESS").write_text("")
+    assert expand_inputs([out]) == [kept]
+    (out / "_SUCCESS").unlink()
+    assert kept in expand_inputs([out]) and not any("rejects" in p.parts for p in expand_inputs([out]))

@@ -7,7 +7,8 @@ with "id"/"text" keys are accepted too, so hand-made corpora work without the da
 
 Folders are expanded recursively to `*.parquet`, `*.jsonl`, `*.jsonl.gz` in sorted order,
 skipping hidden/underscore names and anything under a `rejects` folder (the data layer keeps
-dropped documents there; they must never be trained on).
+dropped documents there; they must never be trained on). An `oreline data` output folder
+(`_SUCCESS` + `docs/`) stands for its `docs/` folder.
 
 Bad input never crashes a run and never disappears: a JSONL line that is not JSON, a row
 without text, or an empty text is counted under a reason and returned to the caller, who keeps
@@ -46,6 +47,8 @@ def expand_inputs(items: list[str | Path]) -> list[Path]:
     out: list[Path] = []
     for item in items:
         path = Path(item).expanduser()
+        if path.is_dir() and (path / "_SUCCESS").is_file() and (path / "docs").is_dir():
+            path = path / "docs"  # an `oreline data` output folder: its kept documents only
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and _is_input(p) and not _skipped(p, path))
         elif path.is_file():

@@ -279,7 +279,7 @@ def print_manifest_summary(manifest: dict, console) -> None:
     if manifest.get("up_to_date"):
         console.print(f"token shards are up to date (same tokenizer {manifest['tokenizer_fingerprint'][:12]}…, "
                       f"same documents and settings): nothing to do")
-    table = Table(title=f"token shards (tokenizer {manifest['tokenizer_fingerprint'][:12]}…, {manifest['dtype']})")
+    table = Table(title=f"token shards ({manifest['dtype']})")
     for col in ("split", "shards", "documents", "tokens"):
         table.add_column(col, justify="right" if col != "split" else "left")
     for split, s in manifest["splits"].items():
@@ -289,4 +289,4 @@ def print_manifest_summary(manifest: dict, console) -> None:
         console.print("rejected rows: " + ", ".join(f"{k}={v}" for k, v in sorted(manifest["rejected"].items())) + " (see rejects.jsonl)")
     if not manifest.get("up_to_date"):
         console.print(f"{manifest['tokens_per_second']:,.0f} tokens/s over {manifest['seconds']:.1f} s with {manifest['workers']} worker(s)")
-    console.print(f"data fingerprint {manifest['data_fingerprint'][:16]}…")
+    console.print(f"tokenizer {manifest['tokenizer_fingerprint'][:12]}…, data fingerprint {manifest['data_fingerprint'][:12]}…")
