@@ -50,3 +50,9 @@ def test_langid_reason():
     assert langid_reason("de", 0.99, LangIdConfig(languages=[])) is None
     assert langid_reason("de", 0.2, LangIdConfig(languages=[])) == "lang:score<0.65"
     assert langid_reason("de", 0.2, LangIdConfig(enabled=False)) is None
+
+
+def test_surrogates_and_nul_do_not_break_detection():
+    german = "Das ist ein ganz normaler deutscher Satz über das Wetter von morgen."
+    assert detect("\ud800" + german)[0] == "de"  # the binding would refuse the whole string
+    assert detect("x\x00" + german)[0] == "de"  # a NUL would cut the text at the C boundary

@@ -65,8 +65,14 @@ def _prepare(text: str) -> str:
     text = text[:MAX_CHARS]
     if "\n" in text or "\r" in text:
         text = text.replace("\r", " ").replace("\n", " ")
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: fastText's binding refuses the whole string
+        raw = text.encode("utf-8", "ignore")
+        text = raw.decode("utf-8")
+    if b"\x00" in raw:  # a NUL would end the C string: the rest of the text would go unread
+        text, raw = text.replace("\x00", " "), raw.replace(b"\x00", b" ")
     # count ASCII letters with bytes.translate (C speed; UTF-8 multi-byte sequences hold no ASCII)
-    raw = text.encode("utf-8", "ignore")
     letters = len(raw) - len(raw.translate(None, _ASCII_LETTERS))
     if letters > 5 and len(raw) - len(raw.translate(None, _ASCII_UPPER)) > 0.8 * letters:
         text = text.lower()
