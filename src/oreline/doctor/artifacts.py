@@ -161,9 +161,15 @@ def is_finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def step_of(record: dict, default: int = -1) -> int:
+    """A record's step; a missing or malformed one is `default` (evidence still prints)."""
+    value = record.get("step")
+    return int(value) if is_finite(value) else default
+
+
 def series(records: list[dict], key: str) -> list[tuple[int, float]]:
-    """(step, value) for records that have a finite value under key."""
-    return [(int(r.get("step", i)), float(r[key])) for i, r in enumerate(records) if is_finite(r.get(key))]
+    """(step, value) for records that have a finite value under key (no step: the record's index)."""
+    return [(step_of(r, i), float(r[key])) for i, r in enumerate(records) if is_finite(r.get(key))]
 
 
 def same_fingerprint(a: str, b: str) -> bool:

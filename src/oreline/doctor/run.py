@@ -55,6 +55,7 @@ from oreline.doctor.artifacts import (
     shard_header_fingerprints,
     shard_paths,
     shards_module,
+    step_of,
     tokenizer_fingerprint,
     verify_checkpoint_dir,
 )
@@ -96,8 +97,8 @@ def check_nan_loss(run: RunArtifacts) -> list[Finding]:
     train, evals = run.records("train"), run.records("eval")
     if not train and not evals:
         raise NotAvailable("no train or eval records in metrics.jsonl")
-    bad = [int(r.get("step", -1)) for r in train if "loss" in r and not is_finite(r["loss"])]
-    bad_eval = [int(r.get("step", -1)) for r in evals if "val_loss" in r and not is_finite(r["val_loss"])
+    bad = [step_of(r) for r in train if "loss" in r and not is_finite(r["loss"])]
+    bad_eval = [step_of(r) for r in evals if "val_loss" in r and not is_finite(r["val_loss"])
                 and r.get("val_targets") != 0]  # an empty validation split has no loss, which is not NaN
     events = [e for e in run.records("event") if e.get("kind") == "nonfinite"]
     if not (bad or bad_eval or events):
@@ -105,22 +106,21 @@ def check_nan_loss(run: RunArtifacts) -> list[Finding]:
     parts = []
     if bad:
         parts.append(f"train loss non-finite at steps {_steps(bad)}")
-        before = [s for s, _ in series(train, "loss") if s < bad[0]]
+        before = [(s, v) for s, v in series(train, "loss") if s < bad[0]]
         if before:
-            last_ok = next(r for r in reversed(train) if int(r.get("step", -1)) == before[-1])
-            parts.append(f"last finite loss {last_ok['loss']:.4g} at step {before[-1]}")
+            parts.append(f"last finite loss {before[-1][1]:.4g} at step {before[-1][0]}")
     if bad_eval:
         parts.append(f"validation loss non-finite at steps {_steps(bad_eval)}")
     if events:
-        parts.append(f"{len(events)} nonfinite event(s) at steps {_steps([int(e.get('step', -1)) for e in events])}"
+        parts.append(f"{len(events)} nonfinite event(s) at steps {_steps([step_of(e) for e in events])}"
                      f" (action: {', '.join(sorted({str(e.get('action')) for e in events}))})")
     last = next((r for r in reversed(train) if "loss" in r), None)
     recovered = last is not None and is_finite(last["loss"])
     status = "warn" if recovered else "fail"
     if recovered:
         parts.append("later steps are finite again (the run recovered)")
-    first_bad = min(bad + bad_eval + [int(e.get("step", -1)) for e in events])
-    before = [c for c in run.checkpoint_dirs() if c.name.startswith("step-") and _step_of(c) < first_bad]
+    first_bad = min(bad + bad_eval + [step_of(e) for e in events])
+    before = [c for c in run.checkpoint_dirs() if c.name.startswith("step-") and _checkpoint_step(c) < first_bad]
     where = f" ({before[-1].name})" if before else ""
     return [Finding("nan_loss", status, "; ".join(parts),
                     f"resume from the last checkpoint before step {first_bad}{where} with a lower train.optim.lr "
@@ -128,7 +128,7 @@ def check_nan_loss(run: RunArtifacts) -> list[Finding]:
                     "train.stability.action=rollback recovers automatically")]
 
 
-def _step_of(ckpt: Path) -> int:
+def _checkpoint_step(ckpt: Path) -> int:
     return int(ckpt.name.rsplit("-", 1)[-1])  # checkpoint_dirs only yields (model-)step-N names
 
 
@@ -176,7 +176,7 @@ def check_val_far_above_train(run: RunArtifacts) -> list[Finding]:
     if not evals:
         raise NotAvailable("no eval records with a finite val_loss")
     last = evals[-1]
-    step = int(last.get("step", -1))
+    step = step_of(last)
     train_loss = last.get("train_loss")
     source = "the eval record"
     if not is_finite(train_loss):
@@ -215,7 +215,7 @@ def check_grad_spikes(run: RunArtifacts) -> list[Finding]:
         shown = ", ".join(f"step {s} ({v:.3g} vs median {m:.3g})" for s, v, m in spikes[:MAX_LISTED])
         parts.append(f"{len(spikes)} grad norms above {GRAD_SPIKE_FACTOR:g}× the median of the {GRAD_WINDOW} before: {shown}")
     if events:
-        parts.append(f"{len(events)} grad_spike events at steps {_steps([int(e.get('step', -1)) for e in events])}")
+        parts.append(f"{len(events)} grad_spike events at steps {_steps([step_of(e) for e in events])}")
     return [Finding("grad_spikes", "warn", "; ".join(parts),
                     "lower train.optim.lr or lengthen warmup, keep train.optim.grad_clip=1.0, consider betas=(0.9, 0.95); "
                     "inspect the batches at those steps for repeated or garbage documents")]
@@ -227,10 +227,10 @@ def check_grad_spikes(run: RunArtifacts) -> list[Finding]:
 
 def check_data_wait_high(run: RunArtifacts) -> list[Finding]:
     train = run.records("train")[1:]  # the first record includes start-up (compile, first shard open)
-    fracs = [(int(r.get("step", -1)), float(r["data_wait_frac"])) for r in train if is_finite(r.get("data_wait_frac"))]
+    fracs = [(step_of(r), float(r["data_wait_frac"])) for r in train if is_finite(r.get("data_wait_frac"))]
     source = "data_wait_frac"
     if not fracs:
-        fracs = [(int(r.get("step", -1)), r["data_ms"] / r["step_ms"]) for r in train
+        fracs = [(step_of(r), r["data_ms"] / r["step_ms"]) for r in train
                  if is_finite(r.get("data_ms")) and is_finite(r.get("step_ms")) and r["step_ms"] > 0]
         source = "data_ms / step_ms"
     if not fracs:
@@ -286,7 +286,7 @@ def check_global_batch_mismatch(run: RunArtifacts) -> list[Finding]:
     if is_finite(cfg_tokens) and is_finite(tokens) and cfg_tokens != tokens and cfg_tokens != configured:
         problems.append(f"config train.global_batch_tokens = {cfg_tokens:,} but the run used {tokens:,}")
     if is_finite(tokens):
-        short = [(int(r.get("step", -1)), r["tokens_in_step"]) for r in run.records("train")
+        short = [(step_of(r), r["tokens_in_step"]) for r in run.records("train")
                  if is_finite(r.get("tokens_in_step")) and r["tokens_in_step"] < tokens]
         if short:
             worst = min(short, key=lambda sv: sv[1])
