@@ -7,6 +7,7 @@ import io
 import pytest
 import torch
 from rich.console import Console
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from typer.testing import CliRunner
 
 from oreline.cli import app
@@ -22,6 +23,7 @@ from oreline.model.presets import (
     print_model_info,
     resolve_model_args,
 )
+from oreline.tokens.train_bpe import load_tokenizer
 
 
 def test_mlp_width_rule_matches_meta():
@@ -111,6 +113,17 @@ def test_model_info_for_a_preset_and_a_config(tmp_path):
     info = print_model_info(str(cfg), seq_len=64, console=Console(file=buf, width=200))
     assert info["args"]["n_layers"] == 3 and info["args"]["vocab_size"] == 1000
     assert "model.layers.2.mlp.down_proj.weight" in info["shapes"]
+    # a run whose tokenizer exists gives the vocabulary (its padded size)
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
+    bpe.train_from_iterator(["the cat sat on the mat"] * 20, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.save(str(tok / "tokenizer.json"))
+    cfg.write_text(f'[model]\npreset = "debug"\n[train]\ntokenizer = "{tok}"\n')
+    info = print_model_info(str(cfg), seq_len=64, console=Console(file=io.StringIO(), width=200))
+    assert info["args"]["vocab_size"] == load_tokenizer(tok).vocab_size != PRESETS["debug"]["vocab_size"]
     with pytest.raises(ConfigError, match="neither a preset nor a config"):
         print_model_info("gpt5", console=Console(file=io.StringIO()))
 

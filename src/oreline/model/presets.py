@@ -152,10 +152,19 @@ def args_for_spec(spec: str) -> tuple[ModelArgs, str]:
         return resolve_model_args(ModelConfig(preset=spec)), f"preset {spec}"
     path = Path(spec)
     if path.suffix == ".toml" or path.exists():
-        from oreline.config import load_config
+        from oreline.config import expand, load_config
+        from oreline.runs import RunDir
 
         cfg = load_config(path)
-        return resolve_model_args(cfg.model), f"config {path} (model.preset={cfg.model.preset})"
+        # the vocabulary comes from the run's tokenizer when one was trained already
+        tok_dir = Path(expand(cfg.train.tokenizer)) if cfg.train.tokenizer else RunDir.for_config(cfg).tokenizer
+        vocab, where = None, ""
+        if cfg.model.vocab_size is None and (tok_dir / "tokenizer.json").is_file():
+            from oreline.tokens.train_bpe import load_tokenizer
+
+            vocab = load_tokenizer(tok_dir).vocab_size
+            where = f", vocab from {tok_dir}"
+        return resolve_model_args(cfg.model, vocab), f"config {path} (model.preset={cfg.model.preset}{where})"
     raise ConfigError(f"{spec!r} is neither a preset nor a config file", f"use one of {', '.join(PRESETS)} or a TOML path")
 
 
