@@ -75,6 +75,7 @@ def test_kept_documents_are_clean_and_readable(sample_run):
         assert "\x00" not in d.text and "<html" not in d.text.lower()
         assert d.metadata["language"] in load_config().data.langid.languages
         assert d.metadata["language_score"] >= 0.65
+        assert d.metadata["entropy"] >= load_config().data.quality.min_entropy  # a flat quality-score column
         assert d.metadata["source_file"]
         if d.metadata["source_file"].endswith(".txt"):  # warcio's LICENSE file is prose input too
             assert "record_id" not in d.metadata
@@ -112,7 +113,7 @@ def test_output_loads_with_datasets(sample_run, tmp_path, monkeypatch):
     files = [str(p) for p in sorted((out / "docs").glob("*.parquet"))]
     ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(tmp_path))
     assert len(ds) == stats["output"]["docs"]
-    assert {"id", "text", "url", "language", "crawl_date", "http_status"} <= set(ds.column_names)
+    assert {"id", "text", "url", "language", "crawl_date", "http_status", "entropy", "words"} <= set(ds.column_names)
 
 
 def test_rerun_of_a_finished_run_is_a_no_op(sample_run):

@@ -4,9 +4,12 @@ Layout of one shard (zstd-compressed Parquet, one stable schema for every shard 
 
     id, text, url                                   the Document itself
     source_file, record_id, offset, crawl_date,     where it came from (WARC record, input file)
-    http_status, content_type, charset
+    http_status, content_type, charset, record_type
     language, language_score                        lid.176 top language and its score
-    chunk_index, chunk_count, parent_id             set when the chunk step split a document
+    words, mean_word_length, entropy, ascii_ratio,  quality scores (null where a rule did not run)
+    perplexity
+    chunk_index, chunk_count, chunk_start,          set when the chunk step split a document
+    parent_id
     metadata                                        every other metadata key, as one JSON object
 
 Flat columns for the common keys make the shards directly useful to pyarrow, DuckDB and
@@ -43,10 +46,17 @@ FLAT_COLUMNS: dict[str, pa.DataType] = {
     "http_status": pa.int32(),
     "content_type": pa.string(),
     "charset": pa.string(),
+    "record_type": pa.string(),
     "language": pa.string(),
     "language_score": pa.float64(),
+    "words": pa.int64(),  # quality scores (data/quality.py writes them while filtering)
+    "mean_word_length": pa.float64(),
+    "entropy": pa.float64(),
+    "ascii_ratio": pa.float64(),
+    "perplexity": pa.float64(),
     "chunk_index": pa.int32(),
     "chunk_count": pa.int32(),
+    "chunk_start": pa.int64(),
     "parent_id": pa.string(),
 }
 
