@@ -120,3 +120,17 @@ def test_valid_keys_cover_nested_sections():
 def test_config_from_dict_forbids_extra_at_top_level():
     with pytest.raises(ConfigError, match="unknown key 'trian'"):
         config_from_dict({"trian": {"steps": 1}})
+
+
+def test_cli_config_show_and_keys():
+    from typer.testing import CliRunner
+
+    from oreline.cli import app
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["config", "show", "data.workers=3"])
+    assert shown.exit_code == 0, shown.output
+    assert f"# fingerprint {fingerprint(load_config(None, ['data.workers=3']))}" in shown.output
+    assert "workers = 3" in shown.output
+    keys = runner.invoke(app, ["config", "keys"])
+    assert keys.exit_code == 0 and "data.langid.threshold" in keys.output and "minimum lid.176 score" in keys.output
