@@ -199,6 +199,11 @@ def read_meta(path: Path) -> dict | None:
 _VERIFIED: set[tuple[str, int, int]] = set()
 
 
+def forget_verified() -> None:
+    """Make the next load verify again (benchmarks; files changed behind this process's back)."""
+    _VERIFIED.clear()
+
+
 def ensure_verified(path: Path) -> None:
     """Verify once per process (a resume verifies in find_resumable, then loads)."""
     try:

@@ -1,0 +1,160 @@
+"""Checkpoint save / load bandwidth of a 125m-preset model + AdamW state against this disk's raw speed.
+
+Peers measured in the same run, on the same folder:
+- raw write: `dd if=/dev/zero of=F bs=1M count=N conv=fsync` with N = the checkpoint's size in MiB;
+- raw read: the same file read back in 8 MiB chunks after its pages were evicted from the page
+  cache (posix_fadvise DONTNEED, which needs no privileges and leaves other processes' caches alone).
+
+Measured for oreline (`oreline.train.checkpoint`):
+- save: `save_checkpoint` end to end (DCP write with fsync, meta.json, xxh3 checksums, rename,
+  `latest`); MB/s = checkpoint bytes / seconds; target ≥ 70 % of raw write;
+- load: `load_checkpoint` into a live model + optimizer (checksum verification + DCP read) with the
+  checkpoint's pages evicted first;
+- resume start-up: build the model, build the optimizer, find + verify + load; target < 2 × load.
+
+Usage: .venv/bin/python benchmarks/checkpoint_io.py [--preset 125m] [--dir /tmp] [--repeats 2]
+(~1.5 GB on disk for 125m; a minute or two on 2 cores.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from oreline.config import CheckpointConfig, ModelConfig
+from oreline.model.llama import Llama
+from oreline.model.presets import resolve_model_args
+from oreline.train import checkpoint as ck
+from oreline.train.checkpoint_files import file_digest, forget_verified
+
+MB = 1e6
+
+
+def evict(path: Path) -> None:
+    """Drop the page-cache pages of every file under path (clean pages only: sync first)."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def raw_write(path: Path, mib: int) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync"],
+                   check=True, capture_output=True)
+    return mib * 2**20 / (time.perf_counter() - t0) / MB
+
+
+def raw_read(path: Path) -> float:
+    evict(path)
+    n = 0
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as fh:
+        while chunk := fh.read(8 << 20):
+            n += len(chunk)
+    return n / (time.perf_counter() - t0) / MB
+
+
+def build(args):
+    model = Llama(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, opt
+
+
+def one_step(model, opt, vocab: int) -> None:
+    x = torch.randint(0, vocab, (1, 17))
+    logits = model(x[:, :-1])
+    F.cross_entropy(logits.reshape(-1, vocab), x[:, 1:].reshape(-1)).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="125m")
+    ap.add_argument("--dir", default=tempfile.gettempdir(), help="folder on the disk to measure")
+    ap.add_argument("--repeats", type=int, default=2, help="best of N for every figure")
+    a = ap.parse_args()
+
+    args = resolve_model_args(ModelConfig(preset=a.preset))
+    work = Path(tempfile.mkdtemp(prefix="oreline-ckpt-io-", dir=a.dir))
+    try:
+        t0 = time.perf_counter()
+        model, opt = build(args)
+        one_step(model, opt, args.vocab_size)  # AdamW state exists only after a step
+        print(f"{a.preset}: {sum(p.numel() for p in model.parameters()):,} parameters + AdamW state "
+              f"(built and stepped in {time.perf_counter() - t0:.1f} s); folder {work}")
+        cfg = CheckpointConfig(keep_last=1)
+        meta = {"model_args": args.to_dict(), "tokens_seen": 0}
+
+        saves, loads, startups = [], [], []
+        size = 0
+        for r in range(a.repeats):
+            root = work / f"ckpts-{r}"
+            t0 = time.perf_counter()
+            path = ck.save_checkpoint(root, 1, model, opt, meta, cfg=cfg)
+            saves.append(time.perf_counter() - t0)
+            size = ck.dir_bytes(path)
+
+            evict(path)
+            forget_verified()  # verify again: it is part of a real load
+            t0 = time.perf_counter()
+            ck.load_checkpoint(path, model, opt, restore_rng=False)
+            loads.append(time.perf_counter() - t0)
+
+            evict(path)
+            forget_verified()
+            t0 = time.perf_counter()
+            m2, o2 = build(args)
+            found = ck.find_resumable(root)
+            ck.load_checkpoint(found, m2, o2, restore_rng=False)
+            startups.append(time.perf_counter() - t0)
+            del m2, o2
+
+        evict(path)
+        t0 = time.perf_counter()
+        for f in path.iterdir():
+            if f.is_file():
+                file_digest(f)
+        hash_s = time.perf_counter() - t0
+
+        raw = work / "raw.bin"
+        mib = max(1, round(size / 2**20))
+        writes = [raw_write(raw, mib) for _ in range(a.repeats)]
+        reads = [raw_read(raw) for _ in range(a.repeats)]
+        raw.unlink()
+
+        w_raw, r_raw = max(writes), max(reads)
+        save_mbs, load_mbs = size / min(saves) / MB, size / min(loads) / MB
+        print(f"checkpoint: {size / MB:,.1f} MB in {len(list(path.iterdir()))} files")
+        print(f"raw write (dd conv=fsync, {mib} MiB): {w_raw:,.0f} MB/s   raw read (evicted): {r_raw:,.0f} MB/s")
+        print(f"save_checkpoint: {min(saves):.2f} s = {save_mbs:,.0f} MB/s = {save_mbs / w_raw:.0%} of raw write "
+              f"(target ≥ 70%)")
+        print(f"load_checkpoint: {min(loads):.2f} s = {load_mbs:,.0f} MB/s = {load_mbs / r_raw:.0%} of raw read "
+              f"(of which checksum verification alone, evicted: {hash_s:.2f} s)")
+        print(f"resume start-up (build model + optimizer, find, verify, load): {min(startups):.2f} s = "
+              f"{min(startups) / min(loads):.2f} × load (target < 2×)")
+        print(f"all runs: save {[round(s, 2) for s in saves]} s, load {[round(s, 2) for s in loads]} s, "
+              f"start-up {[round(s, 2) for s in startups]} s, raw write {[round(w) for w in writes]} MB/s, "
+              f"raw read {[round(r) for r in reads]} MB/s")
+        ok = save_mbs >= 0.7 * w_raw and min(startups) < 2 * min(loads)
+        return 0 if ok else 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
