@@ -196,3 +196,23 @@ def test_data_output_folder_means_its_kept_documents(corpus, tmp_path):
     assert expand_inputs([out]) == [kept]
     (out / "_SUCCESS").unlink()
     assert kept in expand_inputs([out]) and not any("rejects" in p.parts for p in expand_inputs([out]))
+
+
+def test_lone_surrogates_are_rejected_not_fatal(corpus, byte_tokenizer_dir, tmp_path):
+    bad = write_jsonl(tmp_path / "s.jsonl", corpus["ru"][:3], gz=False, extra_lines=['{"id": "sur", "text": "broken \\ud800 text"}'])
+    manifest = tokenize_corpus([bad], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1)
+    assert manifest["rejected"] == {"encode_error": 1}
+    assert manifest["splits"]["train"]["documents"] == 3
+    assert '"sur"' in (tmp_path / "out" / "rejects.jsonl").read_text(encoding="utf-8")
+    stats = train_tokenizer([bad], tmp_path / "tok", TokenizerConfig(vocab_size=300, heldout_docs=0))
+    assert stats["rejected"] == {"invalid_unicode": 1} and stats["train_docs"] == 3
+
+
+def test_metaspace_shards_round_trip(corpus, metaspace_tokenizer_dir, tmp_path):
+    tok = load_tokenizer(metaspace_tokenizer_dir)
+    docs = corpus["edge"] + corpus["zh"][:40] + corpus["ru"][:40]
+    src = write_parquet(tmp_path / "m.parquet", docs)
+    tokenize_corpus([src], metaspace_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1)
+    got = split_documents(tmp_path / "out", "train")
+    assert [tok.decode(ids) for ids in got] == [t for _, t in docs]
+    assert all(ids[0] == 1 and ids[-1] == 2 and 1 not in ids[1:] and 3 not in ids for ids in got)

@@ -117,3 +117,23 @@ def test_cli_tokenizer_train(corpus_files, tmp_path):
     stats = json.loads((tmp_path / "tokenizer_stats.json").read_text())
     assert stats["target_vocab_size"] == 300 and stats["padded_vocab_size"] == 320
     assert "round trip exact" in result.output
+
+
+def test_round_trip_any_text(byte_tokenizer_dir, metaspace_tokenizer_dir):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    byte_tok, meta_tok = load_tokenizer(byte_tokenizer_dir), load_tokenizer(metaspace_tokenizer_dir)
+    chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="▁")  # ▁ is metaspace's own symbol
+    texts = st.text(alphabet=chars, max_size=80) | st.sampled_from(PROBES)
+
+    @settings(max_examples=150, deadline=None, database=None)
+    @given(texts)
+    def check(text):
+        for tok in (byte_tok, meta_tok):
+            ids = tok.encode(text)
+            assert tok.decode(ids) == text
+            assert tok.unk_id is None or tok.unk_id not in ids
+            assert not {0, 1, 2} & set(ids)
+
+    check()

@@ -86,7 +86,11 @@ class Rejects:
     def add(self, reason: str, source: str, where: int, raw: object) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + 1
         if len(self.rows) < self.keep:
-            self.rows.append({"reason": reason, "source": source, "row": where, "raw": str(raw)[:2000]})
+            if isinstance(raw, dict):
+                raw = {k: v[:2000] if isinstance(v, str) else v for k, v in raw.items()}
+            else:
+                raw = str(raw)[:2000]
+            self.rows.append({"reason": reason, "source": source, "row": where, "raw": raw})
 
 
 def parquet_row_groups(path: Path) -> int:

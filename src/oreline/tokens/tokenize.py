@@ -99,7 +99,7 @@ def _encode(tok: OrelineTokenizer, ids: list[str], texts: list[str], rejects: Re
                 out.append(tok.encode(text))
                 kept_ids.append(doc_id)
             except Exception as exc:
-                rejects.add("encode_error", source, -1, {"id": doc_id, "error": str(exc)[:200]})
+                rejects.add("encode_error", source, -1, {"id": doc_id, "error": str(exc)[:200], "text": text[:500]})
         return kept_ids, out
 
 
@@ -232,7 +232,8 @@ def tokenize_corpus(inputs: list[str | Path], tokenizer_dir: str | Path, out_dir
         rejected.update(r["rejected"])
         reject_rows.extend(r["reject_rows"])
     if reject_rows:
-        (out / "rejects.jsonl").write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in reject_rows), encoding="utf-8")
+        (out / "rejects.jsonl").write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in reject_rows),
+                                           encoding="utf-8", errors="backslashreplace")  # lone surrogates stay visible
     splits = {s: {"shards": sum(1 for r in shard_records if r["split"] == s),
                   "documents": sum(r["documents"] for r in shard_records if r["split"] == s),
                   "tokens": sum(r["tokens"] for r in shard_records if r["split"] == s)} for s in SPLITS}

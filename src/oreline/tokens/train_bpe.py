@@ -23,6 +23,10 @@ The model's embedding size is the vocabulary rounded up to a multiple of 64
 (`padded_vocab_size`, recorded in tokenizer_stats.json and returned as `.vocab_size`): the ids
 above the trained vocabulary are never produced and only exist for matmul-friendly shapes.
 
+Round trip: byte_level decodes every text to itself. metaspace decodes a literal `▁` (U+2581)
+in the text as a space, the ambiguity SentencePiece has too; the held-out round-trip rate in
+tokenizer_stats.json shows how often that happens on a corpus.
+
 Fingerprint: sha256 of the canonical tokenizer.json (json.loads → dumps sort_keys, compact), so
 formatting differences do not change it but any change to vocab, merges or settings does.
 """
@@ -171,13 +175,18 @@ def _is_heldout(doc_id: str) -> bool:
 def _training_stream(paths: list[Path], cfg: TokenizerConfig, rejects: Rejects, heldout: list[str],
                      counters: dict) -> Iterator[str]:
     for doc_id, text in iter_texts(paths, rejects):
+        try:
+            n_bytes = len(text.encode("utf-8"))
+        except UnicodeEncodeError:  # lone surrogates (from JSON escapes): the tokenizer cannot take them
+            rejects.add("invalid_unicode", "", -1, {"id": doc_id})
+            continue
         if len(heldout) < cfg.heldout_docs and _is_heldout(doc_id):
             heldout.append(text)
             continue
         if cfg.max_train_docs is not None and counters["docs"] >= cfg.max_train_docs:
             return
         counters["docs"] += 1
-        counters["bytes"] += len(text.encode("utf-8", "surrogatepass"))
+        counters["bytes"] += n_bytes
         yield text
 
 
