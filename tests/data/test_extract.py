@@ -14,8 +14,8 @@ from oreline.data.extract import (
     ExtractTimeout,
     extract_text,
     html_to_text,
-    nesting_depth,
     time_limit,
+    too_deep_for_main_content,
 )
 from oreline.data.warc import ReadReport, iter_records, record_to_document
 from oreline.errors import ConfigError
@@ -87,10 +87,17 @@ def test_deeply_nested_html_does_not_crash(extractor):
         assert "deep text" in text
 
 
-def test_depth_estimate():
-    assert nesting_depth("<div><p>a<p>b<br><img src=x></div>") == 1
-    assert nesting_depth("<div>" * 50 + "</div>" * 50) == 50
-    assert nesting_depth("<b>" * 5000, stop_at=MAX_MAIN_CONTENT_DEPTH) == MAX_MAIN_CONTENT_DEPTH + 1
+def test_depth_check_on_the_parsed_tree():
+    from resiliparse.parse.html import HTMLTree
+
+    def nested(n: int) -> str:
+        return "<html><body>" + "<div>" * n + "x" + "</div>" * n + "</body></html>"
+
+    assert not too_deep_for_main_content(HTMLTree.parse(nested(50)))
+    assert not too_deep_for_main_content(HTMLTree.parse(nested(MAX_MAIN_CONTENT_DEPTH - 10)))
+    assert too_deep_for_main_content(HTMLTree.parse(nested(MAX_MAIN_CONTENT_DEPTH + 10)))
+    # unclosed inline tags nest too (the parser keeps them open)
+    assert too_deep_for_main_content(HTMLTree.parse("<p>" + "<b>" * 3000 + "text"))
 
 
 def test_main_content_drops_boilerplate(samples):
