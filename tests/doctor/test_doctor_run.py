@@ -228,3 +228,25 @@ def test_cli_names_the_signature_and_exits_1(healthy_run):
     result = CliRunner().invoke(app, ["doctor", "run", str(healthy_run)], env={"COLUMNS": "200"})
     assert result.exit_code == 1, result.output
     assert "data_wait_high" in result.output
+
+
+def test_garbage_records_never_crash_a_check(healthy_run):
+    """Records with wrong types in every field: checks skip or report, none raises."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    junk = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True), st.text(max_size=5),
+                     st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+    keys = ["step", "loss", "lr", "grad_norm", "tokens_per_s", "data_wait_frac", "data_ms", "step_ms", "tokens_in_step",
+            "val_loss", "train_loss", "kind", "global_batch", "model", "schedule", "rss_mb", "tokens_seen"]
+    record = st.fixed_dictionaries({"type": st.sampled_from(["start", "train", "eval", "event", "end", "generation"])},
+                                   optional={k: junk for k in keys})
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(record, max_size=30))
+    def check(records):
+        (healthy_run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        crashed = [f for f in run_checks(healthy_run) if "check raised" in f.evidence]
+        assert crashed == []
+
+    check()

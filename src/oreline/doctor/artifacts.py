@@ -93,6 +93,15 @@ class RunArtifacts:
         starts = self.records("start")
         return starts[-1] if starts else {}
 
+    def start_dict(self, key: str) -> dict:
+        """A dict-valued field of the start record ({} when absent or of the wrong type)."""
+        value = self.start.get(key)
+        return value if isinstance(value, dict) else {}
+
+    def start_list(self, key: str) -> list:
+        value = self.start.get(key)
+        return value if isinstance(value, list) else []
+
     def cfg(self, dotted: str) -> Any:
         """A config value from config.toml, else the default of oreline's Config model."""
         node: Any = self.config

@@ -144,7 +144,7 @@ def check_lr_constant(run: RunArtifacts) -> list[Finding]:
                         "set train.optim.lr > 0; check the warmup is not longer than train.steps")]
     if schedule == "constant" or hi - lo > 1e-9 * hi:
         return []
-    planned = run.start.get("schedule") or []
+    planned = run.start_list("schedule")
     planned_lrs = {round(float(p[1]), 12) for p in planned if isinstance(p, list | tuple) and len(p) == 2 and is_finite(p[1])}
     hint = f"; the start record's schedule has {len(planned_lrs)} distinct values" if len(planned_lrs) > 1 else ""
     return [Finding("lr_constant", "fail",
@@ -268,8 +268,8 @@ def check_throughput_falling(run: RunArtifacts) -> list[Finding]:
 
 
 def check_global_batch_mismatch(run: RunArtifacts) -> list[Finding]:
-    gb = run.start.get("global_batch")
-    if not isinstance(gb, dict):
+    gb = run.start_dict("global_batch")
+    if not gb:
         raise NotAvailable("no start record with global_batch in metrics.jsonl")
     problems = []
     tokens = gb.get("tokens")
@@ -304,7 +304,7 @@ def check_global_batch_mismatch(run: RunArtifacts) -> list[Finding]:
 
 
 def _model_max_seq_len(run: RunArtifacts) -> tuple[int | None, str]:
-    model = run.start.get("model") or {}
+    model = run.start_dict("model")
     if is_finite(model.get("max_seq_len")):
         return int(model["max_seq_len"]), "the start record"
     for ckpt in reversed(run.checkpoint_dirs()):
@@ -328,7 +328,7 @@ def check_seq_len_exceeds_max(run: RunArtifacts) -> list[Finding]:
     if max_len is None:
         raise NotAvailable("model max_seq_len unknown (no start record, checkpoint meta or resolvable preset)")
     candidates = [("config train.seq_len", run.cfg("train.seq_len")),
-                  ("start record global_batch.seq_len", (run.start.get("global_batch") or {}).get("seq_len"))]
+                  ("start record global_batch.seq_len", run.start_dict("global_batch").get("seq_len"))]
     over = [f"{name} = {value:,}" for name, value in candidates if is_finite(value) and value > max_len]
     if not over:
         return []

@@ -132,7 +132,7 @@ def _xy(records: list[dict], key: str) -> plots.Series:
 def section_overview(run: RunArtifacts) -> str:
     start, end = run.start, (run.records("end") or [{}])[-1]
     train = run.records("train")
-    gb, model = start.get("global_batch") or {}, start.get("model") or {}
+    gb, model = run.start_dict("global_batch"), run.start_dict("model")
     pairs = [
         ("run directory", str(run.root)),
         ("config fingerprint", (run.fingerprint or {}).get("config") or start.get("config_fingerprint")),
@@ -349,7 +349,8 @@ def section_loss(run: RunArtifacts) -> str:
 
 def section_lr(run: RunArtifacts) -> str:
     train = _needs_train(run)
-    plan = [p for p in run.start.get("schedule") or [] if isinstance(p, list | tuple) and len(p) == 2]
+    plan = [p for p in run.start_list("schedule") if isinstance(p, list | tuple) and len(p) == 2
+            and is_finite(p[0]) and is_finite(p[1])]
     dashed = {"planned schedule": ([p[0] for p in plan], [p[1] for p in plan])} if plan else None
     return img(plots.line_chart({"logged lr": _xy(train, "lr")}, "learning rate", "lr", dashed=dashed), "learning rate")
 
@@ -383,7 +384,7 @@ def section_throughput(run: RunArtifacts) -> str:
         if vals:
             pairs.append((label, scale * statistics.median(vals)))
     peak = run.start.get("peak_flops")
-    if peak:
+    if is_finite(peak):
         pairs.append(("peak FLOP/s used for MFU", f"{peak:.3e} ({run.start.get('peak_source', 'source not recorded')})"))
     return out + kv_table(pairs)
 
