@@ -190,6 +190,9 @@ def test_too_little_data_and_bad_rank(tokens_dir):
         TokenLoader(tokens_dir, split="val", seq_len=10_000_000)
     with pytest.raises(ConfigError, match="rank"):
         TokenLoader(tokens_dir, rank=2, world_size=2)
+    val = TokenLoader(tokens_dir, split="val", seq_len=T, micro_batch=B)
+    with pytest.raises(InputError, match="fewer than one batch"):
+        next(TokenLoader(tokens_dir, split="val", seq_len=T, micro_batch=val.num_sequences + 1).iter_eval_batches())
 
 
 def test_whole_stream_is_served_across_shard_boundaries(tokens_dir):

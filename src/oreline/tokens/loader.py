@@ -179,6 +179,9 @@ class TokenLoader:
         """
         step = self.micro_batch * self.world_size
         n_batches = self._num_sequences // step
+        if n_batches == 0:
+            raise InputError(f"the {self.split!r} split of {self.dir} has {self._num_sequences} sequences of {self.seq_len} tokens, "
+                             f"fewer than one batch of {step}", "raise tokenize.val_fraction, or lower train.seq_len / micro_batch")
         if max_batches is not None:
             n_batches = min(n_batches, max_batches)
         for b in range(n_batches):

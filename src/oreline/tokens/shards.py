@@ -169,7 +169,7 @@ class ShardWriter:
 
 @dataclass
 class Shard:
-    """A memory-mapped shard: `tokens` (N,) and `offsets` (D+1,) views into the file."""
+    """An opened shard: `tokens` (N,) memory-mapped from the file, `offsets` (D+1,) read into memory."""
 
     path: Path
     header: ShardHeader
@@ -195,7 +195,9 @@ def open_shard(path: Path, tokenizer_fingerprint: str | None = None, sha256: str
         if actual != sha256:
             raise DataIntegrityError(f"token shard {path} has sha256 {actual[:12]}…, the manifest says {sha256[:12]}…", FIX)
     tokens = np.memmap(path, dtype=header.dtype, mode="r", offset=HEADER_SIZE, shape=(header.tokens,)) if header.tokens else np.empty(0, header.dtype)
-    offsets = np.memmap(path, dtype="<u8", mode="r", offset=header.index_offset, shape=(header.documents + 1,))
+    # The index is small (8 bytes per document): read it, so a shard holds one mapping (one file
+    # descriptor) however many shards a corpus has.
+    offsets = np.fromfile(path, dtype="<u8", count=header.documents + 1, offset=header.index_offset)
     if offsets[-1] != header.tokens or (header.documents and offsets[0] != 0):
         raise DataIntegrityError(f"token shard {path} has a document index that does not match its token count", FIX)
     return Shard(path, header, tokens, offsets)
