@@ -270,7 +270,8 @@ def print_funnel(stats: dict[str, Any], console: Console) -> None:
     console.print(
         f"{inp['tasks']} input files ({inp['bytes'] / 1e6:,.1f} MB, {inp['records']:,} records, {inp['revisits']:,} revisits)"
         f" → {out['docs']:,} documents ({out['bytes'] / 1e6:,.2f} MB) in {len(out['shards'])} shard(s)"
-        + (f" in {secs:.1f} s ({out['docs'] / secs:,.1f} docs/s kept)" if secs else "")
+        + (f" in {secs:.1f} s ({inp['records'] / secs:,.0f} records/s, {inp['bytes'] / secs / 1e6:,.2f} MB/s,"
+           f" {stats.get('workers', 1)} worker(s))" if secs else "")
     )
     if inp["unknown"]:
         names = ", ".join(Path(u["file"]).name for u in inp["unknown"][:5])
