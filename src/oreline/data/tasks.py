@@ -30,6 +30,7 @@ from typing import Any
 from oreline.data.document import Document
 from oreline.data.shards import REJECT_SCHEMA, ShardWriter, read_documents, reject_row
 from oreline.data.steps import StepStats, filter_steps, run_steps, text_bytes
+from oreline.errors import DataIntegrityError
 from oreline.runs import write_json_atomic
 
 NO_LIMIT = 1 << 62  # intermediate files of a task are never split
@@ -275,6 +276,14 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
     t_start = time.perf_counter()
     _clear_task_outputs(out_dir, index)
     src = phase1_dir(work_dir, index)
+    kept_files = sorted(src.glob("kept-*.parquet"))
+    expected = json.loads((src / "stats.json").read_text())["kept"]
+    if expected and not kept_files:  # intermediates are deleted once a run succeeds
+        raise DataIntegrityError(
+            f"{src} has no kept documents left ({expected} expected): the run finished before and its "
+            "intermediate files were removed, but its phase-3 markers are gone",
+            f"delete {out_dir} and run oreline data again",
+        )
     plan_path = work_dir / "dedup" / f"{task_name(index)}.json"
     plan: dict[str, list[str]] = json.loads(plan_path.read_text()) if plan_path.is_file() else {}
     prefix = f"part-{index:05d}"
@@ -290,7 +299,7 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
                 for row in batch.to_pylist():
                     rej_w.write_row(row)
-        for doc in read_documents(sorted(src.glob("kept-*.parquet"))):
+        for doc in read_documents(kept_files):
             size = text_bytes(doc.text)
             dedup.docs_in += 1
             dedup.bytes_in += size
