@@ -229,8 +229,27 @@ class _Stream:
                 return self._take(min(limit, len(self.buf) - self.start))
 
     def read(self, n: int) -> bytes:
-        self._fill(n)
-        return self._take(min(n, len(self.buf) - self.start))
+        """Up to n bytes (fewer at the end). Large reads collect pieces and join them once, so a
+        50 MB block costs one copy rather than one per decompressed piece."""
+        avail = len(self.buf) - self.start
+        if avail >= n:
+            return self._take(n)
+        parts = [self._take(avail)]  # the buffer is now empty: pos is the offset of what comes next
+        need = n - avail
+        while need > 0:
+            out = self._more()
+            if not out:
+                break
+            if len(out) > need:
+                parts.append(out[:need])
+                self.buf, self.start = out, need
+                self.pos += need
+                break
+            parts.append(out)
+            self.buf, self.start = b"", 0
+            self.pos += len(out)
+            need -= len(out)
+        return b"".join(parts)
 
     def skip(self, n: int) -> int:
         """Consume up to n bytes without keeping them; returns how many were there."""
