@@ -32,7 +32,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from oreline.config import samples_dir
-from oreline.doctor.run import diagnose_run, load_run, read_metrics
+from oreline.doctor.artifacts import load_run, read_metrics
+from oreline.doctor.run import diagnose_run
 from oreline.report.html import scan_documents, write_report
 
 REPO = Path(__file__).resolve().parents[1]

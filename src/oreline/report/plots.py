@@ -12,6 +12,7 @@ import base64
 import io
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -106,16 +107,19 @@ def bar_chart(labels: list[str], values: list[float], title: str, xlabel: str) -
     return to_data_uri(fig)
 
 
-def histogram(values: Sequence[float], title: str, xlabel: str, log_x: bool = True) -> str:
+def histogram(values, title: str, xlabel: str, log_x: bool = True) -> str:
+    """Histogram of a numpy array (or sequence); log_x uses 40 log-spaced bins over the positive values."""
+    import numpy as np
+
     fig = _figure()
     ax = fig.subplots()
-    vals = [v for v in values if v > 0] if log_x else list(values)
-    if log_x and vals:
-        lo, hi = math.log10(min(vals)), math.log10(max(vals))
-        bins = [10 ** (lo + (hi - lo) * i / 40) for i in range(41)] if hi > lo else 10
+    vals = np.asarray(values, dtype=np.float64)
+    bins: Any = 40
+    if log_x:
+        vals = vals[vals > 0]
+        if len(vals) and vals.max() > vals.min():
+            bins = np.logspace(math.log10(vals.min()), math.log10(vals.max()), 41)
         ax.set_xscale("log")
-    else:
-        bins = 40
     ax.hist(vals, bins=bins, color=COLORS[0], edgecolor="white", linewidth=0.4)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("documents")
