@@ -191,3 +191,11 @@ def test_thinning_keeps_spikes_and_bounds_points():
     xs, ys = thin(x, y, max_points=2000)
     assert len(xs) <= 2000 and 50.0 in ys and xs[ys.index(50.0)] == 54_321
     assert thin(x[:10], y[:10]) == (x[:10], y[:10])
+
+
+def test_every_doctor_finding_links_to_a_section_of_the_report():
+    from oreline.doctor.run import CHECKS
+    from oreline.report.html import FINDING_SECTIONS
+
+    assert set(FINDING_SECTIONS) == set(CHECKS)
+    assert set(FINDING_SECTIONS.values()) <= set(SECTION_IDS)

@@ -152,6 +152,21 @@ def section_overview(run: RunArtifacts) -> str:
     return kv_table([(k, v) for k, v in pairs if v is not None])
 
 
+# the report section holding the evidence behind each doctor finding
+FINDING_SECTIONS = {
+    "nan_loss": "loss", "lr_constant": "lr", "loss_not_falling": "loss", "eos_missing": "tokens",
+    "fingerprint_mismatch": "fingerprints", "seq_len_exceeds_max": "overview", "data_wait_high": "throughput",
+    "throughput_falling": "throughput", "global_batch_mismatch": "overview", "grad_spikes": "grad-norm",
+    "checkpoint_unloadable": "checkpoints", "val_far_above_train": "loss", "metrics_unreadable": "events",
+    "data_errors": "funnel",
+}
+
+
+def _finding_link(check: str) -> str:
+    target = FINDING_SECTIONS.get(check)
+    return f'<a href="#{target}">{esc(check)}</a>' if target else esc(check)
+
+
 def section_doctor(run: RunArtifacts) -> str:
     run.hash_checkpoints = False  # sizes only: hashing a large model's checkpoints takes minutes
     findings = run_checks(run)
@@ -159,7 +174,7 @@ def section_doctor(run: RunArtifacts) -> str:
     skipped = [f for f in findings if f.status == "skip"]
     out = ""
     if problems:
-        rows = "".join(f'<tr><td>{esc(f.check)}</td><td class="{f.status}">{esc(f.status)}</td>'
+        rows = "".join(f'<tr><td>{_finding_link(f.check)}</td><td class="{f.status}">{esc(f.status)}</td>'
                        f"<td>{esc(f.evidence)}</td><td>{esc(f.fix)}</td></tr>" for f in problems)
         out += f"<table><tr><th>check</th><th>status</th><th>evidence</th><th>fix</th></tr>{rows}</table>"
     else:
