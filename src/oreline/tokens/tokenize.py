@@ -215,6 +215,9 @@ def tokenize_corpus(inputs: list[str | Path], tokenizer_dir: str | Path, out_dir
     tasks = [Task(i, str(p), rg, str(tok.dir), tok.fingerprint, str(out), generation, cfg.val_fraction, cfg.max_shard_tokens)
              for i, (p, rg) in enumerate(plan_tasks(paths, workers))]
     if workers == 1 or len(tasks) == 1:
+        global _TOKENIZER
+        _TOKENIZER = tok  # in-process: reuse the tokenizer loaded above
+        _TOKENIZER.dir = _TOKENIZER.dir.resolve()
         results = [run_task(t) for t in tasks]
     else:
         import multiprocessing as mp
