@@ -1,30 +1,80 @@
-"""torchrun initialisation, model wrapping and the few collectives the training loop uses.
+"""torchrun initialisation, DDP / FSDP2 wrapping, timed gradient communication and the collectives
+the training loop uses.
 
-A first, minimal version: world size 1 needs no process group (every helper is then the
-identity), DDP wraps the model when `train.parallel = "ddp"`. torchrun sets RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR and MASTER_PORT (https://pytorch.org/docs/stable/elastic/run.html);
-`init_distributed` reads them, picks the backend (NCCL on CUDA, gloo on CPU unless
-`train.backend` says otherwise) and binds each process to its local GPU.
+Launch: `torchrun --standalone --nproc_per_node=N -m oreline train -c CONFIG`, or `oreline train
+--nproc N ...`, which re-runs the same command under torchrun (`launch_torchrun`). torchrun sets
+RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT
+(https://pytorch.org/docs/stable/elastic/run.html); `init_distributed` reads them, picks the
+backend (NCCL on CUDA, gloo on CPU, `train.backend` overrides), binds each process to its local
+GPU and gives every collective a timeout (`train.dist_timeout_s`), so a rank whose peer died
+fails instead of waiting forever. On one node torchrun's elastic agent notices a dead worker at
+once, stops the others and prints `ChildFailedError ... rank: R (local_rank: R) exitcode: -9`.
 
-The loop's distributed touch points are: the loader's rank/world_size (each rank reads its
-slice of one global order), `all_reduce_sum` of the step's target-token count and loss sums
-(so the loss is normalised by the tokens of the whole global batch), and rank-0-only logging.
+Data parallelism (`train.parallel`):
+- "ddp": DistributedDataParallel. Gradient accumulation runs the first accum-1 micro-batches
+  under `no_sync()`, so gradients are all-reduced once per optimizer step. DDP averages over
+  ranks; the loop's loss scale `world / global_targets` turns that mean back into the gradient of
+  Σ CE / (target tokens of the whole global batch). `train.find_unused_parameters` is off by
+  default (it costs an extra graph traversal per step); `check_unused_parameters` runs after the
+  first step's backward and stops the run with the names of parameters that got no gradient,
+  because DDP would otherwise leave their bucket un-reduced and fail one step later with a
+  message about "reduction in the prior iteration".
+- "fsdp": FSDP2, `fully_shard` on every transformer block, then on the root (torchtitan's
+  recipe). Parameters become DTensor shards (so the optimizer is built after wrapping), forward
+  all-gathers a block's weights and backward reduce-scatters its gradients. With
+  precision=bf16 on CUDA the MixedPrecisionPolicy computes in bf16 and reduces in fp32; on CPU
+  everything stays fp32. Non-final micro-batches run with `set_requires_gradient_sync(False)`.
+  `clip_grad_norm_` on DTensor gradients returns the global norm (a replicated DTensor).
+
+Activation checkpointing (oreline.train.loop.enable_activation_checkpointing) is non-reentrant:
+the reentrant variant runs a nested backward that makes DDP mark a parameter ready twice
+("Expected to mark a variable ready only once") whenever find_unused_parameters=True; with
+find_unused_parameters=False it happens to work in torch 2.13 (tests/train/test_distributed.py
+shows both).
+
+Communication time (`comm_ms`, `comm_frac` in metrics.jsonl): for DDP a comm hook wraps each
+bucket's all-reduce and records when it started and when its future completed; for FSDP2 a
+custom reduce-scatter records the span of each gradient reduce-scatter (synchronous on CPU; on
+CUDA with events on the reduce-scatter stream). The loop adds the span of its own small
+all-reduces (target counts, loss sums). Overlapping spans are merged (their union is counted,
+not their sum), so comm_ms is the wall time during which a gradient collective was in flight,
+part of which overlaps backward compute; comm_frac = comm_ms / step_ms. FSDP's parameter
+all-gathers are not included.
+
+Metrics are logged by rank 0 only; loss, grad norm and tokens are already global (all-reduced),
+timings are averaged over ranks with `mean_over_ranks`. `agree_on_step` all-reduces the loss,
+grad norm and a non-finite flag before the stability monitor's check so every rank makes the
+same skip / rollback decision.
+
+Checkpoints (oreline.train.checkpoint) are written by every rank with DCP, which stores global
+shapes, so a run resumes at any world size (model and optimizer resharded) and the loader, whose
+state is a position in one global order, continues the same sequence of global batches. RNG
+states are saved per rank; a rank that has none (more ranks than at save time) keeps the state
+derived from `train.seed` at start-up. Training draws no random numbers after initialisation
+(no dropout; the data order is a seeded permutation), so this changes no result.
+`check_resume_batch` refuses a resume whose global batch differs from the checkpoint's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import hashlib
+import math
 import os
-import shutil
-import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as tdist
 from torch import nn
 
 from oreline.config import TrainConfig
-from oreline.errors import ConfigError, DistributedError
+from oreline.errors import ConfigError, DistributedError, TrainingError
 
 
 @dataclass(frozen=True)
@@ -35,10 +85,19 @@ class DistInfo:
     device: torch.device
     backend: str | None
     is_main: bool
+    parallel: str = "none"
 
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP: every forward is a collective, so every rank must run it (generation too)."""
+        return self.distributed and self.parallel == "fsdp"
+
+
+_DEVICE = torch.device("cpu")  # where this process's collective tensors live (CUDA for NCCL)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -53,6 +112,7 @@ def _env_int(name: str, default: int) -> int:
 
 def init_distributed(cfg: TrainConfig) -> DistInfo:
     """Read torchrun's environment; start a process group when WORLD_SIZE > 1."""
+    global _DEVICE
     world = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -61,7 +121,9 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
     if cuda:
         torch.cuda.set_device(device)
     if world == 1:
-        return DistInfo(0, 1, 0, device, None, True)
+        return DistInfo(0, 1, 0, device, None, True, cfg.parallel)
+    if cfg.parallel == "none" and os.environ.get("ORELINE_LAUNCHED_NPROC"):
+        cfg.parallel = "ddp"  # `oreline train --nproc N` asked for several processes: DDP unless told otherwise
     if cfg.parallel == "none":
         raise ConfigError(
             f"launched with WORLD_SIZE={world} but train.parallel=none",
@@ -70,49 +132,231 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:
         raise ConfigError("train.backend=nccl needs CUDA devices", "use train.backend=gloo on CPU")
+    _DEVICE = device if backend == "nccl" else torch.device("cpu")
     if not tdist.is_initialized():
         try:
-            tdist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
+            tdist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None,
+                                     timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
         except Exception as exc:  # the message of a failed rendezvous is the useful part
             raise DistributedError(
                 f"could not start the {backend} process group (rank {rank}/{world}): {exc}",
                 "check MASTER_ADDR/MASTER_PORT and that every rank was launched (oreline doctor env --distributed)",
             ) from exc
-    return DistInfo(rank, world, local_rank, device, backend, rank == 0)
+    return DistInfo(rank, world, local_rank, device, backend, rank == 0, cfg.parallel)
+
+
+# ---------------------------------------------------------------------------------------------
+# collectives
+
+
+def _active() -> bool:
+    return tdist.is_initialized() and tdist.get_world_size() > 1
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum over ranks in place (identity without a process group); returns the tensor."""
-    if tdist.is_initialized() and tdist.get_world_size() > 1:
+    if _active():
         tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
     return tensor
 
 
 def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
-    if tdist.is_initialized() and tdist.get_world_size() > 1:
+    if _active():
         tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
         tensor /= tdist.get_world_size()
     return tensor
 
 
+def mean_over_ranks(values: list[float]) -> list[float]:
+    """The mean of each value over ranks (timings for rank 0's log line); identity on one rank."""
+    if not _active():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_DEVICE)
+    return [float(v) for v in all_reduce_mean(t).cpu()]
+
+
+def agree_on_step(loss: float, grad_norm: float) -> tuple[float, float]:
+    """(loss, grad_norm) every rank agrees on: the max over ranks, NaN if any rank saw a non-finite value.
+
+    The loss is all-reduced and DDP/FSDP grad norms are global, so ranks normally hold equal
+    values already; this makes the stability decision identical by construction (a NaN on one
+    rank only, or a last-bit difference at a spike threshold, cannot split the ranks).
+    """
+    if not _active():
+        return loss, grad_norm
+    vals = [loss, grad_norm]
+    t = torch.tensor([v if math.isfinite(v) else 0.0 for v in vals] + [0.0 if math.isfinite(v) else 1.0 for v in vals],
+                     dtype=torch.float64, device=_DEVICE)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    out = []
+    for i, v in enumerate(vals):
+        bad = float(t[2 + i]) > 0
+        out.append((v if not math.isfinite(v) else math.nan) if bad else float(t[i]))
+    return out[0], out[1]
+
+
 def barrier() -> None:
-    if tdist.is_initialized() and tdist.get_world_size() > 1:
+    if _active():
         tdist.barrier()
 
 
+def cleanup() -> None:
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# communication timing
+
+
+class CommTimer:
+    """Spans of gradient collectives; `take()` returns the seconds of their union since the last take.
+
+    CPU spans are perf_counter pairs. CUDA spans are event pairs, turned into seconds relative to
+    a reference event at take time (the loop synchronises the device before it logs).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spans: list[tuple[Any, Any]] = []
+        self._ref: Any = None
+
+    def stamp(self) -> Any:
+        if _DEVICE.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            with self._lock:
+                if self._ref is None:
+                    self._ref = torch.cuda.Event(enable_timing=True)
+                    self._ref.record()
+            return ev
+        return time.perf_counter()
+
+    def add(self, start: Any, end: Any) -> None:
+        with self._lock:
+            self._spans.append((start, end))
+
+    def take(self) -> float:
+        with self._lock:
+            spans, ref = self._spans, self._ref
+            self._spans, self._ref = [], None
+        if not spans:
+            return 0.0
+        if not isinstance(spans[0][0], float):
+            torch.cuda.synchronize()
+            spans = [(ref.elapsed_time(a) / 1e3, ref.elapsed_time(b) / 1e3) for a, b in spans]
+        total, cur_start, cur_end = 0.0, None, None
+        for a, b in sorted(spans):
+            if cur_end is None or a > cur_end:
+                if cur_end is not None:
+                    total += cur_end - cur_start
+                cur_start, cur_end = a, b
+            else:
+                cur_end = max(cur_end, b)
+        return total + (cur_end - cur_start)
+
+
+COMM = CommTimer()
+
+
+def _timed_allreduce_hook(state, bucket):  # no annotations: DDP rejects the string ones of `from __future__`
+    """DDP comm hook: the default mean all-reduce of one gradient bucket, with its span recorded."""
+    start = state.stamp()
+    buf = bucket.buffer()
+    buf.div_(tdist.get_world_size())
+    fut = tdist.all_reduce(buf, async_op=True).get_future()
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        state.add(start, state.stamp())
+        return f.value()[0]
+
+    return fut.then(done)
+
+
+def _timed_reduce_scatter():
+    """An FSDP2 reduce-scatter (the default one) that records the span of every call into COMM."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+    class TimedReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
+                     async_op: bool = False) -> Any:
+            start = COMM.stamp()
+            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+            if work is not None and async_op:
+                work.wait()
+            COMM.add(start, COMM.stamp())
+            return None if async_op else work
+
+    return TimedReduceScatter()
+
+
+# ---------------------------------------------------------------------------------------------
+# wrapping
+
+
 def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
-    """Identity at world size 1; DistributedDataParallel when train.parallel = ddp."""
+    """Identity at world size 1; DDP or FSDP2 per train.parallel. Build the optimizer AFTER this call.
+
+    FSDP2 shards `model` in place (its parameters become DTensors) and returns it; DDP returns a
+    wrapper around it. Either way `model` stays the module to save, evaluate and generate with.
+    """
     if not info.distributed:
         return model
     if cfg.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [info.local_rank] if info.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
-    raise ConfigError(
-        f"train.parallel={cfg.parallel} is not implemented in this version",
-        "use train.parallel=ddp",
-    )
+        ddp = DistributedDataParallel(model, device_ids=ids, find_unused_parameters=cfg.find_unused_parameters)
+        ddp.register_comm_hook(COMM, _timed_allreduce_hook)
+        return ddp
+    if cfg.parallel == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(info.device.type, (info.world_size,))
+        if info.device.type == "cuda" and cfg.precision == "bf16":
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        else:
+            mp = MixedPrecisionPolicy()  # fp32 compute and reduction (CPU: bf16 matmuls are ~20× slower)
+        blocks = list(model.model.layers)
+        for block in blocks:
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        comm = _timed_reduce_scatter()
+        for m in (*blocks, model):
+            m.set_custom_reduce_scatter(comm)
+        return model
+    raise ConfigError(f"train.parallel={cfg.parallel!r} is unknown", "use train.parallel=ddp or fsdp")
+
+
+def sync_context(model: nn.Module, last: bool) -> Any:
+    """Context for one micro-batch: gradients are reduced across ranks only on the last one."""
+    if hasattr(model, "no_sync"):  # DDP
+        return contextlib.nullcontext() if last else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(last)
+    return contextlib.nullcontext()
+
+
+def check_unused_parameters(model: nn.Module, train_model: nn.Module) -> None:
+    """After the first step's backward: parameters DDP never saw a gradient for stop the run (by name)."""
+    if not hasattr(train_model, "no_sync") or getattr(train_model, "find_unused_parameters", True):
+        return
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    if unused:
+        shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
+        raise DistributedError(
+            f"DDP: {len(unused)} parameter(s) received no gradient in the first step: {shown}",
+            "set train.find_unused_parameters=true (or remove the parameters the forward does not use)",
+        )
+
+
+def clip_grad_norm(parameters: Any, max_norm: float) -> float:
+    """Clip to the global norm over all ranks' gradients (DTensor-aware); returns the pre-clip norm."""
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor holding the global norm
+        norm = norm.full_tensor()
+    return float(norm)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -124,16 +368,70 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         model = inner
 
 
-def cleanup() -> None:
-    if tdist.is_initialized():
-        tdist.destroy_process_group()
+def param_digest(model: nn.Module) -> str:
+    """sha256 of every parameter's full value (FSDP shards gathered), by name; every rank must call it."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        t = p.detach()
+        if hasattr(t, "full_tensor"):
+            t = t.full_tensor()
+        h.update(name.encode())
+        h.update(t.to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def write_param_digest(model: nn.Module, run_root: Path, rank: int) -> Path:
+    """`<run>/debug/params-rankNNNNN.sha256` (train.debug.param_digest: ranks compared by tests)."""
+    digest = param_digest(model)
+    path = Path(run_root) / "debug" / f"params-rank{rank:05d}.sha256"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(digest + "\n", encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# global batch across a resume
+
+
+def check_resume_batch(meta: dict, batch: dict, allow: list[str]) -> None:
+    """Refuse to resume with a global batch other than the checkpoint's (unless 'global_batch' is allowed).
+
+    A 2-rank checkpoint resumed on 1 rank with the same grad_accum would silently train on half
+    the batch the run was designed for; the arithmetic of both is in the message.
+    """
+    tc = (meta.get("config") or {}).get("train") or {}
+    world = meta.get("world_size")
+    if not tc or world is None or "global_batch" in allow:
+        return
+    saved = int(tc["micro_batch"]) * int(tc["grad_accum"]) * int(world) * int(tc["seq_len"])
+    if saved == batch["tokens"]:
+        return
+    per_step = batch["micro"] * batch["world"] * batch["seq_len"]
+    need = saved / per_step
+    raise TrainingError(
+        f"the checkpoint (step {meta.get('step')}) was trained with global batch = micro {tc['micro_batch']} × accum "
+        f"{tc['grad_accum']} × world {world} × seq_len {tc['seq_len']} = {saved:,} tokens; this run has micro "
+        f"{batch['micro']} × accum {batch['accum']} × world {batch['world']} × seq_len {batch['seq_len']} = "
+        f"{batch['tokens']:,} tokens",
+        (f"set train.grad_accum={need:g} and pass --allow-config-change train.grad_accum" if need == int(need) and need >= 1
+         else "change train.micro_batch / grad_accum / the number of processes")
+        + ", or pass --allow-config-change global_batch to resume with the new batch on purpose",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# launching
 
 
 def launch_torchrun(nproc: int, argv: list[str]) -> int:
     """Re-run this oreline command under torchrun with `nproc` processes; its exit code.
 
     `argv` is the command line after the program name; `--nproc N` is removed so the children
-    do not launch again, and `train.parallel=ddp` is added when no parallel mode is given.
+    do not launch again. The children get ORELINE_LAUNCHED_NPROC, which makes a config that says
+    train.parallel=none train with DDP (a config or override naming ddp/fsdp is kept).
+    torchrun is run as `python -m torch.distributed.run` from this interpreter, so the children
+    use the same environment as the parent whatever `torchrun` is first on PATH. torchrun sets
+    OMP_NUM_THREADS=1 in the children unless it is set (cores would be oversubscribed otherwise).
     """
     args: list[str] = []
     skip = False
@@ -147,9 +445,8 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
         if a.startswith("--nproc="):
             continue
         args.append(a)
-    if not any(a.startswith("train.parallel=") for a in args):
-        args.append("train.parallel=ddp")
-    torchrun = shutil.which("torchrun")
-    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    cmd += ["--standalone", f"--nproc_per_node={nproc}", "-m", "oreline", *args]
-    return subprocess.call(cmd)
+    import subprocess
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "oreline", *args]
+    return subprocess.call(cmd, env={**os.environ, "ORELINE_LAUNCHED_NPROC": str(nproc)})
