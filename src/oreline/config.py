@@ -189,6 +189,7 @@ class DebugConfig(Section):
     inject_spike_at_step: int | None = Field(None, description="multiply the loss by spike_factor at this step")
     spike_factor: float = 50.0
     sleep_per_step_s: float = Field(0.0, description="slow steps down (kill tests)")
+    param_digest: bool = Field(False, description="each rank writes <run>/debug/params-rankN.sha256 at the end")
 
 
 class OptimConfig(Section):
@@ -230,8 +231,13 @@ class TrainConfig(Section):
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast; fp32 on CPU (bf16 matmul is ~20× slower here)")
     activation_checkpointing: bool = False
     compile: bool = False
+    cpu_allocator: Literal["tuned", "default"] = Field(
+        "tuned", description="CPU: keep freed large blocks in glibc's heap (mallopt) instead of unmapping them; ~13% faster steps here"
+    )
     parallel: Literal["none", "ddp", "fsdp"] = Field("none", description="data parallelism under torchrun")
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: NCCL on CUDA, gloo on CPU")
+    find_unused_parameters: bool = Field(False, description="DDP: allow parameters the forward does not use (slower)")
+    dist_timeout_s: float = Field(600.0, gt=0, description="timeout of every collective: a dead peer fails the run, no hang")
     doc_mask: bool = Field(False, description="attention masked at document boundaries")
     log_every: int = 10
     eval_every: int = 200
