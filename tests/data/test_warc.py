@@ -12,10 +12,7 @@ import pytest
 from oreline.config import ProtocolConfig
 from oreline.data.warc import (
     ReadReport,
-    dechunk,
-    decode_payload,
     iter_records,
-    parse_http,
     protocol_reason,
     record_to_document,
 )
@@ -87,8 +84,6 @@ def test_chunked_transfer_encoding_is_decoded(edge):
     assert report.decoding["chunked"] == 1
     assert rec.payload.lstrip().lower().startswith(b"<!doctype html>")
     assert rec.payload.rstrip().endswith(b"</html>")
-    assert dechunk(b"4\r\nWiki\r\n5\r\npedia\r\n0\r\n\r\n") == b"Wikipedia"
-    assert dechunk(b"<html>not chunked</html>") is None
 
 
 def test_per_record_gzip_offsets_are_member_offsets(edge):
@@ -239,21 +234,6 @@ def test_record_to_document_metadata(edge):
     assert "Example Domain" in doc.text
 
 
-def test_decode_payload_order():
-    text = "Привет, мир"
-    assert decode_payload(text.encode("cp1251"), "windows-1251") == (text, "cp1251", 0)
-    meta = b'<html><head><meta http-equiv="Content-Type" content="text/html; charset=gbk"></head>'
-    zh = "中文网页内容"
-    got, enc, n = decode_payload(meta + zh.encode("gbk"), None)
-    assert zh in got and enc == "gb18030" and n == 0
-    # a single-byte label on valid multi-byte UTF-8 is a wrong label
-    assert decode_payload("café déjà vu".encode(), "iso-8859-1")[:2] == ("café déjà vu", "utf-8")
-    assert decode_payload("naïve".encode("cp1252"), None)[0] == "naïve"
-    assert decode_payload(b"\xef\xbb\xbfbom text", "cp1251")[:2] == ("bom text", "utf-8")
-    garbage, _, n = decode_payload(b"ok \xff\xfe\xfd" * 10, "utf-8")
-    assert n == garbage.count("\ufffd")
-
-
 def test_protocol_reason():
     cfg = ProtocolConfig()
     assert protocol_reason({"http_status": 200, "content_type": "text/html"}, cfg) is None
@@ -271,28 +251,3 @@ def test_whole_file_gzip_offsets_are_stream_offsets(edge, tmp_path):
     # one member for the whole file: offsets index the decompressed stream, i.e. the plain file
     assert [r.offset for r in whole] == [r.offset for r in plain]
     assert len({r.offset for r in plain}) == 6
-
-
-def test_content_encodings_and_already_decoded_bodies():
-    import zlib
-
-    import brotli
-    import zstandard
-
-    html = b"<html><body><p>hello encoded world</p></body></html>"
-    raw_deflate = zlib.compressobj(wbits=-15)
-    bodies = {
-        "gzip": gzip.compress(html), "deflate": zlib.compress(html),
-        "br": brotli.compress(html), "zstd": zstandard.ZstdCompressor().compress(html),
-    }
-    bodies_raw_deflate = raw_deflate.compress(html) + raw_deflate.flush()
-    for enc, body in [*bodies.items(), ("deflate", bodies_raw_deflate)]:
-        report = ReadReport()
-        block = f"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: {enc}\r\n\r\n".encode() + body
-        status, headers, payload = parse_http(block, report)
-        assert (status, payload) == (200, html), enc
-        assert report.decoding[f"content_encoding:{enc}"] == 1
-    report = ReadReport()
-    block = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n" + html
-    assert parse_http(block, report)[2] == html  # stored decoded and de-chunked: kept as is, and counted
-    assert report.decoding == {"chunked_invalid_kept_raw": 1, "content_encoding_already_decoded:gzip": 1}
