@@ -85,6 +85,8 @@ class TokenLoader:
             if shard.header.tokens != s["tokens"] or shard.header.documents != s["documents"]:
                 raise DataIntegrityError(f"token shard {shard.path} holds {shard.header.tokens} tokens, the manifest says {s['tokens']}", fmt.FIX)
             self.shards.append(shard)
+        # plain ndarray views of the mappings: slicing a np.memmap subclass costs more than the copy
+        self._arrays = [np.asarray(s.tokens) for s in self.shards]
         self.bos_id, self.eos_id = m["bos_id"], m["eos_id"]
         self._starts = np.cumsum([0] + [s.header.tokens for s in self.shards])  # global token offset of each shard
         self.total_tokens = int(self._starts[-1])
@@ -121,18 +123,16 @@ class TokenLoader:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _window(self, start: int, length: int) -> np.ndarray:
-        """stream[start : start + length] as int64, stitched across shard boundaries."""
+    def _window(self, start: int, out: np.ndarray) -> None:
+        """Copy stream[start : start + len(out)] into `out` (int64), stitched across shard boundaries."""
         k = int(np.searchsorted(self._starts, start, side="right")) - 1
-        out = []
-        while length > 0:
-            local = start - int(self._starts[k])
-            piece = self.shards[k].tokens[local:local + length]
-            out.append(piece)
-            start += len(piece)
-            length -= len(piece)
+        done = 0
+        while done < len(out):
+            local = start + done - int(self._starts[k])
+            piece = self._arrays[k][local:local + len(out) - done]
+            out[done:done + len(piece)] = piece
+            done += len(piece)
             k += 1
-        return out[0].astype(np.int64) if len(out) == 1 else np.concatenate(out).astype(np.int64)
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch != self._perm_epoch:
@@ -142,7 +142,9 @@ class TokenLoader:
 
     def _make_batch(self, seq_indices: list[int]) -> Batch:
         T = self.seq_len
-        rows = np.stack([self._window(i * T, T + 1) for i in seq_indices])  # (B, T+1)
+        rows = np.empty((len(seq_indices), T + 1), dtype=np.int64)  # (B, T+1)
+        for row, i in zip(rows, seq_indices, strict=True):
+            self._window(i * T, row)
         inputs = torch.from_numpy(rows[:, :-1].copy())
         labels = torch.from_numpy(rows[:, 1:].copy())
         labels[labels == self.bos_id] = IGNORE_INDEX
