@@ -94,8 +94,9 @@ def stage_data(cfg: Config, rd: RunDir, console: Console) -> str:
 def _write_extra_documents(cfg: Config, rd: RunDir, console: Console) -> None:
     """Clean text the user trusts (the demo: public-domain prose), split into ~4 KB documents at
     paragraph breaks so the train/validation split by id hash has enough units to split."""
+    from oreline.data.document import Document
+    from oreline.data.inputs import discover_inputs, iter_input_documents
     from oreline.data.normalize import normalize_text
-    from oreline.data.pipeline import expand_inputs, iter_input_documents
     from oreline.data.shards import ShardWriter
 
     extra = rd.root / "extra"
@@ -103,14 +104,15 @@ def _write_extra_documents(cfg: Config, rd: RunDir, console: Console) -> None:
         shutil.rmtree(extra)
     if not cfg.data.extra_inputs:
         return
-    files = expand_inputs([expand(p) for p in cfg.data.extra_inputs])
+    files, unknown = discover_inputs([expand(p) for p in cfg.data.extra_inputs])
+    for path in unknown:
+        console.print(f"[yellow]extra text: {path} is of no known kind; skipped[/]")
     n_docs = n_chars = 0
-    with ShardWriter(extra / "docs", max_shard_bytes=cfg.data.max_shard_bytes) as writer:
-        for path in files:
+    with ShardWriter(extra / "docs", "part", cfg.data.max_shard_bytes) as writer:
+        for path, _kind in files:
             for doc in iter_input_documents(path, cfg):
                 for k, piece in enumerate(split_paragraph_blocks(normalize_text(doc.text), 4000)):
-                    writer.write_dict({"id": f"{doc.id}#p{k}", "text": piece, "url": doc.url,
-                                       "source_file": str(path)})
+                    writer.write_doc(Document(id=f"{doc.id}#p{k}", text=piece, url=doc.url, metadata=dict(doc.metadata)))
                     n_docs += 1
                     n_chars += len(piece)
     console.print(f"extra text: {n_docs:,} documents, {n_chars:,} characters from {len(files)} files")
@@ -156,7 +158,16 @@ def stage_train(cfg: Config, rd: RunDir, console: Console, resume: str) -> str:
     from oreline.train.loop import train
 
     train(cfg, resume=resume, allow_config_change=[])
-    return files_fingerprint([rd.checkpoints / "latest"]) if (rd.checkpoints / "latest").exists() else ""
+    return _latest_checkpoint_fingerprint(rd)
+
+
+def _latest_checkpoint_fingerprint(rd: RunDir) -> str:
+    """The newest checkpoint's meta.json and checksums.json (sha256 of every weight file) name the model."""
+    latest = rd.checkpoints / "latest"
+    if not latest.is_file():
+        return ""
+    ckpt = rd.checkpoints / latest.read_text().strip()
+    return files_fingerprint([latest] + [p for p in (ckpt / "meta.json", ckpt / "checksums.json") if p.is_file()])
 
 
 def stage_eval(cfg: Config, rd: RunDir, console: Console) -> str:
