@@ -165,3 +165,22 @@ def test_resume_continues_exactly_and_metrics_read_as_one_run(tmp_path, train_co
     assert {r["step"]: r["loss"] for r in trains} == losses  # bit-exact on CPU
     assert second["final_val_loss"] == first["final_val_loss"]
     assert [r["kind"] for r in recs if r["type"] == "event"] == ["resume"]
+
+
+def test_rollback_reloads_this_runs_checkpoint_lowers_lr_and_moves_the_data_on(tmp_path, train_config, one_thread):
+    cfg = train_config(train__steps=8, train__log_every=1, train__eval_every=0, checkpoint__every=3,
+                       train__debug__inject_nan_at_step=5, train__stability__action="rollback", eval__prompts=[])
+    stale = tmp_path / "t" / "checkpoints" / "step-00000030"  # an earlier run's leftovers: never a rollback target
+    stale.mkdir(parents=True)
+    summary = train(cfg, resume="none")
+    assert summary["rollbacks"] == 1 and summary["step"] == 8
+    assert list((tmp_path / "t" / "previous").glob("*/checkpoints/step-00000030"))  # moved aside, not deleted
+    recs = read_metrics(tmp_path / "t" / "metrics.jsonl")
+    events = [(r["step"], r["kind"], r["action"]) for r in recs if r["type"] == "event"]
+    assert events == [(5, "nonfinite", "rollback"), (3, "rollback", "rollback")]
+    trains = [r for r in recs if r["type"] == "train"]
+    assert [r["step"] for r in trains] == [1, 2, 3, 4, 4, 5, 6, 7, 8]  # step 4 before and after the rollback
+    first4, again4 = trains[3], trains[4]
+    assert again4["lr"] == pytest.approx(0.8 * lr_at(3, cfg.train))  # lr × lr_factor from now on
+    assert again4["loss"] != first4["loss"]  # other batches: the data moved on past the failed step
+    assert all(math.isfinite(r["loss"]) for r in trains)  # the NaN was injected once, not again after the rollback

@@ -120,6 +120,12 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
     stability = StabilityMonitor(stab)
     state = TrainState()
     resumed, resume_events = resume_if_asked(cfg, s, state, stability, resume, allow, say)
+    dist.barrier()  # every rank has looked at the checkpoints before rank 0 may move them
+    if resumed is None and info.is_main:
+        moved = move_previous_training(s.run)
+        if moved is not None:
+            say(f"fresh start: the earlier run's checkpoints, metrics and TensorBoard files moved to {moved}")
+    dist.barrier()
     # A fresh start drops every step record an earlier, unresumable attempt left (-1); a resume
     # drops only the records after its checkpoint, so the file reads as one clean run.
     log = MetricsLogger(s.run.metrics, s.run.tensorboard, console if info.is_main else None, enabled=info.is_main,
@@ -134,7 +140,9 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
     checked_unused = False
     recent_losses: list[float] = []  # since the last eval record
     final_val = last_loss = None
-    last_ckpt: Path | None = None
+    # the checkpoint a rollback returns to: the last full one this run wrote or resumed from
+    # (never one an earlier, unrelated run left in the folder)
+    last_ckpt: Path | None = resumed
     s.train_model.train()
 
     while state.step < tc.steps:
@@ -184,7 +192,7 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
             if anomaly.kind == "nonfinite" and action == "log":
                 action = "skip"  # logged, but a NaN never reaches the optimizer
         if action == "rollback":
-            target = last_good_checkpoint(s, say)
+            target = last_ckpt
             if target is None:
                 action = "skip"
                 log.log(event(n, anomaly, "skip", "no checkpoint to roll back to yet: step skipped instead"))
@@ -546,6 +554,28 @@ def save(cfg: Config, s: Setup, state: TrainState, stability: Any, kind: str, lo
     return Path(path)
 
 
+def move_previous_training(run: RunDir) -> Path | None:
+    """A fresh start must not mix with what an earlier run left: move it to <run>/previous/<time>/.
+
+    Left in place, an old step-N checkpoint would be the one a later `--resume auto` (or a
+    rollback) picks, and old metrics would interleave with the new run's. Nothing is deleted.
+    """
+    old = [p for p in (run.checkpoints, run.metrics, run.tensorboard) if p.exists()]
+    if not old:
+        return None
+    import shutil
+
+    dest = run.root / "previous" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    n = 0
+    while dest.exists():
+        n += 1
+        dest = dest.with_name(f"{dest.name.split('.')[0]}.{n}")
+    dest.mkdir(parents=True)
+    for path in old:
+        shutil.move(str(path), str(dest / path.name))
+    return dest
+
+
 def _restore(meta: dict, s: Setup, state: TrainState) -> None:
     state.step = int(meta["step"])
     state.tokens_seen = int(meta["tokens_seen"])
@@ -602,14 +632,6 @@ class _Say:
 
     def __init__(self, say: Any):
         self.print = say
-
-
-def last_good_checkpoint(s: Setup, say: Any) -> Path | None:
-    if not s.run.checkpoints.is_dir():
-        return None
-    from oreline.train.checkpoint import find_resumable
-
-    return find_resumable(s.run.checkpoints, console=_Say(say))
 
 
 def rollback(s: Setup, state: TrainState, stability: Any, target: Path, failed_step: int, cfg: Config,
