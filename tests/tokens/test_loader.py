@@ -200,3 +200,12 @@ def test_whole_stream_is_served_across_shard_boundaries(tokens_dir):
     rows = torch.cat([b.input_ids for b in loader.iter_eval_batches()]).reshape(-1)
     assert torch.equal(rows, torch.from_numpy(stream(tokens_dir)[:len(rows)]))
     assert len(rows) > read_manifest(tokens_dir)["shards"][0]["tokens"] * 2
+
+
+def test_rank_union_holds_across_the_epoch_boundary(tokens_dir):
+    n = TokenLoader(tokens_dir, seq_len=T, micro_batch=B).num_sequences
+    state = {**TokenLoader(tokens_dir, seq_len=T, micro_batch=B, seed=2).state_dict(), "consumed_sequences": n - 5}
+    one, _ = _union(tokens_dir, 1, 8, 2, state=state)
+    four, end = _union(tokens_dir, 4, 2, 2, state=state)
+    assert all(torch.equal(a, b) for a, b in zip(one, four, strict=True))
+    assert end["epoch"] == 1 and end["consumed_sequences"] == n - 5 + 16
