@@ -219,49 +219,66 @@ def _move_training_aside(rd: RunDir) -> None:
         shutil.move(str(path), dest / path.name)
 
 
+def stage_plan(cfg: Config, from_stage: str | None = None) -> list[tuple[str, str]]:
+    """What `oreline run` would do now: [(stage, "skip" | "run" | "resume")], without doing it.
+
+    Keys of later stages depend on the outputs of earlier ones, so once one stage must run,
+    every stage after it runs too.
+    """
+    if from_stage is not None and from_stage not in STAGES:
+        raise OrelineError(f"unknown stage {from_stage!r}", f"use one of {', '.join(STAGES)}")
+    rd = RunDir.for_config(cfg)
+    lineage = rd.lineage()
+    outputs: dict[str, str] = {}
+    plan, must_run = [], False
+    for stage in STAGES:
+        must_run = must_run or stage == from_stage
+        rec = lineage.get(stage, {})
+        key = None if must_run else _stage_key(stage, cfg, outputs)
+        if not must_run and rec.get("key") == key and rec.get("finished") and _outputs_present(stage, rd):
+            plan.append((stage, "skip"))
+            outputs[stage] = rec["output"]
+            continue
+        resume = stage == "train" and not must_run and rec.get("key") == key and not rec.get("finished")
+        plan.append((stage, "resume" if resume else "run"))
+        must_run = True
+    return plan
+
+
 def run_all(cfg: Config, from_stage: str | None = None, console: Console | None = None) -> dict:
     """Run every stage whose key changed (or from `from_stage` on); return the summary."""
     console = console or Console(stderr=True)
-    if from_stage is not None and from_stage not in STAGES:
-        raise OrelineError(f"unknown stage {from_stage!r}", f"use one of {', '.join(STAGES)}")
     _check_samples(cfg)
+    plan = stage_plan(cfg, from_stage)
     rd = RunDir.for_config(cfg)
     rd.root.mkdir(parents=True, exist_ok=True)
     write_resolved(cfg, rd.root, section="run")
     lineage = rd.lineage()
 
     outputs: dict[str, str] = {}
-    forced = False
     timings: dict[str, float] = {}
-    for stage in STAGES:
-        forced = forced or stage == from_stage
-        key = _stage_key(stage, cfg, outputs)
-        rec = lineage.get(stage, {})
-        done = rec.get("key") == key and rec.get("finished") and _outputs_present(stage, rd)
-        if done and not forced:
-            console.print(f"[dim]· {stage}: unchanged (key {key[:12]}), skipped[/]")
-            outputs[stage] = rec["output"]
+    for stage, action in plan:
+        if action == "skip":
+            console.print(f"[dim]· {stage}: unchanged (key {lineage[stage]['key'][:12]}), skipped[/]")
+            outputs[stage] = lineage[stage]["output"]
             continue
-        console.rule(f"[bold]{stage}")
-        resume = "none"
-        if stage == "train":
-            if rec.get("key") == key and not forced:
-                resume = "auto"  # same settings, interrupted before: continue exactly
-            else:
-                _move_training_aside(rd)
+        key = _stage_key(stage, cfg, outputs)
+        console.rule(f"[bold]{stage}" + (" (resuming)" if action == "resume" else ""))
+        if stage == "train" and action == "run":
+            _move_training_aside(rd)  # different settings: never resume or append to the old run
         rd.record_stage(stage, {"key": key, "finished": False, "started": time.time()})
         t0 = time.perf_counter()
         if stage == "train":
-            out = stage_train(cfg, rd, console, resume)
+            out = stage_train(cfg, rd, console, resume="auto" if action == "resume" else "none")
         else:
             out = STAGE_FUNCS[stage](cfg, rd, console)
         timings[stage] = time.perf_counter() - t0
         outputs[stage] = out
         rd.record_stage(stage, {"key": key, "finished": True, "output": out, "seconds": timings[stage],
                                 "finished_at": time.time()})
-        lineage = rd.lineage()
-        forced = True  # every stage after one that ran must run too (its inputs changed)
     summary = summarize(rd)
+    summary["plan"] = plan
+    summary["seconds"] = timings
     print_summary(summary, timings, console)
     return summary
 

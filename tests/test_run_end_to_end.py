@@ -1,0 +1,95 @@
+"""The whole chain in one command: crawl files + prose → data → tokenizer → tokens → train →
+eval → export → report, then re-runs that redo exactly the stages whose inputs changed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from oreline.config import load_config
+from oreline.errors import InputError
+from oreline.stages import run_all, stage_plan
+
+MINI = """
+[run]
+name = "mini"
+runs_dir = "{runs}"
+[data]
+inputs = ["{{samples}}/web-archives/dolma-wget-2024", "{{samples}}/web-archives/commoncrawl-samples"]
+extra_inputs = ["{{samples}}/english-prose/tinyshakespeare.txt.gz"]
+workers = 2
+[data.langid]
+languages = ["en", "es", "an"]
+[tokenizer]
+vocab_size = 1024
+[tokenize]
+val_fraction = 0.05
+[model]
+preset = "debug"
+[train]
+seq_len = 128
+micro_batch = 4
+steps = 24
+log_every = 8
+eval_every = 12
+eval_batches = 2
+[checkpoint]
+every = 12
+[eval]
+batches = 2
+max_new_tokens = 8
+"""
+
+
+@pytest.fixture(scope="module")
+def mini_run(tmp_path_factory, samples):
+    root = tmp_path_factory.mktemp("e2e")
+    path = root / "mini.toml"
+    path.write_text(MINI.format(runs=root / "runs"))
+    cfg = load_config(path)
+    summary = run_all(cfg, console=Console(stderr=True, width=120))
+    return path, root / "runs" / "mini", summary
+
+
+def test_every_stage_leaves_its_artifacts(mini_run):
+    _, run_dir, summary = mini_run
+    for rel in ("data/stats.json", "extra/docs", "tokenizer/tokenizer.json", "tokens/manifest.json",
+                "checkpoints/latest", "metrics.jsonl", "eval/final.json", "export/config.json",
+                "export/model.safetensors", "report.html", "lineage.json", "config.toml", "fingerprint.json"):
+        assert (run_dir / rel).exists(), rel
+    assert [a for _, a in summary["plan"]] == ["run"] * 7
+    assert summary["web_docs_kept"] > 0 and summary["train_tokens"] > 0
+    assert summary["final_val_loss"] is not None and summary["final_val_loss"] < 7.0
+    lineage = json.loads((run_dir / "lineage.json").read_text())
+    assert all(lineage[s]["finished"] for s in lineage)
+
+
+def test_rerun_skips_unchanged_and_redoes_exactly_what_changed(mini_run):
+    path, run_dir, _ = mini_run
+    plan = dict(stage_plan(load_config(path)))
+    assert set(plan.values()) == {"skip"}
+
+    # a filter threshold: data and everything after it
+    plan = dict(stage_plan(load_config(path, ["data.langid.threshold=0.9"])))
+    assert set(plan.values()) == {"run"}
+
+    # the learning rate: training and after, and the real re-run does exactly that
+    cfg = load_config(path, ["train.optim.lr=0.001"])
+    summary = run_all(cfg, console=Console(stderr=True, width=120))
+    assert summary["plan"] == [("data", "skip"), ("tokenizer", "skip"), ("tokenize", "skip"), ("train", "run"),
+                               ("eval", "run"), ("export", "run"), ("report", "run")]
+    assert (run_dir / "previous").is_dir()  # the old training run was moved aside, not mixed in
+
+    # --from forces a stage and everything after it
+    plan = stage_plan(cfg, from_stage="export")
+    assert plan[-2:] == [("export", "run"), ("report", "run")] and plan[3] == ("train", "skip")
+
+
+def test_missing_samples_names_the_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORELINE_SAMPLES", str(tmp_path / "nowhere"))
+    cfg = load_config(None, [f"run.runs_dir={json.dumps(str(tmp_path))}"])
+    with pytest.raises(InputError) as err:
+        run_all(cfg, console=Console(stderr=True))
+    assert "ORELINE_SAMPLES" in str(err.value) and "data.inputs" in str(err.value)
