@@ -184,3 +184,20 @@ def test_rollback_reloads_this_runs_checkpoint_lowers_lr_and_moves_the_data_on(t
     assert again4["lr"] == pytest.approx(0.8 * lr_at(3, cfg.train))  # lr × lr_factor from now on
     assert again4["loss"] != first4["loss"]  # other batches: the data moved on past the failed step
     assert all(math.isfinite(r["loss"]) for r in trains)  # the NaN was injected once, not again after the rollback
+
+
+def test_cli_train_with_dotted_overrides(tmp_path, prose_tokens, one_thread):
+    from typer.testing import CliRunner
+
+    from oreline.cli import app
+
+    overrides = [f"run.runs_dir={json.dumps(str(tmp_path))}", 'run.name="cli"', 'model.preset="debug"',
+                 f"train.tokens={json.dumps(str(prose_tokens['tokens']))}",
+                 f"train.tokenizer={json.dumps(str(prose_tokens['tokenizer']))}",
+                 "train.seq_len=64", "train.micro_batch=2", "train.steps=3", "train.eval_batches=1",
+                 "train.optim.warmup_steps=1", "checkpoint.every=0", "eval.prompts=[]"]
+    res = CliRunner().invoke(app, ["train", *overrides, "--resume", "none"])
+    assert res.exit_code == 0, (res.output, res.exception)
+    recs = read_metrics(tmp_path / "cli" / "metrics.jsonl")
+    assert recs[-1]["type"] == "end" and recs[-1]["step"] == 3
+    assert recs[0]["global_batch"]["tokens"] == 2 * 64

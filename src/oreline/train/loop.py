@@ -21,6 +21,19 @@ Per optimizer step (step N is the N-th; the checkpoint "step N" holds the state 
    `eval_every` steps and at the end. A final full checkpoint is written at the end whenever
    checkpointing is on.
 
+Precision: fp32, or bf16 autocast (`train.precision`), meant for CUDA. On a CPU without native
+bf16, bf16 matmuls run ~20× slower than fp32 (measured on this project's machines), so the run
+prints a warning saying so and that fp32 is recommended — a warning, not a refusal, so that
+anyone can measure it on a CPU that does have bf16. Activation checkpointing recomputes each
+block in backward (non-reentrant `torch.utils.checkpoint`); `train.compile` wraps the model in
+`torch.compile` (the first step compiles: ~40 s for the demo model on 2 cores, then ~15% faster).
+On CPU the glibc allocator is tuned once (`train.cpu_allocator`, see `tune_cpu_allocator`).
+
+Counting: `tokens_seen` counts the tokens of every step taken, a skipped one included (its data
+was consumed); after a rollback it is the checkpoint's count again. After a rollback the steps
+from the checkpoint on are done again, so metrics.jsonl holds a `rollback` event followed by
+records for steps it already had: the last record of a step is the one that counts.
+
 Resume (`--resume auto|none|PATH`) restores model, optimizer, loader position, RNG state, the
 stability window, the lr multiplier and counters, and drops metrics records of steps after the
 checkpoint, so an interrupted run continues bit-exactly (on CPU) and its metrics.jsonl reads as
