@@ -21,7 +21,9 @@ this model's shapes, forward and backward (and, for reference, of generic 1024/4
     .venv/bin/python benchmarks/train_vs_hf.py [--steps 20] [--warmup 3] [--rounds 1] [--compile] [--hf-tuned-allocator]
 
 The machine is shared (2 cores, other jobs): read the ratio, not the absolute figures, and run
-it when the load average is low.
+it when the load average is low. Both sides also report tokens per CPU-second of this process
+(time.process_time over the same steps), which other jobs disturb much less than wall time,
+most of all with `--threads 1` (no OpenMP threads spin-waiting for a descheduled sibling).
 """
 
 from __future__ import annotations
@@ -91,9 +93,10 @@ def run_oreline(cfg, warmup: int) -> dict:
     recs = [json.loads(x) for x in (Path(cfg.run.runs_dir) / cfg.run.name / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if r["type"] == "train" and r["step"] > warmup]
     seconds = sum(r["step_ms"] for r in steps) / 1000
+    cpu = sum(r["cpu_ms"] for r in steps) / 1000
     tokens = sum(r["tokens_in_step"] for r in steps)
     start = next(r for r in recs if r["type"] == "start")
-    return {"tokens_per_s": tokens / seconds, "params": start["model"]["params"], "final_loss": steps[-1]["loss"]}
+    return {"tokens_per_s": tokens / seconds, "tokens_per_cpu_s": tokens / cpu, "params": start["model"]["params"], "final_loss": steps[-1]["loss"]}
 
 
 def run_hf(tokens: Path, vocab: int, steps: int, warmup: int) -> dict:
@@ -107,9 +110,9 @@ def run_hf(tokens: Path, vocab: int, steps: int, warmup: int) -> dict:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
     loader = TokenLoader(tokens, seq_len=SEQ, micro_batch=BATCH, seed=1234)
-    seconds, n_tokens = 0.0, 0
+    seconds, cpu, n_tokens = 0.0, 0.0, 0
     for step in range(1, steps + 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         b = loader.next_batch()
         logits = model(input_ids=b.input_ids).logits
         loss = F.cross_entropy(logits.view(-1, vocab), b.labels.view(-1), ignore_index=-100)
@@ -120,9 +123,10 @@ def run_hf(tokens: Path, vocab: int, steps: int, warmup: int) -> dict:
         float(loss.detach())
         if step > warmup:
             seconds += time.perf_counter() - t0
+            cpu += time.process_time() - c0
             n_tokens += b.input_ids.numel()
-    return {"tokens_per_s": n_tokens / seconds, "params": sum(p.numel() for p in model.parameters()),
-            "final_loss": float(loss)}
+    return {"tokens_per_s": n_tokens / seconds, "tokens_per_cpu_s": n_tokens / cpu, "params": sum(p.numel() for p in model.parameters()),
+            "final_loss": float(loss.detach())}
 
 
 def main() -> None:
@@ -133,7 +137,10 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="train.compile=true for oreline (first step compiles, ~40 s)")
     ap.add_argument("--hf-tuned-allocator", action="store_true",
                     help="give the HF loop oreline's CPU allocator setting too (how much of the gain is the allocator)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -160,23 +167,48 @@ def main() -> None:
         for r in range(a.rounds):  # HF first: its rounds run with the allocator a plain script has
             theirs.append(run_hf(tokens, vocab, a.steps, a.warmup))
             h = theirs[-1]
-            print(f"HF round {r + 1}: {h['tokens_per_s']:,.0f} tokens/s ({h['params']:,} params, final loss "
+            print(f"HF round {r + 1}: {h['tokens_per_s']:,.0f} tokens/s, {h['tokens_per_cpu_s']:,.0f} tokens/CPU-s "
+                  f"({h['params']:,} params, final loss "
                   f"{h['final_loss']:.3f}) | load {os.getloadavg()[0]:.2f}")
         ours = []
         for r in range(a.rounds):
             ours.append(run_oreline(cfg, a.warmup))
             o = ours[-1]
-            print(f"oreline round {r + 1}: {o['tokens_per_s']:,.0f} tokens/s ({o['params']:,} params, final loss "
+            print(f"oreline round {r + 1}: {o['tokens_per_s']:,.0f} tokens/s, {o['tokens_per_cpu_s']:,.0f} tokens/CPU-s "
+                  f"({o['params']:,} params, final loss "
                   f"{o['final_loss']:.3f}) | load {os.getloadavg()[0]:.2f}")
         # the peak again after the runs; the higher of the two is used (the conservative MFU)
         peak = max(peak, _fresh_peak(shapes))
+        cpu_peak = cpu_time_peak(shapes)
         o_tps = sum(x["tokens_per_s"] for x in ours) / len(ours)
         h_tps = sum(x["tokens_per_s"] for x in theirs) / len(theirs)
+        o_cpu = sum(x["tokens_per_cpu_s"] for x in ours) / len(ours)
+        h_cpu = sum(x["tokens_per_cpu_s"] for x in theirs) / len(theirs)
         print(f"\noreline {o_tps:,.0f} tokens/s vs HF {h_tps:,.0f} tokens/s: {o_tps / h_tps:.2f}× (target ≥ 1.3×)"
               + (" [compile on]" if a.compile else ""))
+        print(f"per CPU-second (less sensitive to other jobs): oreline {o_cpu:,.0f} vs HF {h_cpu:,.0f}: "
+              f"{o_cpu / h_cpu:.2f}×")
         print(f"oreline MFU {100 * fpt * o_tps / peak:.1f}% of the measured model-shape matmul peak "
               f"{peak / 1e9:.1f} GFLOP/s (target ≥ 80%), {100 * fpt * o_tps / generic:.1f}% of the generic-shape "
               f"peak {generic / 1e9:.1f} GFLOP/s; HF MFU {100 * fpt * h_tps / peak:.1f}%")
+        print(f"per CPU-second: matmul peak {cpu_peak / 1e9:.1f} GFLOP/CPU-s; oreline MFU {100 * fpt * o_cpu / cpu_peak:.1f}%, "
+              f"HF {100 * fpt * h_cpu / cpu_peak:.1f}%")
+
+
+def cpu_time_peak(shapes, reps: int = 3) -> float:
+    """Matmul FLOPs per CPU-second (process_time) of the same fwd + bwd products: the peak that
+    tokens per CPU-second are compared with (both count every busy thread)."""
+    mats = [(torch.randn(m, k), torch.randn(n, k), torch.randn(m, n)) for m, k, n in shapes]
+    flops = sum(6 * m * k * n for m, k, n in shapes)
+    best = float("inf")
+    for _ in range(reps + 1):
+        c0 = time.process_time()
+        for x, w, dy in mats:
+            F.linear(x, w)
+            dy @ w
+            dy.t() @ x
+        best = min(best, time.process_time() - c0)
+    return flops / best
 
 
 def _fresh_peak(shapes) -> float:

@@ -149,7 +149,7 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
 
     bos, eos = s.tokenizer.bos_id, s.tokenizer.eos_id
     t_run = time.perf_counter()
-    window = {"steps": 0, "seconds": 0.0, "data": 0.0, "comm": 0.0, "tokens": 0}  # since the last train record
+    window = {"steps": 0, "seconds": 0.0, "cpu": 0.0, "data": 0.0, "comm": 0.0, "tokens": 0}  # since the last train record
     checked_unused = False
     recent_losses: list[float] = []  # since the last eval record
     final_val = last_loss = None
@@ -160,7 +160,7 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
 
     while state.step < tc.steps:
         n = state.step + 1
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         lr = lr_at(state.step, tc, state.lr_multiplier)
         set_lr(s.optimizer, lr)
 
@@ -233,6 +233,7 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
             torch.cuda.synchronize(s.device)  # honest step times (optimizer.step is asynchronous)
         window["steps"] += 1
         window["seconds"] += time.perf_counter() - t0
+        window["cpu"] += time.process_time() - cpu0
         window["data"] += t_data
         window["comm"] += comm
         window["tokens"] += tokens_in_step
@@ -252,13 +253,15 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
                 "loss_bos": parts["loss_bos"], "lr": lr, "grad_norm": grad_norm, "clipped": clipped,
                 "tokens_per_s": tps, "mfu": mfu(s.flops_per_token, tps / info.world_size, s.peak_flops),
                 "step_ms": 1000 * window["seconds"] / window["steps"],
+                # process CPU time (all threads) per step: cpu_ms / step_ms is how many cores were busy
+                "cpu_ms": 1000 * window["cpu"] / window["steps"],
                 "data_ms": 1000 * window["data"] / window["steps"],
                 "data_wait_frac": window["data"] / window["seconds"],
                 **memory_stats(s.device),
                 "comm_ms": 1000 * window["comm"] / window["steps"] if info.distributed else None,
                 "comm_frac": window["comm"] / window["seconds"] if info.distributed else None,
             })
-            window = {"steps": 0, "seconds": 0.0, "data": 0.0, "comm": 0.0, "tokens": 0}
+            window = {"steps": 0, "seconds": 0.0, "cpu": 0.0, "data": 0.0, "comm": 0.0, "tokens": 0}
 
         # -- checkpoints
         ckpt = cfg.checkpoint
