@@ -191,6 +191,11 @@ def main() -> None:
         print(f"oreline MFU {100 * fpt * o_tps / peak:.1f}% of the measured model-shape matmul peak "
               f"{peak / 1e9:.1f} GFLOP/s (target ≥ 80%), {100 * fpt * o_tps / generic:.1f}% of the generic-shape "
               f"peak {generic / 1e9:.1f} GFLOP/s; HF MFU {100 * fpt * h_tps / peak:.1f}%")
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+        if load > cores:
+            print(f"note: load average {load:.1f} on {cores} cores — other jobs share the CPU, so the wall-clock "
+                  "tokens/s, peak and MFU above are unreliable (an MFU above 100% means the peak was measured "
+                  "while the machine was busier); the per-CPU-second figures below are the ones to read")
         print(f"per CPU-second: matmul peak {cpu_peak / 1e9:.1f} GFLOP/CPU-s; oreline MFU {100 * fpt * o_cpu / cpu_peak:.1f}%, "
               f"HF {100 * fpt * h_cpu / cpu_peak:.1f}%")
 
