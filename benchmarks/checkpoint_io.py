@@ -87,7 +87,9 @@ def main() -> int:
     ap.add_argument("--preset", default="125m")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="folder on the disk to measure")
     ap.add_argument("--repeats", type=int, default=2, help="best of N for every figure")
+    ap.add_argument("--write-threads", type=int, default=ck.WRITE_THREADS, help="DCP files/threads per rank")
     a = ap.parse_args()
+    ck.WRITE_THREADS = a.write_threads
 
     args = resolve_model_args(ModelConfig(preset=a.preset))
     work = Path(tempfile.mkdtemp(prefix="oreline-ckpt-io-", dir=a.dir))
@@ -139,7 +141,8 @@ def main() -> int:
 
         w_raw, r_raw = max(writes), max(reads)
         save_mbs, load_mbs = size / min(saves) / MB, size / min(loads) / MB
-        print(f"checkpoint: {size / MB:,.1f} MB in {len(list(path.iterdir()))} files")
+        print(f"checkpoint: {size / MB:,.1f} MB in {len(list(path.iterdir()))} files "
+              f"({ck.WRITE_THREADS} DCP write thread(s))")
         print(f"raw write (dd conv=fsync, {mib} MiB): {w_raw:,.0f} MB/s   raw read (evicted): {r_raw:,.0f} MB/s")
         print(f"save_checkpoint: {min(saves):.2f} s = {save_mbs:,.0f} MB/s = {save_mbs / w_raw:.0%} of raw write "
               f"(target ≥ 70%)")

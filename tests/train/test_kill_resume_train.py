@@ -89,15 +89,16 @@ def wait_for(proc: subprocess.Popen, cond, timeout: float = 120.0) -> bool:
     """Poll cond every millisecond; False if the process ended or time ran out first."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if cond():
-            return True
+        with contextlib.suppress(OSError):  # a folder removed between exists() and stat()
+            if cond():
+                return True
         if proc.poll() is not None:
             return False
         time.sleep(0.001)
     return False
 
 
-def kill_at(proc: subprocess.Popen, run: Path, kind: str, step: int, rng: random.Random) -> str:
+def kill_at(proc: subprocess.Popen, run: Path, kind: str, step: int, rng: random.Random, launched: float) -> str:
     """SIGKILL the run at `kind` ("step", "save", "eval") of `step`; returns what was hit."""
     ckpts = run / "checkpoints"
     if kind == "step":
@@ -105,11 +106,12 @@ def kill_at(proc: subprocess.Popen, run: Path, kind: str, step: int, rng: random
             return "finished"
         time.sleep(rng.uniform(0.0, SLEEP))
         hit = f"during step {step}"
-    elif kind == "save":
+    elif kind == "save":  # this launch's temporary folder, not one an earlier kill left behind
         tmp = ckpts / f".tmp-step-{step:08d}"
-        if not wait_for(proc, lambda: tmp.exists() or has(run, "checkpoint", step)):
+        if not wait_for(proc, lambda: (tmp.exists() and tmp.stat().st_ctime >= launched) or has(run, "checkpoint", step)):
             return "finished"
-        hit = f"during the save of step {step}" if tmp.exists() else f"after the save of step {step}"
+        hit = (f"during the save of step {step}" if tmp.exists() and not has(run, "checkpoint", step)
+               else f"after the save of step {step}")
     else:
         if not wait_for(proc, lambda: has(run, "checkpoint", step)):
             return "finished"
@@ -128,8 +130,9 @@ def run_with_kills(config: Path, run: Path, plan: list[tuple[str, int]], seed: i
     log = log or run.parent / "kills.log"
     hits = []
     for kind, step in plan:
+        launched = time.time()
         proc = launch(config, log)
-        hit = kill_at(proc, run, kind, step, rng)
+        hit = kill_at(proc, run, kind, step, rng, launched)
         if hit == "finished":
             raise AssertionError(f"the run ended (rc {proc.returncode}) before the {kind} kill at {step}: "
                                  + log.read_text()[-3000:])

@@ -99,6 +99,10 @@ from oreline.train.checkpoint_files import (  # noqa: F401 (re-exported: the pub
 
 log = logging.getLogger("oreline.checkpoint")
 
+# Files (and threads) per rank in a DCP save. On the shared 2-core machine 2 threads were not
+# reliably faster than 1 (benchmarks/checkpoint_io.py --write-threads N); hosts with idle cores
+# may gain from more.
+WRITE_THREADS = 1
 NEVER_ALLOWED = {
     "model.": "the model shape would not match the saved tensors",
     "tokenizer.": "token ids would mean different strings than the model learned",
@@ -124,6 +128,21 @@ def _barrier() -> None:
 
 def _no_dist() -> bool:
     return _world() == 1 and not (dist.is_available() and dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _no_zip_crc32():
+    """torch.save (which DCP uses per tensor) computes a CRC32 of every record: on this CPU that was
+    ~80% of a save's CPU time (benchmarks/checkpoint_io.py). checksums.json already covers every
+    byte with xxh3-128, so the CRC is redundant; loading does not need it."""
+    from torch.utils.serialization import config
+
+    before = config.save.compute_crc32
+    config.save.compute_crc32 = False
+    try:
+        yield
+    finally:
+        config.save.compute_crc32 = before
 
 
 @contextlib.contextmanager
@@ -284,6 +303,11 @@ def _publish(tmp: Path, final: Path) -> None:
     fsync_dir(final.parent)
 
 
+def _writer(folder: Path) -> dcp.FileSystemWriter:
+    """DCP's file writer with fsync, WRITE_THREADS files per rank written in parallel."""
+    return dcp.FileSystemWriter(str(folder), sync_files=True, thread_count=WRITE_THREADS)
+
+
 def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                     meta: dict, kind: str = "full", cfg: CheckpointConfig | None = None) -> Path:
     """Save a checkpoint atomically; every rank calls it. Returns the final folder.
@@ -338,7 +362,8 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
 
     on_cuda = any(p.is_cuda for p in model.parameters())
     if cfg.async_save and on_cuda:
-        future = dcp.async_save(state, checkpoint_id=str(tmp))
+        # (torch.save's CRC32 stays on here: the write runs in DCP's thread after this returns)
+        future = dcp.async_save(state, storage_writer=_writer(tmp), no_dist=_no_dist())
         _PENDING = _PendingSave(future, finalize, t0)
         _LAST_SAVE.clear()
         _LAST_SAVE["blocking_s"] = time.perf_counter() - t0
@@ -347,8 +372,8 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
     if cfg.async_save and not _ASYNC_NOTE_SHOWN:
         log.warning("checkpoint.async is ignored on CPU: saving synchronously")
         _ASYNC_NOTE_SHOWN = True
-    with _quiet_single_process():
-        dcp.save(state, checkpoint_id=str(tmp), no_dist=_no_dist())
+    with _quiet_single_process(), _no_zip_crc32():
+        dcp.save(state, storage_writer=_writer(tmp), no_dist=_no_dist())
     path = finalize()
     _LAST_SAVE["blocking_s"] = _LAST_SAVE["total_s"] = time.perf_counter() - t0
     return path
