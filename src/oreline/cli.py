@@ -256,12 +256,13 @@ def quality_train_reference(
     docs: Annotated[list[str], typer.Argument(help="trusted text: .txt/.txt.gz/.zip/JSONL/Parquet")],
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
     kind: Annotated[str, typer.Option(help="ngram (fast, KenLM) or llama (tiny oreline model)")] = "ngram",
+    steps: Annotated[Optional[int], typer.Option(help="llama: training steps (default 300)")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Train a small reference LM for perplexity-based quality filtering."""
-    from oreline.data.perplexity import train_reference
+    from oreline.data.reference_lm import train_reference
 
-    train_reference(docs, out, kind=kind, console=Console())
+    train_reference(docs, out, kind=kind, console=Console(), **({"steps": steps} if steps else {}))
 
 
 @quality_app.command("score")

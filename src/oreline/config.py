@@ -89,8 +89,9 @@ class QualityConfig(Section):
     ascii_ratio: bool = True
     min_ascii_ratio: float = Field(0.30, description="minimum ASCII share, applied to Latin-script languages only (seed recipe)")
     perplexity_model: str | None = Field(None, description="reference LM folder for perplexity scoring (oreline quality train-reference)")
-    perplexity_max: float | None = Field(None, description="absolute perplexity cut-off (per word); None: use buckets")
+    perplexity_max: float | None = Field(None, description="absolute perplexity cut-off (per word); None: CCNet buckets from this run's documents")
     perplexity_keep_buckets: list[Literal["head", "middle", "tail"]] = Field(["head", "middle"], description="CCNet buckets kept")
+    perplexity_sample_docs: int = Field(10_000, ge=1, description="documents of the run sampled (by id hash) for the bucket cut-offs")
 
 
 class DedupConfig(Section):

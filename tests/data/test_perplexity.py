@@ -1,4 +1,5 @@
-"""Reference n-gram LM: a normalized KN model, ARPA parity with kenlm, ranking prose < web < garbage."""
+"""Reference LMs (n-gram and tiny Llama): ranking prose < web < garbage for both kinds, a normalized
+KN model, ARPA parity with kenlm, the pipeline step, the run's own bucket cut-offs, the score CLI."""
 
 from __future__ import annotations
 
@@ -13,21 +14,24 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from oreline.config import QualityConfig
+from oreline.config import Config, QualityConfig
 from oreline.data.document import Document
 from oreline.data.perplexity import (
     BOS,
     UNK,
     ArpaModel,
+    bucket_step,
+    compute_cutoffs,
     doc_perplexity,
     estimate_kneser_ney,
     load_reference,
+    load_scorer,
     perplexity_filter_factory,
     score_cli,
     sentences,
-    train_reference,
     write_arpa,
 )
+from oreline.data.reference_lm import train_reference
 from oreline.errors import ConfigError
 
 TRAIN_BOOKS = ["austen-emma.txt", "chesterton-brown.txt"]
@@ -44,23 +48,49 @@ def articles(samples: Path) -> list[str]:
     return [truth[k]["articleBody"] for k in sorted(truth)]
 
 
-@pytest.fixture(scope="module")
-def reference(samples, tmp_path_factory) -> Path:
-    """A trigram model on two books plus every other clean news article of the samples."""
-    src = tmp_path_factory.mktemp("ref-src")
+def trusted_texts(samples: Path, folder: Path) -> list[str]:
+    """Two books plus every other clean news article of the samples, as files to train on."""
     paths = []
     for name in TRAIN_BOOKS:
-        (src / name).write_text(book(samples, name), encoding="utf-8")
-        paths.append(str(src / name))
-    with open(src / "articles.jsonl", "w", encoding="utf-8") as fh:
+        (folder / name).write_text(book(samples, name), encoding="utf-8")
+        paths.append(str(folder / name))
+    with open(folder / "articles.jsonl", "w", encoding="utf-8") as fh:
         for i, text in enumerate(articles(samples)[::2]):
             fh.write(json.dumps({"id": f"a{i}", "text": text}) + "\n")
-    paths.append(str(src / "articles.jsonl"))
+    paths.append(str(folder / "articles.jsonl"))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def reference(samples, tmp_path_factory) -> Path:
+    """A trigram model on the trusted texts."""
+    paths = trusted_texts(samples, tmp_path_factory.mktemp("ref-src"))
     out = tmp_path_factory.mktemp("ref")
     meta = train_reference(paths, out, kind="ngram", console=None)
     assert meta["documents"] == 2 + len(articles(samples)[::2])
     assert 100 < meta["heldout_perplexity"] < 1000
     return out
+
+
+@pytest.fixture(scope="module")
+def llama_reference(samples, tmp_path_factory) -> Path:
+    """A test-sized oreline Llama (~0.3M parameters, 1,024-token BPE) on the same texts, ~20 s on one core."""
+    import torch
+
+    paths = trusted_texts(samples, tmp_path_factory.mktemp("llama-src"))
+    out = tmp_path_factory.mktemp("llama-ref")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a shared machine: one busy thread beats two fighting ones
+    try:
+        meta = train_reference(paths, out, kind="llama", console=None, **LLAMA_TEST)
+    finally:
+        torch.set_num_threads(threads)
+    assert meta["steps"] == LLAMA_TEST["steps"] and meta["final_val_loss"] < 6.0
+    return out
+
+
+LLAMA_TEST = dict(vocab_size=1024, dim=96, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, seq_len=128,
+                  micro_batch=8, steps=250, lr=5e-3, max_train_chars=1_500_000)
 
 
 def nav_menus(samples: Path) -> list[str]:
@@ -100,21 +130,43 @@ def auc(low: list[float], high: list[float]) -> float:
     return float((hi > lo).mean() + 0.5 * (hi == lo).mean())
 
 
-def test_ranks_prose_below_web_below_garbage(samples, reference):
-    model = load_reference(reference, backend="python")
+@pytest.mark.parametrize("kind", ["ngram", "llama"])
+def test_ranks_prose_below_web_below_garbage(samples, request, kind):
+    folder = request.getfixturevalue("reference" if kind == "ngram" else "llama_reference")
+    scorer = load_scorer(folder, backend="python")
+    assert scorer.kind == kind
     prose = [t[i : i + 3000] for t in (book(samples, b) for b in HELDOUT_BOOKS) for i in range(5000, 65000, 3000)]
     web = [t for t in articles(samples)[1::2] if len(t) > 500]
     bad = garbage(samples, prose)
     assert all(len(v) >= 5 for v in bad.values())
-    ppl = lambda texts: [doc_perplexity(model, t)[0] for t in texts]  # noqa: E731
+    ppl = lambda texts: [s["perplexity"] for s in scorer.score_texts(texts)]  # noqa: E731
     p_prose, p_web = ppl(prose), ppl(web)
     p_bad = {k: ppl(v) for k, v in bad.items()}
     pooled = [p for v in p_bad.values() for p in v]
-    assert np.median(p_prose) < np.median(p_web) < np.median(pooled)
-    assert auc(p_prose, pooled) >= 0.98, {k: np.median(v) for k, v in p_bad.items()}
-    assert auc(p_prose, p_web) >= 0.8
-    for kind, scores in p_bad.items():
-        assert np.median(scores) > 2 * np.median(p_prose), kind
+    medians = {"prose": np.median(p_prose), "web": np.median(p_web), **{k: np.median(v) for k, v in p_bad.items()}}
+    assert np.median(p_prose) < np.median(p_web) < np.median(pooled), medians
+    assert auc(p_prose, pooled) >= 0.98, medians
+    assert auc(p_prose, p_web) >= 0.8, medians
+    for name, scores in p_bad.items():
+        assert np.median(scores) > 2 * np.median(p_prose), (name, medians)
+
+
+def test_llama_scores_paragraphs_and_batches_alike(llama_reference, samples):
+    scorer = load_scorer(llama_reference)
+    prose = book(samples, "austen-persuasion.txt")[20000:24000]
+    menu = nav_menus(samples)[0]
+    mixed = prose + "\n" + menu
+    alone = [s["perplexity"] for s in (scorer.score_texts([prose])[0], scorer.score_texts([menu])[0])]
+    batch = scorer.score_texts([prose, menu, mixed, "", "   \n  "])
+    assert [b["perplexity"] for b in batch[:2]] == pytest.approx(alone, rel=1e-4)  # padding changes nothing
+    paras = batch[2]["paragraphs"]
+    n_prose = len([line for line in prose.split("\n") if line.strip()])
+    assert len(paras) == n_prose + len(menu.split("\n"))
+    assert np.median(paras[:n_prose]) < np.median(paras[n_prose:])  # menu lines stand out inside a page
+    assert batch[3]["words"] == 0 and batch[3]["perplexity"] == float("inf") and batch[4]["paragraphs"] == []
+    ref = json.loads((llama_reference / "reference.json").read_text())
+    assert ref["kind"] == "llama" and len(ref["fingerprint"]) == 64 and (llama_reference / "tokenizer" / "tokenizer.json").is_file()
+    assert ref["tokenizer_fingerprint"] == scorer.tok.fingerprint
 
 
 def test_kneser_ney_is_normalized(samples, tmp_path):
@@ -137,31 +189,60 @@ def test_arpa_query_matches_kenlm(samples, reference):
         assert ours.sentence_log10(toks) == pytest.approx(fast.score(" ".join(toks), bos=True, eos=True), abs=1e-3)
 
 
-def test_filter_by_threshold_and_by_buckets(samples, reference, tmp_path):
+def test_step_scores_and_cuts_by_threshold(samples, reference):
     prose = Document("p", book(samples, "austen-persuasion.txt")[10000:14000])
     menu = Document("m", nav_menus(samples)[0])
-    cfg = QualityConfig(perplexity_model=str(reference), perplexity_max=1000.0)
-    fn = perplexity_filter_factory(cfg)
-    assert fn(prose) is None and 50 < prose.metadata["perplexity"] < 1000
-    assert fn(menu) == "perplexity:>1000" and menu.metadata["perplexity"] > 1000
-    assert fn(Document("e", "   ")) == "perplexity:no_tokens"
+    step = perplexity_filter_factory(QualityConfig(perplexity_model=str(reference), perplexity_max=1000.0))
+    assert step.name == "quality:perplexity" and step.batch_fn is not None
+    assert step.batch_fn([prose, menu, Document("e", "   ")]) == [None, "perplexity:>1000", "perplexity:no_tokens"]
+    assert 50 < prose.metadata["perplexity"] < 1000 and menu.metadata["perplexity"] > 1000
+    assert len(prose.metadata["perplexity_paragraphs"]) == len([x for x in prose.text.split("\n") if x.strip()])
+    assert step.fn(Document("p2", prose.text)) is None  # one document at a time gives the same
+    with pytest.raises(ConfigError, match="perplexity_model"):
+        perplexity_filter_factory(QualityConfig())
+    # without perplexity_max the step only scores: the buckets are cut in phase 3
+    step = perplexity_filter_factory(QualityConfig(perplexity_model=str(reference)))
+    assert step.batch_fn([menu]) == [None]
 
-    with pytest.raises(ConfigError, match="perplexity_max"):
-        perplexity_filter_factory(QualityConfig(perplexity_model=str(reference)))
-    # calibrate CCNet buckets on a sample "crawl": prose, web articles and menus
+
+def test_cutoffs_come_from_a_sample_of_the_run(reference, tmp_path):
+    import pyarrow as pa
+
+    rng = np.random.default_rng(0)
+    ppl = rng.lognormal(5.0, 0.5, 3000)
+    files = []
+    for k in range(3):  # three tasks' kept documents, one with unscored rows
+        part = ppl[k * 1000:(k + 1) * 1000].tolist() + ([None] * 5 if k == 1 else [])
+        path = tmp_path / f"kept-{k}.parquet"
+        pq.write_table(pa.table({"id": [f"d{k}-{i}" for i in range(len(part))], "perplexity": part}), path)
+        files.append(path)
+    cfg = Config.model_validate({"data": {"quality": {"perplexity_model": str(reference), "perplexity_sample_docs": 1000}}})
+    info = compute_cutoffs(files, tmp_path / "cutoffs.json", cfg)
+    assert info["scored_docs"] == 3000 and info["sample_docs"] == 1000
+    lo, hi = info["cutoffs"]
+    assert abs(lo - np.percentile(ppl, 30)) < 0.1 * lo and abs(hi - np.percentile(ppl, 60)) < 0.1 * hi
+    assert compute_cutoffs(files[::-1], tmp_path / "other.json", cfg)["cutoffs"] == [lo, hi]  # order-free sample
+    step = bucket_step(tmp_path / "cutoffs.json", cfg)
+    docs = [Document("h", "", "", {"perplexity": lo * 0.9}), Document("m", "", "", {"perplexity": (lo + hi) / 2}),
+            Document("t", "", "", {"perplexity": hi * 1.1})]
+    assert [step.fn(d) for d in docs] == [None, None, "perplexity:tail"]
+    assert [d.metadata["perplexity_bucket"] for d in docs] == ["head", "middle", "tail"]
+    cfg.data.quality.perplexity_max = 500.0
+    assert bucket_step(tmp_path / "cutoffs.json", cfg) is None  # an absolute cut-off needs no buckets
+
+
+def test_score_cli_writes_per_document_scores(samples, reference, tmp_path):
     sample = tmp_path / "crawl.jsonl"
-    texts = [prose.text] + [t for t in articles(samples)[1::2] if len(t) > 500][:20] + nav_menus(samples)[:10]
+    texts = [book(samples, "austen-persuasion.txt")[10000:14000]] + [t for t in articles(samples)[1::2] if len(t) > 500][:20] \
+        + nav_menus(samples)[:10] + [" "]
     sample.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     summary = score_cli([str(sample)], reference, tmp_path / "scores.parquet", console=None)
-    assert summary["scored"] == len(texts)
+    assert summary["documents"] == len(texts) and summary["scored"] == len(texts) - 1
     scores = pq.read_table(tmp_path / "scores.parquet").to_pydict()
-    assert scores["id"] == [f"d{i}" for i in range(len(texts))]
-    cuts = json.loads((reference / "buckets.json").read_text())["cutoffs"]
-    assert cuts[0] < cuts[1]
-    fn = perplexity_filter_factory(QualityConfig(perplexity_model=str(reference)))
-    assert fn(prose) is None and prose.metadata["perplexity_bucket"] == "head"
-    assert fn(menu) == "perplexity:bucket_tail"
-    (reference / "buckets.json").unlink()
+    assert scores["id"] == [f"d{i}" for i in range(len(texts))] and scores["words"][-1] == 0
+    p = summary["percentiles"]
+    assert p[10] < p[30] < p[50] < p[60] < p[90] and summary["bucket_cutoffs"] == [p[30], p[60]]
+    assert not (reference / "buckets.json").exists()  # scoring never changes the model folder
 
 
 def test_odd_characters_train_and_score(tmp_path):

@@ -33,7 +33,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -280,47 +281,217 @@ def doc_perplexity(model: ArpaModel | KenlmModel, text: str) -> tuple[float, int
 
 
 # ---------------------------------------------------------------------------------------------
-# pipeline filter and CLI entry points
+# scorers: one interface for both kinds
 
 
-def perplexity_filter_factory(cfg: QualityConfig) -> Callable[[Document], str | None]:
-    """fn(doc) → reason: writes metadata["perplexity"] and drops above perplexity_max or by bucket.
+class NgramScorer:
+    """Per-word perplexity of documents and their paragraphs under the n-gram reference."""
 
-    With perplexity_max set, documents above it are dropped ("perplexity:>MAX"). Otherwise the
-    CCNet buckets from the model folder's buckets.json (written by `oreline quality score`) are
-    used: head ≤ p30 < middle ≤ p60 < tail, and buckets not in perplexity_keep_buckets are dropped.
+    kind = "ngram"
+    batch_docs = 64  # no gain from batching; the step API is the same for both kinds
+
+    def __init__(self, folder: str | Path, backend: str = "auto"):
+        self.model = load_reference(folder, backend)
+
+    def score_texts(self, texts: list[str]) -> list[dict[str, Any]]:
+        """Per text: {"perplexity", "words", "nll" (nats), "paragraphs": [ppl or None per paragraph]}."""
+        from oreline.data.reference_lm import paragraphs
+
+        out = []
+        for text in texts:
+            log10, n, per = 0.0, 0, []
+            for para in paragraphs(text):
+                pl, pn = 0.0, 0
+                for toks in sentences(para):
+                    pl += self.model.sentence_log10(toks)
+                    pn += len(toks) + 1
+                per.append(10 ** (-pl / pn) if pn else None)
+                log10, n = log10 + pl, n + pn
+            out.append({"perplexity": 10 ** (-log10 / n) if n else math.inf, "words": n,
+                        "nll": -log10 * math.log(10), "paragraphs": per})
+        return out
+
+
+def load_scorer(folder: str | Path, backend: str = "auto") -> NgramScorer | Any:
+    """The scorer of a reference folder, by the kind its reference.json names (model.arpa alone: ngram)."""
+    folder = Path(folder)
+    ref_file = folder / "reference.json"
+    kind = json.loads(ref_file.read_text()).get("kind") if ref_file.is_file() else "ngram"
+    if kind == "ngram":
+        return NgramScorer(folder, backend)
+    if kind == "llama":
+        from oreline.data.reference_lm import LlamaScorer
+
+        return LlamaScorer(folder)
+    raise InputError(f"{ref_file} names an unknown reference kind {kind!r}", "retrain it with oreline quality train-reference")
+
+
+def reference_fingerprint(folder: str | Path) -> str | None:
+    ref = Path(folder) / "reference.json"
+    return json.loads(ref.read_text()).get("fingerprint") if ref.is_file() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# the pipeline: score in phase 1, cut-offs from the run's own documents, buckets in phase 3
+
+
+def _finite(x: float | None, digits: int) -> float | None:
+    return round(x, digits) if x is not None and math.isfinite(x) else None
+
+
+def perplexity_filter_factory(cfg: QualityConfig):
+    """The phase-1 step "quality:perplexity" (a batched Step): scores every document.
+
+    Writes metadata["perplexity"] (per word, see the module docstring) and
+    metadata["perplexity_paragraphs"] (one per non-empty line, None where nothing was scored).
+    Drops "perplexity:no_tokens" and, with perplexity_max set, "perplexity:>MAX". Without an
+    absolute cut-off the buckets are applied in phase 3 (`bucket_step`), once the cut-offs have
+    been computed from this run's own documents (`compute_cutoffs`).
     """
+    from oreline.data.steps import Step
+
     if not cfg.perplexity_model:
         raise ConfigError("data.quality.perplexity_model is not set", "train a model with oreline quality train-reference and set its folder")
-    folder = Path(cfg.perplexity_model)
-    model = load_reference(folder)
+    from oreline.config import expand
+
+    scorer = load_scorer(expand(cfg.perplexity_model))
     limit = cfg.perplexity_max
-    cuts = None
-    if limit is None:
-        bfile = folder / "buckets.json"
-        if not bfile.is_file():
-            raise ConfigError(
-                f"data.quality.perplexity_max is not set and {bfile} does not exist",
-                "set data.quality.perplexity_max, or run `oreline quality score SAMPLE --model FOLDER` to write bucket cut-offs",
-            )
-        cuts = json.loads(bfile.read_text())["cutoffs"]
-    keep = set(cfg.perplexity_keep_buckets)
 
-    def perplexity(doc: Document) -> str | None:
-        ppl, n = doc_perplexity(model, doc.text)
-        doc.metadata["perplexity"] = round(ppl, 2) if n else None
-        if not n:
+    def judge(doc: Document, s: dict[str, Any]) -> str | None:
+        doc.metadata["perplexity"] = _finite(s["perplexity"], 2) if s["words"] else None
+        doc.metadata["perplexity_paragraphs"] = [_finite(p, 1) for p in s["paragraphs"]]
+        if not s["words"]:
             return "perplexity:no_tokens"
-        if limit is not None:
-            return f"perplexity:>{limit:g}" if ppl > limit else None
-        bucket = "head" if ppl <= cuts[0] else "middle" if ppl <= cuts[1] else "tail"
-        doc.metadata["perplexity_bucket"] = bucket
-        return None if bucket in keep else f"perplexity:bucket_{bucket}"
+        if limit is not None and s["perplexity"] > limit:
+            return f"perplexity:>{limit:g}"
+        return None
 
-    return perplexity
+    def batch(docs: list[Document]) -> list[str | None]:
+        return [judge(d, s) for d, s in zip(docs, scorer.score_texts([d.text for d in docs]), strict=True)]
+
+    return Step("quality:perplexity", lambda doc: batch([doc])[0], batch_fn=batch,
+                batch_size=getattr(scorer, "batch_docs", 32))
 
 
-def _iter_docs(paths: Iterable[str | Path]) -> Iterator[Document]:
+def bucket_mode(cfg) -> bool:
+    """CCNet buckets (cut-offs from this run) instead of an absolute perplexity cut-off."""
+    q = cfg.data.quality
+    return bool(q.enabled and q.perplexity_model and q.perplexity_max is None)
+
+
+def cutoffs_path(work: Path) -> Path:
+    return Path(work) / "perplexity" / "cutoffs.json"
+
+
+def perplexity_phase(work: Path, task_dirs: list[Path], cfg) -> dict[str, Any] | None:
+    """The global phase between 1 and 3: stats.json's "perplexity" (bucket cut-offs or the absolute cut-off)."""
+    q = cfg.data.quality
+    if not (q.enabled and q.perplexity_model):
+        return None
+    if not bucket_mode(cfg):
+        return {"mode": "max", "perplexity_max": q.perplexity_max, "model": q.perplexity_model,
+                "model_fingerprint": reference_fingerprint(_expand(q.perplexity_model))}
+    kept = [p for d in task_dirs for p in sorted(Path(d).glob("kept-*.parquet"))]
+    return compute_cutoffs(kept, cutoffs_path(work), cfg)
+
+
+def _sample_key(doc_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+
+
+def compute_cutoffs(kept_files: list[Path], out_file: Path, cfg) -> dict[str, Any]:
+    """Cut-offs of the head/middle/tail buckets from a deterministic sample of this run's documents.
+
+    The sample is the `perplexity_sample_docs` phase-1 survivors with the smallest hash of their
+    id (a bottom-k sample: uniform, independent of task order and worker count, memory bounded
+    by k). Written once to `out_file` (the phase's marker) and returned for stats.json.
+    """
+    if out_file.is_file():
+        return json.loads(out_file.read_text())
+    import heapq
+
+    import pyarrow.parquet as pq
+
+    t0 = time.perf_counter()
+    k = cfg.data.quality.perplexity_sample_docs
+    heap: list[tuple[int, float]] = []  # max-heap by key (negated): the k smallest keys seen
+    seen = 0
+    for path in kept_files:
+        table = pq.read_table(path, columns=["id", "perplexity"])
+        for doc_id, ppl in zip(table.column("id").to_pylist(), table.column("perplexity").to_pylist(), strict=True):
+            if ppl is None or not math.isfinite(ppl):
+                continue
+            seen += 1
+            item = (-_sample_key(doc_id), ppl)
+            if len(heap) < k:
+                heapq.heappush(heap, item)
+            elif item[0] > heap[0][0]:
+                heapq.heapreplace(heap, item)
+    values = np.array([p for _, p in heap])
+    lo, hi = BUCKET_PERCENTILES
+    result = {
+        "mode": "buckets", "percentiles": [lo, hi], "scored_docs": seen, "sample_docs": int(values.size),
+        "cutoffs": [float(np.percentile(values, lo)), float(np.percentile(values, hi))] if values.size else None,
+        "sample_median": float(np.median(values)) if values.size else None,
+        "keep": list(cfg.data.quality.perplexity_keep_buckets),
+        "model": cfg.data.quality.perplexity_model,
+        "model_fingerprint": reference_fingerprint(_expand(cfg.data.quality.perplexity_model)),
+        "seconds": round(time.perf_counter() - t0, 6),
+    }
+    from oreline.runs import write_json_atomic
+
+    write_json_atomic(out_file, result)
+    return result
+
+
+def _expand(path: str) -> str:
+    from oreline.config import expand
+
+    return expand(path)
+
+
+def bucket_step(cutoffs_file: Path, cfg):
+    """The phase-3 step "quality:perplexity_buckets": head ≤ p30 < middle ≤ p60 < tail.
+
+    Sets metadata["perplexity_bucket"]; drops buckets not in perplexity_keep_buckets with the
+    reason "perplexity:<bucket>". None when not in bucket mode.
+    """
+    if not bucket_mode(cfg) or not cutoffs_file.is_file():
+        return None
+    from oreline.data.steps import Step
+
+    info = json.loads(cutoffs_file.read_text())
+    cuts = info["cutoffs"]
+    keep = set(cfg.data.quality.perplexity_keep_buckets)
+
+    def bucket(doc: Document) -> str | None:
+        ppl = doc.metadata.get("perplexity")
+        if cuts is None or ppl is None:  # no sample at all: nothing to cut by
+            return None
+        name = "head" if ppl <= cuts[0] else "middle" if ppl <= cuts[1] else "tail"
+        doc.metadata["perplexity_bucket"] = name
+        return None if name in keep else f"perplexity:{name}"
+
+    return Step("quality:perplexity_buckets", bucket)
+
+
+def cutoff_line(info: dict[str, Any]) -> str:
+    """The funnel's line about the perplexity cut-off(s) of the run."""
+    if info.get("mode") == "max":
+        return f"perplexity: documents above {info['perplexity_max']:g} per word dropped (data.quality.perplexity_max)"
+    if not info.get("cutoffs"):
+        return f"perplexity buckets: no scored documents in the sample ({info.get('scored_docs', 0)} scored)"
+    a, b = info["cutoffs"]
+    lo, hi = info["percentiles"]
+    return (f"perplexity buckets (CCNet, p{lo}/p{hi} of a sample of {info['sample_docs']:,} of this run's "
+            f"{info['scored_docs']:,} scored docs): head ≤ {a:,.1f} < middle ≤ {b:,.1f} < tail; kept: {', '.join(info['keep'])}")
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI entry points
+
+
+def iter_docs(paths: Iterable[str | Path]) -> Iterator[Document]:
     from oreline.data.inputs import discover_inputs, iter_input_documents
 
     found, unknown = discover_inputs([str(p) for p in paths])
@@ -332,82 +503,49 @@ def _iter_docs(paths: Iterable[str | Path]) -> Iterator[Document]:
         yield from iter_input_documents(path, DataConfig())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def score_cli(docs: list[str], model: str | Path, out: str | Path | None, console: Any = None,
+              batch_docs: int = 32) -> dict[str, Any]:
+    """Score documents, print the perplexity distribution, write per-document scores.
 
-
-def train_reference(docs: list[str], out: str | Path, kind: str = "ngram", console: Any = None, order: int = 3,
-                    heldout_every: int = 20) -> dict[str, Any]:
-    """Estimate a KN n-gram model on trusted text and write out/model.arpa + out/meta.json.
-
-    Every `heldout_every`-th sentence is held out (not trained on) to report held-out perplexity.
+    out (Parquet): id, source_file, words, perplexity. The summary names the percentiles a user
+    picks `data.quality.perplexity_max` from, and the p30/p60 the pipeline's buckets would use on
+    these documents (the pipeline computes its own from each run's documents).
     """
-    if kind != "ngram":
-        raise ConfigError(f"reference kind {kind!r} is not available yet", "use --kind ngram")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    train, held = [], []
-    n_docs = 0
-    for doc in _iter_docs(docs):
-        n_docs += 1
-        for i, toks in enumerate(sentences(doc.text)):
-            (held if heldout_every and i % heldout_every == heldout_every - 1 else train).append(toks)
-    model = estimate_kneser_ney(train, order)
-    write_arpa(model, out / "model.arpa")
-    ref = ArpaModel(out / "model.arpa")
-    log10 = sum(ref.sentence_log10(t) for t in held)
-    n_held = sum(len(t) + 1 for t in held)
-    meta = {
-        "kind": "ngram", "smoothing": "interpolated modified Kneser-Ney", "order": order,
-        "tokenizer": TOKENIZER_VERSION, "inputs": [str(d) for d in docs], "documents": n_docs,
-        "train_tokens": sum(len(t) + 1 for t in train), "heldout_tokens": n_held,
-        "heldout_perplexity": round(10 ** (-log10 / n_held), 3) if n_held else None,
-        "vocab": len(model["words"]), "ngrams": {n: len(model["keys"][n]) for n in range(1, order + 1)},
-        "discounts": {n: [round(d, 4) for d in ds] for n, ds in model["discounts"].items()},
-        "arpa_sha256": _sha256(out / "model.arpa"),
-    }
-    tmp = out / f".meta.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, out / "meta.json")
-    if console is not None:
-        console.print(f"reference {order}-gram KN model: {meta['train_tokens']:,} training tokens from {n_docs} documents, "
-                      f"vocab {meta['vocab']:,}, held-out perplexity {meta['heldout_perplexity']} → {out / 'model.arpa'}")
-    return meta
+    scorer = load_scorer(model)
+    ids, sources, words, ppls = [], [], [], []
+    batch: list[Document] = []
+    t0 = time.perf_counter()
 
+    def flush() -> None:
+        for doc, s in zip(batch, scorer.score_texts([d.text for d in batch]), strict=True):
+            ids.append(doc.id)
+            sources.append(str(doc.metadata.get("source_file", "")))
+            words.append(int(round(s["words"])))
+            ppls.append(s["perplexity"] if s["words"] else math.inf)
+        batch.clear()
 
-def score_cli(docs: list[str], model: str | Path, out: str | Path | None, console: Any = None) -> dict[str, Any]:
-    """Score documents, print the perplexity distribution, write per-doc scores and bucket cut-offs.
-
-    out (Parquet): id, source_file, tokens, perplexity. The 30th/60th percentiles become the
-    CCNet bucket cut-offs in model/buckets.json, used by the pipeline when perplexity_max is unset.
-    """
-    ref = load_reference(model)
-    ids, sources, tokens, ppls = [], [], [], []
-    for doc in _iter_docs(docs):
-        ppl, n = doc_perplexity(ref, doc.text)
-        ids.append(doc.id)
-        sources.append(str(doc.metadata.get("source_file", "")))
-        tokens.append(n)
-        ppls.append(ppl)
+    for doc in iter_docs(docs):
+        batch.append(doc)
+        if len(batch) >= batch_docs:
+            flush()
+    flush()
+    seconds = time.perf_counter() - t0
     finite = np.array([p for p in ppls if math.isfinite(p)])
     if finite.size == 0:
-        raise InputError("no document had any token to score", "pass text documents")
+        raise InputError("no document had any word to score", "pass text documents")
     pct = {q: float(np.percentile(finite, q)) for q in (10, 30, 50, 60, 90)}
-    summary = {"documents": len(ppls), "scored": int(finite.size), "percentiles": pct}
-    cutoffs = [pct[BUCKET_PERCENTILES[0]], pct[BUCKET_PERCENTILES[1]]]
-    bfile = Path(model) / "buckets.json"
-    bfile.write_text(json.dumps({"cutoffs": cutoffs, "percentiles": list(BUCKET_PERCENTILES),
-                                 "from": [str(d) for d in docs], "documents": int(finite.size)}, indent=2))
+    summary = {"documents": len(ppls), "scored": int(finite.size), "percentiles": pct, "kind": scorer.kind,
+               "bucket_cutoffs": [pct[BUCKET_PERCENTILES[0]], pct[BUCKET_PERCENTILES[1]]],
+               "seconds": round(seconds, 3), "docs_per_s": len(ppls) / seconds if seconds else None}
     if out is not None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({"id": ids, "source_file": sources, "tokens": tokens, "perplexity": ppls}), str(out))
+        pq.write_table(pa.table({"id": ids, "source_file": sources, "words": words, "perplexity": ppls}), str(out))
     if console is not None:
-        console.print(f"{len(ppls)} documents; perplexity p10 {pct[10]:.1f}, p30 {pct[30]:.1f}, median {pct[50]:.1f}, "
-                      f"p60 {pct[60]:.1f}, p90 {pct[90]:.1f}; bucket cut-offs → {bfile}" + (f"; scores → {out}" if out else ""))
+        console.print(f"{len(ppls)} documents scored with the {scorer.kind} reference in {seconds:.1f} s; perplexity per word "
+                      f"p10 {pct[10]:.1f}, p30 {pct[30]:.1f}, median {pct[50]:.1f}, p60 {pct[60]:.1f}, p90 {pct[90]:.1f}"
+                      + (f"; scores → {out}" if out else ""))
+        console.print("set data.quality.perplexity_max to one of these to cut absolutely, or leave it unset for CCNet "
+                      "buckets (head/middle/tail at p30/p60 of each run's own documents)")
     return summary

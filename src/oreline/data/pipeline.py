@@ -118,6 +118,11 @@ def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, w
 
     # phase 2: the global dedup plan, split per task
     dedup_stats = _dedup_phase(work, finished, cfg) if dedup_enabled(cfg) else {}
+    ppl_stats = None  # and the perplexity cut-offs from a sample of this run's own documents
+    if cfg.data.quality.perplexity_model:
+        from oreline.data.perplexity import perplexity_phase
+
+        ppl_stats = perplexity_phase(work, [phase1_dir(work, i) for i, _, _ in finished], cfg)
 
     # phase 3: drop removals, chunk, write the shards
     left = _jobs_left(finished, lambda i: phase3_marker(work, i).is_file())
@@ -125,6 +130,8 @@ def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, w
     crashes += [r for r in run_tasks(run_phase3, jobs, workers, "write", console) if isinstance(r, TaskCrashed)]
 
     stats = _merge_stats(work, tasks, finished, unknown, crashes, dedup_stats, workers, fp)
+    if ppl_stats is not None:
+        stats["perplexity"] = ppl_stats
     stats["seconds"] = round(time.perf_counter() - t_start, 3)
     write_json_atomic(out / "stats.json", stats)
     if not crashes and len(finished) == len(tasks):
@@ -281,6 +288,10 @@ def print_funnel(stats: dict[str, Any], console: Console) -> None:
         console.print(f"[yellow]{len(stats['errors'])} input error(s)[/] (damage that ended a file early; see stats.json errors):")
         for e in stats["errors"][:5]:
             console.print(f"  {Path(str(e['file'])).name} @ {e['offset']}: {str(e['error'])[:120]}")
+    if stats.get("perplexity"):
+        from oreline.data.perplexity import cutoff_line
+
+        console.print(cutoff_line(stats["perplexity"]))
     if stats["normalize_removed"]:
         removed = " · ".join(f"{k} {v:,}" for k, v in sorted(stats["normalize_removed"].items(), key=lambda kv: -kv[1]))
         console.print(f"normalize changed: {removed}")

@@ -34,6 +34,10 @@ class Step:
     name: str
     fn: StepFn
     applies: Callable[[Document], bool] | None = None
+    # A batched step (model scoring) takes up to batch_size documents at once and returns one
+    # reason per document; `fn` stays the one-document form (used to isolate a failing batch).
+    batch_fn: Callable[[list[Document]], list[str | None]] | None = None
+    batch_size: int = 1
 
 
 @dataclass
@@ -73,6 +77,11 @@ def run_steps(
     docs: Iterable[Document], steps: list[Step], stats: list[StepStats], reject: RejectFn
 ) -> Iterator[Document]:
     """Push each document through the steps in order; yield the survivors."""
+    for k, step in enumerate(steps):  # a batched step splits the chain: per-document steps around it
+        if step.batch_fn is not None:
+            head = run_steps(docs, steps[:k], stats[:k], reject)
+            yield from run_steps(run_batch_step(head, step, stats[k], reject), steps[k + 1:], stats[k + 1:], reject)
+            return
     clock = time.perf_counter
     for doc in docs:
         size = text_bytes(doc.text)
@@ -105,6 +114,54 @@ def run_steps(
             st.bytes_out += size
         if kept:
             yield doc
+
+
+def run_batch_step(docs: Iterable[Document], step: Step, st: StepStats, reject: RejectFn) -> Iterator[Document]:
+    """The counting of run_steps for a batched step: batches of step.batch_size documents.
+
+    A batch whose batch_fn raises is retried one document at a time with step.fn, so only the
+    documents that fail are dropped ("<step>:error:<ExceptionType>"), as in run_steps.
+    """
+    batch: list[Document] = []
+    it = iter(docs)
+    while True:
+        doc = next(it, None)
+        if doc is not None:
+            batch.append(doc)
+            if len(batch) < max(1, step.batch_size):
+                continue
+        if not batch:
+            return
+        sizes = [text_bytes(d.text) for d in batch]
+        st.docs_in += len(batch)
+        st.bytes_in += sum(sizes)
+        t0 = time.perf_counter()
+        try:
+            reasons = step.batch_fn(batch)
+        except ConfigError:
+            raise
+        except Exception:
+            reasons = []
+            for d in batch:
+                try:
+                    reasons.append(step.fn(d))
+                except ConfigError:
+                    raise
+                except Exception as exc:
+                    reasons.append(f"{step.name}:error:{type(exc).__name__}")
+                    d.metadata["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        st.seconds += time.perf_counter() - t0
+        for d, size, reason in zip(batch, sizes, reasons, strict=True):
+            if reason is not None:
+                st.dropped[reason] += 1
+                reject(d, step.name, reason)
+                continue
+            st.docs_out += 1
+            st.bytes_out += size  # a batched step scores; it does not rewrite text
+            yield d
+        batch = []
+        if doc is None:
+            return
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +235,9 @@ def quality_steps(cfg) -> list[Step]:
         from oreline.data.perplexity import perplexity_filter_factory
 
         made = perplexity_filter_factory(qcfg)
-        if callable(made):
+        if isinstance(made, Step):
+            steps.append(made)
+        elif callable(made):
             steps.append(Step("quality:perplexity", made))
         elif made:
             steps.extend(Step(f"quality:{name}", fn) for name, fn in made)

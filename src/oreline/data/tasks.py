@@ -287,6 +287,12 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
     plan_path = work_dir / "dedup" / f"{task_name(index)}.json"
     plan: dict[str, list[str]] = json.loads(plan_path.read_text()) if plan_path.is_file() else {}
     prefix = f"part-{index:05d}"
+    buckets = None
+    if cfg.data.quality.perplexity_model:  # CCNet buckets, with the cut-offs of the global phase
+        from oreline.data.perplexity import bucket_step, cutoffs_path
+
+        buckets = bucket_step(cutoffs_path(work_dir), cfg)
+    bucket_stats = StepStats(buckets.name if buckets else "")
     dedup = StepStats("dedup")
     chunk = StepStats("chunk")
     chunking = cfg.data.chunk.enabled
@@ -299,7 +305,10 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
                 for row in batch.to_pylist():
                     rej_w.write_row(row)
-        for doc in read_documents(kept_files):
+        docs = read_documents(kept_files)
+        if buckets is not None:  # before dedup: it continues phase 1's quality:perplexity
+            docs = run_steps(docs, [buckets], [bucket_stats], lambda d, step, why: rej_w.write_row(reject_row(d, step, why)))
+        for doc in docs:
             size = text_bytes(doc.text)
             dedup.docs_in += 1
             dedup.bytes_in += size
@@ -339,7 +348,8 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
                 out_bytes += text_bytes(piece.text)
     stats = {
         "task": index,
-        "steps": ([dedup.as_dict()] if dedup_enabled(cfg) else []) + ([chunk.as_dict()] if chunking else []),
+        "steps": ([bucket_stats.as_dict()] if buckets else []) + ([dedup.as_dict()] if dedup_enabled(cfg) else [])
+        + ([chunk.as_dict()] if chunking else []),
         "output": {"docs": out_docs, "bytes": out_bytes, "shards": [p.name for p in docs_w.paths],
                    "reject_shards": [p.name for p in rej_w.paths]},
         "seconds": round(time.perf_counter() - t_start, 6),
