@@ -189,11 +189,16 @@ def mfu(flops_per_token: float, tokens_per_s_per_device: float, peak: float | No
 # memory
 
 
-def memory_stats(device: torch.device) -> dict[str, float | None]:
-    """Process RSS and, on CUDA, allocated / reserved / peak allocated memory in MB."""
+@lru_cache(maxsize=1)
+def _process(pid: int) -> Any:
     import psutil
 
-    out: dict[str, float | None] = {"rss_mb": psutil.Process(os.getpid()).memory_info().rss / 2**20,
+    return psutil.Process(pid)
+
+
+def memory_stats(device: torch.device) -> dict[str, float | None]:
+    """Process RSS and, on CUDA, allocated / reserved / peak allocated memory in MB."""
+    out: dict[str, float | None] = {"rss_mb": _process(os.getpid()).memory_info().rss / 2**20,
                                     "cuda_alloc_mb": None, "cuda_reserved_mb": None, "cuda_peak_mb": None}
     if device.type == "cuda":
         out["cuda_alloc_mb"] = torch.cuda.memory_allocated(device) / 2**20
