@@ -240,3 +240,24 @@ def test_cli_ls_verify_inspect(tmp_path):
     con = Console(record=True, width=200)
     ck.print_checkpoints(run, con)
     assert "checksum mismatch" in con.export_text()
+
+
+def test_async_save_completes_in_the_background(tmp_path, monkeypatch):
+    monkeypatch.setattr(ck, "ASYNC_ON_CPU", True)  # the CUDA code path, with CPU tensors
+    model, opt = build()
+    gen = torch.Generator().manual_seed(0)
+    train_step(model, opt, gen)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = CheckpointConfig(async_save=True)
+    path = ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1), cfg=cfg)
+    assert "blocking_s" in ck.last_save_stats()
+    train_step(model, opt, gen)  # training goes on while the save is written: it holds a staged copy
+    assert ck.wait_for_pending_save() == path and ck.wait_for_pending_save() is None
+    assert ck.verify_checkpoint(path) == (True, []) and ck.read_latest(tmp_path) == "step-00000001"
+    sd, _, _ = ck.load_model_state(path)
+    assert all(torch.equal(sd[k], want[k]) for k in want)
+    second = ck.save_checkpoint(tmp_path, 2, model, opt, meta_for(2), cfg=cfg)
+    third = ck.save_checkpoint(tmp_path, 3, model, opt, meta_for(3), cfg=cfg)  # finishes the second first
+    assert ck.verify_checkpoint(second)[0] and not third.exists()
+    ck.wait_for_pending_save()
+    assert ck.find_resumable(tmp_path) == third
