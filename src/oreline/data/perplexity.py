@@ -1,4 +1,5 @@
-"""Model-based quality: a reference n-gram LM estimated by oreline, written as ARPA, and perplexity.
+"""Model-based quality: a reference n-gram LM estimated by oreline (ARPA), perplexity scoring for
+both reference kinds, and the pipeline's perplexity step with CCNet-style buckets.
 
 Idea (Wenzek et al. 2020, "CCNet", §3.3): a language model trained on trusted text (Wikipedia
 there, any clean prose here) gives low perplexity to text that looks like it and high perplexity
@@ -23,7 +24,23 @@ context, so ARPA backoff lookup (p(w|h) = p*(hw) if seen, else b(h)·p(w|h')) gi
 interpolated model. `kenlm` (`pip install oreline[ngram]`) queries it fast when installed; the
 same file is otherwise read by `ArpaModel`, a dict-based query in pure Python (identical scores).
 
-Perplexity of a document: 10 ** (-Σ log10 p / number of predicted tokens, </s> included).
+Normalization (both kinds, so documents of any length and both kinds read on one scale):
+perplexity *per word*, where the words are the tokens above plus one </s> per sentence. For the
+n-gram model that is 10 ** (-Σ log10 p / words); the llama kind (`reference_lm`) divides the NLL
+of its BPE tokens by the same word count. Scores are per paragraph (non-empty line, CCNet's unit)
+and per document (Σ over its paragraphs).
+
+In `oreline data` (`data.quality.perplexity_model = DIR`), three parts:
+
+- phase 1, step "quality:perplexity" (batched: the llama kind scores batches of documents):
+  metadata "perplexity" and "perplexity_paragraphs"; drops "perplexity:no_tokens" and, with
+  `perplexity_max`, "perplexity:>MAX";
+- without `perplexity_max`, a global phase after phase 1 computes the CCNet cut-offs (p30 and
+  p60) from a deterministic sample of this run's own phase-1 survivors (`compute_cutoffs`),
+  written to work/perplexity/cutoffs.json and to stats.json "perplexity";
+- phase 3, step "quality:perplexity_buckets" (before dedup): head ≤ p30 < middle ≤ p60 < tail,
+  metadata "perplexity_bucket", buckets outside `perplexity_keep_buckets` dropped as
+  "perplexity:<bucket>".
 """
 
 from __future__ import annotations

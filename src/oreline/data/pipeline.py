@@ -58,6 +58,10 @@ def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
     for key in ("workers", "inputs", "extra_inputs"):
         data.pop(key, None)
     listed = [[str(p), kind, p.stat().st_size] for p, kind in files]
+    if cfg.data.quality.perplexity_model:  # a retrained reference model is another run
+        from oreline.data.perplexity import reference_fingerprint
+
+        data["quality"]["perplexity_model_fingerprint"] = reference_fingerprint(expand(cfg.data.quality.perplexity_model))
     return fingerprint({"data": data, "inputs": listed})
 
 
