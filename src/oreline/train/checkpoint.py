@@ -23,9 +23,11 @@ unpickling. Loading therefore unpickles nothing but DCP's own `.metadata` (sizes
 checksum was verified; tensors load with `weights_only=True` inside DCP; model-only snapshots are
 safetensors; everything else is JSON.
 
-Checksums (xxh3-128, why not sha256), listing, verification and `find_resumable` live in
-`oreline.train.checkpoint_files`; the CLI tables in `oreline.train.checkpoint_views`. Both are
-re-exported here, so callers import everything from `oreline.train.checkpoint`.
+Checksums (xxh3-128, why not sha256), listing, verification and the search for the newest valid
+checkpoint live in `oreline.train.checkpoint_files`; the CLI tables in
+`oreline.train.checkpoint_views`. Both are re-exported here, so callers import everything from
+`oreline.train.checkpoint`. Because checksums.json covers every byte, saves turn off the CRC32 that
+torch.save computes per record inside DCP (most of a save's CPU time here).
 
 Retention: the newest `keep_last` full checkpoints (≤ 0: all) plus every step divisible by
 `keep_every` (> 0) are kept, and the one `latest` names; model-only snapshots are all kept (they are
@@ -34,8 +36,14 @@ small and were asked for explicitly with `model_only_every`).
 Async save (`checkpoint.async = true`, CUDA only): `dcp.async_save` stages the state to CPU memory
 and writes in a background thread; finalisation (meta, checksums, rename) happens at the start of
 the next save or in `wait_for_pending_save()`, which the loop calls before exiting. The time a save
-blocks the step is in `last_save_stats()`. On CPU the option is ignored (logged once): staging a copy
-of the state costs about what writing it does.
+blocks the step is in `last_save_stats()`; `find_resumable` (rollback) first finishes a pending save.
+On CPU the option is ignored (logged once): staging a copy of the state costs about what writing it
+does (`ASYNC_ON_CPU` lets tests run the same path with CPU tensors).
+
+Public API: save_checkpoint, load_checkpoint, load_model_state, find_resumable, verify_checkpoint,
+resolve_checkpoint, check_resume_compatible, capture_rng_state / restore_rng_state,
+wait_for_pending_save, last_save_stats, apply_retention, list_checkpoints, read_meta, and the CLI
+views print_checkpoints / verify_cli / inspect_cli.
 
 Sources: torch.distributed.checkpoint (DCP) docs; torchtitan's checkpoint manager (async save,
 `get_state_dict`/`set_state_dict`, retention by keep_latest_k).
@@ -84,7 +92,6 @@ from oreline.train.checkpoint_files import (  # noqa: F401 (re-exported: the pub
     dir_bytes,
     ensure_verified,
     file_digest,
-    find_resumable,
     fsync_dir,
     list_checkpoints,
     read_latest,
@@ -95,6 +102,9 @@ from oreline.train.checkpoint_files import (  # noqa: F401 (re-exported: the pub
     write_checksums,
     write_json_synced,
     write_latest,
+)
+from oreline.train.checkpoint_files import (
+    find_resumable as find_resumable_on_disk,
 )
 
 log = logging.getLogger("oreline.checkpoint")
@@ -236,6 +246,13 @@ def wait_for_pending_save() -> Path | None:
     path = pending.finalize()
     _LAST_SAVE["total_s"] = time.perf_counter() - pending.started
     return path
+
+
+def find_resumable(ckpt_root: Path, console=None, skipped: list | None = None) -> Path | None:
+    """Newest valid full checkpoint (see `checkpoint_files.find_resumable`), after finishing an async
+    save in flight: a rollback right after a save must see that save, not report it incomplete."""
+    wait_for_pending_save()
+    return find_resumable_on_disk(ckpt_root, console=console, skipped=skipped)
 
 
 def _json_param_groups(groups: list[dict]) -> list[dict]:
