@@ -15,8 +15,10 @@ tokens_per_s (global tokens / step wall time, averaged over ranks), step_ms, and
 comm_ms / comm_frac (the span of gradient all-reduce / reduce-scatter plus the loop's small
 all-reduces; see oreline.train.dist). Ratios are against the 1-rank runs of the same invocation.
 
-On a machine whose cores are shared with other work the figures move from run to run; the
-printed load average says how busy it was. Run: .venv/bin/python benchmarks/ddp_scaling.py
+On a machine whose cores are shared with other work the figures move from run to run: the
+printed load average says how busy it was, and `cores` (CPU seconds of all the run's processes,
+start-up included, / its wall time) how much CPU the run actually got — under contention two
+processes get about twice the CPU of one, which alone can make 2 ranks look better than 2×. Run: .venv/bin/python benchmarks/ddp_scaling.py
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -91,9 +94,10 @@ def run(name: str, cfg: Path, runs: Path, nproc: int, threads: int, accum: int, 
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *cmd[1:]]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    t0 = time.perf_counter()
+    t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+    wall, ru1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)  # all its processes, start-up included
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     recs = [json.loads(x) for x in (runs / name / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -104,7 +108,7 @@ def run(name: str, cfg: Path, runs: Path, nproc: int, threads: int, accum: int, 
         return statistics.median(vals) if vals else None
 
     return {"name": name, "ranks": nproc, "threads": threads, "tps": med("tokens_per_s"), "step_ms": med("step_ms"),
-            "comm_ms": med("comm_ms"), "comm_frac": med("comm_frac"), "wall_s": wall,
+            "comm_ms": med("comm_ms"), "comm_frac": med("comm_frac"), "wall_s": wall, "cores": cpu / wall,
             "batch": recs[0]["global_batch"]["tokens"], "params": recs[0]["model"]["params"]}
 
 
@@ -132,14 +136,14 @@ def main() -> None:
     print(f"preset {a.preset} ({results[0]['params']:,} params), seq_len {a.seq_len}, global batch "
           f"{results[0]['batch']:,} tokens, {a.steps} steps (median of steps 4-{a.steps}); "
           f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} before / {load_after[0]:.1f} after")
-    print(f"{'run':<22}{'tokens/s':>10}{'step ms':>10}{'vs 1r×1t':>10}{'vs 1r×2t':>10}{'comm ms':>10}{'comm %':>8}{'wall s':>8}")
+    print(f"{'run':<22}{'tokens/s':>10}{'step ms':>10}{'vs 1r×1t':>10}{'vs 1r×2t':>10}{'comm ms':>10}{'comm %':>8}{'wall s':>8}{'cores':>7}")
     for r in results:
         label = f"{r['ranks']} rank{'s' if r['ranks'] > 1 else ''} × {r['threads']} thr" + (
             f" {r['name'][:-1]}" if r["ranks"] > 1 else "")
         comm = "" if r["comm_ms"] is None else f"{r['comm_ms']:.1f}"
         frac = "" if r["comm_frac"] is None else f"{100 * r['comm_frac']:.0f}%"
         print(f"{label:<22}{r['tps']:>10,.0f}{r['step_ms']:>10.1f}{r['tps'] / base:>10.2f}{r['tps'] / peer:>10.2f}"
-              f"{comm:>10}{frac:>8}{r['wall_s']:>8.1f}")
+              f"{comm:>10}{frac:>8}{r['wall_s']:>8.1f}{r['cores']:>7.2f}")
 
 
 if __name__ == "__main__":
