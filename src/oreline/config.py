@@ -229,7 +229,7 @@ class TrainConfig(Section):
     global_batch_tokens: int | None = Field(None, description="if set, must equal micro × accum × world × seq_len")
     steps: int = Field(1000, ge=1)
     seed: int = 1234
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast; fp32 on CPU (bf16 matmul is ~20× slower here)")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast; on CPU only with native bf16 (AMX / avx512_bf16), elsewhere ~20× slower than fp32")
     activation_checkpointing: bool = False
     compile: bool = False
     cpu_allocator: Literal["tuned", "default"] = Field(

@@ -12,6 +12,7 @@ from oreline.train.monitor import (
     BREAKDOWN_KEYS,
     MetricsLogger,
     breakdown_means,
+    cpu_native_bf16,
     device_peak_flops,
     gpu_peak_flops,
     loss_breakdown,
@@ -61,7 +62,11 @@ def test_cpu_peak_is_measured_and_mfu_is_its_share():
     assert 1e8 < peak < 1e14  # FLOP/s of a real CPU, neither zero nor absurd
     got, src = device_peak_flops(torch.device("cpu"), "fp32", shapes)
     assert got == peak and "measured" in src and "256×64×64" in src  # cached: the same figure
-    assert device_peak_flops(torch.device("cpu"), "bf16")[0] is None
+    bf16, src = device_peak_flops(torch.device("cpu"), "bf16", shapes)
+    if cpu_native_bf16():  # measured in bf16 where the CPU has it, never guessed where it has not
+        assert bf16 > 0 and "bf16" in src
+    else:
+        assert bf16 is None and "native bf16" in src
     assert mfu(6e6, 1000.0, 1.2e10) == pytest.approx(0.5)
     assert mfu(6e6, 1000.0, None) is None
 
