@@ -43,7 +43,10 @@ def meta_for(step: int, **extra) -> dict:
     return {"tokens_seen": step * 64, "model_args": ARGS.to_dict(), "config": {"train": {"steps": 10}}, **extra}
 
 
-def test_resume_continues_bit_exactly(tmp_path):
+@pytest.mark.parametrize("route", ["single_process", "generic"])
+def test_resume_continues_bit_exactly(tmp_path, monkeypatch, route):
+    if route == "generic":  # the get_state_dict/set_state_dict route torch.distributed runs take
+        monkeypatch.setattr(ck, "_load_single_process", lambda *args: False)
     model, opt = build()
     gen = torch.Generator().manual_seed(1)
     for _ in range(3):

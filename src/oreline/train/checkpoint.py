@@ -463,19 +463,19 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
                               "resume from a step-* checkpoint, or start fresh with --resume none")
     if optimizer is not None and "optim_param_groups" not in meta:
         raise CheckpointError(f"{path} was saved without optimizer state", "resume with --resume none")
-    if optimizer is not None:
+    if optimizer is None:
+        state = {"model": get_model_state_dict(model)}
+        with _quiet_single_process():
+            dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
+        set_model_state_dict(model, state["model"])
+    elif not _load_single_process(path, model, optimizer, meta):
         msd, osd = get_state_dict(model, optimizer)  # initialises empty AdamW state with a zero-lr step
         state = {"model": msd, "optim": osd["state"]}
-    else:
-        state = {"model": get_model_state_dict(model)}
-    with _quiet_single_process():
-        dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
-    if optimizer is not None:
+        with _quiet_single_process():
+            dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
         groups = _restore_param_groups(meta["optim_param_groups"], osd["param_groups"])
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict={"state": state["optim"], "param_groups": groups})
-    else:
-        set_model_state_dict(model, state["model"])
     if restore_rng:
         rank = _rank()
         rng_file = path / f"rng-rank{rank:05d}.json"
@@ -486,6 +486,53 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         else:
             log.warning("no RNG state for rank %d in %s (saved with fewer ranks): RNG not restored", rank, path)
     return meta
+
+
+def _load_single_process(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict) -> bool:
+    """World 1, plain parameters: load without `get_state_dict`'s optimizer initialisation.
+
+    The generic path asks `get_state_dict` for a state to load into, and for an optimizer that has
+    not stepped yet it makes one by running a zero-lr step over every parameter — for the 125m
+    preset on this CPU that step cost more than the whole load. Here the optimizer tensors to fill
+    are allocated from DCP's metadata instead, and handed to `optimizer.load_state_dict` in its own
+    format (which is what `set_state_dict` ends with too). Returns False, loading nothing, when the
+    names do not line up (wrapped or sharded models): the caller then takes the generic path.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return False
+    params = dict(model.named_parameters())
+    names = {id(p): n for n, p in params.items()}
+    saved_groups = meta["optim_param_groups"]
+    if len(saved_groups) != len(optimizer.param_groups) or any(
+            [names.get(id(p)) for p in g["params"]] != sg["params"]
+            for g, sg in zip(optimizer.param_groups, saved_groups, strict=True)):
+        return False
+    optim_state: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tmd in dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata.items():
+        if not key.startswith("optim.") or not hasattr(tmd, "size"):
+            continue
+        fqn, skey = key.removeprefix("optim.").rsplit(".", 1)  # "<param fqn>.<exp_avg|step|...>"
+        if fqn not in params:
+            return False
+        device = params[fqn].device if tmd.size else torch.device("cpu")  # AdamW keeps `step` on the CPU
+        optim_state.setdefault(fqn, {})[skey] = torch.empty(tmd.size, dtype=tmd.properties.dtype, device=device)
+    state = {"model": get_model_state_dict(model), "optim": optim_state}
+    with _quiet_single_process():
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    set_model_state_dict(model, state["model"])
+    native: dict[str, Any] = {"state": {}, "param_groups": []}
+    groups = _restore_param_groups(saved_groups, optimizer.param_groups)
+    index = 0
+    for live, group in zip(optimizer.param_groups, groups, strict=True):
+        ids = []
+        for p in live["params"]:
+            if names[id(p)] in optim_state:
+                native["state"][index] = optim_state[names[id(p)]]
+            ids.append(index)
+            index += 1
+        native["param_groups"].append({**group, "params": ids})
+    optimizer.load_state_dict(native)
+    return True
 
 
 def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
