@@ -13,12 +13,15 @@ token shards. Rank 0 prints one `RESULT {json}` line per scenario:
 - reentrant_no_unused: reentrant checkpointing, find_unused_parameters=false → works in torch 2.13
 - reentrant_unused: reentrant checkpointing, find_unused_parameters=true → DDP's "mark a variable
   ready only once" error (last: DDP's reducer is left broken)
+- agree: `dist.agree_on_step` when only rank 1 sees a NaN grad norm, and when ranks differ in the
+  last bits of a finite one: every rank gets the same values (each rank prints its own line)
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 import traceback
 
@@ -96,6 +99,10 @@ def main() -> None:
     scenario("unused_allowed", info, tokens, unused=True, find_unused=True, checkpointing=None)
     scenario("ours_checkpointing", info, tokens, unused=True, find_unused=True, checkpointing="ours")
     scenario("reentrant_no_unused", info, tokens, unused=False, find_unused=False, checkpointing="reentrant")
+    nan_on_one = dist.agree_on_step(2.5, math.nan if info.rank == 1 else 1.0)
+    differ = dist.agree_on_step(2.5, 1.0 + 1e-12 * info.rank)
+    print("AGREE " + json.dumps({"rank": info.rank, "nan_on_one": [repr(v) for v in nan_on_one],
+                                 "differ": [repr(v) for v in differ]}), flush=True)
     scenario("reentrant_unused", info, tokens, unused=True, find_unused=True, checkpointing="reentrant")
     dist.cleanup()
 

@@ -6,7 +6,8 @@ Real `oreline train` runs of the debug preset on the prose token shards (tests/t
 - 1 rank, micro 2 × accum 4 (the reference); 2-rank DDP (`oreline train --nproc 2`, with
   activation checkpointing) and 2-rank FSDP2 (`torchrun -m oreline train`), micro 2 × accum 2:
   the same loss at every step (relative difference ≤ 1e-5), the same parameters on both ranks
-  (train.debug.param_digest), final weights close to the reference's.
+  (train.debug.param_digest), final weights close to the reference's. Step 7's loss is made NaN
+  (train.debug.inject_nan_at_step) in every run: both ranks skip it, as the single process does.
 - the 2-rank checkpoint of step 10 resumed on 1 rank (FSDP shards → one process) and on 2 ranks
   continues with the uninterrupted run's losses; resuming with a different global batch refuses.
 - a 2-rank run whose rank 1 is SIGKILLed ends within a bounded time, torchrun naming the dead rank;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -39,6 +41,7 @@ import torch
 from oreline.train.checkpoint import load_model_state
 
 STEPS, EVERY, TOL = 20, 10, 1e-5
+NAN_STEP = 7  # every run makes step 7's loss NaN: all ranks must skip it together
 HELPER = Path(__file__).with_name("dist_helpers.py")
 ALLOW = ["--allow-config-change", "run", "--allow-config-change", "train.grad_accum",
          "--allow-config-change", "train.parallel", "--allow-config-change", "train.activation_checkpointing"]
@@ -67,6 +70,7 @@ lr = 3e-3
 warmup_steps = 4
 [train.debug]
 param_digest = true
+inject_nan_at_step = {NAN_STEP}
 {debug}
 [checkpoint]
 every = {EVERY}
@@ -118,12 +122,14 @@ def losses(run: Path) -> dict[int, float]:
     recs = [r for r in records(run) if r["type"] == "train"]
     steps = [r["step"] for r in recs]
     assert steps == sorted(set(steps)), f"metrics.jsonl repeats steps (more than rank 0 logging?): {steps}"
-    return {r["step"]: r["loss"] for r in recs}
+    return {r["step"]: math.nan if r["loss"] is None else r["loss"] for r in recs}  # NaN is logged as null
 
 
 def assert_same_losses(ref: dict[int, float], got: dict[int, float], steps: range) -> None:
     assert list(got) == list(steps), list(got)
-    worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in steps)
+    nan = [s for s in steps if math.isnan(got[s]) or math.isnan(ref[s])]
+    assert all(math.isnan(got[s]) and math.isnan(ref[s]) for s in nan), [(s, ref[s], got[s]) for s in nan]
+    worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in steps if s not in nan)
     assert worst <= TOL, [(s, ref[s], got[s]) for s in steps]
 
 
@@ -218,6 +224,8 @@ def test_ddp_and_fsdp_equal_one_process(runs):
         train = [r for r in recs if r["type"] == "train"]
         assert all(r["comm_ms"] > 0 and 0 < r["comm_frac"] < 1 for r in train), [(r["comm_ms"], r["comm_frac"]) for r in train]
         assert all(r["tokens_in_step"] == 8 * 64 for r in train)
+        skips = [r for r in recs if r["type"] == "event" and r["action"] == "skip"]
+        assert [(r["step"], r["kind"]) for r in skips] == [(NAN_STEP, "nonfinite")], skips
         digests = [(run[name] / "debug" / f"params-rank{r:05d}.sha256").read_text() for r in (0, 1)]
         assert digests[0] == digests[1], f"{name}: ranks ended with different parameters"
         # the final weights: same training, only the float reduction order differs
@@ -317,3 +325,8 @@ def test_ddp_checkpointing_and_unused_parameters(runs):
     assert results["reentrant_no_unused"]["ok"]  # torch 2.13: reentrant is fine while every parameter is used
     bad = results["reentrant_unused"]
     assert not bad["ok"] and "mark a variable ready only once" in bad["message"], bad
+    # the stability decision's inputs are the same on every rank, whatever one rank saw
+    agree = [json.loads(line[len("AGREE "):]) for line in job.log.read_text().splitlines() if line.startswith("AGREE ")]
+    assert sorted(r["rank"] for r in agree) == [0, 1], agree
+    for r in agree:
+        assert r["nan_on_one"] == ["2.5", "nan"] and r["differ"] == ["2.5", repr(1.0 + 1e-12)], agree
