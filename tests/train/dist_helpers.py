@@ -13,6 +13,7 @@ token shards. Rank 0 prints one `RESULT {json}` line per scenario:
 - reentrant_no_unused: reentrant checkpointing, find_unused_parameters=false → works in torch 2.13
 - reentrant_unused: reentrant checkpointing, find_unused_parameters=true → DDP's "mark a variable
   ready only once" error (last: DDP's reducer is left broken)
+- TIMEOUT: the process group's collective timeout (train.dist_timeout_s=321)
 - agree: `dist.agree_on_step` when only rank 1 sees a NaN grad norm, and when ranks differ in the
   last bits of a finite one: every rank gets the same values (each rank prints its own line)
 """
@@ -26,6 +27,7 @@ import sys
 import traceback
 
 import torch
+import torch.distributed as tdist
 from torch import nn
 
 from oreline.config import ModelConfig, TrainConfig
@@ -93,7 +95,10 @@ def scenario(name: str, info: dist.DistInfo, tokens: str, unused: bool, find_unu
 
 def main() -> None:
     tokens = sys.argv[1]
-    info = dist.init_distributed(TrainConfig(parallel="ddp"))
+    info = dist.init_distributed(TrainConfig(parallel="ddp", dist_timeout_s=321))
+    backend = tdist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    if info.is_main:  # train.dist_timeout_s reached the collectives (gloo's options hold it)
+        print("TIMEOUT " + json.dumps({"seconds": backend.options._timeout.total_seconds()}), flush=True)
     scenario("unused_detected", info, tokens, unused=True, find_unused=False, checkpointing=None)
     dist.barrier()  # the un-reduced bucket above leaves no collective in flight: ranks stay in step
     scenario("unused_allowed", info, tokens, unused=True, find_unused=True, checkpointing=None)

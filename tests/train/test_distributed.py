@@ -3,8 +3,8 @@
 Real `oreline train` runs of the debug preset on the prose token shards (tests/train/conftest.py),
 20 steps, seq_len 64, global batch 8 sequences:
 
-- 1 rank, micro 2 × accum 4 (the reference); 2-rank DDP (`oreline train --nproc 2`, with
-  activation checkpointing) and 2-rank FSDP2 (`torchrun -m oreline train`), micro 2 × accum 2:
+- 1 rank, micro 2 × accum 4 (the reference); 2-rank DDP (`oreline train --nproc 2`) and 2-rank
+  FSDP2 (`torchrun -m oreline train`), both with activation checkpointing, micro 2 × accum 2:
   the same loss at every step (relative difference ≤ 1e-5), the same parameters on both ranks
   (train.debug.param_digest), final weights close to the reference's. Step 7's loss is made NaN
   (train.debug.inject_nan_at_step) in every run: both ranks skip it, as the single process does.
@@ -179,8 +179,8 @@ def runs(prose_tokens, tmp_path_factory):
     for name, accum, extra, debug in (
         ("ref", 4, "", ""),
         ("ddp", 2, "activation_checkpointing = true", ""),
-        ("fsdp", 2, 'parallel = "fsdp"', ""),
-        ("kill", 2, 'parallel = "ddp"\nactivation_checkpointing = true', "sleep_per_step_s = 0.15"),
+        ("fsdp", 2, 'parallel = "fsdp"\nactivation_checkpointing = true', ""),
+        ("kill", 2, 'parallel = "ddp"', "sleep_per_step_s = 0.15"),
         ("wrongworld", 4, 'parallel = "ddp"\nglobal_batch_tokens = 512', ""),
     ):
         c[name] = write_config(root / f"{name}.toml", root / name, prose_tokens, accum, extra, debug)
@@ -325,6 +325,8 @@ def test_ddp_checkpointing_and_unused_parameters(runs):
     assert results["reentrant_no_unused"]["ok"]  # torch 2.13: reentrant is fine while every parameter is used
     bad = results["reentrant_unused"]
     assert not bad["ok"] and "mark a variable ready only once" in bad["message"], bad
+    timeout = [json.loads(line[len("TIMEOUT "):]) for line in job.log.read_text().splitlines() if line.startswith("TIMEOUT ")]
+    assert timeout == [{"seconds": 321.0}]  # a dead peer fails a collective after train.dist_timeout_s
     # the stability decision's inputs are the same on every rank, whatever one rank saw
     agree = [json.loads(line[len("AGREE "):]) for line in job.log.read_text().splitlines() if line.startswith("AGREE ")]
     assert sorted(r["rank"] for r in agree) == [0, 1], agree
