@@ -74,23 +74,27 @@ def reference(samples, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def llama_reference(samples, tmp_path_factory) -> Path:
-    """A test-sized oreline Llama (~0.3M parameters, 1,024-token BPE) on the same texts, ~20 s on one core."""
+    """A test-sized oreline Llama (0.3M parameters, 1,024-token BPE, 450 steps of 2,048 tokens) on the
+    same texts: ~30 s on one idle core."""
+    import os
+
     import torch
 
     paths = trusted_texts(samples, tmp_path_factory.mktemp("llama-src"))
     out = tmp_path_factory.mktemp("llama-ref")
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a shared machine: one busy thread beats two fighting ones
+    if os.getloadavg()[0] >= (os.cpu_count() or 1):
+        torch.set_num_threads(1)  # a busy shared machine: one thread ran 6x faster than two fighting ones
     try:
         meta = train_reference(paths, out, kind="llama", console=None, **LLAMA_TEST)
     finally:
         torch.set_num_threads(threads)
-    assert meta["steps"] == LLAMA_TEST["steps"] and meta["final_val_loss"] < 6.0
+    assert meta["steps"] == LLAMA_TEST["steps"] and meta["final_val_loss"] < 5.0
     return out
 
 
 LLAMA_TEST = dict(vocab_size=1024, dim=96, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, seq_len=128,
-                  micro_batch=8, steps=250, lr=5e-3, max_train_chars=1_500_000)
+                  micro_batch=16, steps=450, lr=6e-3, max_train_chars=1_500_000)
 
 
 def nav_menus(samples: Path) -> list[str]:
@@ -153,17 +157,21 @@ def test_ranks_prose_below_web_below_garbage(samples, request, kind):
 
 def test_llama_scores_paragraphs_and_batches_alike(llama_reference, samples):
     scorer = load_scorer(llama_reference)
-    prose = book(samples, "austen-persuasion.txt")[20000:24000]
-    menu = nav_menus(samples)[0]
+    prose = book(samples, "austen-persuasion.txt")[20000:21500]
+    menu = "\n".join(nav_menus(samples)[0].split("\n")[:20])
     mixed = prose + "\n" + menu
     alone = [s["perplexity"] for s in (scorer.score_texts([prose])[0], scorer.score_texts([menu])[0])]
-    batch = scorer.score_texts([prose, menu, mixed, "", "   \n  "])
+    long = "\n".join([prose] * 12)  # past max_tokens (1,024): the tail paragraphs are not scored
+    batch = scorer.score_texts([prose, menu, mixed, "", "   \n  ", long])
     assert [b["perplexity"] for b in batch[:2]] == pytest.approx(alone, rel=1e-4)  # padding changes nothing
     paras = batch[2]["paragraphs"]
     n_prose = len([line for line in prose.split("\n") if line.strip()])
     assert len(paras) == n_prose + len(menu.split("\n"))
     assert np.median(paras[:n_prose]) < np.median(paras[n_prose:])  # menu lines stand out inside a page
     assert batch[3]["words"] == 0 and batch[3]["perplexity"] == float("inf") and batch[4]["paragraphs"] == []
+    tail = batch[5]["paragraphs"]
+    assert tail[0] is not None and tail[-1] is None and batch[5]["words"] < 12 * batch[0]["words"]
+    assert batch[5]["perplexity"] == pytest.approx(batch[0]["perplexity"], rel=0.5)
     ref = json.loads((llama_reference / "reference.json").read_text())
     assert ref["kind"] == "llama" and len(ref["fingerprint"]) == 64 and (llama_reference / "tokenizer" / "tokenizer.json").is_file()
     assert ref["tokenizer_fingerprint"] == scorer.tok.fingerprint
