@@ -232,7 +232,8 @@ ASYNC_ON_CPU = False
 
 
 def last_save_stats() -> dict[str, float]:
-    """Timings of the last save: blocking_s (time the step waited), total_s, bytes (rank 0's view)."""
+    """Timings of the last save: blocking_s (time the step waited), total_s, dcp_s (tensor files
+    written and fsynced), checksum_s (checksums.json), bytes (rank 0's view)."""
     return dict(_LAST_SAVE)
 
 
@@ -378,7 +379,9 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
         _barrier()
         if rank == 0:
             write_json_synced(tmp / META, full_meta)
+            t_sum = time.perf_counter()
             write_checksums(tmp)
+            _LAST_SAVE["checksum_s"] = time.perf_counter() - t_sum
             _publish(tmp, final)
             write_latest(root, name)
             apply_retention(root, cfg)
@@ -398,8 +401,11 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
     if cfg.async_save and not _ASYNC_NOTE_SHOWN:
         log.warning("checkpoint.async is ignored on CPU: saving synchronously")
         _ASYNC_NOTE_SHOWN = True
+    _LAST_SAVE.clear()
+    t_dcp = time.perf_counter()
     with _quiet_single_process(), _no_zip_crc32():
         dcp.save(state, storage_writer=_writer(tmp), no_dist=_no_dist())
+    _LAST_SAVE["dcp_s"] = time.perf_counter() - t_dcp
     path = finalize()
     _LAST_SAVE["blocking_s"] = _LAST_SAVE["total_s"] = time.perf_counter() - t0
     return path
