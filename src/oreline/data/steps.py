@@ -9,6 +9,10 @@ A step may apply to some documents only (`applies`): extraction runs on HTML doc
 protocol step on WARC records. Documents a step does not apply to pass through it and are
 counted as in and out, so the funnel stays consistent: docs_out of step k == docs_in of k+1.
 
+A batched step (`batch_fn`, e.g. model-based perplexity) receives up to `batch_size` documents
+at once; `run_steps` runs the per-document steps around it and `run_batch_step` counts it the
+same way.
+
 An exception inside a step never stops the task: the document is dropped with the reason
 "<step>:error:<ExceptionType>" and written to the rejects with the message in its metadata.
 """
