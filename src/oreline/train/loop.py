@@ -27,7 +27,7 @@ project's Zen 3 machines, so the run prints a warning saying so and that fp32 is
 warning, not a refusal: on a CPU with AMX, bf16 autocast trained the demo model ~1.5× faster
 than fp32, and the run says that instead. Activation checkpointing recomputes each
 block in backward (non-reentrant `torch.utils.checkpoint`); `train.compile` wraps the model in
-`torch.compile` (the first step compiles: ~40 s for the demo model on 2 cores, then ~15% faster).
+`torch.compile` block by block (`compile_blocks`: the first step compiles, then ~12% faster).
 On CPU the glibc allocator is tuned once (`train.cpu_allocator`, see `tune_cpu_allocator`).
 
 Counting: `tokens_seen` counts the tokens of every step taken, a skipped one included (its data
@@ -99,7 +99,7 @@ class Setup:
     val_loader: Any
     args: Any
     model: torch.nn.Module  # the plain module: state dicts, generation, evaluation
-    train_model: torch.nn.Module  # what the loop calls: DDP and/or torch.compile around `model`
+    train_model: torch.nn.Module  # what the loop calls: `model`, or DDP around it (FSDP2 shards it in place)
     optimizer: torch.optim.Optimizer
     fingerprints: dict[str, str]
     batch: dict[str, int | None]
@@ -274,7 +274,7 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
 
         # -- evaluation and generations
         if (tc.eval_every and n % tc.eval_every == 0) or n == tc.steps:
-            v = evaluate(s, info, tc.eval_batches)
+            v = evaluate(s, info, tc.eval_batches, cfg)
             final_val = v["loss"]
             train_loss = sum(recent_losses) / len(recent_losses) if recent_losses else None
             log.log({"type": "eval", "step": n, "val_loss": v["loss"], "val_ppl": v["ppl"], "val_bpb": v["bpb"],
@@ -419,6 +419,19 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
         block.forward = forward
 
 
+def compile_blocks(model: torch.nn.Module) -> None:
+    """torch.compile each transformer block (regional compilation) instead of the whole model.
+
+    The blocks are identical, so one compiled graph serves them all: the first step compiled in
+    ~19 s instead of ~2 min for the whole demo model on this loaded machine, and steps ran as fast
+    (672-701 ms vs 727-741 ms of CPU time, 1 thread, with the tuned allocator; eager 758-830 ms).
+    Elementwise work (RMSNorm, RoPE, SiLU·up, residual adds) is fused; the output head and the
+    loss stay eager. See PyTorch's "regional compilation" recipe.
+    """
+    for block in model.model.layers:
+        block.compile()
+
+
 def tune_cpu_allocator() -> str | None:
     """glibc only: keep freed large blocks in the heap for reuse instead of unmapping them.
 
@@ -502,10 +515,10 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     model = Llama(args).to(device)
     if tc.activation_checkpointing:
         enable_activation_checkpointing(model)
+    if tc.compile:
+        compile_blocks(model)  # before wrapping, as torchtitan does (compile, then DDP / FSDP2)
     train_model = dist.wrap_model(model, tc, info)
     optimizer = build_optimizer(model, tc.optim, device)  # after wrapping: FSDP2 turns parameters into DTensor shards
-    if tc.compile:
-        train_model = torch.compile(train_model)
 
     fps = _fingerprints(cfg, tokenizer.fingerprint, loader.data_fingerprint)
     if info.is_main:
@@ -695,15 +708,23 @@ def event(step: int, anomaly: Any, action: str, message: str) -> dict[str, Any]:
 # evaluation inside training
 
 
-def evaluate(s: Setup, info: dist.DistInfo, batches: int) -> dict[str, Any]:
+def _eager(cfg: Config) -> Any:
+    """Evaluation and generation run the compiled blocks eagerly: eval mode and every new prompt
+    length would otherwise each cost a recompilation (tens of seconds on CPU) for a few batches."""
+    return torch.compiler.set_stance("force_eager") if cfg.train.compile else _nullcontext()
+
+
+def evaluate(s: Setup, info: dist.DistInfo, batches: int, cfg: Config) -> dict[str, Any]:
     from oreline.eval.evaluate import validation_loss
 
-    return validation_loss(s.model, s.val_loader, s.tokenizer.bos_id, s.tokenizer.eos_id, batches,
-                           s.bytes_per_token, all_reduce=dist.all_reduce_sum if info.distributed else None,
-                           autocast_dtype=s.autocast_dtype)
+    with _eager(cfg):
+        return validation_loss(s.model, s.val_loader, s.tokenizer.bos_id, s.tokenizer.eos_id, batches,
+                               s.bytes_per_token, all_reduce=dist.all_reduce_sum if info.distributed else None,
+                               autocast_dtype=s.autocast_dtype)
 
 
 def generations(s: Setup, cfg: Config) -> list[dict[str, Any]]:
     from oreline.eval.evaluate import generate_samples
 
-    return generate_samples(s.model, s.tokenizer, cfg.eval.prompts, cfg.eval.max_new_tokens, greedy=True)
+    with _eager(cfg):
+        return generate_samples(s.model, s.tokenizer, cfg.eval.prompts, cfg.eval.max_new_tokens, greedy=True)
