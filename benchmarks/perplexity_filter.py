@@ -172,7 +172,9 @@ def main() -> None:
             print(f"\n== {kind}: trained in {time.perf_counter() - t0:.1f} s, held-out perplexity per word "
                   f"{meta['heldout_perplexity']}" + (f", {meta['steps']} steps, {meta['train_tokens_seen']:,} tokens"
                                                      if kind == "llama" else f", {meta['train_tokens']:,} tokens"))
+            t0 = time.perf_counter()
             scorer = load_scorer(tmp / kind)
+            print(f"  model load {time.perf_counter() - t0:.2f} s (once per worker process in a data run)")
             separation(scorer, prose, sets)
             per_core, wall = speed(scorer, crawl)
             mean_chars = sum(map(len, crawl)) / len(crawl)

@@ -343,6 +343,23 @@ def load_scorer(folder: str | Path, backend: str = "auto") -> NgramScorer | Any:
     raise InputError(f"{ref_file} names an unknown reference kind {kind!r}", "retrain it with oreline quality train-reference")
 
 
+_SCORERS: dict[tuple, Any] = {}
+
+
+def _cached_scorer(folder: str) -> Any:
+    """One scorer per worker process: a pipeline task per input file would otherwise reload the
+    model for every file (seconds for a large ARPA file). Keyed by the files' mtimes, so a
+    retrained model is reloaded."""
+    path = Path(folder)
+    stamp = tuple((path / n).stat().st_mtime_ns if (path / n).exists() else None
+                  for n in ("reference.json", "model.arpa", "model.safetensors"))
+    key = (str(path.resolve()), stamp)
+    if key not in _SCORERS:
+        _SCORERS.clear()
+        _SCORERS[key] = load_scorer(path)
+    return _SCORERS[key]
+
+
 def reference_fingerprint(folder: str | Path) -> str | None:
     ref = Path(folder) / "reference.json"
     return json.loads(ref.read_text()).get("fingerprint") if ref.is_file() else None
@@ -371,7 +388,7 @@ def perplexity_filter_factory(cfg: QualityConfig):
         raise ConfigError("data.quality.perplexity_model is not set", "train a model with oreline quality train-reference and set its folder")
     from oreline.config import expand
 
-    scorer = load_scorer(expand(cfg.perplexity_model))
+    scorer = _cached_scorer(expand(cfg.perplexity_model))
     limit = cfg.perplexity_max
 
     def judge(doc: Document, s: dict[str, Any]) -> str | None:
