@@ -26,7 +26,7 @@ from oreline.train.optim import lr_at
 
 CPU1 = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None, is_main=True)
 TRAIN_KEYS = {"step", "tokens_seen", "tokens_in_step", "loss", "loss_token", "loss_eos", "loss_bos", "lr", "grad_norm",
-              "clipped", "tokens_per_s", "mfu", "step_ms", "data_ms", "data_wait_frac", "rss_mb", "cuda_alloc_mb",
+              "clipped", "tokens_per_s", "mfu", "step_ms", "cpu_ms", "data_ms", "data_wait_frac", "rss_mb", "cuda_alloc_mb",
               "cuda_reserved_mb", "cuda_peak_mb", "comm_ms"}
 EVAL_KEYS = {"step", "val_loss", "val_ppl", "val_bpb", "val_loss_token", "val_loss_eos", "val_loss_bos", "train_loss"}
 
