@@ -159,6 +159,9 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
     # (never one an earlier, unrelated run left in the folder)
     last_ckpt: Path | None = resumed
     s.train_model.train()
+    if state.step >= tc.steps:
+        say(f"nothing to do: the checkpoint is at step {state.step} of train.steps={tc.steps} "
+            "(raise train.steps and pass --allow-config-change train.steps to train on)")
 
     while state.step < tc.steps:
         n = state.step + 1
