@@ -18,7 +18,7 @@ and the tiny oreline Llama with its own BPE tokenizer (`llama`, LLAMA_DEFAULTS, 
    run's wall time.
 4. The ARPA query in pure Python against kenlm on the same file.
 
-Run: `.venv/bin/python benchmarks/perplexity_filter.py [--steps 300]`
+Run: `.venv/bin/python benchmarks/perplexity_filter.py [--steps 450]`
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def main() -> None:
     from oreline.data.reference_lm import train_reference
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=300, help="llama reference training steps")
+    ap.add_argument("--steps", type=int, default=450, help="llama reference training steps")
     args = ap.parse_args()
     torch.set_num_threads(1)  # one core per scorer, as in a pipeline worker
     root = samples_dir()

@@ -256,7 +256,7 @@ def quality_train_reference(
     docs: Annotated[list[str], typer.Argument(help="trusted text: .txt/.txt.gz/.zip/JSONL/Parquet")],
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
     kind: Annotated[str, typer.Option(help="ngram (fast, KenLM) or llama (tiny oreline model)")] = "ngram",
-    steps: Annotated[Optional[int], typer.Option(help="llama: training steps (default 300)")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="llama: training steps (default 450)")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Train a small reference LM for perplexity-based quality filtering."""

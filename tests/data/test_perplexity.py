@@ -31,7 +31,7 @@ from oreline.data.perplexity import (
     sentences,
     write_arpa,
 )
-from oreline.data.reference_lm import train_reference
+from oreline.data.reference_lm import LLAMA_DEFAULTS, train_reference
 from oreline.errors import ConfigError
 
 TRAIN_BOOKS = ["austen-emma.txt", "chesterton-brown.txt"]
@@ -93,8 +93,7 @@ def llama_reference(samples, tmp_path_factory) -> Path:
     return out
 
 
-LLAMA_TEST = dict(vocab_size=1024, dim=96, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, seq_len=128,
-                  micro_batch=16, steps=450, lr=6e-3, max_train_chars=1_500_000)
+LLAMA_TEST = dict(LLAMA_DEFAULTS, max_train_chars=1_500_000)  # the defaults, on less text
 
 
 def nav_menus(samples: Path) -> list[str]:
