@@ -1,0 +1,160 @@
+"""Checkpoints inside the training loop: what they hold, saving, resuming, rolling back.
+
+- `checkpoint_meta`: everything besides tensors that resume needs (step, tokens, lr multiplier,
+  counters, loader position, stability window, config + fingerprints, model args, the tokenizer
+  and token folders); `save_checkpoint` adds RNG states, world size and optimizer settings.
+- `resume_if_asked`: `--resume auto` takes the newest valid full checkpoint (invalid ones are
+  reported as `checkpoint_invalid` events and skipped), PATH a given one, none starts fresh. The
+  config is compared first, from meta.json alone (a changed model fails with the keys, not with a
+  tensor shape error), then model, optimizer, RNG, loader and stability state are restored.
+- `move_previous_training`: a fresh start moves what an earlier run left (checkpoints, metrics,
+  TensorBoard) to `<run>/previous/<time>/`, so neither a later resume nor a rollback can pick
+  up a stranger's checkpoint.
+- `rollback`: reload the last full checkpoint of THIS run, multiply the lr multiplier by
+  `lr_factor`, and move the loader on past the failed step's batches (PaLM §5.1).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from oreline.config import Config, to_dict
+from oreline.runs import RunDir
+from oreline.train import dist
+from oreline.train.monitor import MetricsLogger
+from oreline.train.session import Setup, TrainState
+
+
+def checkpoint_meta(cfg: Config, s: Setup, state: TrainState, stability: Any) -> dict[str, Any]:
+    return {  # RNG states, world size and optimizer hyperparameters are added by save_checkpoint
+        "step": state.step, "tokens_seen": state.tokens_seen, "lr_multiplier": state.lr_multiplier,
+        "skipped_steps": state.skipped_steps, "rollbacks": state.rollbacks,
+        "debug_injected": list(state.debug_injected),
+        "loader": s.loader.state_dict(), "stability": stability.state_dict(),
+        "config": to_dict(cfg), "config_fingerprint": s.fingerprints["train"],
+        "tokenizer_fingerprint": s.fingerprints["tokenizer"], "data_fingerprint": s.fingerprints["data"],
+        "model_args": s.args.to_dict(), "tokenizer_dir": str(s.tokenizer_dir.resolve()),
+        "tokens_dir": str(s.tokens_dir.resolve()),
+    }
+
+
+def save(cfg: Config, s: Setup, state: TrainState, stability: Any, kind: str, log: MetricsLogger) -> Path:
+    from oreline.train.checkpoint import dir_bytes, save_checkpoint
+
+    t0 = time.perf_counter()
+    path = save_checkpoint(s.run.checkpoints, state.step, s.model, s.optimizer,
+                           checkpoint_meta(cfg, s, state, stability), kind=kind, cfg=cfg.checkpoint)
+    log.log({"type": "checkpoint", "step": state.step, "path": str(path), "kind": kind,
+             "seconds": time.perf_counter() - t0, "bytes": dir_bytes(path)})
+    return Path(path)
+
+
+def move_previous_training(run: RunDir) -> Path | None:
+    """A fresh start must not mix with what an earlier run left: move it to <run>/previous/<time>/.
+
+    Left in place, an old step-N checkpoint would be the one a later `--resume auto` (or a
+    rollback) picks, and old metrics would interleave with the new run's. Nothing is deleted.
+    """
+    old = [p for p in (run.checkpoints, run.metrics, run.tensorboard) if p.exists()]
+    if not old:
+        return None
+    import shutil
+
+    dest = run.root / "previous" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    n = 0
+    while dest.exists():
+        n += 1
+        dest = dest.with_name(f"{dest.name.split('.')[0]}.{n}")
+    dest.mkdir(parents=True)
+    for path in old:
+        shutil.move(str(path), str(dest / path.name))
+    return dest
+
+
+def _restore(meta: dict, s: Setup, state: TrainState) -> None:
+    state.step = int(meta["step"])
+    state.tokens_seen = int(meta["tokens_seen"])
+    state.lr_multiplier = float(meta.get("lr_multiplier", 1.0))
+    state.skipped_steps = int(meta.get("skipped_steps", 0))
+    state.rollbacks = int(meta.get("rollbacks", 0))
+    state.debug_injected = list(meta.get("debug_injected", []))
+
+
+def resume_if_asked(cfg: Config, s: Setup, state: TrainState, stability: Any, resume: str, allow: list[str],
+                    say: Any) -> tuple[Path | None, list[dict]]:
+    """Load the checkpoint `resume` names (auto: the newest valid one).
+
+    Returns (path or None when starting fresh, event records to log: invalid checkpoints passed
+    over, the resume itself with the config keys that were allowed to differ).
+    """
+    if resume == "none":
+        return None, []
+    from oreline.train.checkpoint import check_resume_compatible, find_resumable, load_checkpoint, read_meta
+
+    events: list[dict] = []
+    if resume == "auto":
+        if not s.run.checkpoints.is_dir():
+            return None, []
+        skipped: list = []
+        path = find_resumable(s.run.checkpoints, console=_Say(say), skipped=skipped)
+        for bad, problems in skipped:
+            events.append({"type": "event", "step": None, "kind": "checkpoint_invalid",
+                           "values": {"path": str(bad), "problems": list(problems)}, "action": "skipped",
+                           "message": f"checkpoint {bad} is invalid ({'; '.join(problems)}): not resumed from"})
+        if path is None:
+            return None, events
+    else:
+        path = Path(resume)
+    # Compatibility first, from meta.json alone: a changed model must fail with the keys, not
+    # with a tensor shape error half-way through loading.
+    changed = check_resume_compatible(read_meta(path) or {}, to_dict(cfg), allow, fingerprints=s.fingerprints,
+                                      model_args=s.args.to_dict())
+    dist.check_resume_batch(read_meta(path) or {}, s.batch, allow)  # same global batch at any world size
+    meta = load_checkpoint(path, s.model, s.optimizer)  # also restores this rank's RNG states
+    _restore(meta, s, state)
+    s.loader.load_state_dict(meta["loader"])
+    stability.load_state_dict(meta.get("stability", {}))
+    say(f"resumed from {path} at step {state.step} ({state.tokens_seen:,} tokens seen)"
+        + (f"; allowed config changes: {', '.join(changed)}" if changed else ""))
+    events.append({"type": "event", "step": state.step, "kind": "resume",
+                   "values": {"path": str(path), "tokens_seen": state.tokens_seen, "allowed_changes": changed},
+                   "action": "resume", "message": f"resumed from {path} at step {state.step}"})
+    return Path(path), events
+
+
+class _Say:
+    """A console-like object (print) for helpers that report, bound to rank-0 printing."""
+
+    def __init__(self, say: Any):
+        self.print = say
+
+
+def rollback(s: Setup, state: TrainState, stability: Any, target: Path, failed_step: int, cfg: Config,
+             log: MetricsLogger) -> None:
+    """Reload `target`, scale the lr multiplier, and move the loader past the offending batches.
+
+    The loader is NOT rewound: it stands after the failed step's batches, and skips
+    `skip_batches` more steps' worth, so neither the offending data nor its neighbours are
+    replayed (PaLM §5.1 skipped the ~200-500 batches around a spike).
+    """
+    from oreline.train.checkpoint import load_checkpoint
+
+    stab = cfg.train.stability
+    multiplier = state.lr_multiplier * stab.lr_factor
+    injected = list(state.debug_injected)
+    skipped, rollbacks = state.skipped_steps, state.rollbacks + 1
+    meta = load_checkpoint(target, s.model, s.optimizer)
+    _restore(meta, s, state)
+    state.lr_multiplier, state.rollbacks, state.skipped_steps = multiplier, rollbacks, skipped
+    state.debug_injected = sorted(set(injected) | set(state.debug_injected))
+    stability.restore_window(meta.get("stability", {}))
+    for _ in range(stab.skip_batches * cfg.train.grad_accum):
+        s.loader.next_batch()
+    log.log({"type": "event", "step": state.step, "kind": "rollback",
+             "values": {"failed_step": failed_step, "to_step": state.step, "lr_multiplier": multiplier,
+                        "skipped_batches": stab.skip_batches, "checkpoint": str(target)},
+             "action": "rollback",
+             "message": f"rolled back to {target} (step {state.step}) after step {failed_step}; lr × {multiplier:.3g}, "
+                        f"data moved on by {stab.skip_batches} step(s) past the failed one"})
