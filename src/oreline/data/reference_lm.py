@@ -42,6 +42,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -207,7 +208,8 @@ def train_llama_reference(docs: Iterable[Document], out: Path, console: Any = No
         raise InputError(f"unknown llama reference settings {sorted(unknown)}", f"use any of {sorted(LLAMA_DEFAULTS)}")
     hp = {**LLAMA_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
     work = out / "work"
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)  # a previous training's run dir: never resumed from
+    work.mkdir(parents=True)
     t0 = time.perf_counter()
     train_rows: list[dict[str, str]] = []
     held_rows: list[dict[str, str]] = []
