@@ -214,6 +214,8 @@ class StabilityConfig(Section):
     window: int = Field(128, description="sliding window of recent steps for z-scores")
     min_history: int = Field(16, description="steps in the window before spikes are judged")
     z_threshold: float = Field(6.0, description="a loss or grad norm this many σ above the window mean is a spike")
+    loss_spike_min_ratio: float = Field(1.2, description="a loss spike must also exceed this multiple of the window mean")
+    grad_spike_min_ratio: float = Field(4.0, description="a grad-norm spike must also exceed this multiple of the window mean")
     action: Literal["skip", "rollback", "log"] = Field("skip", description="what to do on an anomaly")
     lr_factor: float = Field(0.8, description="rollback: multiply the learning rate by this")
     skip_batches: int = Field(1, description="rollback: batches skipped past the offending one")

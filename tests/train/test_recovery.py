@@ -96,6 +96,7 @@ def test_retries_are_bounded_and_the_error_says_what_and_where(tmp_path, train_c
     # a negative threshold makes every judged step a "spike": rollbacks cannot help
     cfg = train_config(train__steps=20, train__log_every=1, train__eval_every=0, checkpoint__every=2,
                        train__stability__min_history=4, train__stability__z_threshold=-1e9,
+                       train__stability__loss_spike_min_ratio=0.0,
                        train__stability__action="rollback", train__stability__max_retries=2, eval__prompts=[])
     with pytest.raises(TrainingError) as err:
         train(cfg, resume="none", console=quiet())

@@ -62,7 +62,7 @@ def test_no_spike_judgement_before_min_history():
 
 
 def test_constant_series_needs_a_real_jump():
-    mon = StabilityMonitor(StabilityConfig())
+    mon = StabilityMonitor(StabilityConfig(loss_spike_min_ratio=1.0))  # isolate the σ floor
     for step in range(32):
         mon.accept(2.0, 1.0)  # clipped grad norm, loss plateau: std 0, floored at 0.1% of the mean
         assert mon.check(step, 2.0, 1.0) is None
@@ -116,3 +116,16 @@ def test_restore_window_keeps_counters():
     mon.record_rollback(mon.check(70, math.nan, 1.0))
     mon.restore_window(saved)
     assert list(mon.losses) == saved["losses"] and mon.counters.rollbacks == 1
+
+
+def test_heavy_tailed_grad_norms_of_small_batches_are_not_spikes():
+    """The demo run's case: a tight window (0.53 ± 0.05) and a healthy step at 2.5× the mean is
+    z ≈ 15, yet only a step above grad_spike_min_ratio × the mean (4×) is a spike."""
+    rng = random.Random(1)
+    mon = StabilityMonitor(StabilityConfig())
+    for _ in range(128):
+        mon.accept(5.2 + 0.05 * rng.gauss(0, 1), 0.53 + 0.05 * rng.gauss(0, 1))
+    assert mon.check(200, 5.3, 1.30) is None
+    assert mon.check(201, 5.3, 2.5).kind == "grad_spike"
+    assert mon.check(202, 5.9, 0.5) is None  # 1.13× the mean loss: noise at this batch size
+    assert mon.check(203, 6.5, 0.5).kind == "loss_spike"

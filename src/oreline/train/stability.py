@@ -21,6 +21,12 @@ Rules, in order:
 Statistics: plain mean and standard deviation of the window. Robust statistics (median / MAD) are
 not needed because only *accepted* steps enter the window, so past spikes never inflate it; and
 the mean/std pair keeps the z-score meaning what the config says ("σ above the window mean").
+A spike must also be large in absolute terms: above `loss_spike_min_ratio` (default 1.2) × the window
+mean for the loss and `grad_spike_min_ratio` (default 4) × the mean for the grad norm. Small batches
+give heavy-tailed grad norms: in the demo run (batch 8 × 256 tokens) healthy steps reached 2.5× the
+window mean at z ≈ 15-21 because the window's σ is tiny, and skipping them silently reshaped a healthy
+run. Clipping already bounds such steps; the ratio keeps the monitor for real blow-ups (the 50×
+injected spike, a diverging run).
 The standard deviation has a floor of `REL_SIGMA_FLOOR` × |mean| so that a nearly constant series
 (a loss plateau, a clipped grad norm) does not turn ordinary jitter into a 6σ "spike".
 This follows the practice of skipping or rolling back on loss spikes described for large runs
@@ -147,7 +153,8 @@ class StabilityMonitor:
             return None
         mean, std = window_stats(window)
         z = (value - mean) / std
-        if z > self.cfg.z_threshold:
+        min_ratio = self.cfg.loss_spike_min_ratio if kind == "loss_spike" else self.cfg.grad_spike_min_ratio
+        if z > self.cfg.z_threshold and value > min_ratio * mean:
             return Anomaly(kind, step, values, z=z, threshold=self.cfg.z_threshold, mean=mean, std=std)
         return None
 
