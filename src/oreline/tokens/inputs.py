@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import glob
 import gzip
-import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from oreline.data.document import content_id
 from oreline.errors import InputError
+from oreline.tokens.shards import file_sha256  # noqa: F401  (re-exported for tokenize)
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")
 BATCH_ROWS = 1024
@@ -65,14 +65,6 @@ def expand_inputs(items: list[str | Path]) -> list[Path]:
     if not out:
         raise InputError("no input documents given", "pass Parquet/JSONL files or folders")
     return out
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass(slots=True)
