@@ -3,14 +3,20 @@ and the quality filters' time per document.
 
 Planted set: ~2 KB documents of consecutive English-prose paragraphs (NLTK Gutenberg books), each
 paired with one mutant whose exact 5-word-shingle Jaccard to it is set to a target level
-(0.5 ... 0.95) by replacing words (bisection on the number replaced). The whole set goes through
-the real stages (dedup_stage_signatures → dedup_plan). Ground truth is exact Jaccard ≥ threshold.
+(0.5 ... 0.95, one level at the threshold itself) by replacing words (bisection on the number
+replaced). The whole set goes through the real stages (dedup_stage_signatures → dedup_plan), twice:
+with `verify = "signature"` (the MinHash estimate decides) and `verify = "exact"` (the exact
+shingle Jaccard decides, texts read back by `parquet_text_source` from Parquet document files
+written like the pipeline's phase-1 shards; the source counts which ids it was asked for). Each
+mode gets its own bands×rows (chosen for it, see dedup.py step 4). Ground truth is exact Jaccard
+≥ threshold.
 
 - recall: planted pairs at or above the threshold whose two documents end in one cluster.
 - precision: removed documents whose exact Jaccard to their survivor is ≥ the threshold.
 - Both are reported over all pairs and "clear of the threshold", i.e. |J - threshold| ≥ 0.1: within
   that band the signature estimate (standard error ~0.035 at 128 permutations) cannot decide
-  reliably, so a J=0.75 pair is kept ~90% of the time, not always, and a J=0.85 pair removed ~93%.
+  reliably, so a J=0.75 pair is kept ~90% of the time, not always, and a J=0.85 pair removed ~93%;
+  exact verification leaves only LSH's misses (P(candidate | J=0.8) = 0.98 with 17×7).
 
 Speed: our numpy+xxhash signatures vs datasketch `MinHash.update_batch` on the same documents and
 shingles, datasketch run in benchmarks/.peers-venv (git-ignored: `python -m venv
@@ -36,10 +42,12 @@ import numpy as np
 
 from oreline.config import DedupConfig, QualityConfig, samples_dir
 from oreline.data.dedup import dedup_plan, dedup_stage_signatures, jaccard, minhash_signatures, shingles
+from oreline.data.dedup_verify import parquet_text_source
 from oreline.data.document import Document
 from oreline.data.quality import quality_filters
+from oreline.data.shards import write_documents
 
-LEVELS = [0.5, 0.6, 0.7, 0.75, 0.85, 0.9, 0.95]
+LEVELS = [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95]
 BOOKS = ["austen-emma.txt", "melville-moby_dick.txt", "chesterton-brown.txt", "austen-sense.txt", "whitman-leaves.txt"]
 
 PEER_SCRIPT = r"""
@@ -128,6 +136,32 @@ def peer_seconds(texts: list[str]) -> float | None:
     return json.loads(res.stdout)["seconds"]
 
 
+def run_plan(docs: list[Document], cfg: DedupConfig, tmp: Path, exact: bool) -> tuple[dict, dict, float, int]:
+    """(plan, dedup_stats, plan seconds, ids asked of the text source) for one verification mode."""
+    mode = "exact" if exact else "signature"
+    cfg = cfg.model_copy(update={"verify": mode})
+    half = len(docs) // 2
+    paths = [tmp / mode / "sig-0.parquet", tmp / mode / "sig-1.parquet"]
+    dedup_stage_signatures(docs[:half], paths[0], cfg)
+    dedup_stage_signatures(docs[half:], paths[1], cfg)
+    asked: set[str] = set()
+    source = None
+    if exact:  # the documents as Parquet shards, like the pipeline's phase-1 kept files
+        kept = write_documents(docs[:half], tmp / mode / "task-0", "kept", 1 << 62)
+        kept += write_documents(docs[half:], tmp / mode / "task-1", "kept", 1 << 62)
+        shards = parquet_text_source(kept)
+
+        def source(ids: set[str]):
+            asked.update(ids)
+            return shards(ids)
+
+    t0 = time.perf_counter()
+    plan = dedup_plan(paths, tmp / mode / "plan", cfg, text_source=source)
+    seconds = time.perf_counter() - t0
+    stats = json.loads((tmp / mode / "plan" / "dedup_stats.json").read_text())
+    return plan, stats, seconds, len(asked)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", type=int, default=600, help="base documents (each gets one mutant)")
@@ -144,45 +178,48 @@ def main() -> None:
         planted.append((f"b{i:05d}", f"m{i:05d}", level, j))
     sets = {d.id: shingles(d.text) for d in docs}
     with tempfile.TemporaryDirectory() as tmp:
-        half = len(docs) // 2
-        paths = [Path(tmp) / "sig-0.parquet", Path(tmp) / "sig-1.parquet"]
         t0 = time.perf_counter()
-        dedup_stage_signatures(docs[:half], paths[0], cfg)
-        dedup_stage_signatures(docs[half:], paths[1], cfg)
-        t1 = time.perf_counter()
-        plan = dedup_plan(paths, Path(tmp) / "plan", cfg)
-        t2 = time.perf_counter()
-        stats = json.loads((Path(tmp) / "plan" / "dedup_stats.json").read_text())
-    survivor = {k: v[1] for k, v in plan.items()}
-    root = lambda d: survivor.get(d, d)  # noqa: E731  (clusters are stars around their survivor)
-
-    by_level = defaultdict(lambda: [0, 0, []])
+        dedup_stage_signatures(docs, Path(tmp) / "timing.parquet", cfg)
+        sig_rate = len(docs) / (time.perf_counter() - t0)
+        runs = {mode: run_plan(docs, cfg, Path(tmp), mode == "exact") for mode in ("signature", "exact")}
+    print(f"{len(docs)} documents ({len(bases)} bases + mutants), threshold {cfg.threshold}, num_perm {cfg.num_perm}; "
+          f"signature stage {sig_rate:.0f} docs/s (incl. exact keys + Parquet)")
+    roots = {}
+    for mode, (plan, _, _, _) in runs.items():
+        survivor = {k: v[1] for k, v in plan.items()}
+        roots[mode] = lambda d, survivor=survivor: survivor.get(d, d)  # clusters are stars around their survivor
+    by_level = defaultdict(list)
     for b, m, level, j in planted:
-        row = by_level[level]
-        row[0] += 1
-        row[1] += root(b) == root(m)
-        row[2].append(j)
-    print(f"{len(docs)} documents ({len(bases)} bases + mutants), threshold {cfg.threshold}, "
-          f"num_perm {cfg.num_perm}, bands×rows {stats['bands']}×{stats['rows']}")
-    print(f"{'target J':>9} {'exact J (mean, min-max)':>26} {'pairs':>6} {'clustered':>10}")
+        by_level[level].append((b, m, j))
+    print(f"{'target J':>9} {'exact J (mean, min-max)':>26} {'pairs':>6} {'clustered: signature':>21} {'exact':>6}")
     for level in LEVELS:
-        n, hit, js = by_level[level]
-        print(f"{level:9.2f} {np.mean(js):10.3f} ({min(js):.3f}-{max(js):.3f})      {n:6d} {hit / n:10.3f}")
+        rows = by_level[level]
+        js = [j for _, _, j in rows]
+        hit = {mode: np.mean([root(b) == root(m) for b, m, _ in rows]) for mode, root in roots.items()}
+        print(f"{level:9.2f} {np.mean(js):10.3f} ({min(js):.3f}-{max(js):.3f})      {len(rows):6d} "
+              f"{hit['signature']:21.3f} {hit['exact']:6.3f}")
     above = [(b, m) for b, m, _, j in planted if j >= cfg.threshold]
     clear = [(b, m) for b, m, _, j in planted if j >= cfg.threshold + 0.1]
-    recall = sum(root(b) == root(m) for b, m in above) / len(above)
-    recall_clear = sum(root(b) == root(m) for b, m in clear) / len(clear)
-    exact_to_survivor = {d: jaccard(sets[d], sets[s]) for d, s in survivor.items()}
-    precision = sum(j >= cfg.threshold for j in exact_to_survivor.values()) / max(1, len(plan))
-    outside = {d: j for d, j in exact_to_survivor.items() if abs(j - cfg.threshold) >= 0.1}
-    precision_clear = sum(j >= cfg.threshold for j in outside.values()) / max(1, len(outside))
-    print(f"recall (exact J >= {cfg.threshold}): {recall:.3f} of {len(above)} pairs; "
-          f"(exact J >= {cfg.threshold + 0.1:.2f}): {recall_clear:.3f} of {len(clear)}")
-    print(f"precision: {precision:.3f} of {len(plan)} removals; of those with |J - t| >= 0.1: "
-          f"{precision_clear:.3f} of {len(outside)}")
-    print(f"candidate pairs {stats['candidate_pairs']}, verified {stats['verified_pairs']}, "
-          f"rejected {stats['rejected_pairs']}; signature stage {len(docs) / (t1 - t0):.0f} docs/s "
-          f"(incl. exact keys + Parquet), plan {t2 - t1:.2f} s")
+    for mode, (plan, stats, seconds, asked) in runs.items():
+        root = roots[mode]
+        recall = sum(root(b) == root(m) for b, m in above) / len(above)
+        recall_clear = sum(root(b) == root(m) for b, m in clear) / len(clear)
+        exact_to_survivor = {d: jaccard(sets[d], sets[s]) for d, (_, s) in plan.items()}
+        precision = sum(j >= cfg.threshold for j in exact_to_survivor.values()) / max(1, len(plan))
+        outside = {d: j for d, j in exact_to_survivor.items() if abs(j - cfg.threshold) >= 0.1}
+        precision_clear = sum(j >= cfg.threshold for j in outside.values()) / max(1, len(outside))
+        print(f"[verify={mode}] bands×rows {stats['bands']}×{stats['rows']}: "
+              f"recall (exact J >= {cfg.threshold}) {recall:.3f} of {len(above)} pairs, "
+              f"(J >= {cfg.threshold + 0.1:.2f}) {recall_clear:.3f} of {len(clear)}; "
+              f"precision {precision:.3f} of {len(plan)} removals, (|J - t| >= 0.1) {precision_clear:.3f} of {len(outside)}")
+        line = (f"    candidate pairs {stats['candidate_pairs']}, verified {stats['verified_pairs']}, "
+                f"rejected {stats['rejected_pairs']}; plan {seconds:.2f} s")
+        if mode == "exact":
+            line += (f"; exactly verified pairs {stats['exact_verified_pairs']}, texts asked {asked} "
+                     f"of {len(docs)} docs, read {stats['texts_read']}, missing {stats['texts_missing']}; "
+                     f"the estimate alone would have removed {stats['estimate_above_exact_below']} "
+                     f"and kept {stats['estimate_below_exact_above']} of them wrongly")
+        print(line)
 
     texts = [d.text for d in docs]
     t0 = time.perf_counter()

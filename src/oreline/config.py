@@ -102,7 +102,12 @@ class DedupConfig(Section):
     bands: int | None = Field(None, description="LSH bands; chosen from threshold and num_perm when None")
     rows: int | None = Field(None, description="rows per band; chosen from threshold and num_perm when None")
     shingle_words: int = Field(5, description="word n-gram size of shingles")
-    verify: bool = Field(True, description="verify candidate pairs against the threshold before dropping")
+    verify: Literal["exact", "signature"] | bool = Field(
+        "exact",
+        description="check LSH candidates against the threshold before dropping: exact (shingle-set Jaccard from "
+        "the phase-1 texts of candidates only), signature (MinHash estimate), false (every candidate is a duplicate); "
+        "true means exact",
+    )
     seed: int = 1
 
 

@@ -1,4 +1,5 @@
-"""Dedup: MinHash estimates, LSH recall, verification, clusters, stage files, the cs336 fixtures."""
+"""Dedup: MinHash estimates, LSH recall, verification (signature and exact), clusters, stage files,
+the text source over Parquet shards, the pipeline's exact verification, the cs336 fixtures."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from oreline.config import Config, DedupConfig
+from oreline.config import Config, DedupConfig, load_config
 from oreline.data.dedup import (
     UnionFind,
+    bands_rows,
     dedup_plan,
     dedup_stage_signatures,
     estimated_jaccard,
@@ -25,7 +27,10 @@ from oreline.data.dedup import (
     shingles,
     verify_pairs,
 )
+from oreline.data.dedup_verify import parquet_text_source
 from oreline.data.document import Document
+from oreline.data.pipeline import run_data
+from oreline.data.shards import read_documents, write_documents
 from oreline.errors import DataIntegrityError
 
 CFG = DedupConfig()
@@ -177,3 +182,136 @@ def test_mismatched_signature_files_refuse(tmp_path):
     dedup_stage_signatures([doc], tmp_path / "b.parquet", CFG.model_copy(update={"num_perm": 64}))
     with pytest.raises(DataIntegrityError, match="re-run the dedup signature stage"):
         dedup_plan([tmp_path / "a.parquet", tmp_path / "b.parquet"], tmp_path / "plan", CFG)
+
+
+# ---------------------------------------------------------------------------------------------
+# exact verification
+
+
+def borderline_pair(exact_range: tuple[float, float], estimate_above: bool) -> tuple[str, str, float]:
+    """Two 300-word texts, an LSH candidate pair, whose exact Jaccard is in exact_range and whose
+    signature estimate is on the given side of the threshold (found by a deterministic search)."""
+    b, r = bands_rows(CFG)
+    for seed in range(2000):
+        rng = random.Random(seed)
+        a = random_doc(rng)
+        for k in range(4, 12):  # words replaced: exact Jaccard ~0.87 .. ~0.67
+            m = list(a)
+            for i in rng.sample(range(len(a)), k):
+                m[i] = f"x{rng.randrange(10**9)}"
+            ta, tb = " ".join(a), " ".join(m)
+            exact = jaccard(shingles(ta), shingles(tb))
+            if not exact_range[0] <= exact < exact_range[1]:
+                continue
+            sig, _ = minhash_signatures([ta, tb], CFG.num_perm, CFG.shingle_words, CFG.seed)
+            if (estimated_jaccard(sig[0], sig[1]) >= CFG.threshold) == estimate_above and len(lsh_candidates(sig, b, r)):
+                return ta, tb, exact
+    raise AssertionError("no borderline pair found")
+
+
+@pytest.fixture(scope="module")
+def borderline_docs():
+    """fp-*: estimate above the threshold, exact below; fn-*: the other way round; u*: unrelated."""
+    fp_a, fp_b, fp_j = borderline_pair((0.7, CFG.threshold), estimate_above=True)
+    fn_a, fn_b, fn_j = borderline_pair((CFG.threshold, 0.9), estimate_above=False)
+    rng = random.Random(7)
+    docs = [Document(i, t, metadata={"source": "s.jsonl", "offset": n})
+            for n, (i, t) in enumerate([("fp-a", fp_a), ("fn-a", fn_a), ("fp-b", fp_b), ("fn-b", fn_b)])]
+    docs += [Document(f"u{n}", " ".join(random_doc(rng)), metadata={"source": "s.jsonl", "offset": 10 + n})
+             for n in range(20)]
+    return docs, fp_j, fn_j
+
+
+class DictSource:
+    """A text source over an in-memory dict that records which ids it was asked for."""
+
+    def __init__(self, docs, skip=(), replace=None, extra=()):
+        self.texts = {d.id: d.text for d in docs if d.id not in skip}
+        self.texts.update(replace or {})
+        self.extra = list(extra)
+        self.asked: set[str] = set()
+
+    def __call__(self, ids):
+        self.asked |= ids
+        yield from ((i, self.texts[i]) for i in sorted(ids) if i in self.texts)
+        yield from self.extra
+
+
+def _signature_files(docs, tmp_path):
+    paths = [tmp_path / "sig" / "task-0.parquet", tmp_path / "sig" / "task-1.parquet"]
+    dedup_stage_signatures(docs[:3] + docs[10:], paths[0], CFG)  # pairs span both files: dedup is global
+    dedup_stage_signatures(docs[3:10], paths[1], CFG)
+    return paths
+
+
+def test_exact_verification_decides_where_the_estimate_errs(borderline_docs, tmp_path):
+    docs, fp_j, fn_j = borderline_docs
+    paths = _signature_files(docs, tmp_path)
+    source = DictSource(docs)
+    plan = dedup_plan(paths, tmp_path / "exact", CFG, text_source=source)
+    assert plan == {"fn-b": ("dedup:near_dup", "fn-a")}  # fp-b (estimate above, exact below) is kept
+    assert source.asked == {"fp-a", "fp-b", "fn-a", "fn-b"}  # only candidates' texts are read
+    stats = json.loads((tmp_path / "exact" / "dedup_stats.json").read_text())
+    assert stats["verify"] == "exact" and (stats["bands"], stats["rows"]) == bands_rows(CFG)
+    assert stats["candidate_pairs"] == stats["exact_verified_pairs"] == 2 and stats["signature_verified_pairs"] == 0
+    assert stats["verified_pairs"] == 1 and stats["rejected_pairs"] == 1
+    assert stats["estimate_above_exact_below"] == 1 and stats["estimate_below_exact_above"] == 1
+    assert stats["texts_read"] == stats["candidate_docs"] == 4 and stats["texts_missing"] == 0
+    removal = pq.read_table(tmp_path / "exact" / "removals.parquet").to_pylist()
+    assert [(r["doc_id"], r["similarity_method"]) for r in removal] == [("fn-b", "jaccard")]
+    assert removal[0]["similarity"] == pytest.approx(fn_j, abs=1e-6)
+
+    # the same candidates (same bands×rows) verified with the estimate decide the other way
+    b, r = bands_rows(CFG)
+    sig_cfg = CFG.model_copy(update={"verify": "signature", "bands": b, "rows": r})
+    source = DictSource(docs)
+    assert dedup_plan(paths, tmp_path / "sig-plan", sig_cfg, text_source=source) == {"fp-b": ("dedup:near_dup", "fp-a")}
+    assert source.asked == set()  # signature verification never reads texts
+    removal = pq.read_table(tmp_path / "sig-plan" / "removals.parquet").to_pylist()
+    assert removal[0]["similarity_method"] == "minhash" and removal[0]["similarity"] >= CFG.threshold > fp_j
+    # exact asked for but no text source: the estimate, and the stats say so
+    exact_cfg = CFG.model_copy(update={"bands": b, "rows": r})
+    assert dedup_plan(paths, tmp_path / "none", exact_cfg) == {"fp-b": ("dedup:near_dup", "fp-a")}
+    stats = json.loads((tmp_path / "none" / "dedup_stats.json").read_text())
+    assert stats["verify"] == "signature" and "no text source" in stats["verify_note"]
+    # verify = false: every candidate pair is a duplicate
+    off = dedup_plan(paths, tmp_path / "off", CFG.model_copy(update={"verify": False}), text_source=source)
+    assert set(off) == {"fp-b", "fn-b"} and source.asked == set()
+
+
+def test_missing_and_mismatched_texts_fall_back_and_are_counted(borderline_docs, tmp_path):
+    docs, _, _ = borderline_docs
+    paths = _signature_files(docs, tmp_path)
+    # fn-b's text is missing, fp-a's is another version (an edited file), u1 was never asked for
+    source = DictSource(docs, skip={"fn-b"}, replace={"fp-a": "an edited text"}, extra=[("u1", "unasked")])
+    plan = dedup_plan(paths, tmp_path / "plan", CFG, text_source=source)
+    assert plan == {"fp-b": ("dedup:near_dup", "fp-a")}  # both pairs fell back to the estimate
+    stats = json.loads((tmp_path / "plan" / "dedup_stats.json").read_text())
+    assert stats["exact_verified_pairs"] == 0 and stats["signature_verified_pairs"] == 2
+    assert stats["texts_read"] == 2 and stats["texts_missing"] == 2
+    assert stats["texts_missing_examples"] == ["fn-b", "fp-a"]
+    assert stats["texts_other_version_examples"] == ["fp-a"] and stats["texts_unrequested"] == 1
+
+
+def test_parquet_text_source_reads_only_asked_ids(tmp_path):
+    rng = random.Random(5)
+    docs = [Document(f"d{i:03d}", " ".join(random_doc(rng, 50))) for i in range(300)]
+    files = write_documents(docs[:150], tmp_path / "t0", "kept", 1 << 62)
+    files += write_documents(docs[150:], tmp_path / "t1", "kept", 1 << 62)
+    source = parquet_text_source(files + [tmp_path / "gone.parquet"])  # a deleted file is skipped
+    want = {"d000", "d149", "d150", "d299", "absent"}
+    got = list(source(want))
+    assert sorted(got) == sorted((d.id, d.text) for d in docs if d.id in want)
+    assert list(source(set())) == []
+
+
+def test_pipeline_verifies_candidates_exactly(borderline_docs, tmp_path):
+    docs, _, _ = borderline_docs
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in docs))
+    cfg = load_config(None, ["data.quality.enabled=false", "data.langid.enabled=false"])
+    stats = run_data([str(src)], tmp_path / "out", cfg, workers=1)
+    assert stats["dedup"]["verify"] == "exact" and stats["dedup"]["exact_verified_pairs"] == 2
+    assert stats["dedup"]["texts_read"] == 4 and stats["dedup"]["texts_missing"] == 0
+    kept = {d.id for d in read_documents(tmp_path / "out" / "docs")}
+    assert kept == {d.id for d in docs} - {"fn-b"}

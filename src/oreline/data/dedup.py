@@ -13,12 +13,21 @@ for banded LSH; the same scheme as datatrove's MinhashDedup* stages and datasket
 4. LSH: the signature is cut into `bands` bands of `rows` rows; two documents whose band rows are
    all equal in any band become a candidate pair. bands/rows, when not configured, minimise the
    weighted false-positive and false-negative areas under the S-curve 1-(1-s^r)^b (datasketch's
-   `_optimal_param`), with false negatives weighted 0.9: candidates are verified, so a false
-   positive costs one signature comparison while a false negative loses a duplicate for good.
-5. Verification: a candidate pair is an edge only if its signature-estimated Jaccard is ≥ the
-   threshold (standard error sqrt(J(1-J)/num_perm): 0.035 at J=0.8 with 128 permutations).
-   Exact Jaccard would need every document's shingle set, which breaks "memory bounded by
-   signatures", so it is not used.
+   `_optimal_param`). Candidates are verified, so a false positive costs one check while a false
+   negative loses a duplicate for good: false negatives weigh 0.98 under exact verification
+   (17×7 at t=0.8, 128 perms: P(candidate | J=0.8) = 0.98) and 0.9 under signature verification
+   (14×9: 0.87; its own estimate error near the threshold dominates there anyway).
+5. Verification (`data.dedup.verify`): a candidate pair is an edge only if its Jaccard is ≥ the
+   threshold.
+   - "exact" (default; `true` means the same): the exact Jaccard of the two shingle-hash sets,
+     from the texts of candidate documents only, which `dedup_plan` asks a text source for
+     (dedup_verify.py: the pipeline re-reads them from its phase-1 shards). Memory: the shingle
+     hashes of the candidates, never the corpus. Without a text source (or for a candidate whose
+     text does not come back) it falls back to the estimate, and the stats say so.
+   - "signature": the MinHash estimate, share of equal entries (standard error
+     sqrt(J(1-J)/num_perm): 0.035 at J=0.8 with 128 permutations; benchmarks/dedup_quality.py
+     measured precision 0.965 with it, errors all within ±0.1 of the threshold).
+   - false: every candidate pair is an edge.
 6. Clusters: connected components of the verified edges (union-find). The survivor of a cluster,
    and of an exact-duplicate group, is the document with the smallest sort key
    (metadata source_file[:member], offset, doc id; the position in its task when there is no
@@ -33,19 +42,22 @@ Stages and files (each stage can run as separate tasks, e.g. one per input file 
   num_perm, shingle_words and seed, and files with different settings refuse to be mixed.
 - `bucket_bands(signature_files, out_dir, cfg, band_range)` → `candidates-bLO-HI.npy`, int64
   (P, 2) pairs of global row numbers (rows of the files in sorted-path order).
-- `cluster(candidate_files, signature_files, cfg)` → {doc_id: ("dedup:near_dup", survivor_id)}.
-- `dedup_plan(signature_paths, out_dir, cfg)` does exact + near-dup in one process and writes
-  `removals.parquet` (doc_id, reason, survivor_id, similarity) and `dedup_stats.json`; the pipeline
-  then drops documents in the returned dict with their reason ("dedup:exact" / "dedup:near_dup").
+- `cluster(candidate_files, signature_files, cfg, text_source=None)` → {doc_id: ("dedup:near_dup",
+  survivor_id)}.
+- `dedup_plan(signature_paths, out_dir, cfg, text_source=None)` does exact + near-dup in one
+  process and writes `removals.parquet` (doc_id, reason, survivor_id, similarity, similarity_method)
+  and `dedup_stats.json`; the pipeline then drops documents in the returned dict with their reason
+  ("dedup:exact" / "dedup:near_dup").
 
-Memory: signatures (num_perm × 4 bytes per document) plus ids; texts are never held beyond a batch.
+Memory: signatures (num_perm × 4 bytes per document) plus ids, plus under exact verification the
+shingle hashes (8 bytes per word) of candidate documents; texts are never held beyond a batch.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,9 +73,11 @@ from oreline.errors import DataIntegrityError, InputError
 
 FORMAT = "oreline-minhash-v1"
 FN_WEIGHT = 0.9  # weight of the false-negative area when choosing bands/rows (see step 4)
+FN_WEIGHT_EXACT = 0.98  # the same under exact verification, where false positives cost no precision
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _ROLL = np.uint64(0x100000001B3)
 _EMPTY = np.uint32(0xFFFFFFFF)  # signature entry of a document without shingles
+TextSource = Callable[[set[str]], Iterator[tuple[str, str]]]  # ids -> (id, text) of those ids
 
 
 def dedup_config(cfg: Any) -> DedupConfig:
@@ -74,6 +88,12 @@ def dedup_config(cfg: Any) -> DedupConfig:
     if not isinstance(cfg, DedupConfig):
         raise TypeError(f"expected a DedupConfig (cfg.data.dedup), got {type(cfg).__name__}")
     return cfg
+
+
+def verify_mode(cfg: Any) -> str:
+    """'exact', 'signature' or 'none', from data.dedup.verify (true means exact, false none)."""
+    v = dedup_config(cfg).verify
+    return "exact" if v is True else "none" if v is False else v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +191,7 @@ def estimated_jaccard(a: np.ndarray, b: np.ndarray) -> float | np.ndarray:
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
-    """Exact Jaccard of two shingle-hash sets (for tests and benchmarks; dedup uses signatures)."""
+    """Exact Jaccard of two sorted unique shingle-hash sets (exact verification, tests, benchmarks)."""
     inter = np.intersect1d(a, b, assume_unique=True).size
     union = a.size + b.size - inter
     return inter / union if union else 1.0
@@ -212,7 +232,8 @@ def bands_rows(cfg: DedupConfig) -> tuple[int, int]:
                 "lower bands or rows, raise num_perm, or unset both to have them chosen",
             )
         return cfg.bands, cfg.rows
-    return optimal_bands_rows(cfg.threshold, cfg.num_perm)
+    fn = FN_WEIGHT_EXACT if verify_mode(cfg) == "exact" else FN_WEIGHT
+    return optimal_bands_rows(cfg.threshold, cfg.num_perm, 1 - fn, fn)
 
 
 def _band_keys(sig: np.ndarray, band: int, rows: int) -> np.ndarray:
@@ -469,30 +490,74 @@ def bucket_bands(
     return out
 
 
-def _near_dups(s: Signatures, pairs: np.ndarray, dc: DedupConfig) -> tuple[dict[int, int], dict]:
-    sims = verify_pairs(pairs, s.sig, dc.threshold)
-    edges = pairs[sims >= dc.threshold] if dc.verify else pairs
+@dataclass
+class NearDups:
+    removed: dict[int, int]  # {row: survivor_row}
+    stats: dict
+    sets: dict[int, np.ndarray]  # shingle hashes of the candidates whose text was read (exact mode)
+
+
+def _near_dups(s: Signatures, pairs: np.ndarray, dc: DedupConfig, text_source: TextSource | None) -> NearDups:
+    """Verify candidate pairs (see step 5 of the module docstring) and cluster the verified edges."""
+    mode = verify_mode(dc)
+    sims = verify_pairs(pairs, s.sig, dc.threshold).astype(np.float64)
+    stats: dict[str, Any] = {"verify": mode}
+    sets: dict[int, np.ndarray] = {}
+    if mode == "exact" and text_source is not None:
+        from oreline.data.dedup_verify import verify_exact  # it builds on this module's shingles
+
+        v = verify_exact(pairs, sims, s.ids, s.exact, dc.threshold, text_source, dc.shingle_words)
+        sims, sets = v.sims, v.sets
+        stats.update(v.stats)
+    elif mode == "exact":
+        stats["verify"] = "signature"
+        stats["verify_note"] = "exact verification asked for, but no text source was given: MinHash estimate used"
+    edges = pairs if mode == "none" else pairs[sims >= dc.threshold]
     removed = near_duplicate_clusters(len(s.ids), edges, s.rank)
-    stats = {"candidate_pairs": int(len(pairs)), "verified_pairs": int(len(edges)),
-             "rejected_pairs": int(len(pairs) - len(edges))}
-    return removed, stats
+    stats.update(candidate_pairs=int(len(pairs)), verified_pairs=int(len(edges)),
+                 rejected_pairs=int(len(pairs) - len(edges)))
+    return NearDups(removed, stats, sets)
 
 
-def cluster(candidate_files: Sequence[str | Path], signature_files: Sequence[str | Path], cfg: Any) -> dict[str, tuple[str, str]]:
+def cluster(
+    candidate_files: Sequence[str | Path],
+    signature_files: Sequence[str | Path],
+    cfg: Any,
+    text_source: TextSource | None = None,
+) -> dict[str, tuple[str, str]]:
     """Stage 3: verify candidates, cluster, and name the near-duplicates to drop with their survivor."""
     dc = dedup_config(cfg)
     s = read_signatures(signature_files, dc)
     parts = [np.load(f) for f in candidate_files]
     pairs = np.unique(np.concatenate(parts), axis=0) if parts else np.empty((0, 2), np.int64)
-    removed, _ = _near_dups(s, pairs, dc)
+    removed = _near_dups(s, pairs, dc, text_source).removed
     return {s.ids[r]: ("dedup:near_dup", s.ids[k]) for r, k in removed.items()}
 
 
-def dedup_plan(signature_paths: Sequence[str | Path], out_dir: str | Path, cfg: Any) -> dict[str, tuple[str, str]]:
+def _removal_similarity(s: Signatures, near: NearDups) -> tuple[list[float], list[str]]:
+    """Similarity of each near-duplicate to its survivor: exact when both texts were read."""
+    sims, methods = [], []
+    for r, k in near.removed.items():
+        if r in near.sets and k in near.sets:
+            sims.append(jaccard(near.sets[r], near.sets[k]))
+            methods.append("jaccard")
+        else:
+            sims.append(float(estimated_jaccard(s.sig[r], s.sig[k])))
+            methods.append("minhash")
+    return sims, methods
+
+
+def dedup_plan(
+    signature_paths: Sequence[str | Path], out_dir: str | Path, cfg: Any, text_source: TextSource | None = None
+) -> dict[str, tuple[str, str]]:
     """Exact and near-duplicate removals across all signature files: {doc_id: (reason, survivor_id)}.
 
-    Writes out_dir/removals.parquet (doc_id, reason, survivor_id, similarity = estimated Jaccard to
-    the survivor, 1.0 for exact) and out_dir/dedup_stats.json with the counts of every stage.
+    text_source: `(ids) -> Iterator[(id, text)]` giving the texts of the ids it is asked for (only
+    documents in some LSH candidate pair are asked for), used by exact verification; without it
+    candidates are verified with the signature estimate. Writes out_dir/removals.parquet (doc_id,
+    reason, survivor_id, similarity to the survivor, similarity_method: "exact_text" for exact
+    duplicates, "jaccard" when computed from both shingle sets, "minhash" when estimated) and
+    out_dir/dedup_stats.json with the counts of every stage.
     """
     dc = dedup_config(cfg)
     out_dir = Path(out_dir)
@@ -500,27 +565,24 @@ def dedup_plan(signature_paths: Sequence[str | Path], out_dir: str | Path, cfg: 
     s = read_signatures(signature_paths, dc)
     exact = exact_duplicates(s.exact, s.rank) if dc.exact else {}
     stats: dict[str, Any] = {"docs": len(s.ids), "signature_files": len(s.files), "exact_duplicates": len(exact)}
-    near: dict[int, int] = {}
+    near = NearDups({}, {}, {})
     if dc.minhash and dc.num_perm:
         bands, rows = bands_rows(dc)
         pairs = lsh_candidates(s.sig, bands, rows, _active_rows(s, exact))
-        near, near_stats = _near_dups(s, pairs, dc)
-        stats.update(bands=bands, rows=rows, threshold=dc.threshold, **near_stats)
-        stats["clusters"] = len(set(near.values()))
-    stats["near_duplicates"] = len(near)
+        near = _near_dups(s, pairs, dc, text_source)
+        stats.update(bands=bands, rows=rows, threshold=dc.threshold, **near.stats)
+        stats["clusters"] = len(set(near.removed.values()))
+    stats["near_duplicates"] = len(near.removed)
     plan = {s.ids[r]: ("dedup:exact", s.ids[k]) for r, k in exact.items()}
-    plan.update({s.ids[r]: ("dedup:near_dup", s.ids[k]) for r, k in near.items()})
-    rows_removed = list(exact.items()) + list(near.items())
-    sim = [1.0] * len(exact)
-    if near:
-        r = np.fromiter(near.keys(), dtype=np.int64)
-        k = np.fromiter(near.values(), dtype=np.int64)
-        sim += estimated_jaccard(s.sig[r], s.sig[k]).tolist()
+    plan.update({s.ids[r]: ("dedup:near_dup", s.ids[k]) for r, k in near.removed.items()})
+    rows_removed = list(exact.items()) + list(near.removed.items())
+    near_sims, near_methods = _removal_similarity(s, near)
     table = pa.table({
         "doc_id": pa.array([s.ids[r] for r, _ in rows_removed], pa.string()),
-        "reason": pa.array(["dedup:exact"] * len(exact) + ["dedup:near_dup"] * len(near), pa.string()),
+        "reason": pa.array(["dedup:exact"] * len(exact) + ["dedup:near_dup"] * len(near.removed), pa.string()),
         "survivor_id": pa.array([s.ids[k] for _, k in rows_removed], pa.string()),
-        "similarity": pa.array(sim, pa.float32()),
+        "similarity": pa.array([1.0] * len(exact) + near_sims, pa.float32()),
+        "similarity_method": pa.array(["exact_text"] * len(exact) + near_methods, pa.string()),
     })
     _atomic_write_table(table, out_dir / "removals.parquet")
     tmp = out_dir / f".dedup_stats.json.tmp-{os.getpid()}"

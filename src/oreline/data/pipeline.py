@@ -169,11 +169,14 @@ def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config)
     import pyarrow.parquet as pq
 
     from oreline.data.dedup import dedup_plan
+    from oreline.data.dedup_verify import parquet_text_source
 
     t0 = time.perf_counter()
     sig_paths = [phase1_dir(work, i) / "signatures.parquet" for i, _, _ in finished]
     sig_paths = [p for p in sig_paths if p.is_file()]
-    plan = dedup_plan(sig_paths, ddir, cfg) if sig_paths else {}
+    # exact verification re-reads only the candidates' texts from the phase-1 kept shards
+    kept = [p for i, _, _ in sorted(finished) for p in sorted(phase1_dir(work, i).glob("kept-*.parquet"))]
+    plan = dedup_plan(sig_paths, ddir, cfg, text_source=parquet_text_source(kept)) if sig_paths else {}
     ids_of: dict[int, list[str]] = {}
     keeper: dict[str, int] = {}  # the task that keeps a document id found in several files
     for i, _path, _ in sorted(finished, key=lambda t: str(t[1])):  # dedup's survivor order: source first
