@@ -148,7 +148,8 @@ def test_cs336_fixtures_near_and_exact(samples, tmp_path):
     assert dedup_stage_signatures(fuzzy[:1], paths[0], cfg)["docs"] == 1
     dedup_stage_signatures(fuzzy[1:], paths[1], cfg)
     dedup_stage_signatures(iter(lines), paths[2], cfg)
-    plan = dedup_plan(paths[::-1], tmp_path / "plan", cfg)
+    source = DictSource(fuzzy + lines)
+    plan = dedup_plan(paths[::-1], tmp_path / "plan", cfg, text_source=source)
     rails, react = (d.id for d in fuzzy if "mit" in d.id)
     assert sorted(d.id for d in fuzzy) == ["pytorch_license.txt", rails, react]
     assert plan[react] == ("dedup:near_dup", rails)  # rails sorts first by source path
@@ -156,7 +157,10 @@ def test_cs336_fixtures_near_and_exact(samples, tmp_path):
     assert set(plan) == {react, "line-doc2.txt"}
     removals = pq.read_table(tmp_path / "plan" / "removals.parquet").to_pylist()
     near = next(r for r in removals if r["reason"] == "dedup:near_dup")
+    assert near["similarity_method"] == "jaccard"
+    assert near["similarity"] == pytest.approx(jaccard(*(shingles(d.text) for d in fuzzy if "mit" in d.id)), abs=1e-6)
     assert 0.8 <= near["similarity"] <= 1.0
+    assert source.asked == {rails, react}  # the exact duplicate is not bucketed, the license not a candidate
     stats = json.loads((tmp_path / "plan" / "dedup_stats.json").read_text())
     assert stats["docs"] == 8 and stats["exact_duplicates"] == 1 and stats["near_duplicates"] == 1
     assert stats["verified_pairs"] >= 1

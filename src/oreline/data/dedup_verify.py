@@ -57,7 +57,7 @@ def read_candidate_sets(
     wanted = {key[0] for key in by_key}
     sets: dict[int, np.ndarray] = {}
     unrequested, changed, repeated = [], [], 0
-    for doc_id, text in text_source(wanted):
+    for doc_id, text in text_source(wanted) if wanted else ():
         if doc_id not in wanted:
             unrequested.append(doc_id)
             continue
@@ -98,7 +98,7 @@ def verify_exact(
 ) -> Verified:
     """Exact Jaccard of each candidate pair (P, 2) of signature rows; the estimate where a text is missing."""
     rows = np.unique(pairs.ravel()) if len(pairs) else np.empty(0, dtype=np.int64)
-    sets, stats = read_candidate_sets(rows, ids, exact, text_source, shingle_words) if len(rows) else ({}, {})
+    sets, stats = read_candidate_sets(rows, ids, exact, text_source, shingle_words)
     sims = np.asarray(estimates, dtype=np.float64).copy()
     is_exact = np.zeros(len(pairs), dtype=bool)
     for i, (a, b) in enumerate(pairs.tolist()):
