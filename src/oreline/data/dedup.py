@@ -25,8 +25,11 @@ for banded LSH; the same scheme as datatrove's MinhashDedup* stages and datasket
      hashes of the candidates, never the corpus. Without a text source (or for a candidate whose
      text does not come back) it falls back to the estimate, and the stats say so.
    - "signature": the MinHash estimate, share of equal entries (standard error
-     sqrt(J(1-J)/num_perm): 0.035 at J=0.8 with 128 permutations; benchmarks/dedup_quality.py
-     measured precision 0.965 with it, errors all within ±0.1 of the threshold).
+     sqrt(J(1-J)/num_perm): 0.035 at J=0.8 with 128 permutations).
+   benchmarks/dedup_quality.py --docs 2400 (1,596 planted pairs, 8 levels of exact Jaccard from
+   0.5 to 0.95, one at the threshold) measured precision / recall 0.916 / 0.917 with "signature"
+   (errors near the threshold; 0.996 / 1.000 for pairs at least 0.1 away) and 1.000 / 1.000
+   with "exact" (1,241 candidate pairs, 2,482 texts read back, plan 0.59 s instead of 0.13 s).
    - false: every candidate pair is an edge.
 6. Clusters: connected components of the verified edges (union-find). The survivor of a cluster,
    and of an exact-duplicate group, is the document with the smallest sort key
