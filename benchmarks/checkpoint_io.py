@@ -3,6 +3,8 @@
 Peers measured in the same run, on the same folder:
 - raw write: `dd if=/dev/zero of=F bs=1M count=N conv=fsync` with N = the checkpoint's size in MiB;
 - python write: the same number of real fp32 bytes written from this process (8 MiB writes + fsync);
+- DCP's stock FileSystemWriter (one torch.save archive per tensor, CRC32 off as in oreline before),
+  i.e. `save_checkpoint` with `RAW_TENSOR_FILES = False`, against oreline's RawTensorWriter;
 - raw read: the same file read back in 8 MiB chunks after its pages were evicted from the page
   cache (posix_fadvise DONTNEED, which needs no privileges and leaves other processes' caches alone).
 
@@ -12,6 +14,13 @@ Measured for oreline (`oreline.train.checkpoint`):
 - load: `load_checkpoint` into a live model + optimizer (checksum verification + DCP read) with the
   checkpoint's pages evicted first;
 - resume start-up: build the model, build the optimizer, find + verify + load; target < 2 × load.
+
+Every timed write (each save, each dd, each python write) first writes and deletes a ballast file
+of the checkpoint's size (`reuse_blocks`): this VM's disk is thin-provisioned, and writes to blocks
+never written before ran at 335-441 MB/s against 1.2-1.6 GB/s for blocks freed and written again
+(dd, 1.5 GB, measured 2026-12-02). Without the ballast, whichever writer happens to land on fresh
+blocks loses 3x (the first saves of a process did; dd rewriting one file never did). A training run
+with retention writes into blocks its deleted checkpoints freed, i.e. the ballast case.
 
 Usage: .venv/bin/python benchmarks/checkpoint_io.py [--preset 125m] [--dir /tmp] [--repeats 2]
 (~1.5 GB on disk for 125m; a minute or two on 2 cores.)
@@ -50,6 +59,16 @@ def evict(path: Path) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def reuse_blocks(folder: Path, nbytes: int) -> None:
+    """Write + fsync + delete a ballast file of nbytes, so the next write lands on blocks the
+    thin-provisioned disk has already backed (see the module docstring); then sync everything."""
+    ballast = folder / "ballast.bin"
+    subprocess.run(["dd", "if=/dev/zero", f"of={ballast}", "bs=1M", f"count={max(1, nbytes >> 20)}",
+                    "conv=fsync"], check=True, capture_output=True)
+    ballast.unlink()
+    os.sync()
 
 
 def raw_write(path: Path, mib: int) -> float:
@@ -116,14 +135,28 @@ def main() -> int:
         cfg = CheckpointConfig(keep_last=1)
         meta = {"model_args": args.to_dict(), "tokens_seen": 0}
 
+        state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        state_bytes += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values())
         saves, loads, startups, parts = [], [], [], []
-        size = 0
+        stock_saves, stock_parts = [], []
+        size = stock_size = 0
         for r in range(a.repeats):
-            root = work / f"ckpts-{r}"
-            t0 = time.perf_counter()
-            path = ck.save_checkpoint(root, 1, model, opt, meta, cfg=cfg)
-            saves.append(time.perf_counter() - t0)
-            parts.append(ck.last_save_stats())
+            # oreline's raw tensor files and DCP's stock writer, the peer (alternating which goes first)
+            order = ["stock", "raw"] if r % 2 == 0 else ["raw", "stock"]
+            for writer in order:
+                ck.RAW_TENSOR_FILES = writer == "raw"
+                root = work / f"ckpts-{writer}-{r}"
+                reuse_blocks(work, state_bytes)
+                t0 = time.perf_counter()
+                path = ck.save_checkpoint(root, 1, model, opt, meta, cfg=cfg)
+                (saves if writer == "raw" else stock_saves).append(time.perf_counter() - t0)
+                (parts if writer == "raw" else stock_parts).append(ck.last_save_stats())
+                if writer == "stock":
+                    stock_size = ck.dir_bytes(path)
+                    shutil.rmtree(root)
+            ck.RAW_TENSOR_FILES = True
+            root = work / f"ckpts-raw-{r}"
+            path = root / ck.step_name(1)
             size = ck.dir_bytes(path)
 
             evict(path)
@@ -140,6 +173,8 @@ def main() -> int:
             ck.load_checkpoint(found, m2, o2, restore_rng=False)
             startups.append(time.perf_counter() - t0)
             del m2, o2
+            if r < a.repeats - 1:
+                shutil.rmtree(root)
 
         evict(path)
         t0 = time.perf_counter()
@@ -150,8 +185,15 @@ def main() -> int:
 
         raw = work / "raw.bin"
         mib = max(1, round(size / 2**20))
-        writes = [raw_write(raw, mib) for _ in range(a.repeats)]
-        tensor_writes = [raw_write_tensor(raw, mib) for _ in range(a.repeats)]
+        writes, tensor_writes = [], []
+        for i in range(a.repeats):
+            if i:
+                raw.unlink()
+            reuse_blocks(work, state_bytes)
+            writes.append(raw_write(raw, mib))
+            raw.unlink()
+            reuse_blocks(work, state_bytes)
+            tensor_writes.append(raw_write_tensor(raw, mib))  # (the last one stays: it is read back)
         reads = [raw_read(raw) for _ in range(a.repeats)]
         raw.unlink()
 
@@ -164,6 +206,11 @@ def main() -> int:
               f"python write of {mib} MiB of tensor bytes + fsync: {w_tensor:,.0f} MB/s")
         print(f"save_checkpoint: {min(saves):.2f} s = {save_mbs:,.0f} MB/s = {save_mbs / w_raw:.0%} of raw write "
               f"(target ≥ 70%), {save_mbs / w_tensor:.0%} of the python tensor-bytes write")
+        stock_mbs = stock_size / min(stock_saves) / MB
+        print(f"  peer, DCP's stock FileSystemWriter (torch.save per tensor): {min(stock_saves):.2f} s = "
+              f"{stock_mbs:,.0f} MB/s = {stock_mbs / w_raw:.0%} of raw write; raw tensor files are "
+              f"{save_mbs / stock_mbs:.2f}x its speed (tensor files alone: "
+              f"{min(p['dcp_s'] for p in stock_parts) / min(p['dcp_s'] for p in parts):.2f}x)")
         best = parts[saves.index(min(saves))]
         print(f"  of which DCP tensor files written + fsynced: {best['dcp_s']:.2f} s = "
               f"{size / best['dcp_s'] / MB:,.0f} MB/s ({size / best['dcp_s'] / MB / w_raw:.0%} of raw write); "
@@ -172,7 +219,7 @@ def main() -> int:
               f"(of which checksum verification alone, evicted: {hash_s:.2f} s)")
         print(f"resume start-up (build model + optimizer, find, verify, load): {min(startups):.2f} s = "
               f"{min(startups) / min(loads):.2f} × load (target < 2×)")
-        print(f"all runs: save {[round(s, 2) for s in saves]} s, load {[round(s, 2) for s in loads]} s, "
+        print(f"all runs: save {[round(s, 2) for s in saves]} s (stock writer {[round(s, 2) for s in stock_saves]} s), load {[round(s, 2) for s in loads]} s, "
               f"start-up {[round(s, 2) for s in startups]} s, raw write {[round(w) for w in writes]} MB/s, "
               f"tensor-bytes write {[round(w) for w in tensor_writes]} MB/s, "
               f"raw read {[round(r) for r in reads]} MB/s")

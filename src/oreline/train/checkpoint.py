@@ -19,16 +19,19 @@ which is never offered for resume (and is removed by the next save).
 
 Only tensors go through DCP: the optimizer's param_groups (lr, betas, ...) are plain numbers and go
 into meta.json, because DCP restores non-tensor objects with `torch.load(weights_only=False)`, i.e.
-unpickling. Loading therefore unpickles nothing but DCP's own `.metadata` (sizes and dtypes) after its
-checksum was verified; tensors load with `weights_only=True` inside DCP; model-only snapshots are
-safetensors; everything else is JSON.
+unpickling. Tensors are written as their raw bytes under DCP's own metadata
+(`oreline.train.checkpoint_storage`: RawTensorWriter / RawTensorReader, which also computes the
+files' checksums while writing); checkpoints of DCP's stock writer still load. Loading therefore
+unpickles nothing but DCP's own `.metadata` (sizes and dtypes) after its checksum was verified; raw
+tensors are read into place, older torch.save ones load with `weights_only=True` inside DCP;
+model-only snapshots are safetensors; everything else is JSON.
 
 Checksums (xxh3-128, why not sha256), listing, verification and the search for the newest valid
 checkpoint live in `oreline.train.checkpoint_files`; the CLI tables in
 `oreline.train.checkpoint_views`; RNG states and the resume-compatibility rule in
 `oreline.train.checkpoint_resume`. All are re-exported here, so callers import everything from
-`oreline.train.checkpoint`. Because checksums.json covers every byte, saves turn off the CRC32 that
-torch.save computes per record inside DCP (most of a save's CPU time here).
+`oreline.train.checkpoint`. With `RAW_TENSOR_FILES = False` (DCP's stock writer, torch.save per
+tensor) saves turn off torch.save's per-record CRC32: checksums.json already covers every byte.
 
 Retention: the newest `keep_last` full checkpoints (≤ 0: all) plus every step divisible by
 `keep_every` (> 0) are kept, and the one `latest` names; model-only snapshots are all kept (they are
@@ -110,6 +113,7 @@ from oreline.train.checkpoint_resume import (  # noqa: F401 (re-exported)
     check_resume_compatible,
     restore_rng_state,
 )
+from oreline.train.checkpoint_storage import RawTensorReader, RawTensorWriter
 
 log = logging.getLogger("oreline.checkpoint")
 
@@ -117,6 +121,9 @@ log = logging.getLogger("oreline.checkpoint")
 # reliably faster than 1 (benchmarks/checkpoint_io.py --write-threads N); hosts with idle cores
 # may gain from more.
 WRITE_THREADS = 1
+# Tensors are written as their raw bytes (checkpoint_storage.RawTensorWriter) instead of one
+# torch.save archive each; False selects DCP's stock FileSystemWriter (the benchmark's peer).
+RAW_TENSOR_FILES = True
 # ---------------------------------------------------------------------------------------------
 # distributed helpers
 
@@ -286,8 +293,25 @@ def _publish(tmp: Path, final: Path) -> None:
 
 
 def _writer(folder: Path) -> dcp.FileSystemWriter:
-    """DCP's file writer with fsync, WRITE_THREADS files per rank written in parallel."""
-    return dcp.FileSystemWriter(str(folder), sync_files=True, thread_count=WRITE_THREADS)
+    """DCP's file writer with fsync, WRITE_THREADS files per rank written in parallel; tensors as raw
+    bytes (`checkpoint_storage.RawTensorWriter`) unless RAW_TENSOR_FILES is off."""
+    writer = RawTensorWriter if RAW_TENSOR_FILES else dcp.FileSystemWriter
+    return writer(str(folder), sync_files=True, thread_count=WRITE_THREADS)
+
+
+def _gather_digests(mine: dict[str, dict]) -> dict[str, dict]:
+    """Every rank's file digests (computed while writing) on every rank; a collective, so it also
+    stands for the barrier before rank 0 finalises."""
+    if _world() == 1:
+        return dict(mine)
+    everyone: list[Any] = [None] * _world()
+    dist.all_gather_object(everyone, mine)
+    return {name: entry for ranks_files in everyone for name, entry in ranks_files.items()}
+
+
+def _reader(path: Path) -> RawTensorReader:
+    """Reads raw-tensor files and, through DCP's own reader, torch.save ones (older checkpoints)."""
+    return RawTensorReader(str(path))
 
 
 def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -330,12 +354,14 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
     else:
         write_json_synced(tmp / f"rng-rank{rank:05d}.json", rng)
 
+    writer = _writer(tmp)
+
     def finalize() -> Path:
-        _barrier()
+        known = _gather_digests(getattr(writer, "file_digests", {}))  # also the barrier: all files written
         if rank == 0:
             write_json_synced(tmp / META, full_meta)
             t_sum = time.perf_counter()
-            write_checksums(tmp)
+            write_checksums(tmp, known)
             _LAST_SAVE["checksum_s"] = time.perf_counter() - t_sum
             _publish(tmp, final)
             write_latest(root, name)
@@ -346,8 +372,9 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
 
     on_cuda = any(p.is_cuda for p in model.parameters())
     if cfg.async_save and (on_cuda or ASYNC_ON_CPU):
-        # (torch.save's CRC32 stays on here: the write runs in DCP's thread after this returns)
-        future = dcp.async_save(state, storage_writer=_writer(tmp), no_dist=_no_dist())
+        # (raw tensor files need no CRC; with RAW_TENSOR_FILES off, torch.save's CRC32 stays on here: the
+        # write runs in DCP's thread after this returns)
+        future = dcp.async_save(state, storage_writer=writer, no_dist=_no_dist())
         _PENDING = _PendingSave(future, finalize, t0)
         _LAST_SAVE.clear()
         _LAST_SAVE["blocking_s"] = time.perf_counter() - t0
@@ -359,7 +386,7 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
     _LAST_SAVE.clear()
     t_dcp = time.perf_counter()
     with _quiet_single_process(), _no_zip_crc32():
-        dcp.save(state, storage_writer=_writer(tmp), no_dist=_no_dist())
+        dcp.save(state, storage_writer=writer, no_dist=_no_dist())
     _LAST_SAVE["dcp_s"] = time.perf_counter() - t_dcp
     path = finalize()
     _LAST_SAVE["blocking_s"] = _LAST_SAVE["total_s"] = time.perf_counter() - t0
@@ -427,13 +454,13 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
         with _quiet_single_process():
-            dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
+            dcp.load(state, storage_reader=_reader(path), no_dist=_no_dist())
         set_model_state_dict(model, state["model"])
     elif not _load_single_process(path, model, optimizer, meta):
         msd, osd = get_state_dict(model, optimizer)  # initialises empty AdamW state with a zero-lr step
         state = {"model": msd, "optim": osd["state"]}
         with _quiet_single_process():
-            dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
+            dcp.load(state, storage_reader=_reader(path), no_dist=_no_dist())
         groups = _restore_param_groups(meta["optim_param_groups"], osd["param_groups"])
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict={"state": state["optim"], "param_groups": groups})
@@ -479,7 +506,7 @@ def _load_single_process(path: Path, model: torch.nn.Module, optimizer: torch.op
         optim_state.setdefault(fqn, {})[skey] = torch.empty(tmd.size, dtype=tmd.properties.dtype, device=device)
     state = {"model": get_model_state_dict(model), "optim": optim_state}
     with _quiet_single_process():
-        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+        dcp.load(state, storage_reader=_reader(path), no_dist=True)
     set_model_state_dict(model, state["model"])
     native: dict[str, Any] = {"state": {}, "param_groups": []}
     groups = _restore_param_groups(saved_groups, optimizer.param_groups)
@@ -519,7 +546,7 @@ def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
                 sd[key.removeprefix("model.")] = torch.empty(tmd.size, dtype=tmd.properties.dtype)
         holder = {"model": sd}
         with _quiet_single_process():
-            dcp.load(holder, checkpoint_id=str(path), no_dist=True)
+            dcp.load(holder, storage_reader=_reader(path), no_dist=True)
         sd = holder["model"]
     if "model_args" not in meta:
         raise CheckpointError(f"{path}/{META} has no model_args", "this checkpoint was not written by oreline train")

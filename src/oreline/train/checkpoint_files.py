@@ -87,12 +87,18 @@ def _self_hash(checksums: dict) -> str:
     return xxhash.xxh3_128(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def write_checksums(folder: Path) -> None:
+def write_checksums(folder: Path, known: dict[str, dict] | None = None) -> None:
+    """checksums.json for every file in folder. `known` holds {"bytes", "hash"} entries (xxh3-128)
+    computed while a file was written (checkpoint_storage.RawTensorWriter); one is used only when
+    its size matches the file on disk, every other file is read and hashed here."""
+    known = known or {}
     files = {}
     for p in sorted(folder.rglob("*")):
         if p.is_file() and p.name != CHECKSUMS:
             rel = p.relative_to(folder).as_posix()
-            files[rel] = {"bytes": p.stat().st_size, "hash": file_digest(p)}
+            size = p.stat().st_size
+            entry = known.get(rel)
+            files[rel] = dict(entry) if entry and entry["bytes"] == size else {"bytes": size, "hash": file_digest(p)}
     checksums = {"algo": HASH_ALGO, "files": files}
     checksums["self"] = _self_hash(checksums)
     write_json_synced(folder / CHECKSUMS, checksums)
