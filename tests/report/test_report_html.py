@@ -56,9 +56,9 @@ def section(text: str, sid: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def healthy_report(report_template, tmp_path_factory):
+def healthy_report(healthy_template, tmp_path_factory):
     """(run, report text) of one unchanged healthy run, shared by the read-only tests."""
-    run = run_factory.copy_run(report_template, tmp_path_factory.mktemp("healthy-report") / "run")
+    run = run_factory.copy_run(healthy_template, tmp_path_factory.mktemp("healthy-report") / "run")
     path = write_report(run)
     assert path == run / "report.html"
     return run, path.read_text(encoding="utf-8")
@@ -85,12 +85,12 @@ def test_report_is_self_contained(healthy_report):
 
 
 def test_numbers_come_from_the_artifacts(healthy_report):
-    report_run, text = healthy_report
-    stats = json.loads((report_run / "data" / "stats.json").read_text())
+    healthy_run, text = healthy_report
+    stats = json.loads((healthy_run / "data" / "stats.json").read_text())
     first, last = stats["steps"][0]["docs_in"], stats["steps"][-1]["docs_out"]
     assert f"{last:,} of {first:,} documents kept ({100 * last / first:.2f}%)" in section(text, "funnel")
     assert "<td>240</td>" in section(text, "lengths")  # documents in the Parquet shard
-    manifest = json.loads((report_run / "tokens" / "manifest.json").read_text())
+    manifest = json.loads((healthy_run / "tokens" / "manifest.json").read_text())
     assert f"{manifest['splits']['train']['tokens']:,}" in section(text, "tokens")
     assert manifest["tokenizer_fingerprint"] in section(text, "fingerprints")
     assert "step-00000200 (latest)" in section(text, "checkpoints")
@@ -98,29 +98,29 @@ def test_numbers_come_from_the_artifacts(healthy_report):
     assert "no known failure signature" in section(text, "doctor")
 
 
-def test_artifact_text_is_escaped(report_run):
+def test_artifact_text_is_escaped(healthy_run):
     evil = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 
     def add_generation(rec):
         if rec["type"] == "generation":
             rec["text"] = evil
         return rec
-    run_factory.rewrite_metrics(report_run, add_generation)
-    stats_path = report_run / "data" / "stats.json"
+    run_factory.rewrite_metrics(healthy_run, add_generation)
+    stats_path = healthy_run / "data" / "stats.json"
     stats = json.loads(stats_path.read_text())
     stats["errors"] = [{"file": "<b>crawl.warc.gz</b>", "offset": 7, "error": evil}]
     stats_path.write_text(json.dumps(stats))
-    text = render_report(report_run)
+    text = render_report(healthy_run)
     assert "<script>" not in text and "onerror=alert(1)>" not in text
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in section(text, "generations")
     assert "&lt;b&gt;crawl.warc.gz&lt;/b&gt;" in section(text, "funnel")
 
 
-def test_missing_and_broken_artifacts_are_named_not_fatal(report_run):
-    (report_run / "data" / "stats.json").write_text("{ torn")
-    shutil.rmtree(report_run / "tokenizer")
-    (report_run / "metrics.jsonl").unlink()
-    text = render_report(report_run)
+def test_missing_and_broken_artifacts_are_named_not_fatal(healthy_run):
+    (healthy_run / "data" / "stats.json").write_text("{ torn")
+    shutil.rmtree(healthy_run / "tokenizer")
+    (healthy_run / "metrics.jsonl").unlink()
+    text = render_report(healthy_run)
     assert parse(text).ids == SECTION_IDS
     assert "not available: " in section(text, "funnel") and "unreadable" in section(text, "funnel")
     assert "tokenizer_stats.json absent" in section(text, "tokenizer")
@@ -129,10 +129,10 @@ def test_missing_and_broken_artifacts_are_named_not_fatal(report_run):
     assert "not available" not in section(text, "lengths")  # the Parquet shards are still there
 
 
-def test_truncated_checkpoint_shows_in_the_table_and_the_doctor_section(report_run):
-    shard = report_run / "checkpoints" / "step-00000200" / "__0_0.distcp"
+def test_truncated_checkpoint_shows_in_the_table_and_the_doctor_section(healthy_run):
+    shard = healthy_run / "checkpoints" / "step-00000200" / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:500])
-    text = render_report(report_run)
+    text = render_report(healthy_run)
     assert "missing or resized: __0_0.distcp" in section(text, "checkpoints")
     assert "checkpoint_unloadable" in section(text, "doctor")
 
@@ -143,12 +143,12 @@ def test_empty_run_directory_still_gives_a_report(tmp_path):
     assert text.count("not available:") >= 12
 
 
-def test_cli_writes_the_report(report_run):
+def test_cli_writes_the_report(healthy_run):
     from oreline.cli import app
 
-    result = CliRunner().invoke(app, ["report", str(report_run)])
+    result = CliRunner().invoke(app, ["report", str(healthy_run)])
     assert result.exit_code == 0, result.output
-    assert (report_run / "report.html").stat().st_size > 50_000
+    assert (healthy_run / "report.html").stat().st_size > 50_000
 
 
 def _chromium() -> str:

@@ -14,13 +14,13 @@ from oreline.report.html import render_report
 
 
 @pytest.mark.slow
-def test_report_and_doctor_read_a_real_training_run(report_template, tmp_path):
+def test_report_and_doctor_read_a_real_training_run(healthy_template, tmp_path):
     from oreline.train.loop import train
 
     run = tmp_path / "runs" / "tiny"
     run.mkdir(parents=True)
     for part in ("data", "tokenizer", "tokens"):
-        shutil.copytree(report_template / part, run / part)
+        shutil.copytree(healthy_template / part, run / part)
     cfg = load_config(None, [
         "run.name=tiny", f"run.runs_dir={tmp_path / 'runs'}", "model.preset=debug", "train.seq_len=32",
         "train.micro_batch=2", "train.steps=10", "train.log_every=5", "train.eval_every=10", "train.eval_batches=1",

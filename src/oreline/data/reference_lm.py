@@ -15,7 +15,7 @@ Training the llama kind reuses the rest of oreline, so nothing here is a second 
 2. a byte-level BPE tokenizer is trained on the corpus with `oreline.tokens.train_bpe`
    (`DIR/tokenizer/`), and the corpus is packed into token shards with `oreline.tokens.tokenize`;
 3. `oreline.train.loop.train` trains a small `oreline.model.llama.Llama` for a bounded number of
-   steps from a generated `Config` whose run directory is `DIR/work/` (metrics.jsonl and the
+   steps from a generated `Config` whose run directory is that `work` subfolder (metrics.jsonl and the
    model-only snapshot stay there for inspection); the final weights are copied to
    `DIR/model.safetensors`.
 
