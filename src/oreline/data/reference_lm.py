@@ -10,7 +10,7 @@ Training the llama kind reuses the rest of oreline, so nothing here is a second 
 
 1. the trusted documents are cut into pieces of about `PIECE_CHARS` characters at paragraph
    boundaries (books are single documents; the token loader and the val split want many) and
-   written to `DIR/work/corpus.jsonl`; every `HELDOUT_EVERY`-th piece goes to `heldout.jsonl`
+   written to `corpus.jsonl` in the `work` subfolder of DIR; every `HELDOUT_EVERY`-th piece goes to `heldout.jsonl`
    instead and is never trained on;
 2. a byte-level BPE tokenizer is trained on the corpus with `oreline.tokens.train_bpe`
    (`DIR/tokenizer/`), and the corpus is packed into token shards with `oreline.tokens.tokenize`;
