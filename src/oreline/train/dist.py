@@ -200,8 +200,14 @@ def barrier() -> None:
         tdist.barrier()
 
 
-def cleanup() -> None:
+def cleanup(graceful: bool = True) -> None:
+    """Tear the process group down. After a normal finish every rank first meets at a barrier:
+    a rank that destroys its gloo group while a peer is still inside the last collective (the
+    checkpoint's digest gather) can abort at exit ("terminate called without an active exception",
+    SIGABRT) after training finished. After an error no barrier: a dead peer would make it hang."""
     if tdist.is_initialized():
+        if graceful:
+            tdist.barrier()
         tdist.destroy_process_group()
 
 

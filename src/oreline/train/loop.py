@@ -91,9 +91,12 @@ def train(cfg: Config, resume: str = "auto", allow_config_change: list[str] | No
     info = dist.init_distributed(cfg.train)
     console = console or Console(stderr=True)
     try:
-        return _train(cfg, resume, list(allow_config_change or []), info, console)
-    finally:
-        dist.cleanup()
+        summary = _train(cfg, resume, list(allow_config_change or []), info, console)
+    except BaseException:
+        dist.cleanup(graceful=False)
+        raise
+    dist.cleanup()
+    return summary
 
 
 def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, console: Console) -> dict[str, Any]:
