@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from oreline.errors import CheckpointError, InputError
-from oreline.train.monitor import breakdown_means, loss_breakdown, per_token_cross_entropy
+from oreline.train.monitor import breakdown_means, loss_breakdown
 
 # ---------------------------------------------------------------------------------------------
 # bytes per token
@@ -115,8 +115,7 @@ def validation_loss(model: torch.nn.Module, loader_or_batches: Any, bos_id: int 
             ids, labels = _as_long(batch.input_ids, device), _as_long(batch.labels, device)
             doc_ids = None if getattr(batch, "doc_ids", None) is None else _as_long(batch.doc_ids, device)
             with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-                logits = model(ids, doc_ids)
-            per_token = per_token_cross_entropy(logits.float(), labels)
+                per_token = model(ids, doc_ids, labels=labels)  # (B, T) fp32 CE
             sums += loss_breakdown(per_token, ids, labels, bos_id, eos_id)
             if bpt is not None:
                 valid = labels != -100

@@ -66,7 +66,6 @@ from oreline.train.monitor import (
     loss_breakdown,
     memory_stats,
     mfu,
-    per_token_cross_entropy,
 )
 from oreline.train.optim import lr_at, set_lr
 from oreline.train.recovery import move_previous_training, resume_if_asked, rollback, save
@@ -303,15 +302,14 @@ def forward_backward(model: torch.nn.Module, batches: list[Any], n_targets: floa
     for i, b in enumerate(batches):
         last = i == len(batches) - 1
         with dist.sync_context(model, last) if info.distributed else _nullcontext():
-            with autocast():
-                logits = model(b.input_ids, b.doc_ids)  # (B, T, V) fp32
-            per_token = per_token_cross_entropy(logits, b.labels)  # (B, T), 0 where ignored
+            with autocast():  # (B, T) CE, 0 where ignored; the logits never materialise (model.cross_entropy)
+                per_token = model(b.input_ids, b.doc_ids, labels=b.labels)
             if loss_factor != 1.0:
                 per_token = per_token * loss_factor
             (per_token.sum() * scale).backward()
         part = loss_breakdown(per_token, b.input_ids, b.labels, bos_id, eos_id)
         sums = part if sums is None else sums + part
-        del logits, per_token
+        del per_token
     return sums
 
 

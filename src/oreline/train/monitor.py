@@ -74,14 +74,6 @@ def breakdown_means(sums: torch.Tensor | list[float]) -> dict[str, float | None]
     }
 
 
-def per_token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """(B, T) cross entropy in nats, 0 where the label is -100. Logits stay in their dtype
-    (the model returns fp32 logits already; a second .float() would copy them)."""
-    B, T, V = logits.shape
-    return F.cross_entropy(logits.view(B * T, V), labels.reshape(B * T), ignore_index=-100,
-                           reduction="none").view(B, T)
-
-
 # ---------------------------------------------------------------------------------------------
 # device peak FLOPs
 
