@@ -242,6 +242,9 @@ class TrainConfig(Section):
     cpu_allocator: Literal["tuned", "default"] = Field(
         "tuned", description="CPU: keep freed large blocks in glibc's heap (mallopt) instead of unmapping them; ~13% faster steps here"
     )
+    cpu_matmul: Literal["auto", "onednn", "blas"] = Field(
+        "auto", description="CPU fp32 matmuls: oneDNN or torch's BLAS (MKL); auto measures both once and takes oneDNN when ≥ 1.2× faster (2.2× on AMD CPUs with AVX-512 here)"
+    )
     parallel: Literal["none", "ddp", "fsdp"] = Field("none", description="data parallelism under torchrun")
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: NCCL on CUDA, gloo on CPU")
     find_unused_parameters: bool = Field(False, description="DDP: allow parameters the forward does not use (slower)")

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import torch
 
+from oreline.model.matmul import mm_nn, mm_nt, mm_tn
+
 IGNORE_INDEX = -100
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        z = torch.mm(h, weight.t())  # (N, V) in the autocast/matmul dtype
+        z = mm_nt(h, weight)  # (N, V) in the autocast/matmul dtype
         compute_dtype = z.dtype
         if z.dtype != torch.float32:
             z = z.float()
@@ -60,9 +62,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         dz = p if ctx.compute_dtype == torch.float32 else p.to(ctx.compute_dtype)
         dh = dw = None
         if ctx.needs_input_grad[0]:
-            dh = torch.mm(dz, weight.to(dz.dtype)).to(h.dtype)
+            dh = mm_nn(dz, weight.to(dz.dtype)).to(h.dtype)
         if ctx.needs_input_grad[1]:
-            dw = torch.mm(dz.t(), h.to(dz.dtype)).to(weight.dtype)
+            dw = mm_tn(dz, h.to(dz.dtype)).to(weight.dtype)
         return dh, dw, None
 
 

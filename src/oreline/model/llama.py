@@ -34,6 +34,7 @@ from torch import nn
 
 from oreline.errors import ConfigError
 from oreline.model.cross_entropy import linear_cross_entropy
+from oreline.model.matmul import Linear, linear
 
 # ---------------------------------------------------------------------------------------------
 # configuration
@@ -242,10 +243,10 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        self.q_proj = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
-        self.k_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.q_proj = Linear(args.dim, args.n_heads * args.head_dim)
+        self.k_proj = Linear(args.dim, args.n_kv_heads * args.head_dim)
+        self.v_proj = Linear(args.dim, args.n_kv_heads * args.head_dim)
+        self.o_proj = Linear(args.n_heads * args.head_dim, args.dim)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None = None, kv: LayerKV | None = None) -> torch.Tensor:
@@ -277,9 +278,9 @@ class MLP(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_proj = nn.Linear(args.dim, args.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(args.dim, args.ffn_dim, bias=False)
-        self.down_proj = nn.Linear(args.ffn_dim, args.dim, bias=False)
+        self.gate_proj = Linear(args.dim, args.ffn_dim)
+        self.up_proj = Linear(args.dim, args.ffn_dim)
+        self.down_proj = Linear(args.ffn_dim, args.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -322,7 +323,7 @@ class Llama(nn.Module):
         super().__init__()
         self.args = args
         self.model = Decoder(args)
-        self.lm_head = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.lm_head = None if args.tie_embeddings else Linear(args.dim, args.vocab_size)
         cos, sin = rope_tables(args)
         # Not persistent: derived from args, never part of a checkpoint or an HF export.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -365,7 +366,7 @@ class Llama(nn.Module):
         h = self.model.norm(h)
         if labels is not None:
             return linear_cross_entropy(h, self.output_weight, labels)  # (B, T)
-        logits = F.linear(h, self.output_weight)  # (B, T, vocab)
+        logits = linear(h, self.output_weight)  # (B, T, vocab)
         return logits.float()
 
     @torch.no_grad()

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 # ---------------------------------------------------------------------------------------------
 # loss breakdown
@@ -128,14 +127,18 @@ def measure_cpu_matmul_peak(shapes: tuple[tuple[int, int, int], ...] = GENERIC_S
     """FLOP/s of the forward and backward matmuls of `shapes` on this CPU in `dtype` (best of reps).
 
     For each (M, K, N): y = x·Wᵀ (forward), dx = dy·W and dW = dyᵀ·x (backward), i.e. the three
-    products a Linear layer costs in training, 2·M·K·N FLOPs each. Measured once per process and
-    arguments (cached; `measure_cpu_matmul_peak.cache_clear()` forgets).
+    products a Linear layer costs in training, 2·M·K·N FLOPs each. Timed with every product
+    backend this torch has (its BLAS and oneDNN, see oreline.model.matmul) and the FASTER one is
+    the peak: MFU is then a share of the best this CPU does, not of a slow library's figure.
+    Measured once per process and arguments (cached; `measure_cpu_matmul_peak.cache_clear()` forgets).
     """
     return _measured_peak(tuple(tuple(int(x) for x in s) for s in shapes), int(reps), dtype)
 
 
 @lru_cache(maxsize=8)
 def _measured_peak(shapes: tuple[tuple[int, int, int], ...], reps: int, dtype: torch.dtype) -> float:
+    from oreline.model import matmul
+
     gen = torch.Generator().manual_seed(0)
     mats = []
     for m, k, n in shapes:
@@ -145,16 +148,18 @@ def _measured_peak(shapes: tuple[tuple[int, int, int], ...], reps: int, dtype: t
 
     def run_once() -> None:
         for x, w, dy in mats:
-            F.linear(x, w)
-            dy @ w
-            dy.t() @ x
+            matmul.mm_nt(x, w)
+            matmul.mm_nn(dy, w)
+            matmul.mm_tn(dy, x)
 
-    run_once()  # warm-up: allocations and thread pool
     best = math.inf
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        run_once()
-        best = min(best, time.perf_counter() - t0)
+    for backend in matmul.available_backends():
+        with matmul.forced_backend(backend):
+            run_once()  # warm-up: allocations, thread pool, oneDNN primitives
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                run_once()
+                best = min(best, time.perf_counter() - t0)
     return flops / best
 
 

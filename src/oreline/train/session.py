@@ -26,6 +26,7 @@ import torch
 
 from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
 from oreline.errors import ConfigError, TrainingError
+from oreline.model.matmul import describe_backend, set_cpu_matmul_backend
 from oreline.runs import RunDir, write_json_atomic
 from oreline.train import dist
 from oreline.train.monitor import cpu_native_bf16, device_peak_flops, model_matmul_shapes
@@ -219,6 +220,9 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     if device.type == "cpu" and tc.cpu_allocator == "tuned":
         tuned = tune_cpu_allocator()
         say(f"CPU allocator: {tuned}" if tuned else "CPU allocator: not glibc, left as it is")
+    if device.type == "cpu":
+        set_cpu_matmul_backend(tc.cpu_matmul)
+        say(f"CPU fp32 matmuls: {describe_backend()}")
 
     autocast_dtype = None
     if tc.precision == "bf16":
@@ -293,6 +297,7 @@ def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, 
                   "flops_per_token": s.flops_per_token, "max_seq_len": s.args.max_seq_len},
         "device": str(s.device) + (f" ({torch.cuda.get_device_name(s.device)})" if s.device.type == "cuda" else ""),
         "world_size": info.world_size, "precision": cfg.train.precision,
+        "cpu_matmul": describe_backend() if s.device.type == "cpu" else None,
         "peak_flops": s.peak_flops, "peak_source": s.peak_source,
         "schedule": schedule_samples(cfg.train), "total_steps": cfg.train.steps,
     }

@@ -1,0 +1,85 @@
+"""oreline.model.matmul: oneDNN products equal torch's own in value and gradient, and fall back where they must."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from oreline.errors import ConfigError
+from oreline.model import matmul
+
+needs_onednn = pytest.mark.skipif("onednn" not in matmul.available_backends(),
+                                  reason="this torch build has no oneDNN (torch.backends.mkldnn unavailable)")
+
+
+def _f64_reference(x, w, g):
+    """y, dx, dw of F.linear in float64: the truth both backends are compared with."""
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    y = F.linear(x64, w64)
+    y.backward(g.double())
+    return y.detach(), x64.grad, w64.grad
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(64, 32, 48), (2, 40, 24, 96), (96, 64, 16), (7, 33, 65)])
+def test_onednn_linear_is_fp32_exact_in_value_and_gradients(shape):
+    *lead, k, n = shape
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(*lead, k, generator=gen, requires_grad=True)
+    w = torch.randn(n, k, generator=gen, requires_grad=True)
+    g = torch.randn(*lead, n, generator=gen)  # N > K and N < K both: mm_tn takes two orders
+    ref = _f64_reference(x, w, g)
+    for backend in ("onednn", "blas"):
+        x.grad = w.grad = None
+        with matmul.forced_backend(backend):
+            y = matmul.linear(x, w)
+            y.backward(g)
+        for got, want in zip((y.detach(), x.grad, w.grad), ref, strict=True):
+            assert got.dtype == torch.float32 and got.shape == want.shape
+            # fp32 rounding of K- or M-term sums, nothing like bf16 (which is off by ~1e-2 relative)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+        assert w.grad.is_contiguous()
+
+
+@needs_onednn
+def test_strided_inputs_and_no_grad_path():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(24, 6, 32, generator=gen).transpose(0, 1)  # (6, 24, 32), not contiguous
+    w = torch.randn(40, 32, generator=gen)
+    g = torch.randn(6, 24, 40, generator=gen)
+    with matmul.forced_backend("onednn"), torch.no_grad():
+        torch.testing.assert_close(matmul.mm_nt(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(matmul.mm_nn(g, w), g @ w, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(matmul.mm_tn(g, x), g.reshape(-1, 40).t() @ x.reshape(-1, 32), rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn
+def test_falls_back_to_torch_for_other_dtypes_and_autocast():
+    x, w = torch.randn(16, 32), torch.randn(24, 32)
+    with matmul.forced_backend("onednn"):
+        assert not matmul._use_onednn(x.bfloat16(), w.bfloat16())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not matmul._use_onednn(x, w)
+            y = matmul.linear(x, w)
+        assert y.dtype == torch.bfloat16  # autocast's own F.linear ran
+        assert matmul._use_onednn(x, w)
+    with matmul.forced_backend("blas"):
+        assert not matmul._use_onednn(x, w)
+
+
+def test_backend_setting_is_validated_and_auto_decides_once():
+    with pytest.raises(ConfigError, match="onednn, blas"):
+        matmul.set_cpu_matmul_backend("mkl")
+    with matmul.forced_backend("auto"):
+        first = matmul.cpu_matmul_backend()
+        assert first in matmul.available_backends()
+        assert matmul.cpu_matmul_backend() == first  # measured once per process, then fixed
+        line = matmul.describe_backend()
+        assert line.startswith(first) and ("GFLOP/s" in line or first == "blas")
+
+
+def test_linear_module_keeps_nn_linear_parameters():
+    layer = matmul.Linear(8, 4)
+    assert isinstance(layer, torch.nn.Linear) and layer.bias is None
+    assert list(layer.state_dict()) == ["weight"]
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-6)
