@@ -44,6 +44,7 @@ from pathlib import Path
 from oreline.config import TokenizerConfig
 from oreline.errors import InputError
 from oreline.runs import write_json_atomic
+from oreline.tokens.fast_encode import FastEncoder, fast_encoder
 from oreline.tokens.inputs import Rejects, expand_inputs, iter_texts
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -80,6 +81,7 @@ class OrelineTokenizer:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
+    fast: FastEncoder | None = None  # same ids as hf, ~2x faster (fast_encode.py); None: hf encodes
 
     @property
     def trained_vocab_size(self) -> int:
@@ -90,9 +92,13 @@ class OrelineTokenizer:
         return self.hf.token_to_id(UNK)
 
     def encode(self, text: str) -> list[int]:
+        if self.fast is not None:
+            return self.fast.encode(text)
         return self.hf.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if self.fast is not None:
+            return self.fast.encode_batch(texts)
         # encode_batch_fast skips offset tracking, which we never use.
         return [e.ids for e in self.hf.encode_batch_fast(texts, add_special_tokens=False)]
 
@@ -115,8 +121,9 @@ def load_tokenizer(path: str | Path) -> OrelineTokenizer:
         if hf.token_to_id(name) != want:
             raise InputError(f"{file}: {name} has id {hf.token_to_id(name)}, oreline needs {want}",
                              "train the tokenizer with `oreline tokenizer train`")
+    # The fast encoder checks itself against hf here and is None (with a warning) when they differ.
     return OrelineTokenizer(hf=hf, dir=file.parent, fingerprint=canonical_fingerprint(text),
-                            vocab_size=round_up(hf.get_vocab_size()))
+                            vocab_size=round_up(hf.get_vocab_size()), fast=fast_encoder(hf, json.loads(text)))
 
 
 # ---------------------------------------------------------------------------------------------
