@@ -5,12 +5,15 @@ Parquet file) with the same tokenizer.json (byte-level BPE, vocab 8192, trained 
 
 - ceiling:   `Tokenizer.encode_batch` (and `encode_batch_fast`) on texts already in memory,
              nothing else: no reading, no writing.
+- encoder:   oreline's FastEncoder (tokens/fast_encode.py) alone on the same texts, which
+             `oreline tokenize` uses; its ids are checked equal to encode_batch_fast's first.
 - oreline:   `tokenize_corpus(..., workers=1)`: read Parquet, encode, split, write shards,
              sha256 everything, write the manifest.
 - datatrove: `ParquetReader` → `DocumentTokenizer`, with shuffle off (its cheapest setting) and
              at its defaults (shuffle_documents=True, a second pass over the tokens), in its
-             own venv (benchmarks/.peers-venv, created with `pip install "datatrove[processing]"`
-             when missing), timed inside the subprocess around the pipeline run only.
+             own venv (benchmarks/.peers-venv, created with `pip install "datatrove[processing]"
+             pyarrow` when missing: its ParquetReader needs pyarrow, which the extra does not
+             pull in), timed inside the subprocess around the pipeline run only.
 
 Everything runs single-threaded (RAYON_NUM_THREADS=1, TOKENIZERS_PARALLELISM=false) so the
 figure is per core. Token counts exclude BOS/EOS. Run: .venv/bin/python benchmarks/tokenize_throughput.py
@@ -97,13 +100,14 @@ def best_of_interleaved(n: int, fns: dict) -> dict[str, dict[str, float]]:
 
 def ensure_datatrove() -> Path | None:
     python = PEERS / "bin" / "python"
-    check = [str(python), "-c", "import datatrove.pipeline.tokens"]
+    check = [str(python), "-c", "import datatrove.pipeline.tokens, pyarrow"]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python
     print("installing datatrove into benchmarks/.peers-venv ...", flush=True)
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(PEERS)], check=True)
-    r = subprocess.run([str(python), "-m", "pip", "install", "-q", "datatrove[processing]"], capture_output=True, text=True)
+    r = subprocess.run([str(python), "-m", "pip", "install", "-q", "datatrove[processing]", "pyarrow"],
+                       capture_output=True, text=True)
     if r.returncode != 0 or subprocess.run(check, capture_output=True).returncode != 0:
         print(f"datatrove unavailable: {r.stderr.strip()[-400:]}")
         return None
@@ -126,6 +130,8 @@ def main() -> None:
 
         n_tokens = sum(len(e.ids) for e in tok.hf.encode_batch(docs[:200], add_special_tokens=False))  # warm-up
         n_tokens = sum(len(e.ids) for e in tok.hf.encode_batch(docs, add_special_tokens=False))
+        assert tok.fast is not None, "the fast encoder should cover a tokenizer oreline trained"
+        assert tok.fast.encode_batch(docs) == [e.ids for e in tok.hf.encode_batch_fast(docs, add_special_tokens=False)]
 
         def run_oreline():
             out = tmp / "oreline-tokens"
@@ -135,6 +141,10 @@ def main() -> None:
             m = tokenize_corpus([tmp / "docs"], tmp / "tok", out, TokenizeConfig(val_fraction=0.01), workers=1)
             stored = sum(s["tokens"] for s in m["shards"]) - 2 * sum(s["documents"] for s in m["shards"])
             assert stored == n_tokens, (stored, n_tokens)
+
+        def cold_encode(texts):  # a fresh cache each time, as a tokenize worker starts with
+            tok.fast.cache.clear()
+            return tok.fast.encode_batch(texts)
 
         datatrove_runs = iter(range(1000))
 
@@ -149,6 +159,7 @@ def main() -> None:
         fns = {
             "tokenizers encode_batch (ceiling)": lambda: tok.hf.encode_batch(docs, add_special_tokens=False),
             "tokenizers encode_batch_fast": lambda: tok.hf.encode_batch_fast(docs, add_special_tokens=False),
+            "oreline FastEncoder (cold cache)": lambda: cold_encode(docs),
             "oreline tokenize (workers=1)": run_oreline,
         }
         python = None if args.no_datatrove else ensure_datatrove()
@@ -165,6 +176,8 @@ def main() -> None:
         for name, t in results.items():
             rate = n_tokens / t["cpu"]
             print(f"{name:48s} {t['cpu']:7.2f} {t['wall']:7.2f} {rate:13,.0f} {n_bytes / t['cpu'] / 1e6:9.2f} {rate / ceiling:10.1%}")
+        fast = results["tokenizers encode_batch_fast"]["cpu"] / results["oreline FastEncoder (cold cache)"]["cpu"]
+        print(f"oreline FastEncoder / encode_batch_fast = {fast:.2f}x")
         print(f"oreline / ceiling = {ours / ceiling:.1%} (target >= 85%)")
         for name in ("datatrove DocumentTokenizer", "datatrove DocumentTokenizer (default: shuffle)"):
             if name in results:
