@@ -7,7 +7,9 @@ same shards (English prose from the samples, a BPE-8192 tokenizer trained on it 
 
 - oreline: `oreline.train.loop.train()` itself (its model, fused AdamW, metrics, stability
   checks) — tokens/s is read from its own metrics.jsonl, whose train records time the steps
-  (evaluation and checkpoints excluded), after the first `--warmup` steps.
+  (evaluation and checkpoints excluded), after the first `--warmup` steps. Its fp32 products
+  go through oneDNN when that measures faster than torch's BLAS (`train.cpu_matmul = "auto"`,
+  oreline.model.matmul; on AMD CPUs MKL runs its AVX2 path and oneDNN was 2.2× faster here).
 - HF: `transformers.LlamaForCausalLM` (SDPA attention) in a plain loop: forward, mean cross
   entropy, backward, clip, `torch.optim.AdamW` (default implementation), zero_grad.
 
@@ -16,7 +18,8 @@ oreline's `train()` tunes the CPU allocator for the whole process (`train.cpu_al
 a plain HF script does not have (`--hf-tuned-allocator` gives it to HF as well, to separate that
 gain from the rest). Every round is printed with the load average. MFU = 6N + attention FLOPs per token (oreline's
 `flops_per_token`) × tokens/s / peak, where the peak is MEASURED on this CPU: fp32 matmuls of
-this model's shapes, forward and backward (and, for reference, of generic 1024/4096 shapes).
+this model's shapes, forward and backward, with the FASTER of torch's BLAS and oneDNN (and, for
+reference, of generic 1024/4096 shapes) — so oreline's MFU is a share of the best this CPU does.
 
     .venv/bin/python benchmarks/train_vs_hf.py [--steps 20] [--warmup 3] [--rounds 1] [--compile] [--hf-tuned-allocator]
 

@@ -19,7 +19,9 @@ query and key only, and within one document the offsets are the same whether pos
 at the boundary or not, so resetting positions would change nothing but cost a gather.
 
 Numerics: RMSNorm computes its statistic in fp32 and casts back (as HF does), RoPE tables are fp32,
-logits are returned in fp32 whatever the compute dtype.
+logits are returned in fp32 whatever the compute dtype. The projections are `matmul.Linear`
+(nn.Linear's parameters; on CPU their fp32 products go through oneDNN when it is the faster
+library, see oreline.model.matmul), so the state dict is HF's either way.
 """
 
 from __future__ import annotations
