@@ -24,8 +24,10 @@ The three products of a Linear layer y = x·Wᵀ are written with oneDNN's linea
              dW = dyᵀ · x       linear(dyᵀ, xᵀ), or (xᵀ · dy)ᵀ when N > K (2× faster for the
                                 output head, whose dy is (tokens, vocab))
 
-Outside that case — CUDA, bf16/fp16 tensors or autocast, torch.compile (inductor picks its own
-kernels), a torch built without oneDNN — every function here is exactly torch's own product.
+Under torch.compile the oneDNN call is an opaque custom op (`oreline::onednn_mm_nt`), so
+compiled blocks keep oneDNN's products and inductor fuses the elementwise work around them.
+Outside fp32 on CPU — CUDA, bf16/fp16 tensors or autocast, a torch built without oneDNN — every
+function here is exactly torch's own product.
 """
 
 from __future__ import annotations
@@ -49,7 +51,22 @@ def _onednn_available() -> bool:
 
 def _lp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a · bᵀ through oneDNN: a (…, K), b (N, K), either may be a strided view."""
+    if torch.compiler.is_compiling():
+        return _onednn_mm_nt(a, b)
     return torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+
+
+@torch.library.custom_op("oreline::onednn_mm_nt", mutates_args=())
+def _onednn_mm_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """_lp as an opaque custom op for torch.compile: inductor cannot lower mkldnn._linear_pointwise
+    in a training graph (it expects weights prepacked for inference), but it calls an opaque op as
+    an external kernel and fuses the elementwise work around it."""
+    return torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+
+
+@_onednn_mm_nt.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty((*a.shape[:-1], b.shape[0]))
 
 
 def set_cpu_matmul_backend(backend: str) -> None:
@@ -126,13 +143,13 @@ def describe_backend() -> str:
 
 
 def _use_onednn(*tensors: torch.Tensor) -> bool:
-    if torch.compiler.is_compiling():
-        return False
     for t in tensors:
         if t.device.type != "cpu" or t.dtype != torch.float32:
             return False
     if torch.is_autocast_enabled("cpu"):
         return False
+    if torch.compiler.is_compiling() and _setting == "auto" and _chosen is None:
+        return False  # never time kernels while tracing; oreline train decides before it compiles
     return cpu_matmul_backend() == "onednn"
 
 

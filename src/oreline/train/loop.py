@@ -27,9 +27,8 @@ project's Zen 3 machines, so the run prints a warning saying so and that fp32 is
 warning, not a refusal: on a CPU with AMX, bf16 autocast trained the demo model ~1.5× faster
 than fp32, and the run says that instead. Activation checkpointing recomputes each
 block in backward (non-reentrant `torch.utils.checkpoint`); `train.compile` wraps the model in
-`torch.compile` block by block (`compile_blocks`: the first step compiles, then ~12% faster
-where torch's BLAS is the matmul library; compiled blocks cannot use oneDNN, so on CPUs where
-`train.cpu_matmul` picks oneDNN eager is faster and the run says so). On CPU the glibc allocator
+`torch.compile` block by block (`compile_blocks`: the first step compiles, then ~12-18% faster;
+the blocks keep oneDNN's matmuls where `train.cpu_matmul` picked it). On CPU the glibc allocator
 is tuned once (`train.cpu_allocator`, see `tune_cpu_allocator`) and the fp32 matmul library is
 chosen (`train.cpu_matmul`, see oreline.model.matmul).
 

@@ -26,7 +26,7 @@ import torch
 
 from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
 from oreline.errors import ConfigError, TrainingError
-from oreline.model.matmul import cpu_matmul_backend, describe_backend, set_cpu_matmul_backend
+from oreline.model.matmul import describe_backend, set_cpu_matmul_backend
 from oreline.runs import RunDir, write_json_atomic
 from oreline.train import dist
 from oreline.train.monitor import cpu_native_bf16, device_peak_flops, model_matmul_shapes
@@ -257,10 +257,6 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         enable_activation_checkpointing(model)
     if tc.compile:
         compile_blocks(model)  # before wrapping, as torchtitan does (compile, then DDP / FSDP2)
-        if device.type == "cpu" and cpu_matmul_backend() == "onednn":
-            say("[yellow]note:[/] train.compile: the compiled blocks use inductor's matmuls (torch's BLAS), not "
-                "oneDNN, which this CPU runs faster: on the project's AMD CPU eager oneDNN trained ~1.14× faster "
-                "than compiled blocks (benchmarks/train_vs_hf.py); consider train.compile=false")
     train_model = dist.wrap_model(model, tc, info)
     optimizer = build_optimizer(model, tc.optim, device)  # after wrapping: FSDP2 turns parameters into DTensor shards
 
