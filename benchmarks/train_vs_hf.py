@@ -184,7 +184,8 @@ def main() -> None:
                   f"{o['final_loss']:.3f}) | load {os.getloadavg()[0]:.2f}")
         # the peak again after the runs; the higher of the two is used (the conservative MFU)
         peak = max(peak, _fresh_peak(shapes))
-        cpu_peak = cpu_time_peak(shapes)
+        # FLOPs per CPU-second of the same products: the peak tokens per CPU-second are compared with
+        cpu_peak = measure_cpu_matmul_peak(shapes, clock=time.process_time)
         o_tps = sum(x["tokens_per_s"] for x in ours) / len(ours)
         h_tps = sum(x["tokens_per_s"] for x in theirs) / len(theirs)
         o_cpu = sum(x["tokens_per_cpu_s"] for x in ours) / len(ours)
@@ -203,25 +204,6 @@ def main() -> None:
                   "while the machine was busier); the per-CPU-second figures below are the ones to read")
         print(f"per CPU-second: matmul peak {cpu_peak / 1e9:.1f} GFLOP/CPU-s; oreline MFU {100 * fpt * o_cpu / cpu_peak:.1f}%, "
               f"HF {100 * fpt * h_cpu / cpu_peak:.1f}%")
-
-
-def cpu_time_peak(shapes, reps: int = 3) -> float:
-    """Matmul FLOPs per CPU-second (process_time) of the same fwd + bwd products, with the faster
-    of the product backends (as measure_cpu_matmul_peak): the peak tokens per CPU-second are
-    compared with (both count every busy thread)."""
-    mats = [(torch.randn(m, k), torch.randn(n, k), torch.randn(m, n)) for m, k, n in shapes]
-    flops = sum(6 * m * k * n for m, k, n in shapes)
-    best = float("inf")
-    for backend in matmul.available_backends():
-        with matmul.forced_backend(backend):
-            for _ in range(reps + 1):
-                c0 = time.process_time()
-                for x, w, dy in mats:
-                    matmul.mm_nt(x, w)
-                    matmul.mm_nn(dy, w)
-                    matmul.mm_tn(dy, x)
-                best = min(best, time.process_time() - c0)
-    return flops / best
 
 
 def _fresh_peak(shapes) -> float:
