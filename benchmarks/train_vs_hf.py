@@ -166,7 +166,7 @@ def main() -> None:
         peaks: list[float] = []  # the model-shape peak, measured before, between and after the runs
         theirs = []
         if a.hf_plain_allocator:  # HF first, with the allocator a plain script has; then oreline's setting
-            theirs = run_hf_rounds(a, tokens, vocab)
+            theirs = run_rounds("HF", a.rounds, lambda: run_hf(tokens, vocab, a.steps, a.warmup))
         print(f"allocator for {'oreline and the peaks' if a.hf_plain_allocator else 'both loops and the peaks'}: "
               f"{tune_cpu_allocator()}")
         peaks.append(measure_cpu_matmul_peak(shapes))
@@ -175,15 +175,9 @@ def main() -> None:
         print(f"measured fp32 matmul peak: {peaks[0] / 1e9:.1f} GFLOP/s (this model's shapes, fwd + bwd, faster backend), "
               f"{generic / 1e9:.1f} GFLOP/s (generic 2048×1024×4096 shapes); {fpt / 1e6:.1f} MFLOPs/token")
         if not a.hf_plain_allocator:
-            theirs = run_hf_rounds(a, tokens, vocab)
+            theirs = run_rounds("HF", a.rounds, lambda: run_hf(tokens, vocab, a.steps, a.warmup))
             peaks.append(_fresh_peak(shapes))
-        ours = []
-        for r in range(a.rounds):
-            ours.append(run_oreline(cfg, a.warmup))
-            o = ours[-1]
-            print(f"oreline round {r + 1}: {o['tokens_per_s']:,.0f} tokens/s, {o['tokens_per_cpu_s']:,.0f} tokens/CPU-s "
-                  f"({o['params']:,} params, final loss "
-                  f"{o['final_loss']:.3f}) | load {os.getloadavg()[0]:.2f}")
+        ours = run_rounds("oreline", a.rounds, lambda: run_oreline(cfg, a.warmup))
         # The peak before, between and after the runs: the highest is used (the conservative MFU),
         # and the spread is printed: on this shared host the same measurement drifted by up to ±10%
         # within a minute, and MFU moves with it.
@@ -215,14 +209,15 @@ def main() -> None:
               f"HF {100 * fpt * h_cpu / cpu_peak:.1f}%")
 
 
-def run_hf_rounds(a: argparse.Namespace, tokens: Path, vocab: int) -> list[dict]:
-    rounds = []
-    for r in range(a.rounds):
-        rounds.append(run_hf(tokens, vocab, a.steps, a.warmup))
-        h = rounds[-1]
-        print(f"HF round {r + 1}: {h['tokens_per_s']:,.0f} tokens/s, {h['tokens_per_cpu_s']:,.0f} tokens/CPU-s "
-              f"({h['params']:,} params, final loss {h['final_loss']:.3f}) | load {os.getloadavg()[0]:.2f}")
-    return rounds
+def run_rounds(name: str, n: int, run) -> list[dict]:
+    """`run()` n times, each result printed as it comes with the load average."""
+    results = []
+    for r in range(n):
+        results.append(run())
+        x = results[-1]
+        print(f"{name} round {r + 1}: {x['tokens_per_s']:,.0f} tokens/s, {x['tokens_per_cpu_s']:,.0f} tokens/CPU-s "
+              f"({x['params']:,} params, final loss {x['final_loss']:.3f}) | load {os.getloadavg()[0]:.2f}")
+    return results
 
 
 def _fresh_peak(shapes) -> float:

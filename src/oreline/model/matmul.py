@@ -39,6 +39,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from oreline.errors import ConfigError
+
 BACKENDS = ("auto", "onednn", "blas")
 _setting = "auto"
 _chosen: str | None = None  # what "auto" measured, once per process
@@ -73,12 +75,8 @@ def set_cpu_matmul_backend(backend: str) -> None:
     """"auto" (measure once), "onednn" or "blas" (torch's default) for fp32 CPU products."""
     global _setting, _chosen
     if backend not in BACKENDS:
-        from oreline.errors import ConfigError
-
         raise ConfigError(f"cpu matmul backend {backend!r} is unknown", f"use one of {', '.join(BACKENDS)}")
     if backend == "onednn" and not _onednn_available():
-        from oreline.errors import ConfigError
-
         raise ConfigError("this torch build has no oneDNN (torch.backends.mkldnn is unavailable)",
                           "set train.cpu_matmul = \"blas\" or \"auto\"")
     _setting, _chosen = backend, None
