@@ -11,13 +11,12 @@ what it produced; `oreline run` uses it to skip stages whose inputs and settings
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from oreline.config import Config
+from oreline.io import write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -77,27 +76,3 @@ class RunDir:
         lineage = self.lineage()
         lineage[stage] = record
         write_json_atomic(self.lineage_path, lineage)
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON under a temporary name in the same folder, fsync, then rename over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

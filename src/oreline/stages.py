@@ -16,7 +16,6 @@ training from scratch (the old checkpoints and metrics are moved aside, never mi
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from rich.table import Table
 
 from oreline.config import Config, expand, fingerprint, samples_dir, to_dict, write_resolved
 from oreline.errors import InputError, OrelineError
+from oreline.io import files_fingerprint
 from oreline.runs import RunDir
 
 STAGES = ["data", "tokenizer", "tokenize", "train", "eval", "export", "report"]
@@ -35,17 +35,6 @@ STAGES = ["data", "tokenizer", "tokenize", "train", "eval", "export", "report"]
 
 # ---------------------------------------------------------------------------------------------
 # fingerprints of stage outputs
-
-
-def files_fingerprint(paths: list[Path]) -> str:
-    """sha256 over (name, content hash) of files, in sorted order."""
-    h = hashlib.sha256()
-    for path in sorted(paths):
-        h.update(path.name.encode())
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 def stage_key(*parts: Any) -> str:
@@ -94,10 +83,10 @@ def stage_data(cfg: Config, rd: RunDir, console: Console) -> str:
 def _write_extra_documents(cfg: Config, rd: RunDir, console: Console) -> None:
     """Clean text the user trusts (the demo: public-domain prose), split into ~4 KB documents at
     paragraph breaks so the train/validation split by id hash has enough units to split."""
-    from oreline.data.document import Document
     from oreline.data.inputs import discover_inputs, iter_input_documents
     from oreline.data.normalize import normalize_text
     from oreline.data.shards import ShardWriter
+    from oreline.document import Document
 
     extra = rd.root / "extra"
     if extra.exists():

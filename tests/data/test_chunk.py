@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from oreline.config import ChunkConfig, Config
 from oreline.data.chunk import chunk_document, chunk_spans, chunk_text
-from oreline.data.document import Document
+from oreline.document import Document
 
 
 def check_spans(text: str, size: int, overlap: int) -> list[tuple[int, int]]:

@@ -28,9 +28,9 @@ from oreline.data.dedup import (
     verify_pairs,
 )
 from oreline.data.dedup_verify import parquet_text_source
-from oreline.data.document import Document
 from oreline.data.pipeline import run_data
 from oreline.data.shards import read_documents, write_documents
+from oreline.document import Document
 from oreline.errors import DataIntegrityError
 
 CFG = DedupConfig()

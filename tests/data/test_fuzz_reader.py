@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oreline.data.document import Document
 from oreline.data.normalize import REMOVED_CATEGORIES, normalize_text, normalize_with_counts
 from oreline.data.warc import ReadReport, iter_records, record_to_document
+from oreline.document import Document
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 ALL_TYPES = ("warcinfo", "response", "request", "revisit", "resource", "metadata", "conversion")

@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from oreline.config import Config, QualityConfig
-from oreline.data.document import Document
 from oreline.data.perplexity import (
     BOS,
     UNK,
@@ -32,6 +31,7 @@ from oreline.data.perplexity import (
     write_arpa,
 )
 from oreline.data.reference_lm import LLAMA_DEFAULTS, train_reference
+from oreline.document import Document
 from oreline.errors import ConfigError
 
 TRAIN_BOOKS = ["austen-emma.txt", "chesterton-brown.txt"]

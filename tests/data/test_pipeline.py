@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from oreline.cli import app
 from oreline.config import load_config
-from oreline.data.document import Document
 from oreline.data.executor import TaskCrashed, run_tasks
 from oreline.data.inputs import discover_inputs, input_kind, iter_input_documents
 from oreline.data.pipeline import funnel_lines, run_data
 from oreline.data.shards import read_documents, write_documents
 from oreline.data.steps import Step, StepStats, run_steps
+from oreline.document import Document
 from oreline.errors import FingerprintMismatch, InputError
 
 # a subset of the sample crawl that covers every kind of archive and keeps the test quick

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oreline.config import QualityConfig
-from oreline.data.document import Document
 from oreline.data.quality import (
     QUALITY_FILTERS,
     c4,
@@ -22,6 +21,7 @@ from oreline.data.quality import (
     gopher_repetition,
     quality_filters,
 )
+from oreline.document import Document
 
 CFG = QualityConfig()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from oreline.data.document import Document
 from oreline.data.shards import (
     DOC_SCHEMA,
     REJECT_SCHEMA,
@@ -16,6 +15,7 @@ from oreline.data.shards import (
     reject_row,
     write_documents,
 )
+from oreline.document import Document
 
 
 def _docs(n: int, size: int = 300) -> list[Document]:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from oreline.errors import DataIntegrityError, FingerprintMismatch
+from oreline.io import file_sha256
 from oreline.tokens import shards as fmt
 
 FP = hashlib.sha256(b"tokenizer").hexdigest()
@@ -27,7 +28,7 @@ def test_round_trip_and_dtype(tmp_path, vocab_size, dtype):
     docs = [rng.integers(3, vocab_size, size=n).tolist() for n in (5, 0, 17, 1, 300)]
     docs[2][-1] = vocab_size - 1  # the largest id must survive the chosen dtype
     header = _write(tmp_path / "s.tok", docs, vocab_size)
-    shard = fmt.open_shard(tmp_path / "s.tok", FP, fmt.file_sha256(tmp_path / "s.tok"))
+    shard = fmt.open_shard(tmp_path / "s.tok", FP, file_sha256(tmp_path / "s.tok"))
     assert shard.tokens.dtype == dtype and header.documents == 5
     assert header.tokens == sum(len(d) + 2 for d in docs) == len(shard.tokens)
     for i, d in enumerate(docs):
@@ -79,7 +80,7 @@ def test_header_checksum_mismatch(shard_path):
 
 
 def test_payload_corruption_is_caught_by_sha256(shard_path):
-    good = fmt.file_sha256(shard_path)
+    good = file_sha256(shard_path)
     data = bytearray(shard_path.read_bytes())
     data[fmt.HEADER_SIZE + 2] ^= 0xFF
     shard_path.write_bytes(bytes(data))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from oreline.config import TokenizeConfig, TokenizerConfig
+from oreline.io import file_sha256
 from oreline.tokens import shards as fmt
 from oreline.tokens.inputs import Rejects, iter_texts
 from oreline.tokens.tokenize import is_val, read_manifest, tokenize_corpus
@@ -62,7 +63,7 @@ def test_manifest_records_fingerprints_and_checksums(tokens_dir, corpus_files, b
     assert manifest["splits"]["train"]["shards"] > len(corpus_files)  # max_shard_tokens forced several parts
     for s in manifest["shards"]:
         path = tokens_dir / s["name"]
-        assert fmt.file_sha256(path) == s["sha256"] and path.stat().st_size == s["bytes"]
+        assert file_sha256(path) == s["sha256"] and path.stat().st_size == s["bytes"]
         assert fmt.read_header(path).fingerprint == tok.fingerprint
         shard = fmt.open_shard(path)
         last_doc = int(shard.offsets[-1] - shard.offsets[-2])

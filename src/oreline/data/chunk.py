@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from oreline.config import ChunkConfig
-from oreline.data.document import Document
+from oreline.document import Document
 
 
 def chunk_spans(text: str, size: int = 2048, overlap: int = 512) -> list[tuple[int, int]]:

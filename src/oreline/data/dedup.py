@@ -58,8 +58,6 @@ shingle hashes (8 bytes per word) of candidate documents; texts are never held b
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +69,9 @@ import pyarrow.parquet as pq
 import xxhash
 
 from oreline.config import DedupConfig
-from oreline.data.document import Document
+from oreline.document import Document
 from oreline.errors import DataIntegrityError, InputError
+from oreline.io import atomic_open, write_json_atomic, write_with
 
 FORMAT = "oreline-minhash-v1"
 FN_WEIGHT = 0.9  # weight of the false-negative area when choosing bands/rows (see step 4)
@@ -344,9 +343,7 @@ def near_duplicate_clusters(n: int, edges: np.ndarray, rank: np.ndarray) -> dict
 
 
 def _atomic_write_table(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    write_with(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def _sort_fields(doc: Document, position: int) -> tuple[str, int]:
@@ -487,9 +484,8 @@ def bucket_bands(
     pairs = lsh_candidates(s.sig, bands, rows, _active_rows(s, exact_duplicates(s.exact, s.rank)), (lo, hi))
     out = Path(out_dir) / f"candidates-b{lo}-{hi}.npy"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.npy")
-    np.save(tmp, pairs)
-    os.replace(tmp, out)
+    with atomic_open(out, "wb") as fh:
+        np.save(fh, pairs)
     return out
 
 
@@ -588,7 +584,5 @@ def dedup_plan(
         "similarity_method": pa.array(["exact_text"] * len(exact) + near_methods, pa.string()),
     })
     _atomic_write_table(table, out_dir / "removals.parquet")
-    tmp = out_dir / f".dedup_stats.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(stats, indent=2, sort_keys=True))
-    os.replace(tmp, out_dir / "dedup_stats.json")
+    write_json_atomic(out_dir / "dedup_stats.json", stats)
     return plan

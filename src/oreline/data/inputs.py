@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from oreline.data.document import Document, content_id
+from oreline.document import Document, content_id
 from oreline.errors import InputError
 
 KINDS: dict[str, tuple[str, ...]] = {

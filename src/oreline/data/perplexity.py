@@ -48,7 +48,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -58,8 +57,9 @@ from typing import Any
 import numpy as np
 
 from oreline.config import DataConfig, QualityConfig
-from oreline.data.document import Document
+from oreline.document import Document
 from oreline.errors import ConfigError, InputError
+from oreline.io import atomic_open
 
 TOKEN = re.compile(r"\w+|[^\w\s]")
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
@@ -182,11 +182,9 @@ def estimate_kneser_ney(sents: Iterable[list[str]], order: int = 3) -> dict[str,
 
 def write_arpa(model: dict[str, Any], path: str | Path) -> None:
     """ARPA text: \\data\\ counts, then one section per order of `log10p  gram  [log10 backoff]`."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     order, words, bits = model["order"], np.array(model["words"], dtype=object), model["bits"]
     mask = (1 << bits) - 1
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_open(path, "w", encoding="utf-8") as fh:
         fh.write("\\data\\\n")
         for n in range(1, order + 1):
             fh.write(f"ngram {n}={len(model['keys'][n]) + (n == 1)}\n")
@@ -200,7 +198,6 @@ def write_arpa(model: dict[str, Any], path: str | Path) -> None:
             for gram, p, b in zip(grams, model["log10p"][n].tolist(), model["log10b"][n].tolist(), strict=True):
                 fh.write(f"{p:.6f}\t{gram}\t{b:.6f}\n" if b != 0.0 else f"{p:.6f}\t{gram}\n")
         fh.write("\n\\end\\\n")
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,7 +469,7 @@ def compute_cutoffs(kept_files: list[Path], out_file: Path, cfg) -> dict[str, An
         "model_fingerprint": reference_fingerprint(_expand(cfg.data.quality.perplexity_model)),
         "seconds": round(time.perf_counter() - t0, 6),
     }
-    from oreline.runs import write_json_atomic
+    from oreline.io import write_json_atomic
 
     write_json_atomic(out_file, result)
     return result

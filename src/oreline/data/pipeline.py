@@ -49,7 +49,7 @@ from oreline.data.inputs import KINDS, discover_inputs
 from oreline.data.steps import merge_step_stats
 from oreline.data.tasks import dedup_enabled, phase1_dir, phase3_marker, run_phase1, run_phase3, task_name
 from oreline.errors import FingerprintMismatch, InputError
-from oreline.runs import write_json_atomic
+from oreline.io import write_json_atomic
 
 STATS_VERSION = 1
 

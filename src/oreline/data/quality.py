@@ -55,7 +55,7 @@ from itertools import compress
 import numpy as np
 
 from oreline.config import QualityConfig
-from oreline.data.document import Document
+from oreline.document import Document
 
 Filter = Callable[[Document, QualityConfig], str | None]
 

@@ -48,7 +48,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from oreline.data.document import Document
 from oreline.data.perplexity import (
     TOKENIZER_VERSION,
     ArpaModel,
@@ -57,7 +56,9 @@ from oreline.data.perplexity import (
     sentences,
     write_arpa,
 )
+from oreline.document import Document
 from oreline.errors import ConfigError, InputError
+from oreline.io import file_sha256, write_lines_atomic
 
 PIECE_CHARS = 2000
 HELDOUT_EVERY = 20
@@ -96,23 +97,11 @@ def _pieces(text: str, size: int = PIECE_CHARS) -> Iterable[str]:
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8", errors="surrogatepass") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_lines_atomic(path, (json.dumps(row, ensure_ascii=False) for row in rows), errors="surrogatepass")
 
 
 # ---------------------------------------------------------------------------------------------
 # training either kind
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def train_reference(docs: list[str], out: str | Path, kind: str = "ngram", console: Any = None, order: int = 3,
@@ -142,11 +131,11 @@ def train_reference(docs: list[str], out: str | Path, kind: str = "ngram", conso
         raise ConfigError(f"unknown reference kind {kind!r}", "use --kind ngram or --kind llama")
     h = hashlib.sha256(kind.encode())
     for name in files:
-        h.update(_sha256(out / name).encode())
+        h.update(file_sha256(out / name).encode())
     meta = {**meta, "fingerprint": h.hexdigest(), "inputs": [str(d) for d in docs],
             "normalization": "perplexity per word: exp(total NLL / words), words = \\w+ runs and punctuation marks "
                              "(lowercased, digits as 0) plus one end-of-sentence per sentence"}
-    from oreline.runs import write_json_atomic
+    from oreline.io import write_json_atomic
 
     write_json_atomic(out / "reference.json", meta)
     return meta

@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from oreline.data.document import Document
+from oreline.document import Document
 from oreline.errors import InputError
 
 # metadata key -> arrow type of its flat column; every other key goes into the JSON column

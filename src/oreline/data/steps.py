@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from oreline.data.document import Document
+from oreline.document import Document
 from oreline.errors import ConfigError
 
 StepFn = Callable[[Document], "str | None"]

@@ -27,11 +27,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from oreline.data.document import Document
 from oreline.data.shards import REJECT_SCHEMA, ShardWriter, read_documents, reject_row
 from oreline.data.steps import StepStats, filter_steps, run_steps, text_bytes
+from oreline.document import Document
 from oreline.errors import DataIntegrityError
-from oreline.runs import write_json_atomic
+from oreline.io import write_json_atomic
 
 NO_LIMIT = 1 << 62  # intermediate files of a task are never split
 PROGRESS_EVERY_S = 0.5

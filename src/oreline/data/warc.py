@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oreline.data.document import Document, content_id
 from oreline.data.payload import (  # noqa: F401  (re-exported: part of the reader's API)
     dechunk,
     decode_content,
@@ -54,6 +53,7 @@ from oreline.data.payload import (  # noqa: F401  (re-exported: part of the read
     normalize_charset,
     parse_http,
 )
+from oreline.document import Document, content_id
 
 DEFAULT_RECORD_TYPES = ("response", "conversion", "resource")
 DEFAULT_MAX_RECORD_BYTES = 50_000_000

@@ -235,7 +235,7 @@ def evaluate_cli(checkpoint: Path, data: Path | None = None, prompts: Path | Non
         "val_batches": metrics["batches"], "generations": gens,
     }
     out_path = Path(out) if out is not None else _run_dir_of(ckpt) / "eval" / f"eval-step-{step}.json"
-    from oreline.runs import write_json_atomic
+    from oreline.io import write_json_atomic
 
     write_json_atomic(out_path, result)
     if console is not None:

@@ -41,8 +41,8 @@ from oreline.doctor.artifacts import (
     series,
 )
 from oreline.doctor.run import CHECKS, run_checks
+from oreline.io import write_bytes_atomic
 from oreline.report import plots
-from oreline.runs import write_bytes_atomic
 
 MAX_DOCS_SCANNED = 200_000
 MAX_TABLE_ROWS = 60

@@ -25,9 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oreline.data.document import content_id
+from oreline.document import content_id
 from oreline.errors import InputError
-from oreline.tokens.shards import file_sha256  # noqa: F401  (re-exported for tokenize)
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")
 BATCH_ROWS = 1024

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from oreline.errors import DataIntegrityError, FingerprintMismatch
+from oreline.io import file_sha256
 
 MAGIC = b"ORETOK\0\0"
 VERSION = 1
@@ -201,11 +202,3 @@ def open_shard(path: Path, tokenizer_fingerprint: str | None = None, sha256: str
     if offsets[-1] != header.tokens or (header.documents and offsets[0] != 0):
         raise DataIntegrityError(f"token shard {path} has a document index that does not match its token count", FIX)
     return Shard(path, header, tokens, offsets)
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()

@@ -35,9 +35,9 @@ import numpy as np
 
 from oreline.config import TokenizeConfig
 from oreline.errors import InputError
-from oreline.runs import write_json_atomic
+from oreline.io import file_sha256, write_json_atomic
 from oreline.tokens import shards as fmt
-from oreline.tokens.inputs import Rejects, expand_inputs, file_sha256, iter_batches, parquet_row_groups
+from oreline.tokens.inputs import Rejects, expand_inputs, iter_batches, parquet_row_groups
 from oreline.tokens.train_bpe import OrelineTokenizer, load_tokenizer
 
 MANIFEST = "manifest.json"
@@ -121,7 +121,7 @@ def run_task(task: Task) -> dict:
     def finish(split: str) -> None:
         w = writers.pop(split)
         header = w.close()
-        records.append({"name": w.path.name, "split": split, "sha256": fmt.file_sha256(w.path), "tokens": header.tokens,
+        records.append({"name": w.path.name, "split": split, "sha256": file_sha256(w.path), "tokens": header.tokens,
                         "documents": header.documents, "bytes": header.file_size, "task": task.index})
 
     def writer(split: str) -> fmt.ShardWriter:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from oreline.config import TokenizerConfig
 from oreline.errors import InputError
-from oreline.runs import write_json_atomic
+from oreline.io import write_json_atomic
 from oreline.tokens.fast_encode import FastEncoder, fast_encoder
 from oreline.tokens.inputs import Rejects, expand_inputs, iter_texts
 
@@ -199,7 +199,7 @@ def _training_stream(paths: list[Path], cfg: TokenizerConfig, rejects: Rejects, 
 
 def write_hf_files(out: Path, tokenizer_json: str, cfg: TokenizerConfig) -> None:
     """tokenizer.json + tokenizer_config.json + special_tokens_map.json, loadable by AutoTokenizer."""
-    from oreline.runs import write_bytes_atomic
+    from oreline.io import write_bytes_atomic
 
     write_bytes_atomic(out / "tokenizer.json", tokenizer_json.encode("utf-8"))
     specials = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from oreline.io import write_lines_atomic
+
 # ---------------------------------------------------------------------------------------------
 # loss breakdown
 
@@ -274,9 +276,7 @@ def truncate_metrics(path: Path, step: int) -> int:
             dropped += 1
             continue
         kept.append(line)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    write_lines_atomic(path, kept)
     return dropped
 
 

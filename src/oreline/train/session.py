@@ -26,8 +26,9 @@ import torch
 
 from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
 from oreline.errors import ConfigError, TrainingError
+from oreline.io import write_json_atomic
 from oreline.model.matmul import describe_backend, set_cpu_matmul_backend
-from oreline.runs import RunDir, write_json_atomic
+from oreline.runs import RunDir
 from oreline.train import dist
 from oreline.train.monitor import cpu_native_bf16, device_peak_flops, model_matmul_shapes
 from oreline.train.optim import build_optimizer, schedule_samples, warmup_steps
