@@ -17,19 +17,17 @@ from oreline.data.dedup import (
     dedup_plan,
     dedup_stage_signatures,
     estimated_jaccard,
-    exact_key,
-    jaccard,
     lsh_candidates,
     minhash_signature,
     minhash_signatures,
     near_duplicate_clusters,
     optimal_bands_rows,
-    shingles,
     verify_pairs,
 )
 from oreline.data.dedup_verify import parquet_text_source
 from oreline.data.pipeline import run_data
 from oreline.data.shards import read_documents, write_documents
+from oreline.data.shingles import exact_key, jaccard, shingles
 from oreline.document import Document
 from oreline.errors import DataIntegrityError
 

@@ -58,7 +58,7 @@ shingle hashes (8 bytes per word) of candidate documents; texts are never held b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,9 +66,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import xxhash
 
 from oreline.config import DedupConfig
+from oreline.data.shingles import ROLL, TextSource, exact_key, jaccard, shingles, splitmix
 from oreline.document import Document
 from oreline.errors import DataIntegrityError, InputError
 from oreline.io import atomic_open, write_json_atomic, write_with
@@ -77,9 +77,7 @@ FORMAT = "oreline-minhash-v1"
 FN_WEIGHT = 0.9  # weight of the false-negative area when choosing bands/rows (see step 4)
 FN_WEIGHT_EXACT = 0.98  # the same under exact verification, where false positives cost no precision
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-_ROLL = np.uint64(0x100000001B3)
 _EMPTY = np.uint32(0xFFFFFFFF)  # signature entry of a document without shingles
-TextSource = Callable[[set[str]], Iterator[tuple[str, str]]]  # ids -> (id, text) of those ids
 
 
 def dedup_config(cfg: Any) -> DedupConfig:
@@ -100,38 +98,6 @@ def verify_mode(cfg: Any) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # keys, shingles, signatures
-
-
-def exact_key(text: str) -> tuple[int, int]:
-    """xxh3-128 of lowercased, whitespace-collapsed text, as (high, low) 64-bit halves."""
-    h = xxhash.xxh3_128_intdigest(" ".join(text.lower().split()).encode("utf-8", "surrogatepass"))
-    return h >> 64, h & 0xFFFFFFFFFFFFFFFF
-
-
-def _splitmix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer: a bijection on uint64 that spreads every input bit over the output."""
-    with np.errstate(over="ignore"):
-        x = x ^ (x >> np.uint64(30))
-        x = x * np.uint64(0xBF58476D1CE4E5B9)
-        x = x ^ (x >> np.uint64(27))
-        x = x * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
-
-
-def shingles(text: str, n: int = 5) -> np.ndarray:
-    """Sorted unique uint64 hashes of the word n-grams of lowercased text (one shingle if < n words)."""
-    words = text.lower().split()
-    if not words:
-        return np.empty(0, dtype=np.uint64)
-    wh = np.fromiter(
-        (xxhash.xxh3_64_intdigest(w.encode("utf-8", "surrogatepass")) for w in words), dtype=np.uint64, count=len(words)
-    )
-    m = max(1, len(words) - n + 1)
-    h = wh[:m].copy()
-    with np.errstate(over="ignore"):
-        for k in range(1, min(n, len(words))):
-            h = h * _ROLL + wh[k : k + m]
-    return np.unique(_splitmix(h))
 
 
 def hash_params(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -192,13 +158,6 @@ def estimated_jaccard(a: np.ndarray, b: np.ndarray) -> float | np.ndarray:
     return (np.asarray(a) == np.asarray(b)).mean(axis=-1)
 
 
-def jaccard(a: np.ndarray, b: np.ndarray) -> float:
-    """Exact Jaccard of two sorted unique shingle-hash sets (exact verification, tests, benchmarks)."""
-    inter = np.intersect1d(a, b, assume_unique=True).size
-    union = a.size + b.size - inter
-    return inter / union if union else 1.0
-
-
 # ---------------------------------------------------------------------------------------------
 # LSH
 
@@ -244,7 +203,7 @@ def _band_keys(sig: np.ndarray, band: int, rows: int) -> np.ndarray:
     key = np.zeros(len(sig), dtype=np.uint64)
     with np.errstate(over="ignore"):
         for j in range(rows):
-            key = _splitmix(key * _ROLL + block[:, j])
+            key = splitmix(key * ROLL + block[:, j])
     return key
 
 
