@@ -1,7 +1,7 @@
 """Benchmark: how well both reference-LM kinds separate prose from web text and garbage, their
 scoring speed per core, and the perplexity step's share of a real `oreline data` run.
 
-References, both trained here by `oreline.data.reference_lm.train_reference` on the same trusted
+References, both trained here by `oreline.quality.reference_lm.train_reference` on the same trusted
 text (NLTK Gutenberg books plus every other clean news article body of article-extraction-dev):
 the trigram interpolated modified Kneser-Ney model (`ngram`, queried with kenlm when installed)
 and the tiny oreline Llama with its own BPE tokenizer (`llama`, LLAMA_DEFAULTS, --steps).
@@ -142,8 +142,9 @@ def main() -> None:
     import torch
 
     from oreline.config import samples_dir
-    from oreline.data.perplexity import ArpaModel, load_scorer, sentences
-    from oreline.data.reference_lm import train_reference
+    from oreline.data.perplexity import ArpaModel, load_scorer
+    from oreline.data.words import sentences
+    from oreline.quality.reference_lm import train_reference
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=450, help="llama reference training steps")

@@ -36,6 +36,16 @@ def test_every_packaged_config_is_valid():
         load_config(path)
 
 
+def test_shipped_configs_load_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the repository: the name resolves inside the package
+    assert load_config("demo").run.name == "demo"
+    assert load_config("seed-recipe") == load_config(PACKAGE_CONFIGS / "seed-recipe.toml")
+    with pytest.raises(ConfigError, match="demo, seed-recipe"):
+        load_config("no-such-preset")
+    (tmp_path / "demo").write_text("[run]\nname = 'mine'\n")  # a file of that name wins over the preset
+    assert load_config("demo").run.name == "mine"
+
+
 def test_overrides_are_parsed_as_toml_literals():
     cfg = load_config(None, ["data.langid.threshold=0.8", "data.workers=3", "data.chunk.enabled=true",
                              "data.langid.languages=['en','de']", "run.name=my run"])

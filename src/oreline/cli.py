@@ -39,7 +39,7 @@ app.add_typer(config_app, name="config")
 
 console = Console(stderr=True)
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("-c", "--config", help="TOML config (default: the embedded demo config)")]
+ConfigOpt = Annotated[Optional[Path], typer.Option("-c", "--config", help="TOML config file, or the name of a shipped config (demo, seed-recipe); default: demo")]
 Overrides = Annotated[Optional[list[str]], typer.Argument(help="dotted overrides, e.g. data.langid.threshold=0.8", show_default=False)]
 
 
@@ -260,7 +260,7 @@ def quality_train_reference(
     config: ConfigOpt = None,
 ) -> None:
     """Train a small reference LM for perplexity-based quality filtering."""
-    from oreline.data.reference_lm import train_reference
+    from oreline.quality.reference_lm import train_reference
 
     train_reference(docs, out, kind=kind, console=Console(), **({"steps": steps} if steps else {}))
 

@@ -394,13 +394,27 @@ def config_from_dict(tree: dict, source: str = "<dict>") -> Config:
         raise ConfigError("; ".join(lines), "fix the key in the file or the override (`oreline config keys` lists all)") from None
 
 
+def preset_configs() -> list[str]:
+    """Names of the configs shipped inside the package (`-c demo` works from an installed wheel)."""
+    return sorted(p.stem for p in PACKAGE_CONFIGS.glob("*.toml"))
+
+
+def resolve_config_path(path: str | Path | None) -> Path:
+    """A TOML file path, or the name of a shipped config (`demo`, `seed-recipe`); None: the demo."""
+    if path is None:
+        return PACKAGE_CONFIGS / "demo.toml"
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    if candidate.suffix == "" and len(candidate.parts) == 1 and (PACKAGE_CONFIGS / f"{candidate}.toml").is_file():
+        return PACKAGE_CONFIGS / f"{candidate}.toml"
+    raise ConfigError(f"config file {path} not found",
+                      f"pass -c with a TOML file or the name of a shipped config ({', '.join(preset_configs())})")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load TOML (None: the embedded demo config), apply dotted overrides, validate."""
-    if path is None:
-        path = PACKAGE_CONFIGS / "demo.toml"
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} not found", "pass -c with a TOML file, e.g. configs/demo.toml")
+    path = resolve_config_path(path)
     try:
         tree = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

@@ -27,12 +27,12 @@ from oreline.data.perplexity import (
     load_scorer,
     perplexity_filter_factory,
     score_cli,
-    sentences,
     write_arpa,
 )
-from oreline.data.reference_lm import LLAMA_DEFAULTS, train_reference
+from oreline.data.words import sentences
 from oreline.document import Document
 from oreline.errors import ConfigError
+from oreline.quality.reference_lm import LLAMA_DEFAULTS, train_reference
 
 TRAIN_BOOKS = ["austen-emma.txt", "chesterton-brown.txt"]
 HELDOUT_BOOKS = ["austen-persuasion.txt", "chesterton-ball.txt"]

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from oreline.config import Config
 from oreline.data.pipeline import print_funnel, run_data
-from oreline.data.reference_lm import train_reference
+from oreline.quality.reference_lm import train_reference
 
 WARCS = ["dolma-wget-2024/sample-0000.warc.gz", "dolma-wget-2024/sample-0001.warc.gz",
          "commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz"]

@@ -19,8 +19,8 @@ from oreline.config import load_config
 from oreline.data.executor import TaskCrashed, run_tasks
 from oreline.data.inputs import discover_inputs, input_kind, iter_input_documents
 from oreline.data.pipeline import funnel_lines, run_data
+from oreline.data.runner import Step, StepStats, run_steps
 from oreline.data.shards import read_documents, write_documents
-from oreline.data.steps import Step, StepStats, run_steps
 from oreline.document import Document
 from oreline.errors import FingerprintMismatch, InputError
 

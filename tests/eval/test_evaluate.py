@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from oreline.cli import app
 from oreline.config import ModelConfig, TokenizerConfig
-from oreline.eval.evaluate import generate_samples, token_byte_lengths, validation_loss
 from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
+from oreline.model.scoring import generate_samples, token_byte_lengths, validation_loss
 from oreline.tokens.loader import TokenLoader
 from oreline.tokens.train_bpe import load_tokenizer, train_tokenizer
 from oreline.train.loop import train

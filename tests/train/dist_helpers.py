@@ -35,7 +35,8 @@ from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
 from oreline.tokens.loader import TokenLoader
 from oreline.train import dist
-from oreline.train.loop import _nullcontext, enable_activation_checkpointing, forward_backward, to_device
+from oreline.train.loop import forward_backward
+from oreline.train.session import _nullcontext, enable_activation_checkpointing, to_device
 
 
 def reentrant_checkpointing(model: Llama) -> None:

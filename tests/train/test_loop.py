@@ -15,14 +15,9 @@ from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
 from oreline.tokens.loader import TokenLoader
 from oreline.train.dist import DistInfo
-from oreline.train.loop import (
-    enable_activation_checkpointing,
-    forward_backward,
-    global_batch,
-    to_device,
-    train,
-)
+from oreline.train.loop import forward_backward, train
 from oreline.train.optim import lr_at
+from oreline.train.session import enable_activation_checkpointing, global_batch, to_device
 
 CPU1 = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None, is_main=True)
 TRAIN_KEYS = {"step", "tokens_seen", "tokens_in_step", "loss", "loss_token", "loss_eos", "loss_bos", "lr", "grad_norm",

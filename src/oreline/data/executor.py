@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from oreline.data import tasks as tasks_mod
 
 PRELOAD = [
-    "oreline.data.tasks", "oreline.data.steps", "oreline.data.shards", "oreline.data.warc", "oreline.data.extract",
+    "oreline.data.tasks", "oreline.data.runner", "oreline.data.steps", "oreline.data.shards", "oreline.data.warc", "oreline.data.extract",
     "oreline.data.normalize", "oreline.data.langid", "oreline.data.quality", "oreline.data.dedup",
     "oreline.data.chunk", "resiliparse.extract.html2text", "fasttext",
     "pandas",  # pyarrow imports it on first pa.array() when installed (0.6 s); missing ones are skipped

@@ -48,7 +48,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -57,27 +56,14 @@ from typing import Any
 import numpy as np
 
 from oreline.config import DataConfig, QualityConfig
+from oreline.data.words import paragraphs, sentences
 from oreline.document import Document
 from oreline.errors import ConfigError, InputError
 from oreline.io import atomic_open
 
-TOKEN = re.compile(r"\w+|[^\w\s]")
-SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
-DIGIT = re.compile(r"\d")
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 TOKENIZER_VERSION = "words-v1"
 BUCKET_PERCENTILES = (30, 60)  # CCNet: head below the 30th, tail above the 60th percentile
-
-
-def sentences(text: str) -> list[list[str]]:
-    """Token lists of the sentences of text (empty sentences dropped)."""
-    out = []
-    for part in SENTENCE_BREAK.split(text):
-        # non-printable marks (controls, lone surrogates) are not words and would break the ARPA file
-        toks = [t for t in TOKEN.findall(DIGIT.sub("0", part.lower())) if t.isprintable()]
-        if toks:
-            out.append(toks)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,8 +295,6 @@ class NgramScorer:
 
     def score_texts(self, texts: list[str]) -> list[dict[str, Any]]:
         """Per text: {"perplexity", "words", "nll" (nats), "paragraphs": [ppl or None per paragraph]}."""
-        from oreline.data.reference_lm import paragraphs
-
         out = []
         for text in texts:
             log10, n, per = 0.0, 0, []
@@ -334,7 +318,7 @@ def load_scorer(folder: str | Path, backend: str = "auto") -> NgramScorer | Any:
     if kind == "ngram":
         return NgramScorer(folder, backend)
     if kind == "llama":
-        from oreline.data.reference_lm import LlamaScorer
+        from oreline.data.llama_scorer import LlamaScorer  # imports torch: only when asked for
 
         return LlamaScorer(folder)
     raise InputError(f"{ref_file} names an unknown reference kind {kind!r}", "retrain it with oreline quality train-reference")
@@ -379,7 +363,7 @@ def perplexity_filter_factory(cfg: QualityConfig):
     absolute cut-off the buckets are applied in phase 3 (`bucket_step`), once the cut-offs have
     been computed from this run's own documents (`compute_cutoffs`).
     """
-    from oreline.data.steps import Step
+    from oreline.data.runner import Step
 
     if not cfg.perplexity_model:
         raise ConfigError("data.quality.perplexity_model is not set", "train a model with oreline quality train-reference and set its folder")
@@ -489,7 +473,7 @@ def bucket_step(cutoffs_file: Path, cfg):
     """
     if not bucket_mode(cfg) or not cutoffs_file.is_file():
         return None
-    from oreline.data.steps import Step
+    from oreline.data.runner import Step
 
     info = json.loads(cutoffs_file.read_text())
     cuts = info["cutoffs"]

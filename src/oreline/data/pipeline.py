@@ -46,7 +46,7 @@ from rich.table import Table
 from oreline.config import Config, expand, fingerprint, to_dict, write_resolved
 from oreline.data.executor import TaskCrashed, run_tasks
 from oreline.data.inputs import KINDS, discover_inputs
-from oreline.data.steps import merge_step_stats
+from oreline.data.runner import merge_step_stats
 from oreline.data.tasks import dedup_enabled, phase1_dir, phase3_marker, run_phase1, run_phase3, task_name
 from oreline.errors import FingerprintMismatch, InputError
 from oreline.io import write_json_atomic

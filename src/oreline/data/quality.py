@@ -38,9 +38,8 @@ Speed. The repetition rules are the costly part (datatrove: ~65 ms/doc here). He
 to integer ids once, n-gram hashes are built by a vectorized rolling hash (uint64, wrapping), and
 duplicates are found with one `np.unique` per n, so no n-gram strings are ever joined.
 
-Model-based scoring (KenLM / tiny-LM perplexity) is not here: `perplexity_filter(cfg)` returns the
-filter from `oreline.data.perplexity` when `perplexity_model` is set, for the pipeline to run after
-the heuristic filters.
+Model-based scoring (KenLM / tiny-LM perplexity) is not here: `oreline.data.steps` adds the filter
+from `oreline.data.perplexity` after these when `perplexity_model` is set.
 """
 
 from __future__ import annotations
@@ -363,13 +362,3 @@ def quality_filters(cfg: QualityConfig) -> list[tuple[str, Callable[[Document], 
         return lambda doc: fn(doc, cfg)
 
     return [(name, bind(fn)) for name, fn in QUALITY_FILTERS.items() if getattr(cfg, name)]
-
-
-def perplexity_filter(cfg: QualityConfig) -> Callable[[Document], str | None] | None:
-    """The model-based filter to run after the heuristic ones, or None when no reference model is set."""
-    if not cfg.enabled or not cfg.perplexity_model:
-        return None
-    from oreline.data.perplexity import perplexity_filter_factory
-
-    return perplexity_filter_factory(cfg)
-

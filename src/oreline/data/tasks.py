@@ -27,8 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from oreline.data.runner import StepStats, run_steps, text_bytes
 from oreline.data.shards import REJECT_SCHEMA, ShardWriter, read_documents, reject_row
-from oreline.data.steps import StepStats, filter_steps, run_steps, text_bytes
+from oreline.data.steps import filter_steps
 from oreline.document import Document
 from oreline.errors import DataIntegrityError
 from oreline.io import write_json_atomic

@@ -61,28 +61,19 @@ import torch
 from rich.console import Console
 
 from oreline.config import Config
+from oreline.model.scoring import breakdown_means, loss_breakdown
 from oreline.train import dist
-from oreline.train.monitor import (
-    MetricsLogger,
-    breakdown_means,
-    loss_breakdown,
-    memory_stats,
-    mfu,
-)
+from oreline.train.monitor import MetricsLogger, memory_stats, mfu
 from oreline.train.optim import lr_at, set_lr
 from oreline.train.recovery import move_previous_training, resume_if_asked, rollback, save
-from oreline.train.session import (  # noqa: F401 (also re-exported: callers import them from the loop)
+from oreline.train.session import (
     Setup,
     TrainState,
     _nullcontext,
     check_batch_tokens,
-    compile_blocks,
-    enable_activation_checkpointing,
-    global_batch,
     setup_run,
     start_record,
     to_device,
-    tune_cpu_allocator,
 )
 
 
@@ -331,7 +322,7 @@ def _eager(cfg: Config) -> Any:
 
 
 def evaluate(s: Setup, info: dist.DistInfo, batches: int, cfg: Config) -> dict[str, Any]:
-    from oreline.eval.evaluate import validation_loss
+    from oreline.model.scoring import validation_loss
 
     with _eager(cfg):
         return validation_loss(s.model, s.val_loader, s.tokenizer.bos_id, s.tokenizer.eos_id, batches,
@@ -340,7 +331,7 @@ def evaluate(s: Setup, info: dist.DistInfo, batches: int, cfg: Config) -> dict[s
 
 
 def generations(s: Setup, cfg: Config) -> list[dict[str, Any]]:
-    from oreline.eval.evaluate import generate_samples
+    from oreline.model.scoring import generate_samples
 
     with _eager(cfg):
         return generate_samples(s.model, s.tokenizer, cfg.eval.prompts, cfg.eval.max_new_tokens, greedy=True)

@@ -1,13 +1,5 @@
-"""Training metrics: the loss breakdown, MFU against a device peak, memory, and one logger.
-
-Loss breakdown. A packed sequence holds documents `[BOS] t1 … tn [EOS]` back to back, and the
-loader sets targets equal to BOS to -100 (BOS is never predicted). Every other target falls in
-one of three classes, judged in this order:
-- `eos`: the target is EOS — how well the model knows where a document ends;
-- `bos`: the input is BOS, i.e. the first token of a document, predicted from nothing but the
-  document boundary — the highest-entropy position, often 2-3× the mean loss;
-- `token`: everything else, the ordinary language-modelling loss.
-`loss_breakdown` returns sums and counts (not means), so micro-batches and ranks add up exactly.
+"""Training metrics: MFU against a device peak, memory, and one logger (the loss breakdown by
+target class is `oreline.model.scoring.loss_breakdown`).
 
 MFU (model FLOPs utilisation, PaLM, Chowdhery et al. 2022, appendix B) = achieved model FLOPs
 per second / peak FLOPs per second, where model FLOPs per token are 6N plus attention
@@ -36,45 +28,6 @@ from typing import Any
 import torch
 
 from oreline.io import write_lines_atomic
-
-# ---------------------------------------------------------------------------------------------
-# loss breakdown
-
-BREAKDOWN_KEYS = ("sum_token", "n_token", "sum_eos", "n_eos", "sum_bos", "n_bos")
-
-
-def loss_breakdown(per_token_loss: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor,
-                   bos_id: int | None, eos_id: int | None) -> torch.Tensor:
-    """Sums and counts of the per-target loss by class: a float64 tensor ordered as BREAKDOWN_KEYS.
-
-    per_token_loss, input_ids, labels: (B, T); targets with label -100 are ignored (their loss
-    is whatever cross_entropy(reduction="none") left there, normally 0).
-    """
-    loss = per_token_loss.detach().double()
-    valid = labels != -100
-    is_eos = valid & (labels == eos_id) if eos_id is not None else torch.zeros_like(valid)
-    is_bos = valid & ~is_eos & (input_ids == bos_id) if bos_id is not None else torch.zeros_like(valid)
-    is_tok = valid & ~is_eos & ~is_bos
-    parts = []
-    for mask in (is_tok, is_eos, is_bos):
-        parts.append(torch.where(mask, loss, 0.0).sum())
-        parts.append(mask.sum().double())
-    return torch.stack(parts)
-
-
-def breakdown_means(sums: torch.Tensor | list[float]) -> dict[str, float | None]:
-    """loss (all targets), loss_token, loss_eos, loss_bos and n_targets from a breakdown tensor."""
-    v = [float(x) for x in sums]
-    st, nt, se, ne, sb, nb = v
-    n = nt + ne + nb
-    return {
-        "loss": (st + se + sb) / n if n else None,
-        "loss_token": st / nt if nt else None,
-        "loss_eos": se / ne if ne else None,
-        "loss_bos": sb / nb if nb else None,
-        "n_targets": int(n),
-    }
-
 
 # ---------------------------------------------------------------------------------------------
 # device peak FLOPs

@@ -204,9 +204,9 @@ def _fingerprints(cfg: Config, tokenizer_fp: str, data_fp: str) -> dict[str, str
 
 def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     """Tokenizer, loaders, model, optimizer, fingerprints and device peak; prints the plan."""
-    from oreline.eval.evaluate import token_byte_lengths
     from oreline.model.llama import Llama
     from oreline.model.presets import flops_per_token, resolve_model_args
+    from oreline.model.scoring import token_byte_lengths
     from oreline.tokens.loader import TokenLoader
     from oreline.tokens.train_bpe import load_tokenizer
 

@@ -1,0 +1,1 @@
+"""oreline.quality: reference language models for perplexity filtering, trained with the rest of oreline."""
