@@ -170,10 +170,10 @@ def checkpoint_verify(path: Annotated[Path, typer.Argument(help="run directory o
 
 @checkpoint_app.command("inspect")
 def checkpoint_inspect(path: Annotated[Path, typer.Argument(help="a checkpoint directory (or a run: its latest)")]) -> None:
-    """Show what one checkpoint holds: meta, tensors, fingerprints."""
+    """Show what one checkpoint holds: meta, tensors, fingerprints; exit 1 if it is invalid."""
     from oreline.train.checkpoint import inspect_cli
 
-    inspect_cli(path, Console())
+    raise typer.Exit(inspect_cli(path, Console()))
 
 
 # ---------------------------------------------------------------------------------------------
