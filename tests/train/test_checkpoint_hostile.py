@@ -328,7 +328,7 @@ def test_resume_says_latest_names_a_missing_folder_before_falling_back(run):
     console = quiet()
     summary = train(config(12), resume="auto", allow_config_change=ALLOW, console=console)
     said = " ".join(console.export_text().split())
-    assert "latest names step-00000012, which no longer exists: resuming from the newest valid checkpoint" in said
+    assert "latest names step-00000012, which no longer exists: falling back to the newest valid checkpoint" in said
     assert said.index("no longer exists") < said.index("resumed from")
     assert summary["resumed_from"].endswith(STEP8)
 
@@ -386,6 +386,22 @@ def test_tampered_or_foreign_signed_checkpoint_is_refused(run, monkeypatch):
     # a checkpoint signed with another key is refused the same way
     monkeypatch.setenv(KEY_ENV, "another key")
     assert not ck.verify_checkpoint(ckpts / STEP4)[0]
+
+
+def test_sign_command_signs_intact_checkpoints_only(run, monkeypatch):
+    runs, ckpts, config, marker = run
+    assert "ORELINE_CHECKPOINT_KEY is not set" in " ".join(_cli("checkpoint", "sign", str(runs / "t")).split())
+    plant_metadata_pickle(ckpts / STEP4, marker)
+    _resign(ckpts / STEP4)  # a planted checkpoint with a recomputed (unkeyed) manifest
+    monkeypatch.setenv(KEY_ENV, "a shared secret")
+    flat = "".join(_cli("checkpoint", "sign", str(runs / "t")).split())  # (rich wraps long paths)
+    assert not marker.exists()
+    assert "exit=1" in flat and f"signed{ckpts / STEP8}" in flat and f"signed{ckpts / SNAPSHOT}" in flat, flat
+    assert f"NOTSIGNED{ckpts / STEP4}isinvalid,notsigningit:{ckpts / STEP4}/.metadata:refused" in flat, flat
+    assert not (ckpts / STEP4 / "signature.json").exists()
+    assert ck.verify_checkpoint(ckpts / STEP8) == (True, [])
+    summary = train(config(12), resume="auto", allow_config_change=ALLOW, console=quiet())
+    assert summary["resumed_from"].endswith(STEP8) and summary["step"] == 12
 
 
 def test_verify_without_a_key_says_checksums_are_not_a_signature(run):

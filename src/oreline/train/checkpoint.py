@@ -102,6 +102,7 @@ from oreline.train.checkpoint_files import (  # noqa: F401 (re-exported: the pub
     read_latest,
     read_meta,
     resolve_checkpoint,
+    sign_checkpoint,
     step_name,
     verify_checkpoint,
     write_checksums,
@@ -582,4 +583,9 @@ def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
 
 
 # the CLI views, re-exported for `oreline checkpoint ls|verify|inspect`
-from oreline.train.checkpoint_views import inspect_cli, print_checkpoints, verify_cli  # noqa: E402, F401
+from oreline.train.checkpoint_views import (  # noqa: E402, F401
+    inspect_cli,
+    print_checkpoints,
+    sign_cli,
+    verify_cli,
+)

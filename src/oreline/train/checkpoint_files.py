@@ -36,6 +36,7 @@ import xxhash
 from oreline.errors import CheckpointError
 from oreline.train.checkpoint_signature import (
     CRYPTOGRAPHIC,
+    KEY_ENV,
     SIGNATURE,
     SIGNED_ALGO,
     key_id,
@@ -206,8 +207,10 @@ def list_checkpoints(root: Path) -> list[CheckpointEntry]:
     return sorted(out, key=lambda e: (e.step, e.kind != "incomplete", e.kind))
 
 
-def verify_checkpoint(path: Path) -> tuple[bool, list[str]]:
-    """Check completeness and checksums of one checkpoint folder. Returns (ok, problems)."""
+def verify_checkpoint(path: Path, check_signature: bool = True) -> tuple[bool, list[str]]:
+    """Check completeness and checksums of one checkpoint folder. Returns (ok, problems).
+
+    With ORELINE_CHECKPOINT_KEY set (and `check_signature`), its signature is checked first."""
     path = Path(path)
     problems: list[str] = []
     if not path.is_dir():
@@ -228,7 +231,7 @@ def verify_checkpoint(path: Path) -> tuple[bool, list[str]]:
     shape = _manifest_problem(algo, files)
     if shape:
         return False, problems + [f"{CHECKSUMS} {shape}"]
-    key = signing_key()
+    key = signing_key() if check_signature else None
     if key:  # before anything else of the folder is read: a forged checkpoint is not parsed at all
         bad_signature = signature_problem(path, key, manifest, algo)
         if bad_signature:
@@ -310,6 +313,21 @@ def _dcp_problems(path: Path, files: dict) -> list[str]:
     return out
 
 
+def sign_checkpoint(path: Path) -> None:
+    """Sign a checkpoint written without the key: it must verify intact first (sizes, hashes, a safe
+    index); then the manifest is rewritten with sha256 and signed. Signing vouches for the bytes as
+    they are now, so sign only checkpoints whose origin you trust."""
+    path = Path(path)
+    if not signing_key():
+        raise CheckpointError(f"cannot sign {path}: {KEY_ENV} is not set", f"export {KEY_ENV}=<your secret key>")
+    ok, problems = verify_checkpoint(path, check_signature=False)
+    if not ok:
+        raise CheckpointError(f"{path} is invalid, not signing it: {'; '.join(problems)}",
+                              "sign only intact checkpoints (oreline checkpoint verify)")
+    write_checksums(path)
+    forget_verified()
+
+
 def read_meta(path: Path) -> dict | None:
     try:
         meta = json.loads((Path(path) / META).read_text(encoding="utf-8"))
@@ -351,7 +369,7 @@ def find_resumable(ckpt_root: Path, console=None, skipped: list | None = None) -
     entries = [e for e in list_checkpoints(ckpt_root) if e.kind in ("full", "incomplete")]
     note = latest_problem(checkpoints_root(ckpt_root))
     if note:  # said before the search, so the fallback below is not a surprise
-        msg = f"{note}: resuming from the newest valid checkpoint instead"
+        msg = f"{note}: falling back to the newest valid checkpoint"
         if console is not None:
             console.print(f"[yellow]{msg}[/]")
         else:
@@ -383,9 +401,7 @@ def resolve_checkpoint(path: Path) -> Path:
     if (path / META).is_file() or (path / CHECKSUMS).is_file():
         return path
     root = checkpoints_root(path)
-    latest, note = _latest(root)
-    if note:
-        log.warning("%s: using the newest valid checkpoint instead", note)
+    latest = read_latest(root)  # (when it names nothing valid, find_resumable below says so)
     if latest and verify_checkpoint(root / latest)[0]:
         return root / latest
     found = find_resumable(root)

@@ -13,6 +13,7 @@ in `ORELINE_CHECKPOINT_KEY`:
   any other file of it is read.
 
 Without the key, nothing changes: checkpoints are not signed, signatures present are not checked.
+`oreline checkpoint sign` signs checkpoints written before the key was set (intact ones only).
 Costs, with the key set: SHA-256 instead of xxh3-128 while writing and verifying (measured on this
 machine in docs/checkpoint-security.md).
 """

@@ -24,6 +24,7 @@ from oreline.train.checkpoint_files import (
     read_latest,
     read_meta,
     resolve_checkpoint,
+    sign_checkpoint,
     verify_checkpoint,
 )
 from oreline.train.checkpoint_metadata import read_dcp_metadata
@@ -86,6 +87,25 @@ def verify_cli(path: Path, console) -> int:
     else:
         console.print(f"note: checksums detect corruption, not forgery; set {KEY_ENV} to sign checkpoints "
                       "and refuse unsigned ones (docs/checkpoint-security.md)")
+    return 1 if bad else 0
+
+
+def sign_cli(path: Path, console) -> int:
+    """Sign one checkpoint or every complete one under a run with ORELINE_CHECKPOINT_KEY; 1 if any failed."""
+    path = Path(path)
+    targets = [path] if (path / CHECKSUMS).is_file() or (path / META).is_file() else [
+        e.path for e in list_checkpoints(path) if e.kind != "incomplete"]
+    if not targets:
+        console.print(f"[red]no checkpoints found under {path}[/]")
+        return 1
+    bad = 0
+    for t in targets:
+        try:
+            sign_checkpoint(t)
+            console.print(f"[green]signed[/] {t}")
+        except CheckpointError as exc:
+            bad += 1
+            console.print(f"[red]NOT SIGNED[/] {exc}")
     return 1 if bad else 0
 
 
