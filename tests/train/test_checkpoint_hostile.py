@@ -283,6 +283,24 @@ def test_cli_subprocess_refuses_a_metadata_pickle(run):
     assert "refused to unpickle posix.system" in text and ".metadata" in text, text
 
 
+@pytest.mark.parametrize("payload, what", [
+    # BUILD applied to an allowed class itself: setattr(Metadata, "__init__", torch.Size)
+    (b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\nN}X\x08\x00\x00\x00__init__ctorch\nSize\ns\x86b.",
+     "Metadata.__init__"),
+    # BUILD on an allowed function: its lookup table swapped for the pickle's own
+    (b"\x80\x02ctorch.serialization\n_get_layout\n}X\x05\x00\x00\x00cache}sb.", "_get_layout.cache"),
+], ids=["class-attribute", "function-attribute"])
+def test_metadata_pickle_cannot_alter_the_allowed_classes(payload, what):
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from oreline.train.checkpoint_metadata import parse_dcp_metadata
+
+    init, cache = Metadata.__init__, torch.serialization._get_layout.cache
+    with pytest.raises(CheckpointError, match=rf"x/\.metadata: its pickle tried to modify {what}"):
+        parse_dcp_metadata(payload, Path("x/.metadata"))
+    assert Metadata.__init__ is init and torch.serialization._get_layout.cache is cache  # put back
+
+
 # ---------------------------------------------------------------------------------------------
 # clear errors: a data file of another format, a binary or dangling `latest`
 

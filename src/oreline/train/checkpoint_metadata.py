@@ -16,6 +16,9 @@ That set is what `.metadata` files written by torch 2.13 (RawTensorWriter and DC
 FileSystemWriter alike) refer to, measured by logging every `find_class` while loading them.
 Constructing any of these runs no code beyond building the value. Any other global (`posix.system`,
 `builtins.eval`, ...) stops the read before it is imported, with a CheckpointError naming the file.
+A pickle can also apply BUILD to an allowed class or function object itself (setattr on
+`Metadata`, a new `_get_layout.cache`): their namespaces are compared before and after each read,
+put back, and the file refused.
 
 The result is then checked for shape: only those types where they belong, data files that are
 plain names inside the checkpoint folder, chunk offsets and lengths that are non-negative ints.
@@ -59,6 +62,12 @@ for _cls in (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath, path
     for _module in ("pathlib", _cls.__module__):  # Python 3.13 pickles them from pathlib._local
         _ALLOWED[(_module, _cls.__name__)] = _cls
 
+# Allowed globals a pickle could still alter in place: a BUILD opcode applied to a class or function
+# object itself sets attributes on it (setattr). Their namespaces are compared before and after
+# each read, restored, and the file refused if anything changed. (torch.Size and the dtypes are
+# extension types and objects whose attributes cannot be set.)
+_MUTABLE = [o for o in set(_ALLOWED.values()) if not isinstance(o, torch.dtype) and o is not torch.Size]
+
 _HINT = ("this is not a checkpoint index oreline or torch wrote: do not load it; resume from another "
          "checkpoint (oreline checkpoint verify RUN_DIR) or start fresh with --resume none")
 
@@ -83,16 +92,36 @@ def parse_dcp_metadata(data: bytes, where: Path) -> Metadata:
     """`.metadata` bytes → DCP Metadata, through the allow-listed unpickler, then checked for shape."""
     import io
 
+    before = [dict(vars(o)) for o in _MUTABLE]
     try:
         md = _MetadataUnpickler(io.BytesIO(data), where).load()
     except CheckpointError:
         raise
     except Exception as exc:  # truncated or not a pickle at all
         raise CheckpointError(f"{where} is not readable DCP metadata ({type(exc).__name__}: {exc})", _HINT) from None
+    finally:
+        altered = _restore(before)
+    if altered:
+        raise CheckpointError(f"{where}: its pickle tried to modify {', '.join(altered)} (not DCP metadata)", _HINT)
     problem = _shape_problem(md)
     if problem:
         raise CheckpointError(f"{where} is not DCP checkpoint metadata: {problem}", _HINT)
     return md
+
+
+def _restore(before: list[dict]) -> list[str]:
+    """Put back any attribute of an allowed class or function that the pickle changed; their names."""
+    altered = []
+    for obj, old in zip(_MUTABLE, before, strict=True):
+        now = vars(obj)
+        changed = [k for k in now.keys() | old.keys() if k not in old or k not in now or now[k] is not old[k]]
+        for key in changed:
+            altered.append(f"{getattr(obj, '__qualname__', obj)}.{key}")
+            if key in old:
+                setattr(obj, key, old[key])
+            else:
+                delattr(obj, key)
+    return altered
 
 
 def read_dcp_metadata(folder: Path) -> Metadata:
