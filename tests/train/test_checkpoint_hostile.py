@@ -251,6 +251,29 @@ def test_resume_auto_stops_at_a_planted_stock_archive_with_the_file_named(run):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("where", ["rng-rank00000.json", "meta.json"])
+def test_planted_rng_state_runs_nothing_on_resume(run, where):
+    """RNG states are JSON (rank 0's inside meta.json, other ranks' in rng-rankNNNNN.json): a pickle
+    there is refused as unreadable, naming the file."""
+    import base64
+    import json
+
+    _, ckpts, config, marker = run
+    target = ckpts / STEP8
+    meta = json.loads((target / "meta.json").read_text())
+    evil = pickle.dumps(RunsCommand(marker))
+    if where == "meta.json":
+        meta["rng"] = base64.b64encode(evil).decode()
+    else:
+        del meta["rng"]  # rank 0 then reads rng-rank00000.json, as ranks > 0 read theirs
+        (target / where).write_bytes(evil)
+    (target / "meta.json").write_text(json.dumps(meta))
+    _resign(target)
+    text = _outcome(marker, lambda: train(config(12), resume=str(target), allow_config_change=ALLOW,
+                                          console=quiet()))
+    assert f"{target / where}: the RNG state is unreadable" in text, text
+
+
 def test_planted_model_only_snapshot_runs_nothing(run):
     from oreline.eval.evaluate import evaluate_cli
     from oreline.export.hf import export_hf

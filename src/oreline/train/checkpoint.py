@@ -492,10 +492,13 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     if restore_rng:
         rank = _rank()
         rng_file = path / f"rng-rank{rank:05d}.json"
-        if rank == 0 and "rng" in meta:
-            restore_rng_state(meta["rng"])
-        elif rng_file.is_file():
-            restore_rng_state(json.loads(rng_file.read_text()))
+        source = path / META if rank == 0 and "rng" in meta else rng_file
+        if source.is_file():
+            try:
+                restore_rng_state(meta["rng"] if source.name == META else json.loads(source.read_text()))
+            except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as exc:  # JSON of another shape
+                raise CheckpointError(f"{source}: the RNG state is unreadable ({type(exc).__name__}: {exc})",
+                                      "resume from another checkpoint, or start fresh with --resume none") from None
         else:
             log.warning("no RNG state for rank %d in %s (saved with fewer ranks): RNG not restored", rank, path)
     return meta
