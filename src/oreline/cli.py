@@ -168,12 +168,20 @@ def checkpoint_verify(path: Annotated[Path, typer.Argument(help="run directory o
     raise typer.Exit(verify_cli(path, Console()))
 
 
+@checkpoint_app.command("sign")
+def checkpoint_sign(path: Annotated[Path, typer.Argument(help="run directory or one checkpoint")]) -> None:
+    """Sign intact checkpoints with the key in ORELINE_CHECKPOINT_KEY (sign only ones you trust)."""
+    from oreline.train.checkpoint import sign_cli
+
+    raise typer.Exit(sign_cli(path, Console()))
+
+
 @checkpoint_app.command("inspect")
 def checkpoint_inspect(path: Annotated[Path, typer.Argument(help="a checkpoint directory (or a run: its latest)")]) -> None:
-    """Show what one checkpoint holds: meta, tensors, fingerprints."""
+    """Show what one checkpoint holds: meta, tensors, fingerprints; exit 1 if it is invalid."""
     from oreline.train.checkpoint import inspect_cli
 
-    inspect_cli(path, Console())
+    raise typer.Exit(inspect_cli(path, Console()))
 
 
 # ---------------------------------------------------------------------------------------------

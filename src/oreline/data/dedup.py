@@ -486,7 +486,7 @@ def cluster(
     """Stage 3: verify candidates, cluster, and name the near-duplicates to drop with their survivor."""
     dc = dedup_config(cfg)
     s = read_signatures(signature_files, dc)
-    parts = [np.load(f) for f in candidate_files]
+    parts = [np.load(f, allow_pickle=False) for f in candidate_files]  # (the default, said: never unpickle)
     pairs = np.unique(np.concatenate(parts), axis=0) if parts else np.empty((0, 2), np.int64)
     removed = _near_dups(s, pairs, dc, text_source).removed
     return {s.ids[r]: ("dedup:near_dup", s.ids[k]) for r, k in removed.items()}

@@ -21,10 +21,14 @@ Only tensors go through DCP: the optimizer's param_groups (lr, betas, ...) are p
 into meta.json, because DCP restores non-tensor objects with `torch.load(weights_only=False)`, i.e.
 unpickling. Tensors are written as their raw bytes under DCP's own metadata
 (`oreline.train.checkpoint_storage`: RawTensorWriter / RawTensorReader, which also computes the
-files' checksums while writing); checkpoints of DCP's stock writer still load. Loading therefore
-unpickles nothing but DCP's own `.metadata` (sizes and dtypes) after its checksum was verified; raw
-tensors are read into place, older torch.save ones load with `weights_only=True` inside DCP;
-model-only snapshots are safetensors; everything else is JSON.
+files' checksums while writing); checkpoints of DCP's stock writer still load. Loading never
+unpickles arbitrary objects: DCP's `.metadata` is read by an allow-listed unpickler
+(`oreline.train.checkpoint_metadata`) and checked by `verify_checkpoint` before anything loads;
+raw tensors are read into place, older torch.save ones load with `weights_only=True` inside DCP;
+non-tensor (byte) items are refused; model-only snapshots are safetensors; everything else is
+JSON. Checksums detect corruption, not forgery: with `ORELINE_CHECKPOINT_KEY` set, checkpoints are
+signed and unsigned ones refused (`oreline.train.checkpoint_signature`, docs/checkpoint-security.md).
+A failed load is a CheckpointError naming the file, not DCP's wrapped traceback.
 
 Checksums (xxh3-128, why not sha256), listing, verification and the search for the newest valid
 checkpoint live in `oreline.train.checkpoint_files`; the CLI tables in
@@ -98,6 +102,7 @@ from oreline.train.checkpoint_files import (  # noqa: F401 (re-exported: the pub
     read_latest,
     read_meta,
     resolve_checkpoint,
+    sign_checkpoint,
     step_name,
     verify_checkpoint,
     write_checksums,
@@ -107,6 +112,7 @@ from oreline.train.checkpoint_files import (  # noqa: F401 (re-exported: the pub
 from oreline.train.checkpoint_files import (
     find_resumable as find_resumable_on_disk,
 )
+from oreline.train.checkpoint_metadata import read_dcp_metadata
 from oreline.train.checkpoint_resume import (  # noqa: F401 (re-exported)
     NEVER_ALLOWED,
     capture_rng_state,
@@ -309,6 +315,25 @@ def _gather_digests(mine: dict[str, dict]) -> dict[str, dict]:
     return {name: entry for ranks_files in everyone for name, entry in ranks_files.items()}
 
 
+@contextlib.contextmanager
+def _load_errors(path: Path):
+    """A failed DCP load as the CheckpointError that caused it (DCP wraps every rank's exception in its
+    own CheckpointException, a BaseException whose text is a traceback), or as one naming the folder."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        errors = [failure[0] for failure in exc.failures.values()]
+        for err in errors:
+            if isinstance(err, CheckpointError):
+                raise err from None
+        first = errors[0] if errors else exc
+        raise CheckpointError(f"loading {path} failed ({type(first).__name__}: {str(first)[:300]})",
+                              "check it with oreline checkpoint verify; resume from another checkpoint or "
+                              "start fresh with --resume none") from None
+
+
 def _reader(path: Path) -> RawTensorReader:
     """Reads raw-tensor files and, through DCP's own reader, torch.save ones (older checkpoints)."""
     return RawTensorReader(str(path))
@@ -453,13 +478,13 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         raise CheckpointError(f"{path} was saved without optimizer state", "resume with --resume none")
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
-        with _quiet_single_process():
+        with _quiet_single_process(), _load_errors(path):
             dcp.load(state, storage_reader=_reader(path), no_dist=_no_dist())
         set_model_state_dict(model, state["model"])
     elif not _load_single_process(path, model, optimizer, meta):
         msd, osd = get_state_dict(model, optimizer)  # initialises empty AdamW state with a zero-lr step
         state = {"model": msd, "optim": osd["state"]}
-        with _quiet_single_process():
+        with _quiet_single_process(), _load_errors(path):
             dcp.load(state, storage_reader=_reader(path), no_dist=_no_dist())
         groups = _restore_param_groups(meta["optim_param_groups"], osd["param_groups"])
         set_state_dict(model, optimizer, model_state_dict=state["model"],
@@ -467,10 +492,13 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     if restore_rng:
         rank = _rank()
         rng_file = path / f"rng-rank{rank:05d}.json"
-        if rank == 0 and "rng" in meta:
-            restore_rng_state(meta["rng"])
-        elif rng_file.is_file():
-            restore_rng_state(json.loads(rng_file.read_text()))
+        source = path / META if rank == 0 and "rng" in meta else rng_file
+        if source.is_file():
+            try:
+                restore_rng_state(meta["rng"] if source.name == META else json.loads(source.read_text()))
+            except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as exc:  # JSON of another shape
+                raise CheckpointError(f"{source}: the RNG state is unreadable ({type(exc).__name__}: {exc})",
+                                      "resume from another checkpoint, or start fresh with --resume none") from None
         else:
             log.warning("no RNG state for rank %d in %s (saved with fewer ranks): RNG not restored", rank, path)
     return meta
@@ -496,7 +524,7 @@ def _load_single_process(path: Path, model: torch.nn.Module, optimizer: torch.op
             for g, sg in zip(optimizer.param_groups, saved_groups, strict=True)):
         return False
     optim_state: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tmd in dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata.items():
+    for key, tmd in read_dcp_metadata(path).state_dict_metadata.items():
         if not key.startswith("optim.") or not hasattr(tmd, "size"):
             continue
         fqn, skey = key.removeprefix("optim.").rsplit(".", 1)  # "<param fqn>.<exp_avg|step|...>"
@@ -505,7 +533,7 @@ def _load_single_process(path: Path, model: torch.nn.Module, optimizer: torch.op
         device = params[fqn].device if tmd.size else torch.device("cpu")  # AdamW keeps `step` on the CPU
         optim_state.setdefault(fqn, {})[skey] = torch.empty(tmd.size, dtype=tmd.properties.dtype, device=device)
     state = {"model": get_model_state_dict(model), "optim": optim_state}
-    with _quiet_single_process():
+    with _quiet_single_process(), _load_errors(path):
         dcp.load(state, storage_reader=_reader(path), no_dist=True)
     set_model_state_dict(model, state["model"])
     native: dict[str, Any] = {"state": {}, "param_groups": []}
@@ -537,15 +565,19 @@ def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
     if meta.get("kind") == "model_only":
         from safetensors.torch import load_file
 
-        sd = load_file(str(path / "model.safetensors"))
+        try:
+            sd = load_file(str(path / "model.safetensors"))
+        except Exception as exc:  # safetensors parses a JSON header and raw bytes: it never unpickles
+            raise CheckpointError(f"{path / 'model.safetensors'} is not a readable safetensors file ({exc})",
+                                  "use another checkpoint, or re-export this one") from None
     else:
-        md = dcp.FileSystemReader(str(path)).read_metadata()
+        md = read_dcp_metadata(path)
         sd = {}
         for key, tmd in md.state_dict_metadata.items():
             if key.startswith("model.") and hasattr(tmd, "size"):
                 sd[key.removeprefix("model.")] = torch.empty(tmd.size, dtype=tmd.properties.dtype)
         holder = {"model": sd}
-        with _quiet_single_process():
+        with _quiet_single_process(), _load_errors(path):
             dcp.load(holder, storage_reader=_reader(path), no_dist=True)
         sd = holder["model"]
     if "model_args" not in meta:
@@ -554,4 +586,9 @@ def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
 
 
 # the CLI views, re-exported for `oreline checkpoint ls|verify|inspect`
-from oreline.train.checkpoint_views import inspect_cli, print_checkpoints, verify_cli  # noqa: E402, F401
+from oreline.train.checkpoint_views import (  # noqa: E402, F401
+    inspect_cli,
+    print_checkpoints,
+    sign_cli,
+    verify_cli,
+)

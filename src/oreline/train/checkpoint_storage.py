@@ -14,15 +14,20 @@ result records DCP's usual `_StorageInfo(file, offset, length)` plus a transform
 Reading: items carrying `RAW_DESCRIPTOR` are read with `readinto` straight into the destination
 tensor when it is a contiguous CPU tensor covering the whole stored chunk (the common case: same
 world size), else into a scratch tensor that is narrowed and copied (resharding). Nothing is
-unpickled for them, which is safer than `torch.load(weights_only=True)`. Items without the
-descriptor (checkpoints written by DCP's stock writer, non-tensor BYTE_IO entries) go to DCP's own
-reader unchanged. DCP's stock `FileSystemReader` refuses a raw checkpoint with
-"Unknown extension" instead of misreading it: load oreline checkpoints with `RawTensorReader`.
+unpickled for them, which is safer than `torch.load(weights_only=True)`. Tensor items without the
+descriptor (checkpoints written by DCP's stock writer) go to DCP's own reader, which loads each with
+`torch.load(weights_only=True)`. Non-tensor (BYTE_IO) items are refused: DCP would restore them with
+`torch.load(weights_only=False)`, i.e. run whatever the pickle says, and oreline saves none.
+`.metadata` is read by `checkpoint_metadata.read_dcp_metadata` (an allow-listed unpickler), not by
+DCP's `pickle.load`. A read that fails (a data file shorter than its metadata says, a file of
+another format) is a CheckpointError naming the file. DCP's stock `FileSystemReader` refuses a raw
+checkpoint with "Unknown extension" instead of misreading it: load oreline checkpoints with
+`RawTensorReader`.
 
-Checksums: while writing, each file's xxh3-128 is computed from the same memory, in a helper thread
-that overlaps the writes (xxhash releases the GIL), and left in `RawTensorWriter.file_digests`; the
-save hands them to `checkpoint_files.write_checksums`, which then need not read 1.5 GB back (on this
-machine that re-read was a quarter of a save). Loads verify `checksums.json` against the files first.
+Checksums: while writing, each file's xxh3-128 (sha256 when checkpoints are signed) is computed from
+the same memory, in a helper thread that overlaps the writes (xxhash and hashlib release the GIL),
+and left in `RawTensorWriter.file_digests`; the save hands them to `checkpoint_files.write_checksums`,
+which then need not read 1.5 GB back (on this machine that re-read was a quarter of a save). Loads verify `checksums.json` against the files first.
 
 Sources: torch/distributed/checkpoint/filesystem.py (`_write_files_from_queue`, `_write_item`,
 `FileSystemReader.read_data`), whose file layout, bucketing and metadata this follows.
@@ -31,8 +36,10 @@ Sources: torch/distributed/checkpoint/filesystem.py (`_write_files_from_queue`, 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,7 +51,7 @@ from torch.distributed.checkpoint.filesystem import (  # DCP's own records, so .
     _StorageInfo,
     _StoragePrefix,
 )
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -55,6 +62,10 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future  # DCP waits on torch futures (.wait()), not concurrent ones
+
+from oreline.errors import CheckpointError
+from oreline.train.checkpoint_files import HASH_ALGO, manifest_algo
+from oreline.train.checkpoint_metadata import read_dcp_metadata
 
 RAW_DESCRIPTOR = "oreline-raw/1"
 # Largest single write()/readinto(): big enough that syscalls cost nothing, small enough that a
@@ -80,12 +91,16 @@ def _write_all(fd: int, mv: memoryview) -> None:
         done += os.write(fd, mv[done:done + _IO_CHUNK])
 
 
+_REPLACED_HINT = ("the file was truncated or replaced by another one; resume from another checkpoint "
+                  "(oreline checkpoint verify RUN_DIR) or start fresh with --resume none")
+
+
 def _read_exact(fh, mv: memoryview, where: str) -> None:
     done = 0
     while done < len(mv):
         n = fh.readinto(mv[done:done + _IO_CHUNK])
         if not n:
-            raise OSError(f"{where}: file ended {len(mv) - done} bytes early")
+            raise CheckpointError(f"{where}: file ended {len(mv) - done} bytes early", _REPLACED_HINT)
         done += n
 
 
@@ -101,6 +116,8 @@ class RawTensorWriter(FileSystemWriter):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.file_digests: dict[str, dict[str, Any]] = {}
+        # sha256 when checkpoints are signed (ORELINE_CHECKPOINT_KEY), else xxh3-128: the manifest's hash
+        self.digest_algo = manifest_algo()
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         prefix: _StoragePrefix = plan.storage_data
@@ -118,7 +135,7 @@ class RawTensorWriter(FileSystemWriter):
     def _write_file(self, file_name: str, items: list, planner: SavePlanner) -> list[WriteResult]:
         path = self.fs.concat_path(self.path, file_name)
         results = []
-        digest = xxhash.xxh3_128()
+        digest = xxhash.xxh3_128() if self.digest_algo == HASH_ALGO else hashlib.new(self.digest_algo)
         # one worker: updates run in submission order, overlapping the write of the same bytes
         hasher = ThreadPoolExecutor(1)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -140,12 +157,25 @@ class RawTensorWriter(FileSystemWriter):
         finally:
             os.close(fd)
             hasher.shutdown(wait=True)
-        self.file_digests[file_name] = {"bytes": offset, "hash": digest.hexdigest()}
+        entry = {"bytes": offset, "hash": digest.hexdigest()}
+        if self.digest_algo != HASH_ALGO:
+            entry["algo"] = self.digest_algo
+        self.file_digests[file_name] = entry
         return results
 
 
 class RawTensorReader(FileSystemReader):
-    """Reads what RawTensorWriter wrote (and, through DCP's own reader, what FileSystemWriter wrote)."""
+    """Reads what RawTensorWriter wrote (and, through DCP's own reader, what FileSystemWriter wrote).
+
+    Never unpickles: `.metadata` through the allow-listed reader, raw tensors by `readinto`, stock
+    tensors by `torch.load(weights_only=True)`, non-tensor items refused."""
+
+    def read_metadata(self) -> Metadata:  # (no **kwargs: DCP then tries no rank-local fallback file)
+        md = read_dcp_metadata(Path(self.path))
+        if getattr(md, "storage_meta", None) is None:
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        return md
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
@@ -160,25 +190,47 @@ class RawTensorReader(FileSystemReader):
         return RAW_DESCRIPTOR in (self.storage_data[index].transform_descriptors or ())
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        raw = [r for r in plan.items if r.type != LoadItemType.BYTE_IO and self._is_raw(r.storage_index)]
-        other = [r for r in plan.items if r.type == LoadItemType.BYTE_IO or not self._is_raw(r.storage_index)]
+        for r in plan.items:
+            if r.type == LoadItemType.BYTE_IO:
+                rel = self.storage_data[r.storage_index].relative_path
+                raise CheckpointError(
+                    f"{Path(self.path) / rel}: {r.storage_index.fqn} is stored as a pickled object (a DCP byte "
+                    f"item, declared in {Path(self.path) / '.metadata'}); oreline checkpoints hold only "
+                    "tensors and never unpickle", "do not load this checkpoint: it was not written by oreline")
+        raw = [r for r in plan.items if self._is_raw(r.storage_index)]
+        other = [r for r in plan.items if not self._is_raw(r.storage_index)]
         if other:
-            super().read_data(dataclasses.replace(plan, items=other), planner)  # synchronous
+            try:
+                super().read_data(dataclasses.replace(plan, items=other), planner)  # synchronous
+            except Exception as exc:  # torch.load(weights_only=True) refusing or failing on a data file
+                files = sorted({self.storage_data[r.storage_index].relative_path for r in other})
+                raise CheckpointError(f"{', '.join(str(Path(self.path) / f) for f in files)}: not readable as "
+                                      f"torch.save tensors ({type(exc).__name__}: {str(exc)[:300]})",
+                                      _REPLACED_HINT) from None
         per_file: dict[str, list] = {}
         for req in raw:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for rel, reqs in per_file.items():
             reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)  # one forward pass per file
-            with open(self.fs.concat_path(self.path, rel), "rb", buffering=0) as fh:
+            where = str(Path(self.path) / rel)
+            try:
+                fh = open(where, "rb", buffering=0)  # noqa: SIM115 (closed below)
+            except OSError as exc:
+                raise CheckpointError(f"cannot open {where} ({exc.strerror or exc})", _REPLACED_HINT) from None
+            with fh:
+                size = os.fstat(fh.fileno()).st_size
                 for req in reqs:
-                    self._read_one(fh, req, planner, rel)
+                    self._read_one(fh, req, planner, where, size)
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
-    def _read_one(self, fh, req, planner: LoadPlanner, rel: str) -> None:
+    def _read_one(self, fh, req, planner: LoadPlanner, where: str, size: int) -> None:
         info: _StorageInfo = self.storage_data[req.storage_index]
         key = (req.storage_index.fqn, tuple(req.storage_index.offset or ()))
+        if key not in self._chunks:
+            raise CheckpointError(f"{where}: .metadata stores {key[0]} at offsets {key[1]}, which is no chunk of it",
+                                  _REPLACED_HINT)
         dtype, sizes = self._chunks[key]
         target = planner.resolve_tensor(req).detach()
         whole = tuple(req.storage_offsets) == (0,) * len(sizes) and tuple(req.lengths) == tuple(sizes)
@@ -186,10 +238,14 @@ class RawTensorReader(FileSystemReader):
         buf = target if direct else torch.empty(sizes, dtype=dtype)
         nbytes = buf.numel() * buf.element_size()
         if nbytes != info.length:
-            raise OSError(f"{rel}: {req.storage_index.fqn} holds {info.length} bytes, its metadata says {nbytes}")
+            raise CheckpointError(f"{where}: {req.storage_index.fqn} holds {info.length} bytes, its metadata says "
+                                  f"{nbytes}", _REPLACED_HINT)
+        if info.offset + nbytes > size:
+            raise CheckpointError(f"{where} is {size} bytes, but {req.storage_index.fqn} lies at bytes "
+                                  f"{info.offset}..{info.offset + nbytes}", _REPLACED_HINT)
         fh.seek(info.offset)
         if nbytes:
-            _read_exact(fh, memoryview(buf.reshape(-1).view(torch.uint8).numpy()), rel)
+            _read_exact(fh, memoryview(buf.reshape(-1).view(torch.uint8).numpy()), where)
         if not direct:
             for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
                 buf = buf.narrow(dim, start, length)

@@ -1,7 +1,9 @@
 """What `oreline checkpoint ls | verify | inspect` print: tables from meta.json, checksums and DCP metadata.
 
-`inspect` reads DCP's `.metadata` (tensor names, global shapes, dtypes) only after the checkpoint's
-checksums verified, since that index is a pickle.
+`inspect` reads DCP's `.metadata` (tensor names, global shapes, dtypes) only after the checkpoint
+verified, and then through the allow-listed unpickler (`checkpoint_metadata`), since that index is a
+pickle. `verify` says what its checks stand for: without ORELINE_CHECKPOINT_KEY, checksums detect
+corruption, not forgery.
 """
 
 from __future__ import annotations
@@ -10,19 +12,23 @@ import json
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 
+from oreline.errors import CheckpointError
 from oreline.train.checkpoint_files import (
     CHECKSUMS,
     META,
     checkpoints_root,
     dir_bytes,
+    latest_problem,
     list_checkpoints,
     read_latest,
     read_meta,
     resolve_checkpoint,
+    sign_checkpoint,
     verify_checkpoint,
 )
+from oreline.train.checkpoint_metadata import read_dcp_metadata
+from oreline.train.checkpoint_signature import KEY_ENV, signing_key
 
 # ---------------------------------------------------------------------------------------------
 # CLI views: oreline checkpoint ls | verify | inspect
@@ -42,6 +48,9 @@ def print_checkpoints(run_dir: Path, console) -> None:
 
     root = checkpoints_root(run_dir)
     entries = list_checkpoints(root)
+    note = latest_problem(root)
+    if note:
+        console.print(f"[yellow]{note}: no checkpoint is marked latest; resume takes the newest valid one[/]")
     if not entries:
         console.print(f"no checkpoints under {root}")
         return
@@ -73,11 +82,35 @@ def verify_cli(path: Path, console) -> int:
         bad += not ok
         console.print(f"{'[green]ok[/]     ' if ok else '[red]INVALID[/]'} {t}" + ("" if ok else f": {'; '.join(problems)}"))
     console.print(f"{len(targets) - bad} of {len(targets)} checkpoints valid")
+    if signing_key():
+        console.print(f"signatures checked with the key in {KEY_ENV} (unsigned checkpoints count as invalid)")
+    else:
+        console.print(f"note: checksums detect corruption, not forgery; set {KEY_ENV} to sign checkpoints "
+                      "and refuse unsigned ones (docs/checkpoint-security.md)")
     return 1 if bad else 0
 
 
-def inspect_cli(path: Path, console) -> None:
-    """Meta summary, fingerprints and the tensors (names, shapes, dtypes) of one checkpoint."""
+def sign_cli(path: Path, console) -> int:
+    """Sign one checkpoint or every complete one under a run with ORELINE_CHECKPOINT_KEY; 1 if any failed."""
+    path = Path(path)
+    targets = [path] if (path / CHECKSUMS).is_file() or (path / META).is_file() else [
+        e.path for e in list_checkpoints(path) if e.kind != "incomplete"]
+    if not targets:
+        console.print(f"[red]no checkpoints found under {path}[/]")
+        return 1
+    bad = 0
+    for t in targets:
+        try:
+            sign_checkpoint(t)
+            console.print(f"[green]signed[/] {t}")
+        except CheckpointError as exc:
+            bad += 1
+            console.print(f"[red]NOT SIGNED[/] {exc}")
+    return 1 if bad else 0
+
+
+def inspect_cli(path: Path, console) -> int:
+    """Meta summary, fingerprints and the tensors (names, shapes, dtypes) of one checkpoint; 1 if invalid."""
     from rich.table import Table
 
     path = resolve_checkpoint(path)
@@ -93,20 +126,24 @@ def inspect_cli(path: Path, console) -> None:
     if isinstance(meta.get("stability"), dict) and "counters" in meta["stability"]:
         console.print(f"  {'stability':22s} {meta['stability']['counters']}")
     if not ok:
-        return  # do not parse (unpickle) a tensor index whose checksum failed
+        return 1  # the tensor index of an invalid checkpoint is not parsed
     table = Table(title="tensors")
     for col in ("name", "shape", "dtype"):
         table.add_column(col)
     if meta.get("kind") == "model_only":
         from safetensors import safe_open
 
-        with safe_open(str(path / "model.safetensors"), "pt") as fh:
-            for k in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                sl = fh.get_slice(k)
-                table.add_row(k, str(tuple(sl.get_shape())), str(sl.get_dtype()))
+        try:
+            with safe_open(str(path / "model.safetensors"), "pt") as fh:
+                for k in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    sl = fh.get_slice(k)
+                    table.add_row(k, str(tuple(sl.get_shape())), str(sl.get_dtype()))
+        except Exception as exc:  # safetensors parses a JSON header: it never unpickles
+            raise CheckpointError(f"{path / 'model.safetensors'} is not a readable safetensors file ({exc})",
+                                  "use another checkpoint, or re-export this one") from None
         console.print(table)
-        return
-    md = dcp.FileSystemReader(str(path)).read_metadata()
+        return 0
+    md = read_dcp_metadata(path)
     optim_n, optim_bytes = 0, 0
     for key, tmd in sorted(md.state_dict_metadata.items()):
         if not hasattr(tmd, "size"):
@@ -118,3 +155,4 @@ def inspect_cli(path: Path, console) -> None:
             optim_bytes += torch.Size(tmd.size).numel() * tmd.properties.dtype.itemsize
     console.print(table)
     console.print(f"  optimizer state: {optim_n} tensors, {_fmt_bytes(optim_bytes)}")
+    return 0
