@@ -289,7 +289,8 @@ def _holder_like(state: dict, contiguous: bool = True) -> dict:
 def test_raw_tensor_files_round_trip_bit_exactly(tmp_path, threads):
     import torch.distributed.checkpoint as dcp
 
-    from oreline.train.checkpoint_storage import RAW_DESCRIPTOR, RawTensorReader, RawTensorWriter
+    from oreline.train.checkpoint_metadata import RAW_DESCRIPTOR
+    from oreline.train.checkpoint_storage import RawTensorReader, RawTensorWriter
 
     state = {"t": _odd_tensors()}
     writer = RawTensorWriter(str(tmp_path), thread_count=threads)

@@ -284,8 +284,7 @@ def _dcp_problems(path: Path, files: dict) -> list[str]:
     outside their file or whose byte count does not fit their shape."""
     import torch
 
-    from oreline.train.checkpoint_metadata import byte_items, read_dcp_metadata
-    from oreline.train.checkpoint_storage import RAW_DESCRIPTOR
+    from oreline.train.checkpoint_metadata import RAW_DESCRIPTOR, byte_items, read_dcp_metadata
 
     try:
         md = read_dcp_metadata(path)

@@ -49,6 +49,8 @@ from torch.distributed.checkpoint.metadata import (
 from oreline.errors import CheckpointError
 
 METADATA = ".metadata"
+# transform descriptor of a tensor item written as raw bytes by checkpoint_storage.RawTensorWriter
+RAW_DESCRIPTOR = "oreline-raw/1"
 
 _DCP_CLASSES = (Metadata, MetadataIndex, StorageMeta, TensorProperties, TensorStorageMetadata,
                 ChunkStorageMetadata, BytesStorageMetadata, _MEM_FORMAT_ENCODING, _StorageInfo)

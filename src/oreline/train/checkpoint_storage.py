@@ -65,9 +65,8 @@ from torch.futures import Future  # DCP waits on torch futures (.wait()), not co
 
 from oreline.errors import CheckpointError
 from oreline.train.checkpoint_files import HASH_ALGO, manifest_algo
-from oreline.train.checkpoint_metadata import read_dcp_metadata
+from oreline.train.checkpoint_metadata import RAW_DESCRIPTOR, read_dcp_metadata
 
-RAW_DESCRIPTOR = "oreline-raw/1"
 # Largest single write()/readinto(): big enough that syscalls cost nothing, small enough that a
 # partial write on an odd file system is retried quickly.
 _IO_CHUNK = 64 << 20
