@@ -429,10 +429,12 @@ def check_checkpoints(run: RunArtifacts) -> list[Finding]:
 def check_metrics_unreadable(run: RunArtifacts) -> list[Finding]:
     if not run.metrics_bad_lines:
         return []
-    first = run.metrics_bad_lines[0]
+    bad = run.metrics_bad_lines
+    listed = "; ".join(f"line {n}: {why[:120]}" for n, why in bad[:MAX_LISTED]) + ("; …" if len(bad) > MAX_LISTED else "")
     return [Finding("metrics_unreadable", "warn",
-                    f"{len(run.metrics_bad_lines)} lines of metrics.jsonl are not JSON objects (first: line {first[0]}: {first[1]})",
-                    "a crash mid-write leaves a torn last line (harmless); torn lines elsewhere mean two writers")]
+                    f"{len(bad)} line{'s' if len(bad) != 1 else ''} of metrics.jsonl skipped, not readable JSON objects ({listed})",
+                    "a crash mid-write leaves a torn last line (harmless); torn lines elsewhere mean two writers, and "
+                    "lines nested thousands deep or with 100-digit numbers were not written by oreline: look at who wrote them")]
 
 
 def check_data_errors(run: RunArtifacts) -> list[Finding]:
