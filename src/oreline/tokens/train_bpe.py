@@ -114,7 +114,7 @@ def load_tokenizer(path: str | Path) -> OrelineTokenizer:
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise InputError(f"no tokenizer.json at {path}", "train one with `oreline tokenizer train DOCS --out DIR`")
-    text = _read_tokenizer_json(file)
+    text = read_tokenizer_json(file)
     try:
         hf = Tokenizer.from_str(text)
     except Exception as exc:  # tokenizers raises a bare Exception for JSON that is not a tokenizer
@@ -133,7 +133,7 @@ def _rebuild_hint(file: Path) -> str:
     return f"rebuild it with `oreline tokenizer train DOCS --out {file.parent}` (or restore the file from the run that made it)"
 
 
-def _read_tokenizer_json(file: Path) -> str:
+def read_tokenizer_json(file: Path) -> str:
     """The text of a tokenizer.json, or an InputError saying how it is broken (empty, binary, cut short)."""
     data = file.read_bytes()
     if not data.strip():
