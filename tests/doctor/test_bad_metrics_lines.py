@@ -51,3 +51,10 @@ def test_what_counts_as_bad_does_not_depend_on_the_int_digit_limit(healthy_run, 
         sys.set_int_max_str_digits(before)
     assert [why.split(" (")[0] for _, why in bad] == ["integer with 5,000 digits", "integer with 400 digits"]
     assert records["train"][-1]["tokens"] == int("1" * MAX_INT_DIGITS)  # 100 digits still read
+
+
+def test_a_tokenizer_json_nested_100k_deep_is_a_finding_not_a_check_crash(healthy_run):
+    (healthy_run / "tokenizer" / "tokenizer.json").write_text(DEEP)
+    finding = next(f for f in diagnose_run(healthy_run) if f.check == "fingerprint_mismatch")
+    assert finding.status == "fail" and "unreadable (RecursionError" in finding.evidence
+    assert "re-run oreline tokenizer train" in finding.fix

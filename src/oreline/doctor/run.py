@@ -343,8 +343,9 @@ def check_fingerprint_mismatch(run: RunArtifacts) -> list[Finding]:
         raise NotAvailable(f"{tok_json} absent")
     try:
         actual = tokenizer_fingerprint(tok_json)
-    except (OSError, ValueError) as exc:
-        return [Finding("fingerprint_mismatch", "fail", f"{tok_json} unreadable ({exc})", "re-run oreline tokenizer train")]
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
+        return [Finding("fingerprint_mismatch", "fail", f"{tok_json} unreadable ({type(exc).__name__}: {exc})",
+                        "re-run oreline tokenizer train")]
     claims: list[tuple[str, str]] = []
     if run.manifest and run.manifest.get("tokenizer_fingerprint"):
         claims.append(("tokens/manifest.json", run.manifest["tokenizer_fingerprint"]))
