@@ -144,3 +144,82 @@ def test_cli_config_show_and_keys():
     assert "workers = 3" in shown.output
     keys = runner.invoke(app, ["config", "keys"])
     assert keys.exit_code == 0 and "data.langid.threshold" in keys.output and "minimum lid.176 score" in keys.output
+
+
+# ---------------------------------------------------------------------------------------------
+# bad values and bad files through the real command line: a clear error, never a traceback
+
+
+def oreline_cli(*args: str, timeout: float = 120) -> tuple[int, str]:
+    """Run `python -m oreline ARGS` as a user would; (exit code, stdout + stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "10000"}  # rich would wrap long messages (and paths) at 80 columns
+    proc = subprocess.run([sys.executable, "-m", "oreline", *args], capture_output=True, text=True, timeout=timeout,
+                          check=False, env=env)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+BAD_VALUES = [
+    ("model.n_heads=0", "model.n_heads"),
+    ("train.optim.lr=nan", "train.optim.lr"),
+    ("checkpoint.every=-5", "checkpoint.every"),
+    ("checkpoint.keep_last=0", "checkpoint.keep_last"),
+    ("data.dedup.num_perm=0", "data.dedup.num_perm"),
+    ("data.dedup.shingle_words=0", "data.dedup.shingle_words"),
+    ("data.extract.timeout_s=0", "data.extract.timeout_s"),
+    ("data.max_shard_bytes=0", "data.max_shard_bytes"),
+    ("export.max_shard_bytes=0", "export.max_shard_bytes"),
+    ("tokenizer.vocab_size=1000000000", "tokenizer.vocab_size"),
+]
+
+
+@pytest.mark.parametrize(("override", "key"), [*BAD_VALUES, ("train.optim.lr=-1e-3", "train.optim.lr"),
+                                               ("train.optim.lr=inf", "train.optim.lr"),
+                                               ("model.dim=0", "model.dim"), ("model.vocab_size=1000000000", "model.vocab_size")])
+def test_a_bad_value_is_refused_naming_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert str(err.value).startswith(f"{key} in ")
+
+
+def test_cli_refuses_bad_values_naming_every_key():
+    """One run with every bad value: each is named (pydantic reports them all), no traceback."""
+    code, out = oreline_cli("config", "show", *(o for o, _ in BAD_VALUES))
+    assert code == 2, out
+    assert "Traceback" not in out and "oreline config keys" in out
+    for _override, key in BAD_VALUES:
+        assert f"{key} in " in out, (key, out)
+
+
+def test_zero_checkpoint_interval_still_disables_checkpoints():
+    assert load_config(None, ["checkpoint.every=0"]).checkpoint.every == 0  # documented: 0 disables
+
+
+def test_dim_not_divisible_by_heads_is_refused_at_load():
+    with pytest.raises(ConfigError, match=r"model.dim \(100\) is not divisible by model.n_heads \(8\)"):
+        load_config(None, ["model.dim=100", "model.n_heads=8"])
+
+
+def test_cli_refuses_a_binary_config_file(tmp_path):
+    path = tmp_path / "binary.toml"
+    path.write_bytes(bytes(range(256)) * 8)  # not UTF-8: 0x80 is a continuation byte with no lead
+    code, out = oreline_cli("config", "show", "-c", str(path))
+    assert code == 2 and "Traceback" not in out, out
+    assert f"{path} is not UTF-8 text" in out and "binary" in out
+
+
+@pytest.mark.parametrize("nesting", ["[" * 100_000 + "]" * 100_000, "{a = " * 100_000 + "1" + "}" * 100_000])
+def test_cli_refuses_a_config_nested_100k_deep(tmp_path, nesting):
+    path = tmp_path / "deep.toml"
+    path.write_text(f"x = {nesting}\n")
+    code, out = oreline_cli("config", "show", "-c", str(path))
+    assert code == 2 and "Traceback" not in out, out
+    assert f"{path} is nested too deeply" in out
+
+
+def test_an_override_nested_100k_deep_is_a_string_not_a_crash():
+    with pytest.raises(ConfigError, match="run.seed"):  # the string is then refused as a seed, by key
+        load_config(None, ["run.seed=" + "[" * 100_000])

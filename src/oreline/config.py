@@ -29,6 +29,9 @@ from oreline.errors import ConfigError
 
 PACKAGE_CONFIGS = Path(__file__).parent / "configs"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Largest vocabulary accepted (2**20): 8× Llama-3's 128k, far above any trained BPE; a bigger number is
+# a typo that would otherwise surface as a multi-GB embedding or a BPE trainer that never ends.
+MAX_VOCAB = 1 << 20
 
 
 class Section(BaseModel):
@@ -60,7 +63,7 @@ class ExtractConfig(Section):
         "resiliparse", description="HTML-to-text extractor: resiliparse (fast, default), trafilatura (precise), html2text"
     )
     main_content: bool = Field(True, description="keep main content only (drop navigation, footers)")
-    timeout_s: float = Field(5.0, description="per-document time limit; slower pages are dropped (extract:timeout)")
+    timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False, description="per-document time limit; slower pages are dropped (extract:timeout)")
     min_chars: int = Field(1, description="documents with less extracted text are dropped (extract:empty)")
 
 
@@ -98,10 +101,10 @@ class DedupConfig(Section):
     exact: bool = True
     minhash: bool = True
     threshold: float = Field(0.8, gt=0.0, le=1.0, description="target Jaccard similarity of near-duplicates")
-    num_perm: int = Field(128, description="MinHash permutations (= bands × rows when bands/rows are not set)")
+    num_perm: int = Field(128, ge=1, description="MinHash permutations (= bands × rows when bands/rows are not set)")
     bands: int | None = Field(None, description="LSH bands; chosen from threshold and num_perm when None")
     rows: int | None = Field(None, description="rows per band; chosen from threshold and num_perm when None")
-    shingle_words: int = Field(5, description="word n-gram size of shingles")
+    shingle_words: int = Field(5, ge=1, description="word n-gram size of shingles")
     verify: Literal["exact", "signature"] | bool = Field(
         "exact",
         description="check LSH candidates against the threshold before dropping: exact (shingle-set Jaccard from "
@@ -131,7 +134,7 @@ class DataConfig(Section):
         [], description="clean text mixed in after filtering (oreline run): .txt/.txt.gz/.zip/.jsonl/.parquet"
     )
     workers: int = Field(2, ge=1, description="processes running tasks")
-    max_shard_bytes: int = Field(1_000_000_000, description="upper bound of one output Parquet shard")
+    max_shard_bytes: int = Field(1_000_000_000, gt=0, description="upper bound of one output Parquet shard")
     read: ReadConfig = ReadConfig()
     protocol: ProtocolConfig = ProtocolConfig()
     extract: ExtractConfig = ExtractConfig()
@@ -147,7 +150,7 @@ class DataConfig(Section):
 
 
 class TokenizerConfig(Section):
-    vocab_size: int = Field(8192, ge=64, description="target vocabulary size; rounded up to a multiple of 64")
+    vocab_size: int = Field(8192, ge=64, le=MAX_VOCAB, description="target vocabulary size; rounded up to a multiple of 64")
     pre_tokenizer: Literal["byte_level", "metaspace"] = Field(
         "byte_level", description="byte_level (GPT-style) or metaspace (SentencePiece-style ▁ word prefix)"
     )
@@ -169,21 +172,31 @@ class TokenizeConfig(Section):
 
 class ModelConfig(Section):
     preset: str | None = Field("demo", description="named size (debug, demo, 125m, 1b, llama2-7b, llama3-8b); fields below override it")
-    dim: int | None = None
-    n_layers: int | None = None
-    n_heads: int | None = None
-    n_kv_heads: int | None = None
-    vocab_size: int | None = Field(None, description="None: taken from the tokenizer (padded size)")
-    ffn_multiplier: float | None = None
-    multiple_of: int | None = None
-    ffn_dim: int | None = Field(None, description="explicit MLP width; None: the Llama rule")
-    norm_eps: float | None = None
-    rope_theta: float | None = None
+    dim: int | None = Field(None, gt=0)
+    n_layers: int | None = Field(None, gt=0)
+    n_heads: int | None = Field(None, gt=0)
+    n_kv_heads: int | None = Field(None, gt=0)
+    vocab_size: int | None = Field(None, gt=0, le=MAX_VOCAB, description="None: taken from the tokenizer (padded size)")
+    ffn_multiplier: float | None = Field(None, gt=0, allow_inf_nan=False)
+    multiple_of: int | None = Field(None, gt=0)
+    ffn_dim: int | None = Field(None, gt=0, description="explicit MLP width; None: the Llama rule")
+    norm_eps: float | None = Field(None, gt=0, allow_inf_nan=False)
+    rope_theta: float | None = Field(None, gt=0, allow_inf_nan=False)
     rope_scaling: dict[str, float] | None = Field(None, description="Llama-3 RoPE scaling: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings")
-    max_seq_len: int | None = None
+    max_seq_len: int | None = Field(None, gt=0)
     tie_embeddings: bool | None = None
-    init_std: float | None = None
+    init_std: float | None = Field(None, ge=0, allow_inf_nan=False)
     depth_scaled_init: bool | None = None
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        # Only when both are set here; with a preset the resolved shapes are checked by ModelArgs.
+        if self.dim is not None and self.n_heads is not None and self.dim % self.n_heads:
+            raise ValueError(f"model.dim ({self.dim}) is not divisible by model.n_heads ({self.n_heads}); "
+                             "pick a dim that is a multiple of n_heads")
+        if self.n_heads is not None and self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"model.n_heads ({self.n_heads}) is not a multiple of model.n_kv_heads ({self.n_kv_heads})")
+        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,8 +212,8 @@ class DebugConfig(Section):
 
 
 class OptimConfig(Section):
-    lr: float = 3e-3
-    min_lr: float = 3e-4
+    lr: float = Field(3e-3, gt=0, allow_inf_nan=False, description="peak learning rate")
+    min_lr: float = Field(3e-4, ge=0, allow_inf_nan=False, description="learning rate at the end of the schedule")
     weight_decay: float = 0.1
     embedding_weight_decay: float = Field(0.0, description="weight decay of embedding (and untied output) weights")
     no_decay_patterns: list[str] = Field(["bias", "norm"], description="parameter-name substrings without weight decay")
@@ -260,8 +273,8 @@ class TrainConfig(Section):
 
 
 class CheckpointConfig(Section):
-    every: int = Field(200, description="full (resumable) checkpoint every N steps; 0 disables")
-    keep_last: int = Field(3, description="newest full checkpoints kept")
+    every: int = Field(200, ge=0, description="full (resumable) checkpoint every N steps; 0 disables")
+    keep_last: int = Field(3, ge=1, description="newest full checkpoints kept")
     keep_every: int = Field(0, description="also keep every M-th step permanently; 0 disables")
     model_only_every: int = Field(0, description="light model-only snapshots (never resumed from); 0 disables")
     async_save: bool = Field(False, alias="async", description="CUDA: save in the background with DCP async save")
@@ -282,7 +295,7 @@ class EvalConfig(Section):
 
 class ExportConfig(Section):
     format: Literal["hf"] = "hf"
-    max_shard_bytes: int = Field(2_000_000_000, description="safetensors shard size")
+    max_shard_bytes: int = Field(2_000_000_000, gt=0, description="safetensors shard size")
 
 
 class RunConfig(Section):
@@ -354,7 +367,7 @@ def _closest(key: str) -> str:
 def _parse_value(raw: str) -> Any:
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):  # not a TOML literal (or nested absurdly deep): a string
         return raw
 
 
@@ -416,9 +429,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Load TOML (None: the embedded demo config), apply dotted overrides, validate."""
     path = resolve_config_path(path)
     try:
-        tree = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); is it a binary file?",
+                          "pass a TOML config file, e.g. configs/demo.toml") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})", "check the path and its permissions") from None
+    try:
+        tree = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML ({exc})", "fix the syntax at the position shown") from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively: a file nested thousands
+        # deep exhausts Python's stack. No config is nested more than a few levels.
+        raise ConfigError(f"{path} is nested too deeply to be a config (arrays or inline tables inside each other "
+                          "thousands of levels deep)", "pass a TOML config file, e.g. configs/demo.toml") from None
     for key, value in parse_overrides(overrides).items():
         _set_dotted(tree, key, value)
     return config_from_dict(tree, source=f"{path}" + (" + command-line overrides" if overrides else ""))

@@ -16,12 +16,14 @@ from oreline.errors import ConfigError
 from oreline.model.llama import Llama
 from oreline.model.presets import (
     PRESETS,
+    check_training_memory,
     count_params,
     flops_per_token,
     llama_ffn_dim,
     memory_estimate,
     print_model_info,
     resolve_model_args,
+    training_memory,
 )
 from oreline.tokens.train_bpe import load_tokenizer
 
@@ -133,3 +135,53 @@ def test_cli_model_info():
     assert result.exit_code == 0, result.output
     assert "FLOPs per token at seq_len 256" in result.output
     assert f"{count_params(resolve_model_args(ModelConfig(preset='debug')))['total']:,}" in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# the training-memory floor that refuses impossible runs before anything is allocated
+
+
+@pytest.mark.parametrize("preset", ["debug", "demo"])
+def test_training_memory_activations_are_a_floor_of_what_autograd_saves(preset):
+    """Count the bytes autograd really keeps for backward in one forward (saved-tensor hooks, weights
+    excluded): the estimate must not exceed them (it is a floor) and must not be far below (it is useful)."""
+    args = resolve_model_args(ModelConfig(preset=preset))
+    torch.manual_seed(0)
+    model = Llama(args)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    B, T = 4, 128
+    ids = torch.randint(0, args.vocab_size, (B, T))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(ids, labels=ids)
+    est = training_memory(args, B, T)
+    floor = est["activations"] + est["logits"]
+    assert 0.8 * sum(saved.values()) <= floor <= sum(saved.values()), (floor, sum(saved.values()))
+    assert est["state"] == 16 * count_params(args)["total"]
+
+
+def test_training_memory_refuses_a_huge_model_with_the_arithmetic():
+    args = resolve_model_args(ModelConfig(preset="debug", dim=10**6))
+    with pytest.raises(ConfigError) as err:
+        check_training_memory(args, 4, 64, "fp32", False, 1, torch.device("cpu"))
+    msg = str(err.value)
+    n = count_params(args)["total"]
+    assert f"{n:,} parameters × 16 bytes" in msg and "model.dim=1000000" in msg
+    assert "available RAM (psutil)" in msg and "lower train.micro_batch" in msg
+
+
+def test_training_memory_refuses_a_huge_micro_batch_and_accepts_the_demo():
+    args = resolve_model_args(ModelConfig(preset="demo"))
+    with pytest.raises(ConfigError, match=r"64,000,000,000 tokens \(train.micro_batch=1000000000 × train.seq_len=64\)"):
+        check_training_memory(args, 10**9, 64, "fp32", False, 1, torch.device("cpu"))
+    need = check_training_memory(args, 8, 256, "fp32", False, 1, torch.device("cpu"))
+    assert need["total"] < 2**30
+    sharded = training_memory(args, 8, 256, shards=4)
+    assert sharded["state"] == need["state"] // 4 and sharded["activations"] == need["activations"]

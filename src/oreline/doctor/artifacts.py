@@ -37,13 +37,43 @@ class NotAvailable(Exception):
 # loading
 
 
+# Integers longer than this are refused while parsing, so what the doctor and the report accept does
+# not depend on the process-wide sys.set_int_max_str_digits limit (4300 by default; 0 lifts it,
+# and then a 5,000-digit integer parses and overflows later in float()). 100 digits is ~10^100,
+# beyond any step, token or byte count, and below float's 10^308.
+MAX_INT_DIGITS = 100
+
+
+_LONG_DIGITS = re.compile(rf"\d{{{MAX_INT_DIGITS + 1}}}")
+
+
+def _parse_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer with {len(digits.lstrip('-')):,} digits (more than {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+def parse_json(text: str) -> Any:
+    """json.loads for untrusted text: ValueError (never RecursionError) for anything that is not sane JSON.
+
+    Python's json raises RecursionError on deeply nested input (a line of 100k "[") and
+    ValueError on integers past the digit limit; both become ValueError with the reason.
+    """
+    try:
+        if _LONG_DIGITS.search(text) is None:  # the common case, at C speed (the hook doubles the time)
+            return json.loads(text)  # NaN / Infinity are accepted, as json.dumps writes them
+        return json.loads(text, parse_int=_parse_int)  # a long digit run: a long integer, or one in a string
+    except RecursionError:
+        raise ValueError("nested too deeply (more levels of arrays/objects than Python's json can parse)") from None
+
+
 def read_json(path: Path) -> tuple[Any, str | None]:
     """(object, None) or (None, why it could not be read)."""
     if not path.is_file():
         return None, f"{path.name} absent"
     try:
-        return json.loads(path.read_text(encoding="utf-8")), None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return parse_json(path.read_text(encoding="utf-8")), None
+    except (OSError, ValueError) as exc:  # ValueError: UnicodeDecodeError, JSONDecodeError and parse_json's own
         return None, f"{path} unreadable ({exc})"
 
 
@@ -58,8 +88,8 @@ def read_metrics(path: Path) -> tuple[dict[str, list[dict]], list[tuple[int, str
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)  # Python's json accepts NaN / Infinity, as json.dumps writes them
-            except json.JSONDecodeError as exc:
+                rec = parse_json(line)
+            except ValueError as exc:
                 bad.append((lineno, str(exc)))
                 continue
             if not isinstance(rec, dict):
@@ -151,6 +181,8 @@ def load_run(run_dir: str | Path) -> RunArtifacts:
             run.config = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             run.config_problem = f"config.toml unreadable ({exc})"
+        except RecursionError:
+            run.config_problem = "config.toml unreadable (nested too deeply to parse)"
     else:
         run.config_problem = "config.toml absent"
     run.metrics, run.metrics_bad_lines = read_metrics(root / "metrics.jsonl")
@@ -167,7 +199,12 @@ def load_run(run_dir: str | Path) -> RunArtifacts:
 
 
 def is_finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range (records built elsewhere than parse_json)
+        return False
 
 
 def step_of(record: dict, default: int = -1) -> int:

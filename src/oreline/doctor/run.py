@@ -343,8 +343,9 @@ def check_fingerprint_mismatch(run: RunArtifacts) -> list[Finding]:
         raise NotAvailable(f"{tok_json} absent")
     try:
         actual = tokenizer_fingerprint(tok_json)
-    except (OSError, ValueError) as exc:
-        return [Finding("fingerprint_mismatch", "fail", f"{tok_json} unreadable ({exc})", "re-run oreline tokenizer train")]
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
+        return [Finding("fingerprint_mismatch", "fail", f"{tok_json} unreadable ({type(exc).__name__}: {exc})",
+                        "re-run oreline tokenizer train")]
     claims: list[tuple[str, str]] = []
     if run.manifest and run.manifest.get("tokenizer_fingerprint"):
         claims.append(("tokens/manifest.json", run.manifest["tokenizer_fingerprint"]))
@@ -429,10 +430,12 @@ def check_checkpoints(run: RunArtifacts) -> list[Finding]:
 def check_metrics_unreadable(run: RunArtifacts) -> list[Finding]:
     if not run.metrics_bad_lines:
         return []
-    first = run.metrics_bad_lines[0]
+    bad = run.metrics_bad_lines
+    listed = "; ".join(f"line {n}: {why[:120]}" for n, why in bad[:MAX_LISTED]) + ("; …" if len(bad) > MAX_LISTED else "")
     return [Finding("metrics_unreadable", "warn",
-                    f"{len(run.metrics_bad_lines)} lines of metrics.jsonl are not JSON objects (first: line {first[0]}: {first[1]})",
-                    "a crash mid-write leaves a torn last line (harmless); torn lines elsewhere mean two writers")]
+                    f"{len(bad)} line{'s' if len(bad) != 1 else ''} of metrics.jsonl skipped, not readable JSON objects ({listed})",
+                    "a crash mid-write leaves a torn last line (harmless); torn lines elsewhere mean two writers, and "
+                    "lines nested thousands deep or with 100-digit numbers were not written by oreline: look at who wrote them")]
 
 
 def check_data_errors(run: RunArtifacts) -> list[Finding]:

@@ -93,7 +93,10 @@ def tokenizer_special_ids(tokenizer_dir: Path | None) -> dict[str, int]:
     ids = dict(DEFAULT_SPECIAL_IDS)
     if tokenizer_dir is None or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
         return ids
-    added = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens", [])
+    from oreline.tokens.train_bpe import read_tokenizer_json
+
+    # read_tokenizer_json: an empty, binary or cut-short file is an InputError naming it, not a traceback
+    added = json.loads(read_tokenizer_json(Path(tokenizer_dir) / "tokenizer.json")).get("added_tokens", [])
     by_content = {t["content"]: t["id"] for t in added}
     for key, token in (("pad", "<pad>"), ("bos", "<s>"), ("eos", "</s>")):
         if token in by_content:

@@ -63,15 +63,16 @@ class ModelArgs:
 
     def __post_init__(self) -> None:
         hint = "fix the model section of the config (oreline model info shows the shapes)"
+        # Positive first: the divisibility checks below divide by n_heads and n_kv_heads.
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be positive (got {getattr(self, name)})", hint)
         if self.dim % self.n_heads:
             raise ConfigError(f"model.dim ({self.dim}) is not divisible by model.n_heads ({self.n_heads})", hint)
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_heads ({self.n_heads}) is not a multiple of model.n_kv_heads ({self.n_kv_heads})", hint)
         if self.head_dim % 2:
             raise ConfigError(f"head_dim = dim / n_heads = {self.head_dim} is odd; RoPE needs an even head_dim", hint)
-        for name in ("dim", "n_layers", "vocab_size", "ffn_dim", "max_seq_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model.{name} must be positive (got {getattr(self, name)})", hint)
         if self.rope_scaling is not None:
             need = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
             missing = need - set(self.rope_scaling)

@@ -26,6 +26,7 @@ does, without halving for the causal mask — the convention MFU figures are quo
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ from oreline.errors import ConfigError
 from oreline.model.llama import Llama, ModelArgs, check_shapes, expected_shapes
 
 __all__ = ["PRESETS", "resolve_model_args", "llama_ffn_dim", "count_params", "flops_per_token",
-           "memory_estimate", "print_model_info", "check_shapes", "expected_shapes"]
+           "memory_estimate", "training_memory", "check_training_memory", "print_model_info", "check_shapes",
+           "expected_shapes"]
 
 # Fields of ModelArgs plus ffn_multiplier / multiple_of (the MLP width rule) when ffn_dim is absent.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -134,6 +136,76 @@ def memory_estimate(args: ModelArgs) -> dict[str, dict[str, int]]:
     return {"fp32": fp32, "bf16": bf16}
 
 
+def training_memory(args: ModelArgs, micro_batch: int, seq_len: int, precision: str = "fp32",
+                    activation_checkpointing: bool = False, shards: int = 1) -> dict[str, int]:
+    """Bytes one rank needs to train, estimated from the shapes alone (nothing is allocated).
+
+    state: weights + grads + AdamW (memory_estimate), divided by `shards` under FSDP.
+    activations: what autograd keeps per token and layer — the two norm inputs and outputs, the
+    attention output and its projection input (6·dim), k and v (2·kv_dim), and the MLP's w1, w3,
+    SiLU and product outputs (4·ffn_dim) — in the activation dtype (2 bytes under bf16 autocast).
+    With activation checkpointing a layer keeps only its input (dim), plus one layer's full set
+    while it is recomputed. logits: the one fp32 (tokens × vocab) buffer of linear_cross_entropy.
+    batch: the loader's int64 rows plus inputs and labels. Temporaries, the allocator's slack and
+    the framework itself come on top, so this is a floor: a run that exceeds it cannot fit.
+    """
+    tokens = micro_batch * seq_len
+    act_bytes = 2 if precision == "bf16" else 4
+    kv_dim = args.n_kv_heads * args.head_dim
+    per_layer = 6 * args.dim + 2 * kv_dim + 4 * args.ffn_dim  # values kept per token and layer
+    if activation_checkpointing:
+        activations = (args.n_layers * args.dim + per_layer) * tokens * act_bytes
+    else:
+        activations = args.n_layers * per_layer * tokens * act_bytes
+    out = {"state": memory_estimate(args)[precision]["total"] // max(1, shards), "activations": activations,
+           "logits": tokens * args.vocab_size * 4, "batch": 3 * (tokens + micro_batch) * 8,
+           "per_layer_values": per_layer, "tokens": tokens, "act_bytes": act_bytes}
+    out["total"] = out["state"] + out["activations"] + out["logits"] + out["batch"]
+    return out
+
+
+def available_memory(device: torch.device, local_ranks: int = 1) -> tuple[int, str]:
+    """(bytes free for one rank, where they were measured): the GPU's free memory, or the host's
+    available RAM (psutil) shared by the ranks on this host."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free, f"free on {torch.cuda.get_device_name(device)} ({device})"
+    import psutil
+
+    avail = psutil.virtual_memory().available
+    share = f", shared by {local_ranks} ranks on this host" if local_ranks > 1 else ""
+    return avail // max(1, local_ranks), f"available RAM (psutil{share})"
+
+
+def check_training_memory(args: ModelArgs, micro_batch: int, seq_len: int, precision: str, activation_checkpointing: bool,
+                          shards: int, device: torch.device, local_ranks: int | None = None) -> dict[str, int]:
+    """Refuse (ConfigError, with the arithmetic) a run whose memory floor exceeds what is free,
+    before anything is allocated: a typo like model.dim=10**6 or train.micro_batch=10**9 would
+    otherwise end in an out-of-memory kill, or in swapping, minutes later. local_ranks: processes
+    sharing this host's RAM (None: torchrun's LOCAL_WORLD_SIZE, else 1)."""
+    if local_ranks is None:
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    need = training_memory(args, micro_batch, seq_len, precision, activation_checkpointing, shards)
+    have, where = available_memory(device, local_ranks)
+    if need["total"] <= have:
+        return need
+    n = count_params(args)["total"]
+    per_param = memory_estimate(args)[precision]["total"] // max(1, n)
+    sharded = f" / {shards} FSDP shards" if shards > 1 else ""
+    layers = (f"({args.n_layers} layers × dim {args.dim} + {need['per_layer_values']:,}) values"
+              if activation_checkpointing else f"{args.n_layers} layers × {need['per_layer_values']:,} values")
+    raise ConfigError(
+        f"training needs at least {_gib(need['total'])} per rank, more than the {_gib(have)} {where}: "
+        f"weights, grads and AdamW {n:,} parameters × {per_param} bytes{sharded} = {_gib(need['state'])} "
+        f"(model.dim={args.dim}, n_layers={args.n_layers}, ffn_dim={args.ffn_dim}, vocab_size={args.vocab_size}); "
+        f"activations {need['tokens']:,} tokens (train.micro_batch={micro_batch} × train.seq_len={seq_len}) × "
+        f"{layers} × {need['act_bytes']} bytes = {_gib(need['activations'])}; "
+        f"logits {need['tokens']:,} tokens × {args.vocab_size:,} vocabulary × 4 bytes = {_gib(need['logits'])}; "
+        f"batch {_gib(need['batch'])}",
+        "lower train.micro_batch (raise train.grad_accum to keep the global batch), pick a smaller model "
+        "(model.preset, model.dim, model.n_layers), or set train.activation_checkpointing=true")
+
+
 def _human(n: float, unit: str = "") -> str:
     for suffix in ("", "K", "M", "G", "T", "P"):
         if abs(n) < 1000:
@@ -143,7 +215,7 @@ def _human(n: float, unit: str = "") -> str:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def args_for_spec(spec: str) -> tuple[ModelArgs, str]:

@@ -23,8 +23,10 @@ within each sequence (it increases at every BOS) so the model can build block-di
 masks (tokens attend only within their document).
 
 Integrity: every shard's header, size and tokenizer fingerprint are checked on open, and with
-verify="full" (the default) also its sha256 against the manifest. For corpora so large that
-hashing at start-up hurts, verify="header" keeps the header, size and fingerprint checks only.
+verify="full" (the default) also its sha256 against the manifest and every token id against the
+vocabulary in its header (an id past the embedding is an IndexError on CPU, a device assert on
+CUDA). For corpora so large that reading everything at start-up hurts, verify="header" keeps the
+header, size and fingerprint checks, and the ids are checked per batch instead (~5 µs a batch).
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class TokenLoader:
             if shard.header.tokens != s["tokens"] or shard.header.documents != s["documents"]:
                 raise DataIntegrityError(f"token shard {shard.path} holds {shard.header.tokens} tokens, the manifest says {s['tokens']}", fmt.FIX)
             self.shards.append(shard)
+        # verify="full" checked every id on open; otherwise each batch is checked (_make_batch)
+        self._vocab_limit = None if verify == "full" else min(s.header.vocab_size for s in self.shards)
         # plain ndarray views of the mappings: slicing a np.memmap subclass costs more than the copy
         self._arrays = [np.asarray(s.tokens) for s in self.shards]
         self.bos_id, self.eos_id = m["bos_id"], m["eos_id"]
@@ -145,6 +149,9 @@ class TokenLoader:
         rows = np.empty((len(seq_indices), T + 1), dtype=np.int64)  # (B, T+1)
         for row, i in zip(rows, seq_indices, strict=True):
             self._window(i * T, row)
+        if self._vocab_limit is not None and rows.size and rows.max() >= self._vocab_limit:
+            for shard in self.shards:  # error path only: name the shard that holds the bad id
+                fmt.check_ids(shard.path, shard.header, int(shard.tokens.max()))
         inputs = torch.from_numpy(rows[:, :-1].copy())
         labels = torch.from_numpy(rows[:, 1:].copy())
         labels[labels == self.bos_id] = IGNORE_INDEX

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from oreline.config import TokenizeConfig
-from oreline.errors import InputError
+from oreline.errors import DataIntegrityError, InputError
 from oreline.io import file_sha256, write_json_atomic
 from oreline.tokens import shards as fmt
 from oreline.tokens.inputs import Rejects, expand_inputs, iter_batches, parquet_row_groups
@@ -173,11 +173,39 @@ def read_manifest(tokens_dir: str | Path) -> dict:
     if not path.is_file():
         raise InputError(f"no {MANIFEST} in {tokens_dir}", "run `oreline tokenize DOCS --tokenizer DIR --out DIR` first")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        from oreline.errors import DataIntegrityError
-
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise DataIntegrityError(f"{path} is nested too deeply to be a token manifest", fmt.FIX) from None
+    except ValueError as exc:  # not UTF-8, not JSON, or an integer past the digit limit
         raise DataIntegrityError(f"{path} is not valid JSON ({exc})", fmt.FIX) from None
+    _check_manifest(path, manifest)
+    return manifest
+
+
+# What readers of a manifest index without a check: a manifest lacking one fails here, naming it.
+_MANIFEST_KEYS = {"shards": list, "tokenizer_fingerprint": str, "data_fingerprint": str, "bos_id": int, "eos_id": int}
+_SHARD_KEYS = {"name": str, "split": str, "tokens": int, "documents": int, "sha256": str, "bytes": int}
+
+
+def _check_manifest(path: Path, manifest: object) -> None:
+    """The shape the loader relies on: an object with typed keys, shards named by plain file names."""
+    if not isinstance(manifest, dict):
+        raise DataIntegrityError(f"{path} holds a JSON {type(manifest).__name__}, not a token manifest (an object)", fmt.FIX)
+    for key, kind in _MANIFEST_KEYS.items():
+        if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
+            got = "missing" if key not in manifest else f"a {type(manifest[key]).__name__}"
+            raise DataIntegrityError(f"{path}: key {key!r} is {got}, expected a {kind.__name__}", fmt.FIX)
+    for i, shard in enumerate(manifest["shards"]):
+        if not isinstance(shard, dict):
+            raise DataIntegrityError(f"{path}: shards[{i}] is a {type(shard).__name__}, not an object", fmt.FIX)
+        for key, kind in _SHARD_KEYS.items():
+            if not isinstance(shard.get(key), kind) or isinstance(shard.get(key), bool):
+                got = "missing" if key not in shard else f"a {type(shard[key]).__name__}"
+                raise DataIntegrityError(f"{path}: shards[{i}].{key} is {got}, expected a {kind.__name__}", fmt.FIX)
+        # a name is joined to the tokens folder: "../x" or "/x" would read a file outside it
+        if Path(shard["name"]).name != shard["name"] or shard["name"] in ("", ".", ".."):
+            raise DataIntegrityError(f"{path}: shards[{i}].name {shard['name'][:80]!r} is not a file name in {path.parent}",
+                                     fmt.FIX)
 
 
 def _up_to_date(out: Path, key: str) -> dict | None:

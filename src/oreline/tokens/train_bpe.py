@@ -114,8 +114,11 @@ def load_tokenizer(path: str | Path) -> OrelineTokenizer:
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise InputError(f"no tokenizer.json at {path}", "train one with `oreline tokenizer train DOCS --out DIR`")
-    text = file.read_text(encoding="utf-8")
-    hf = Tokenizer.from_str(text)
+    text = read_tokenizer_json(file)
+    try:
+        hf = Tokenizer.from_str(text)
+    except Exception as exc:  # tokenizers raises a bare Exception for JSON that is not a tokenizer
+        raise InputError(f"{file} is JSON but not a Hugging Face tokenizer ({exc})", _rebuild_hint(file)) from None
     hf.encode_special_tokens = True  # not serialized by tokenizers: set on every load
     for name, want in ((PAD, 0), (BOS, 1), (EOS, 2)):
         if hf.token_to_id(name) != want:
@@ -124,6 +127,30 @@ def load_tokenizer(path: str | Path) -> OrelineTokenizer:
     # The fast encoder checks itself against hf here and is None (with a warning) when they differ.
     return OrelineTokenizer(hf=hf, dir=file.parent, fingerprint=canonical_fingerprint(text),
                             vocab_size=round_up(hf.get_vocab_size()), fast=fast_encoder(hf, json.loads(text)))
+
+
+def _rebuild_hint(file: Path) -> str:
+    return f"rebuild it with `oreline tokenizer train DOCS --out {file.parent}` (or restore the file from the run that made it)"
+
+
+def read_tokenizer_json(file: Path) -> str:
+    """The text of a tokenizer.json, or an InputError saying how it is broken (empty, binary, cut short)."""
+    data = file.read_bytes()
+    if not data.strip():
+        raise InputError(f"{file} is empty ({len(data)} bytes)", _rebuild_hint(file))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{file} is not UTF-8 text (byte {exc.start}: {exc.reason}); it is binary or corrupted",
+                         _rebuild_hint(file)) from None
+    try:
+        json.loads(text)
+    except RecursionError:
+        raise InputError(f"{file} is nested too deeply to be a tokenizer", _rebuild_hint(file)) from None
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
+        raise InputError(f"{file} is not valid JSON, cut short or corrupted ({len(data)} bytes; {exc})",
+                         _rebuild_hint(file)) from None
+    return text
 
 
 # ---------------------------------------------------------------------------------------------

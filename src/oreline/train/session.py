@@ -205,7 +205,7 @@ def _fingerprints(cfg: Config, tokenizer_fp: str, data_fp: str) -> dict[str, str
 def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     """Tokenizer, loaders, model, optimizer, fingerprints and device peak; prints the plan."""
     from oreline.model.llama import Llama
-    from oreline.model.presets import flops_per_token, resolve_model_args
+    from oreline.model.presets import check_training_memory, flops_per_token, resolve_model_args
     from oreline.model.scoring import token_byte_lengths
     from oreline.tokens.loader import TokenLoader
     from oreline.tokens.train_bpe import load_tokenizer
@@ -251,6 +251,10 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     if tc.seq_len > args.max_seq_len:
         raise ConfigError(f"train.seq_len={tc.seq_len} is longer than the model's max_seq_len={args.max_seq_len}",
                           "lower train.seq_len or set model.max_seq_len")
+
+    # Refuse before allocating: a model or batch far beyond this machine would be an OOM kill later.
+    check_training_memory(args, tc.micro_batch, tc.seq_len, tc.precision, tc.activation_checkpointing,
+                          info.world_size if info.sharded else 1, device)
 
     torch.manual_seed(tc.seed)  # the initial weights are a function of the seed
     model = Llama(args).to(device)

@@ -1,0 +1,164 @@
+"""Broken token-layer files end in an error naming the file and the fix, never in a traceback.
+
+Each test breaks one real artifact of the session fixtures (a trained tokenizer, real token
+shards) the way a disk, a copy or a hostile file breaks it, and runs the real command line
+(`python -m oreline ...` in a subprocess) or the loader the commands use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oreline.config import load_config, to_toml
+from oreline.errors import DataIntegrityError, InputError
+from oreline.io import file_sha256
+from oreline.tokens import shards as fmt
+from oreline.tokens.loader import TokenLoader
+from oreline.tokens.train_bpe import load_tokenizer
+
+
+def oreline_cli(*args: str, timeout: float = 180) -> tuple[int, str]:
+    """Run `python -m oreline ARGS` as a user would; (exit code, stdout + stderr)."""
+    env = {**os.environ, "COLUMNS": "10000"}  # rich would wrap long messages (and paths) at 80 columns
+    proc = subprocess.run([sys.executable, "-m", "oreline", *args], capture_output=True, text=True, timeout=timeout,
+                          check=False, env=env)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def assert_clean_error(code: int, out: str, *needles: str) -> None:
+    assert code == 2, out  # oreline's exit code for an OrelineError
+    assert "Traceback" not in out, out
+    for needle in needles:
+        assert needle in out, (needle, out)
+
+
+def train_config(tmp_path: Path, tokens: Path, tokenizer: Path) -> Path:
+    """A tiny training config (debug preset) over the given token folder; returns the TOML path."""
+    cfg = load_config(None, [f"run.runs_dir={json.dumps(str(tmp_path / 'runs'))}", "run.name=t", "model.preset=debug",
+                             f"train.tokens={json.dumps(str(tokens))}", f"train.tokenizer={json.dumps(str(tokenizer))}",
+                             "train.seq_len=64", "train.micro_batch=2", "train.steps=2", "train.optim.warmup_steps=1",
+                             "train.cpu_matmul=blas", "checkpoint.every=0"])
+    path = tmp_path / "train.toml"
+    path.write_text(to_toml(cfg))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer.json
+
+
+def _break_tokenizer(src: Path, dest: Path, how: str) -> Path:
+    shutil.copytree(src, dest)
+    file = dest / "tokenizer.json"
+    data = file.read_bytes()
+    file.write_bytes({"empty": b"", "truncated": data[: len(data) // 2],
+                      "binary": bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8))}[how])
+    return file
+
+
+@pytest.mark.parametrize("how", ["empty", "truncated", "binary"])
+def test_tokenize_with_a_broken_tokenizer_json_names_the_file_and_the_rebuild(how, byte_tokenizer_dir, corpus_files,
+                                                                               tmp_path):
+    file = _break_tokenizer(byte_tokenizer_dir, tmp_path / "tok", how)
+    code, out = oreline_cli("tokenize", str(corpus_files[2]), "-t", str(file.parent), "-o", str(tmp_path / "out"))
+    assert_clean_error(code, out, str(file), f"oreline tokenizer train DOCS --out {file.parent}")
+    assert {"empty": "is empty", "truncated": "is not valid JSON", "binary": "is not UTF-8"}[how] in out
+
+
+def test_tokenizer_json_that_is_json_but_not_a_tokenizer(byte_tokenizer_dir, tmp_path):
+    file = _break_tokenizer(byte_tokenizer_dir, tmp_path / "tok", "empty")
+    file.write_text('{"model": {"type": "BPE"}}')
+    with pytest.raises(InputError, match="is JSON but not a Hugging Face tokenizer") as err:
+        load_tokenizer(file.parent)
+    assert str(file) in str(err.value)
+    file.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InputError, match="nested too deeply"):
+        load_tokenizer(file.parent)
+
+
+# ---------------------------------------------------------------------------------------------
+# manifest.json
+
+
+def _copy_tokens(tokens_dir: Path, dest: Path) -> Path:
+    shutil.copytree(tokens_dir, dest)
+    return dest
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda m: list(m["shards"]), "holds a JSON list, not a token manifest"),
+    (lambda m: {k: v for k, v in m.items() if k != "shards"}, "key 'shards' is missing"),
+    (lambda m: {**m, "shards": [{**m["shards"][0], "tokens": "many"}]}, "shards[0].tokens is a str, expected a int"),
+    (lambda m: {**m, "shards": [{**m["shards"][0], "name": "../../etc/passwd"}]}, "is not a file name in"),
+    (lambda m: {**m, "bos_id": None}, "key 'bos_id' is a NoneType"),
+])
+def test_a_manifest_of_the_wrong_shape_is_named(edit, message, tokens_dir, tmp_path):
+    tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
+    manifest = tokens / "manifest.json"
+    manifest.write_text(json.dumps(edit(json.loads(manifest.read_text()))))
+    with pytest.raises(DataIntegrityError, match="re-run oreline tokenize") as err:
+        TokenLoader(tokens, seq_len=32, micro_batch=2)
+    assert str(manifest) in str(err.value) and message in str(err.value)
+
+
+def test_train_on_a_manifest_that_is_a_list_names_the_file(tokens_dir, byte_tokenizer_dir, tmp_path):
+    tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
+    manifest = tokens / "manifest.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text())["shards"]))
+    code, out = oreline_cli("train", "-c", str(train_config(tmp_path, tokens, byte_tokenizer_dir)))
+    assert_clean_error(code, out, str(manifest), "not a token manifest", "re-run oreline tokenize")
+
+
+# ---------------------------------------------------------------------------------------------
+# token ids outside the vocabulary
+
+
+def _plant_out_of_vocabulary_id(tokens: Path, split: str = "train") -> tuple[Path, int]:
+    """Overwrite one token of the split's first shard with an id past its vocabulary, and refresh the
+    shard's sha256 in the manifest (as a tool that wrote the shard itself would): only the id is wrong."""
+    manifest_path = tokens / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    entry = next(s for s in manifest["shards"] if s["split"] == split)
+    path = tokens / entry["name"]
+    header = fmt.read_header(path)
+    bad = header.vocab_size + 100
+    ids = np.memmap(path, dtype=header.dtype, mode="r+", offset=fmt.HEADER_SIZE, shape=(header.tokens,))
+    ids[header.tokens // 2] = bad
+    ids.flush()
+    del ids
+    entry["sha256"] = file_sha256(path)
+    manifest_path.write_text(json.dumps(manifest))
+    return path, bad
+
+
+def test_an_out_of_vocabulary_id_is_found_when_the_loader_opens_the_shard(tokens_dir, tmp_path):
+    tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
+    path, bad = _plant_out_of_vocabulary_id(tokens)
+    with pytest.raises(DataIntegrityError) as err:
+        TokenLoader(tokens, seq_len=32, micro_batch=2)
+    assert f"token shard {path} holds token id {bad}, outside its vocabulary" in str(err.value)
+
+
+def test_an_out_of_vocabulary_id_is_found_per_batch_with_header_only_verification(tokens_dir, tmp_path):
+    tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
+    path, bad = _plant_out_of_vocabulary_id(tokens)
+    loader = TokenLoader(tokens, seq_len=32, micro_batch=4, verify="header")  # opens: no full read
+    with pytest.raises(DataIntegrityError, match=f"holds token id {bad}") as err:
+        for _ in range(loader.num_sequences // 4 + 2):  # one epoch reaches every sequence
+            loader.next_batch()
+    assert str(path) in str(err.value)
+
+
+def test_train_on_a_shard_with_an_out_of_vocabulary_id_names_the_shard(tokens_dir, byte_tokenizer_dir, tmp_path):
+    tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
+    path, bad = _plant_out_of_vocabulary_id(tokens)
+    code, out = oreline_cli("train", "-c", str(train_config(tmp_path, tokens, byte_tokenizer_dir)))
+    assert_clean_error(code, out, f"token shard {path} holds token id {bad}", "re-run oreline tokenize")
