@@ -32,6 +32,7 @@ def checkpoint_meta(cfg: Config, s: Setup, state: TrainState, stability: Any) ->
         "step": state.step, "tokens_seen": state.tokens_seen, "lr_multiplier": state.lr_multiplier,
         "skipped_steps": state.skipped_steps, "rollbacks": state.rollbacks,
         "debug_injected": list(state.debug_injected),
+        "loss_sum": state.loss_sum, "loss_count": state.loss_count, "last_loss": state.last_loss,
         "loader": s.loader.state_dict(), "stability": stability.state_dict(),
         "config": to_dict(cfg), "config_fingerprint": s.fingerprints["train"],
         "tokenizer_fingerprint": s.fingerprints["tokenizer"], "data_fingerprint": s.fingerprints["data"],
@@ -80,6 +81,9 @@ def _restore(meta: dict, s: Setup, state: TrainState) -> None:
     state.skipped_steps = int(meta.get("skipped_steps", 0))
     state.rollbacks = int(meta.get("rollbacks", 0))
     state.debug_injected = list(meta.get("debug_injected", []))
+    state.loss_sum = float(meta.get("loss_sum", 0.0))
+    state.loss_count = int(meta.get("loss_count", 0))
+    state.last_loss = meta.get("last_loss")
 
 
 def resume_if_asked(cfg: Config, s: Setup, state: TrainState, stability: Any, resume: str, allow: list[str],

@@ -43,6 +43,11 @@ class TrainState:
     skipped_steps: int = 0
     rollbacks: int = 0
     debug_injected: list[int] = field(default_factory=list)
+    # train losses since the last evaluation (its record's train_loss) and the last one: in the
+    # checkpoint, so an evaluation a resumed run completes reports what the uninterrupted run would
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    last_loss: float | None = None
 
 
 @dataclass
