@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from oreline.config import Config, to_dict
+from oreline.model.matmul import adopt_recorded, cpu_matmul_backend
 from oreline.runs import RunDir
 from oreline.train import dist
 from oreline.train.monitor import MetricsLogger
@@ -38,6 +39,8 @@ def checkpoint_meta(cfg: Config, s: Setup, state: TrainState, stability: Any) ->
         "tokenizer_fingerprint": s.fingerprints["tokenizer"], "data_fingerprint": s.fingerprints["data"],
         "model_args": s.args.to_dict(), "tokenizer_dir": str(s.tokenizer_dir.resolve()),
         "tokens_dir": str(s.tokens_dir.resolve()),
+        # the fp32 product backend on CPU: a resume keeps it (oreline.model.matmul.adopt_recorded)
+        "cpu_matmul": cpu_matmul_backend() if s.device.type == "cpu" else None,
     }
 
 
@@ -120,10 +123,15 @@ def resume_if_asked(cfg: Config, s: Setup, state: TrainState, stability: Any, re
     _restore(meta, s, state)
     s.loader.load_state_dict(meta["loader"])
     stability.load_state_dict(meta.get("stability", {}))
+    if s.device.type == "cpu":
+        note = adopt_recorded(meta.get("cpu_matmul"), str(path))
+        if note:
+            say(note)
     say(f"resumed from {path} at step {state.step} ({state.tokens_seen:,} tokens seen)"
         + (f"; allowed config changes: {', '.join(changed)}" if changed else ""))
     events.append({"type": "event", "step": state.step, "kind": "resume",
-                   "values": {"path": str(path), "tokens_seen": state.tokens_seen, "allowed_changes": changed},
+                   "values": {"path": str(path), "tokens_seen": state.tokens_seen, "allowed_changes": changed,
+                              "cpu_matmul": cpu_matmul_backend() if s.device.type == "cpu" else None},
                    "action": "resume", "message": f"resumed from {path} at step {state.step}"})
     return Path(path), events
 

@@ -26,7 +26,13 @@ import torch
 
 from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
 from oreline.errors import ConfigError, TrainingError
-from oreline.model.matmul import describe_backend, set_cpu_matmul_backend
+from oreline.model.matmul import (
+    cpu_matmul_backend,
+    describe_backend,
+    machine_choice,
+    pin_auto_choice,
+    set_cpu_matmul_backend,
+)
 from oreline.runs import RunDir, write_json_atomic
 from oreline.train import dist
 from oreline.train.monitor import cpu_native_bf16, device_peak_flops, model_matmul_shapes
@@ -227,6 +233,8 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         say(f"CPU allocator: {tuned}" if tuned else "CPU allocator: not glibc, left as it is")
     if device.type == "cpu":
         set_cpu_matmul_backend(tc.cpu_matmul)
+        if tc.cpu_matmul == "auto":  # this machine's decision, not one measured under today's load; rank 0's
+            pin_auto_choice(*dist.from_main(machine_choice() if info.is_main else None))
         say(f"CPU fp32 matmuls: {describe_backend()}")
 
     autocast_dtype = None
@@ -303,6 +311,7 @@ def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, 
         "device": str(s.device) + (f" ({torch.cuda.get_device_name(s.device)})" if s.device.type == "cuda" else ""),
         "world_size": info.world_size, "precision": cfg.train.precision,
         "cpu_matmul": describe_backend() if s.device.type == "cpu" else None,
+        "cpu_matmul_backend": cpu_matmul_backend() if s.device.type == "cpu" else None,
         "peak_flops": s.peak_flops, "peak_source": s.peak_source,
         "schedule": schedule_samples(cfg.train), "total_steps": cfg.train.steps,
     }
