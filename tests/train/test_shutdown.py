@@ -189,6 +189,29 @@ def test_sigterm_to_the_launcher_stops_two_ranks_at_one_step(prose_tokens, tmp_p
                 os.kill(p, signal.SIGKILL)
 
 
+def test_repeated_sigterm_is_one_request_and_a_second_ctrl_c_acts_at_once():
+    from oreline.train.shutdown import StopRequests
+
+    stops = StopRequests().install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # a service manager signals every process of the job,
+        os.kill(os.getpid(), signal.SIGTERM)  # and torchrun passes the signal on again
+        assert stops.requested and stops.signum == signal.SIGTERM  # ... and we are still here
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stops.signum == signal.SIGTERM
+    finally:
+        stops.uninstall()
+    stops = StopRequests().install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stops.signum == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # (the handler runs at the next bytecode)
+    finally:
+        stops.uninstall()
+
+
 def test_resume_command_drops_resume_and_keeps_the_launch():
     from oreline.train.shutdown import resume_command
 

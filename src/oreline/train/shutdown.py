@@ -24,8 +24,9 @@ Two faults this module answers (issue 20, item 1):
   stop costs no collective of its own), and every rank then stops after the same step: a full
   checkpoint at that step, a message with the command that resumes, and `TrainingStopped`, whose
   exit code is 128 + the signal (143 for TERM, 130 for INT, as a shell reports a process killed
-  by them). A second signal of the same kind while the first is pending acts at once (the default
-  action): Ctrl-C twice stops without waiting for the step. torchrun passes SIGTERM/SIGINT on to
+  by them). A second SIGINT while the first is pending acts at once (KeyboardInterrupt): Ctrl-C
+  twice stops without waiting for the step; repeated SIGTERMs are one request (a service manager
+  or Slurm may signal every process of the job, and torchrun passes it on to the ranks again). torchrun passes SIGTERM/SIGINT on to
   every rank and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (default 30) before it SIGKILLs
   them; `oreline train --nproc` raises that wait to `STOP_GRACE_S` unless it is set, because a
   step plus a checkpoint of a large model can take longer than 30 s.
@@ -123,11 +124,13 @@ class StopRequests:
     def _handle(self, signum: int, frame: Any) -> None:
         # No printing here: the handler runs between two bytecodes of whatever the main thread was
         # doing, possibly inside a write to the same stream. The loop says it at the step boundary.
-        if self.signum is not None:  # a second signal: do what it would have done without us
-            self.uninstall()
+        if self.signum is not None and signum == signal.SIGINT == self.signum:
+            self.uninstall()  # Ctrl-C twice: what it would have done without us (KeyboardInterrupt)
             signal.raise_signal(signum)
             return
-        self.signum = signum
+        # Repeated SIGTERMs are one request: systemd, or Slurm with cgroup process tracking, signal
+        # every process of the job, and torchrun then passes the same signal on to the ranks again.
+        self.signum = self.signum or signum
 
     @property
     def requested(self) -> bool:
