@@ -40,7 +40,10 @@ records for steps it already had: the last record of a step is the one that coun
 Resume (`--resume auto|none|PATH`) restores model, optimizer, loader position, RNG state, the
 stability window, the lr multiplier and counters, and drops metrics records of steps after the
 checkpoint, so an interrupted run continues bit-exactly (on CPU) and its metrics.jsonl reads as
-one clean run.
+one clean run. A resumed run first completes what a kill left undone after its checkpoint's step
+(evaluation, generations, and at the last step the end record: a run is finished when its end
+record is written, `evals_after_step`). SIGTERM/SIGINT stop every rank after the same step with
+a checkpoint and the command that resumes (oreline.train.shutdown, `stop_after_step`).
 
 metrics.jsonl record types (`type`): start, train, eval, generation, event, checkpoint, end —
 see `MetricsLogger` in oreline.train.monitor and the fields written below.
