@@ -20,6 +20,7 @@ import importlib.util
 import io
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -96,12 +97,16 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_ranks_die_with_their_launcher(prose_tokens, tmp_path):
+@pytest.mark.parametrize("launcher", ["oreline --nproc", "torchrun"])
+def test_ranks_die_with_their_launcher(prose_tokens, tmp_path, launcher):
     cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens).read_text()
-    cfg = cfg.replace(f"steps = {kr.STEPS}", "steps = 400")  # far longer than the test
+    cfg = cfg.replace(f"steps = {kr.STEPS}", "steps = 400").replace("[train]", '[train]\nparallel = "ddp"')
     (tmp_path / "c.toml").write_text(cfg)
     run = tmp_path / "runs" / "r"
-    proc = start(oreline("train", "-c", str(tmp_path / "c.toml"), "--nproc", "2"), tmp_path / "log")
+    cmd = (oreline("train", "-c", str(tmp_path / "c.toml"), "--nproc", "2") if launcher != "torchrun" else
+           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "oreline", "train", "-c", str(tmp_path / "c.toml")])
+    proc = start(cmd, tmp_path / "log")
     ranks: list[int] = []
     try:
         assert kr.wait_for(proc, lambda: kr.has(run, "train", 3), timeout=300), (tmp_path / "log").read_text()[-3000:]
@@ -114,7 +119,7 @@ def test_ranks_die_with_their_launcher(prose_tokens, tmp_path):
         while any(alive(p) for p in ranks) and time.monotonic() - t0 < 30:
             time.sleep(0.01)
         gone_after = time.monotonic() - t0
-        print(f"ranks {ranks} gone {gone_after:.2f} s after the SIGKILL of the launcher's process group")
+        print(f"{launcher}: ranks {ranks} gone {gone_after:.2f} s after the SIGKILL of the launcher's process group")
         assert not any(alive(p) for p in ranks), f"ranks still alive {gone_after:.1f} s after the launcher died"
         assert gone_after < 5.0
         last = max(r["step"] for r in kr.records(run) if r.get("type") == "train")
@@ -153,13 +158,22 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_is_bit_identical(prose
     assert at % kr.EVERY, "the stop landed on a periodic checkpoint step: the test would prove nothing"
     assert (run / "checkpoints" / f"step-{at:08d}").is_dir(), sorted(p.name for p in (run / "checkpoints").iterdir())
     assert f"stopped by SIGTERM after step {at}" in text and f"resume with: oreline train -c {cfg}" in text
+    # the resumed run is SIGKILLed once its final checkpoint is written (item 2: the final evaluation,
+    # generations and end record are then what the next relaunch completes)
     resumed = start(oreline("train", "-c", str(cfg)), log)
-    assert resumed.wait(timeout=300) == 0, log.read_text()[-3000:]
+    hit = kr.kill_at(resumed, run, "eval", kr.STEPS, random.Random(0), time.time())
+    assert hit != "finished", log.read_text()[-3000:]
+    assert not any(r["type"] == "end" for r in kr.records(run))
+    last = start(oreline("train", "-c", str(cfg)), log)
+    assert last.wait(timeout=300) == 0, log.read_text()[-3000:]
     assert ref.wait(timeout=300) == 0, (tmp_path / "ref.log").read_text()[-3000:]
     kr.assert_identical(tmp_path / "ref" / "r", run)
-    evals = [{k: r[k] for k in ("step", "val_loss", "train_loss")} for r in kr.records(run) if r["type"] == "eval"]
-    assert evals == [{k: r[k] for k in ("step", "val_loss", "train_loss")}
-                     for r in kr.records(tmp_path / "ref" / "r") if r["type"] == "eval"]
+
+    def outcome(recs: list[dict]) -> list:
+        return [(r["type"], r["step"], r.get("val_loss"), r.get("train_loss"), r.get("text"), r.get("final_val_loss"))
+                for r in recs if r["type"] in ("eval", "generation", "end")]
+
+    assert outcome(kr.records(run)) == outcome(kr.records(tmp_path / "ref" / "r")), hit
 
 
 @pytest.mark.slow

@@ -497,7 +497,9 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
         if os.getppid() != me:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=arm, start_new_session=True)  # noqa: PLW1509 (no threads yet)
+    # process_group=0: a group of its own in this session (the terminal's signals go to the foreground
+    # group, this process's, only); preexec_fn is safe here, no thread has been started yet
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=arm, process_group=0)  # noqa: PLW1509
     received: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:

@@ -72,9 +72,9 @@ def record_parent() -> int:
 def die_with_parent() -> bool:
     """SIGKILL this process when its parent dies; exit now if the parent is already gone.
 
-    Called for every process that torchrun (or anything with RANK/LOCAL_RANK in the environment)
-    started: a rank alone in its session is otherwise reached by nothing when its launcher is
-    killed. Returns whether the death signal is set.
+    Called for every process that torchrun started, and by every rank of a multi-process run:
+    a rank alone in its session is otherwise reached by nothing when its launcher is killed.
+    Returns whether the death signal is set.
     """
     first = record_parent()
     ok = set_parent_death_signal(signal.SIGKILL)
@@ -86,8 +86,9 @@ def die_with_parent() -> bool:
 
 
 def launched_as_rank() -> bool:
-    """Started by torchrun (or a launcher that sets its variables): the processes that must not orphan."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+    """Started by torchrun: the processes that must not orphan. (Other launchers' ranks set the death
+    signal in `init_distributed`; a single `oreline train` may outlive its shell on purpose: nohup.)"""
+    return "TORCHELASTIC_RUN_ID" in os.environ
 
 
 # ---------------------------------------------------------------------------------------------
