@@ -282,7 +282,7 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
         # -- a stop request (SIGTERM/SIGINT on any rank): checkpoint this step and end; the step's
         # evaluation, if due, is left to the resumed run (it completes the checkpoint's step first)
         if stop:
-            stop_after_step(cfg, s, state, stability, log, info, stops, last_ckpt if saved_full else None, say)
+            stop_after_step(cfg, s, state, stability, log, info, stops, last_ckpt if saved_full else None)
 
         # -- evaluation and generations
         v = evals_after_step(cfg, s, info, state, log, n, {})
@@ -365,12 +365,12 @@ def evals_after_step(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainSta
 
 
 def stop_after_step(cfg: Config, s: Setup, state: TrainState, stability: Any, log: MetricsLogger,
-                    info: dist.DistInfo, stops: StopRequests, saved: Path | None, say: Any) -> None:
+                    info: dist.DistInfo, stops: StopRequests, saved: Path | None) -> None:
     """End the run on a stop request: a full checkpoint of this step (unless one was just written),
     an event record, the command that resumes, and TrainingStopped (exit code 128 + the signal)."""
     from oreline.train.checkpoint import wait_for_pending_save
 
-    # the signal may have reached some ranks only; every rank says the same
+    # the signal may have reached another rank only: this one then exits as if it had had SIGTERM
     signum = stops.signum or signal.SIGTERM
     path = saved or save(cfg, s, state, stability, "full", log)
     wait_for_pending_save()
