@@ -1,4 +1,9 @@
-from oreline.cli import main
+from oreline.train import shutdown
+
+if shutdown.launched_as_rank():  # before the heavy imports: a rank must not outlive its launcher
+    shutdown.die_with_parent()
+
+from oreline.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

@@ -365,8 +365,14 @@ def main() -> None:
     try:
         app()
     except OrelineError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
-        sys.exit(2)
+        code = getattr(exc, "exit_code", None)  # a requested stop (train.shutdown.TrainingStopped): 128 + signal
+        if getattr(exc, "show", True):
+            from rich.markup import escape
+
+            # not wrapped: the message of a stop ends with the command that resumes, to be copied whole
+            console.print(f"[bold yellow]stopped:[/] {escape(str(exc))}" if code else f"[bold red]error:[/] {exc}",
+                          soft_wrap=bool(code))
+        sys.exit(code or 2)
 
 
 if __name__ == "__main__":

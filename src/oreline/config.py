@@ -256,7 +256,7 @@ class TrainConfig(Section):
         "tuned", description="CPU: keep freed large blocks in glibc's heap (mallopt) instead of unmapping them; ~13% faster steps here"
     )
     cpu_matmul: Literal["auto", "onednn", "blas"] = Field(
-        "auto", description="CPU fp32 matmuls: oneDNN or torch's BLAS (MKL); auto measures both once and takes oneDNN when ≥ 1.2× faster (2.2× on AMD CPUs with AVX-512 here)"
+        "auto", description="CPU fp32 matmuls: oneDNN or torch's BLAS (MKL); auto takes oneDNN when ≥ 1.2× faster (2.2× on AMD CPUs with AVX-512 here), measured once per machine and cached; a resume keeps the checkpoint's backend"
     )
     parallel: Literal["none", "ddp", "fsdp"] = Field("none", description="data parallelism under torchrun")
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: NCCL on CUDA, gloo on CPU")

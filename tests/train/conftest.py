@@ -97,3 +97,18 @@ def one_thread():
 def train_config(tmp_path, prose_tokens):
     """make_config bound to this test's tmp_path (the run is tmp_path / "t") and the prose tokens."""
     return lambda **dotted: make_config(tmp_path, prose_tokens, **dotted)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_cache(tmp_path_factory):
+    """Per-machine decisions (the CPU matmul backend of train.cpu_matmul = "auto") go to a session folder,
+    not the user's ~/.cache/oreline; subprocess runs inherit it through the environment."""
+    import os
+
+    before = os.environ.get("ORELINE_CACHE_DIR")
+    os.environ["ORELINE_CACHE_DIR"] = str(tmp_path_factory.mktemp("oreline-cache"))
+    yield Path(os.environ["ORELINE_CACHE_DIR"])
+    if before is None:
+        os.environ.pop("ORELINE_CACHE_DIR", None)
+    else:
+        os.environ["ORELINE_CACHE_DIR"] = before

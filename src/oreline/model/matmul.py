@@ -12,9 +12,26 @@ with torch as "MKL-DNN") dispatches on CPUID *features*. On this project's 2-cor
 
 Both are plain fp32: against a float64 reference the errors are of the same order (oneDNN's
 ~2× MKL's, a different blocking of the same sums), nothing like bf16's. Which one is faster
-depends on the CPU, so `backend="auto"` measures both once per process (a few milliseconds) and
-picks oneDNN only when it is clearly (≥ 1.2×) faster; `"blas"` is torch's default, `"onednn"`
-forces it. Intel CPUs, where MKL already uses AVX-512/AMX, usually keep `blas`.
+depends on the CPU, so `backend="auto"` measures both (a few milliseconds) and picks oneDNN only
+when it is clearly (≥ 1.2×) faster; `"blas"` is torch's default, `"onednn"` forces it. Intel
+CPUs, where MKL already uses AVX-512/AMX, usually keep `blas`.
+
+The two give different last bits, so a run must not change backend half-way, and two runs of
+one config should not differ by the load of the machine at their start (issue 20: measured at
+every launch, runs on a loaded machine chose differently — oneDNN 78 vs BLAS 57, then 42 vs 45
+GFLOP/s — and diverged from step 2; resumed runs switched backend). The rule oreline train
+follows for "auto":
+- a fresh run takes **this machine's decision**: measured once and cached in
+  `<cache>/cpu-matmul/<key>.json` (`machine_choice`; the cache is ORELINE_CACHE_DIR, else
+  $XDG_CACHE_HOME/oreline, else ~/.cache/oreline), the key being the CPU model and flags, the
+  torch version and the thread count; every later run on that machine reads the file, and the
+  run prints which file decided. Delete the file to measure again. Where the cache cannot be
+  written the run measures and says so.
+- a resumed run takes **the backend its checkpoint recorded** (`adopt_recorded`), whatever the
+  cache or a measurement says now; a config naming the other backend explicitly wins, with a
+  message that the resumed run will not be bit-identical.
+- every rank takes rank 0's decision (oreline.train.session).
+`cpu_matmul_backend()` used alone (outside a training run) still measures once per process.
 
 The three products of a Linear layer y = x·Wᵀ are written with oneDNN's linear primitive
 (`torch.ops.mkldnn._linear_pointwise`, dense in, dense out, strided views allowed):
@@ -32,9 +49,13 @@ function here is exactly torch's own product.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +64,8 @@ from oreline.errors import ConfigError
 
 BACKENDS = ("auto", "onednn", "blas")
 _setting = "auto"
-_chosen: str | None = None  # what "auto" measured, once per process
+_chosen: str | None = None  # what "auto" decided, once per process
+_source = ""  # how "auto" decided (measured now, this machine's cache, a checkpoint): for the logs
 _measured: dict[str, float] = {}
 
 
@@ -79,19 +101,28 @@ def set_cpu_matmul_backend(backend: str) -> None:
     if backend == "onednn" and not _onednn_available():
         raise ConfigError("this torch build has no oneDNN (torch.backends.mkldnn is unavailable)",
                           "set train.cpu_matmul = \"blas\" or \"auto\"")
-    _setting, _chosen = backend, None
+    _setting, _chosen, _source = backend, None, ""
 
 
 @contextmanager
 def forced_backend(backend: str) -> Iterator[None]:
     """Run a block with `backend` ("onednn" or "blas"), then restore the setting (peak measurements)."""
-    global _setting, _chosen
-    saved = (_setting, _chosen)
+    global _setting, _chosen, _source
+    saved = (_setting, _chosen, _source)
     set_cpu_matmul_backend(backend)
     try:
         yield
     finally:
-        _setting, _chosen = saved
+        _setting, _chosen, _source = saved
+
+
+def pin_auto_choice(backend: str, source: str) -> None:
+    """Make "auto" use `backend`, decided elsewhere (`machine_choice`, a checkpoint); `source` says where."""
+    global _chosen, _source
+    if backend not in available_backends():
+        raise ConfigError(f"cpu matmul backend {backend!r} is not available in this torch build",
+                          "set train.cpu_matmul = \"blas\"")
+    _chosen, _source = backend, source
 
 
 def available_backends() -> list[str]:
@@ -117,27 +148,141 @@ def _measure() -> dict[str, float]:
     return {"blas": best(lambda: F.linear(x, w)), "onednn": best(lambda: _lp(x, w))}
 
 
+def _decide(measured: dict[str, float]) -> str:
+    return "onednn" if measured["onednn"] >= 1.2 * measured["blas"] else "blas"
+
+
+def _describe_measured(measured: dict[str, float], threads: int) -> str:
+    return f"oneDNN {measured['onednn']:.0f} vs BLAS {measured['blas']:.0f} GFLOP/s on {threads} threads"
+
+
 def cpu_matmul_backend() -> str:
     """The backend fp32 CPU products use in this process ("onednn" or "blas")."""
-    global _chosen
+    global _chosen, _source
     if _setting != "auto":
         return _setting
     if _chosen is None:
         if not _onednn_available():
-            _chosen = "blas"
+            _chosen, _source = "blas", "no oneDNN in this torch"
         else:
             _measured.update(_measure())
-            _chosen = "onednn" if _measured["onednn"] >= 1.2 * _measured["blas"] else "blas"
+            _chosen = _decide(_measured)
+            _source = "measured now: " + _describe_measured(_measured, torch.get_num_threads())
     return _chosen
 
 
 def describe_backend() -> str:
-    """One line for logs: the backend, and what "auto" measured when it measured."""
+    """One line for logs: the backend, and how "auto" decided (measured, cached, recorded)."""
     backend = cpu_matmul_backend()
-    if _setting == "auto" and _measured:
-        return (f"{backend} (auto: oneDNN {_measured['onednn']:.0f} vs BLAS {_measured['blas']:.0f} GFLOP/s "
-                f"on {torch.get_num_threads()} threads)")
+    if _setting == "auto":
+        return f"{backend} (auto: {_source})"
     return f"{backend} ({_setting})"
+
+
+# ---------------------------------------------------------------------------------------------
+# the decision of "auto": once per machine, and the one a checkpoint recorded
+
+
+def cache_dir() -> Path:
+    """Where per-machine decisions live: ORELINE_CACHE_DIR, else $XDG_CACHE_HOME/oreline, else ~/.cache/oreline."""
+    if os.environ.get("ORELINE_CACHE_DIR"):
+        return Path(os.environ["ORELINE_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "oreline"
+
+
+def machine_key() -> dict[str, object]:
+    """What the measurement depends on: CPU model and flags, torch version, threads, oneDNN presence."""
+    model, flags = "", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            name, _, value = line.partition(":")
+            name = name.strip()
+            if name == "model name" and not model:
+                model = value.strip()
+            elif name == "flags" and not flags:
+                flags = value.strip()
+    except OSError:
+        import platform
+
+        model = platform.processor() or platform.machine()
+    return {"cpu": model, "flags_sha256": hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:16],
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "onednn": _onednn_available()}
+
+
+def machine_choice(directory: Path | None = None) -> tuple[str, str]:
+    """(backend, where it came from): this machine's cached decision, measured and cached on first use.
+
+    Concurrent first runs each measure, and the first file published wins (os.link fails on an
+    existing name): every run reads the published file, so they all agree.
+    """
+    key = machine_key()
+    if not key["onednn"]:
+        return "blas", "no oneDNN in this torch"
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = (directory or cache_dir()) / "cpu-matmul" / f"{digest}.json"
+    entry = _read_entry(path, key)
+    if entry is None:
+        measured = _measure()
+        new = {"key": key, "backend": _decide(measured), "gflops": measured,
+               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        try:
+            _publish_entry(path, new)
+        except OSError as exc:
+            return new["backend"], (f"measured now ({_describe_measured(measured, key['threads'])}); "
+                                    f"could not cache the decision in {path} ({exc}): the next run measures again")
+        entry = _read_entry(path, key) or new
+    how = _describe_measured(entry["gflops"], key["threads"]) if isinstance(entry.get("gflops"), dict) else "?"
+    return entry["backend"], f"this machine's decision in {path} ({how}, measured {entry.get('measured_at')})"
+
+
+def _read_entry(path: Path, key: dict) -> dict | None:
+    try:
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("key") != key or entry.get("backend") not in available_backends():
+        return None
+    return entry
+
+
+def _publish_entry(path: Path, entry: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entry, indent=1) + "\n")
+    try:
+        os.link(tmp, path)  # publish only if no other run did first
+    except FileExistsError:
+        if _read_entry(path, entry["key"]) is None:  # a damaged or stale file: replace it
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def adopt_recorded(recorded: str | None, where: str) -> str | None:
+    """On resume: use the backend the checkpoint `where` recorded; returns a line to print, or None.
+
+    With "auto" the recorded backend wins over this machine's decision (a resumed run must compute
+    as before). A backend the config names explicitly wins over the record, with a warning.
+    """
+    if recorded not in BACKENDS[1:]:
+        return None  # an older checkpoint, or trained on a GPU
+    current = cpu_matmul_backend()
+    if _setting != "auto":
+        if _setting == recorded:
+            return None
+        return (f"[yellow]warning:[/] train.cpu_matmul = \"{_setting}\" names another backend than the one the "
+                f"checkpoint was trained with ({recorded}): the resumed run's products differ in the last bits from "
+                f"an uninterrupted run's; set train.cpu_matmul = \"auto\" to keep {recorded}")
+    if recorded not in available_backends():
+        return (f"[yellow]warning:[/] the checkpoint was trained with cpu matmul backend {recorded}, which this torch "
+                f"build lacks: continuing with {current}; the run will not be bit-identical to an uninterrupted one")
+    before = _source
+    pin_auto_choice(recorded, f"recorded in the checkpoint {where}")
+    if recorded != current:
+        return (f"CPU fp32 matmuls: {recorded}, recorded in the checkpoint {where}, instead of {current} ({before}): "
+                "a resumed run keeps the backend it was trained with")
+    return None
 
 
 def _use_onednn(*tensors: torch.Tensor) -> bool:

@@ -122,6 +122,9 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
         torch.cuda.set_device(device)
     if world == 1:
         return DistInfo(0, 1, 0, device, None, True, cfg.parallel)
+    from oreline.train.shutdown import die_with_parent
+
+    die_with_parent()  # also for ranks not started through `python -m oreline` (no-op if already set)
     if cfg.parallel == "none" and os.environ.get("ORELINE_LAUNCHED_NPROC"):
         cfg.parallel = "ddp"  # `oreline train --nproc N` asked for several processes: DDP unless told otherwise
     if cfg.parallel == "none":
@@ -182,17 +185,37 @@ def agree_on_step(loss: float, grad_norm: float) -> tuple[float, float]:
     values already; this makes the stability decision identical by construction (a NaN on one
     rank only, or a last-bit difference at a spike threshold, cannot split the ranks).
     """
+    loss, grad_norm, _ = agree_on_step_and_stop(loss, grad_norm, False)
+    return loss, grad_norm
+
+
+def agree_on_step_and_stop(loss: float, grad_norm: float, stop: bool) -> tuple[float, float, bool]:
+    """`agree_on_step`, and whether ANY rank was asked to stop (SIGTERM/SIGINT, oreline.train.shutdown).
+
+    The stop flag rides in the same all-reduce (one more float): a signal reaches the ranks at
+    different moments (or one rank only), and a rank that stopped alone would leave its peers
+    waiting in the next collective; a separate collective per step would cost a round trip.
+    """
     if not _active():
-        return loss, grad_norm
+        return loss, grad_norm, stop
     vals = [loss, grad_norm]
-    t = torch.tensor([v if math.isfinite(v) else 0.0 for v in vals] + [0.0 if math.isfinite(v) else 1.0 for v in vals],
-                     dtype=torch.float64, device=_DEVICE)
+    t = torch.tensor([v if math.isfinite(v) else 0.0 for v in vals] + [0.0 if math.isfinite(v) else 1.0 for v in vals]
+                     + [1.0 if stop else 0.0], dtype=torch.float64, device=_DEVICE)
     tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
     out = []
     for i, v in enumerate(vals):
         bad = float(t[2 + i]) > 0
         out.append((v if not math.isfinite(v) else math.nan) if bad else float(t[i]))
-    return out[0], out[1]
+    return out[0], out[1], float(t[4]) > 0
+
+
+def from_main(value: Any) -> Any:
+    """Rank 0's `value` on every rank (a decision that must not differ between ranks); identity on one rank."""
+    if not _active():
+        return value
+    box = [value]
+    tdist.broadcast_object_list(box, src=0, device=_DEVICE)
+    return box[0]
 
 
 def barrier() -> None:
@@ -438,7 +461,19 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
     torchrun is run as `python -m torch.distributed.run` from this interpreter, so the children
     use the same environment as the parent whatever `torchrun` is first on PATH. torchrun sets
     OMP_NUM_THREADS=1 in the children unless it is set (cores would be oversubscribed otherwise).
+
+    Lifetime (oreline.train.shutdown): the torchrun agent gets a parent-death SIGKILL, so it cannot
+    outlive this process (and its ranks, which set their own, cannot outlive it), and runs in a
+    process group of its own, so a terminal's Ctrl-C reaches it once — from here — and not twice
+    (torchrun would abort its graceful shutdown on the second). SIGTERM and SIGINT received here
+    are passed on; torchrun passes them to every rank, which stops at the next step with a
+    checkpoint. The exit code is then 128 + the signal, as if the signal had ended this process.
     """
+    import signal
+    import subprocess
+
+    from oreline.train.shutdown import STOP_GRACE_S, set_parent_death_signal
+
     args: list[str] = []
     skip = False
     for i, a in enumerate(argv):
@@ -451,8 +486,33 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
         if a.startswith("--nproc="):
             continue
         args.append(a)
-    import subprocess
-
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "oreline", *args]
-    return subprocess.call(cmd, env={**os.environ, "ORELINE_LAUNCHED_NPROC": str(nproc)})
+    env = {**os.environ, "ORELINE_LAUNCHED_NPROC": str(nproc)}
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(STOP_GRACE_S))
+    me = os.getpid()
+
+    def arm() -> None:  # in the child, before exec: die with this process (or now, if it is already gone)
+        set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != me:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # process_group=0: a group of its own in this session (the terminal's signals go to the foreground
+    # group, this process's, only); preexec_fn is safe here, no thread has been started yet
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=arm, process_group=0)  # noqa: PLW1509
+    received: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received and rc != 0:
+        return 128 + received[0]
+    return rc

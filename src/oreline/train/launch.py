@@ -50,7 +50,9 @@ def slurm_script(config: Path, nodes: int, gpus_per_node: int, partition: str | 
         f"#SBATCH --cpus-per-task={8 * gpus_per_node}",
         f"#SBATCH --time={time_limit}",
         "#SBATCH --output=%x-%j.out",
-        "#SBATCH --signal=USR1@120            # a warning before the time limit; the next job resumes",
+        # SIGTERM 120 s before the time limit: the ranks checkpoint after their current step and exit
+        # (oreline.train.shutdown); the next job resumes. (USR1 would kill torchrun: it does not handle it.)
+        "#SBATCH --signal=TERM@120            # checkpoint and stop before the time limit; the next job resumes",
     ]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
@@ -72,6 +74,10 @@ def slurm_script(config: Path, nodes: int, gpus_per_node: int, partition: str | 
         "",
         "# Check the environment before spending the allocation (versions, devices, port, clocks).",
         "srun --ntasks-per-node=1 oreline doctor env --distributed || exit 1",
+        "",
+        "# How long torchrun lets the ranks finish a step and write a checkpoint after SIGTERM before",
+        "# it SIGKILLs them (its default is 30 s); keep it below the --signal lead time above.",
+        "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=100",
         "",
         "# --resume auto (the default) continues from the newest valid checkpoint, so a requeued",
         "# or resubmitted job picks up where the last one stopped.",

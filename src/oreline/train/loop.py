@@ -40,7 +40,10 @@ records for steps it already had: the last record of a step is the one that coun
 Resume (`--resume auto|none|PATH`) restores model, optimizer, loader position, RNG state, the
 stability window, the lr multiplier and counters, and drops metrics records of steps after the
 checkpoint, so an interrupted run continues bit-exactly (on CPU) and its metrics.jsonl reads as
-one clean run.
+one clean run. A resumed run first completes what a kill left undone after its checkpoint's step
+(evaluation, generations, and at the last step the end record: a run is finished when its end
+record is written, `evals_after_step`). SIGTERM/SIGINT stop every rank after the same step with
+a checkpoint and the command that resumes (oreline.train.shutdown, `stop_after_step`).
 
 metrics.jsonl record types (`type`): start, train, eval, generation, event, checkpoint, end —
 see `MetricsLogger` in oreline.train.monitor and the fields written below.
@@ -53,6 +56,7 @@ forward/backward.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +79,8 @@ from oreline.train.session import (
     start_record,
     to_device,
 )
+from oreline.train.shutdown import StopRequests, TrainingStopped, resume_command
+from oreline.train.shutdown import signal_name as shutdown_signal_name
 
 
 def train(cfg: Config, resume: str = "auto", allow_config_change: list[str] | None = None,
@@ -82,16 +88,23 @@ def train(cfg: Config, resume: str = "auto", allow_config_change: list[str] | No
     """Train per `cfg`; returns a summary (steps, tokens, seconds, losses, run dir, checkpoint)."""
     info = dist.init_distributed(cfg.train)
     console = console or Console(stderr=True)
+    stops = StopRequests().install()
     try:
-        summary = _train(cfg, resume, list(allow_config_change or []), info, console)
+        summary = _train(cfg, resume, list(allow_config_change or []), info, console, stops)
+    except TrainingStopped:
+        dist.cleanup()  # every rank stopped after the same step and met in the checkpoint's last barrier
+        raise
     except BaseException:
         dist.cleanup(graceful=False)
         raise
+    finally:
+        stops.uninstall()
     dist.cleanup()
     return summary
 
 
-def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, console: Console) -> dict[str, Any]:
+def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, console: Console,
+           stops: StopRequests) -> dict[str, Any]:
     tc, stab = cfg.train, cfg.train.stability
     say = console.print if info.is_main else (lambda *a, **k: None)
     s = setup_run(cfg, info, say)
@@ -106,6 +119,17 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
         if moved is not None:
             say(f"fresh start: the earlier run's checkpoints, metrics and TensorBoard files moved to {moved}")
     dist.barrier()
+    # What the records of the checkpoint's step already hold (rank 0 reads, every rank acts on it:
+    # evaluation is a collective): a kill after the checkpoint but before the step's evaluation,
+    # generations or, at the last step, the end record leaves them to this launch.
+    done = dist.from_main(records_at_step(s.run.metrics, state.step) if resumed is not None and info.is_main else {})
+    if resumed is not None and done.get("end") and state.step >= tc.steps:
+        say(f"nothing to do: the run finished at step {state.step} (its end record is in {s.run.metrics}); "
+            f"to train on, raise train.steps (now {tc.steps}) and pass --allow-config-change train.steps")
+        return {"run_dir": str(s.run.root), "step": state.step, "tokens_seen": state.tokens_seen, "seconds": 0.0,
+                "final_val_loss": done.get("val_loss"), "final_train_loss": state.last_loss,
+                "skipped_steps": state.skipped_steps, "rollbacks": state.rollbacks, "checkpoint": str(resumed),
+                "resumed_from": str(resumed), "config_fingerprint": s.fingerprints["train"], "finished_before": True}
     # A fresh start drops every step record an earlier, unresumable attempt left (-1); a resume
     # drops only the records after its checkpoint, so the file reads as one clean run.
     log = MetricsLogger(s.run.metrics, s.run.tensorboard, console if info.is_main else None, enabled=info.is_main,
@@ -118,15 +142,17 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
     t_run = time.perf_counter()
     window = {"steps": 0, "seconds": 0.0, "cpu": 0.0, "data": 0.0, "comm": 0.0, "tokens": 0}  # since the last train record
     checked_unused = False
-    recent_losses: list[float] = []  # since the last eval record
-    final_val = last_loss = None
+    final_val = done.get("val_loss")
     # the checkpoint a rollback returns to: the last full one this run wrote or resumed from
     # (never one an earlier, unrelated run left in the folder)
     last_ckpt: Path | None = resumed
+    if resumed is not None and state.step > 0:  # what the kill left undone of the checkpoint's step
+        v = evals_after_step(cfg, s, info, state, log, state.step, done)
+        final_val = v if v is not None else final_val
+        if state.step >= tc.steps:
+            say(f"the checkpoint is at step {state.step} of train.steps={tc.steps}: completed what the run had "
+                "left to do after it (final evaluation, generations, end record)")
     s.train_model.train()
-    if state.step >= tc.steps:
-        say(f"nothing to do: the checkpoint is at step {state.step} of train.steps={tc.steps} "
-            "(raise train.steps and pass --allow-config-change train.steps to train on)")
 
     while state.step < tc.steps:
         n = state.step + 1
@@ -165,7 +191,8 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
         clipped = math.isfinite(grad_norm) and grad_norm > max_norm
 
         # -- the stability decision, before the optimizer sees anything (the same on every rank)
-        loss, grad_norm = dist.agree_on_step(loss, grad_norm)
+        # the same all-reduce carries the stop flag: every rank stops after the same step
+        loss, grad_norm, stop = dist.agree_on_step_and_stop(loss, grad_norm, stops.requested)
         anomaly = stability.check(n, loss, grad_norm)
         if anomaly is None and not (math.isfinite(loss) and math.isfinite(grad_norm)):
             anomaly = Anomaly("nonfinite", n, {"loss": loss, "grad_norm": grad_norm})  # monitor disabled
@@ -208,8 +235,9 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
         window["comm"] += comm
         window["tokens"] += tokens_in_step
         if math.isfinite(loss) and action != "skip":
-            recent_losses.append(loss)
-            last_loss = loss
+            state.loss_sum += loss
+            state.loss_count += 1
+            state.last_loss = loss
 
         # -- metrics
         if n % tc.log_every == 0 or n == 1 or n == tc.steps:
@@ -235,26 +263,21 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
 
         # -- checkpoints
         ckpt = cfg.checkpoint
+        saved_full = False
         if ckpt.every and (n % ckpt.every == 0 or n == tc.steps):
             last_ckpt = save(cfg, s, state, stability, "full", log)
+            saved_full = True
         elif ckpt.model_only_every and (n % ckpt.model_only_every == 0 or (n == tc.steps and not ckpt.every)):
             save(cfg, s, state, stability, "model_only", log)
 
+        # -- a stop request (SIGTERM/SIGINT on any rank): checkpoint this step and end; the step's
+        # evaluation, if due, is left to the resumed run (it completes the checkpoint's step first)
+        if stop:
+            stop_after_step(cfg, s, state, stability, log, info, stops, last_ckpt if saved_full else None)
+
         # -- evaluation and generations
-        if (tc.eval_every and n % tc.eval_every == 0) or n == tc.steps:
-            v = evaluate(s, info, tc.eval_batches, cfg)
-            final_val = v["loss"]
-            train_loss = sum(recent_losses) / len(recent_losses) if recent_losses else None
-            log.log({"type": "eval", "step": n, "val_loss": v["loss"], "val_ppl": v["ppl"], "val_bpb": v["bpb"],
-                     "val_loss_token": v["loss_token"], "val_loss_eos": v["loss_eos"],
-                     "val_loss_bos": v["loss_bos"], "train_loss": train_loss,
-                     "val_targets": v["targets"], "val_batches": v["batches"]})
-            recent_losses = []
-        gen_due = (tc.generate_every and n % tc.generate_every == 0) or \
-            (not tc.generate_every and ((tc.eval_every and n % tc.eval_every == 0) or n == tc.steps))
-        if gen_due and (info.is_main or info.sharded) and cfg.eval.prompts:  # FSDP: every rank runs the forward
-            for g in generations(s, cfg):
-                log.log({"type": "generation", "step": n, "prompt": g["prompt"], "text": g["text"], "mode": g["mode"]})
+        v = evals_after_step(cfg, s, info, state, log, n, {})
+        final_val = v if v is not None else final_val
 
     if cfg.checkpoint.every or cfg.checkpoint.model_only_every:
         from oreline.train.checkpoint import wait_for_pending_save
@@ -263,6 +286,7 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
     if tc.debug.param_digest:
         dist.write_param_digest(s.model, s.run.root, info.rank)
     seconds = time.perf_counter() - t_run
+    last_loss = state.last_loss
     log.log({"type": "end", "step": state.step, "tokens_seen": state.tokens_seen, "seconds": seconds,
              "final_val_loss": final_val, "skipped_steps": state.skipped_steps, "rollbacks": state.rollbacks,
              "stability": stability.summary()})
@@ -275,6 +299,79 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
             "skipped_steps": state.skipped_steps, "rollbacks": state.rollbacks,
             "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": str(resumed) if resumed else None,
             "config_fingerprint": s.fingerprints["train"]}
+
+
+def records_at_step(metrics: Path, step: int) -> dict[str, Any]:
+    """What metrics.jsonl holds for `step`: {"eval": bool, "val_loss", "generations": set of prompts, "end": bool}."""
+    import json
+
+    out: dict[str, Any] = {"eval": False, "val_loss": None, "generations": set(), "end": False}
+    if not Path(metrics).is_file():
+        return out
+    for line in Path(metrics).read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the line a kill cut short
+        if not isinstance(rec, dict) or rec.get("step") != step:
+            continue
+        if rec.get("type") == "eval":
+            out["eval"], out["val_loss"] = True, rec.get("val_loss")
+        elif rec.get("type") == "generation":
+            out["generations"].add(rec.get("prompt"))
+        elif rec.get("type") == "end":
+            out["end"] = True
+    return out
+
+
+def evals_after_step(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, log: MetricsLogger, n: int,
+                     done: dict[str, Any]) -> float | None:
+    """Validation loss and greedy generations due after step n, less what `done` says was logged.
+
+    Returns the validation loss when an evaluation ran. The train loss of the eval record is the
+    mean since the previous evaluation; its running sum is part of the checkpoint, so an
+    evaluation completed by a resumed run reports what the uninterrupted run would have.
+    """
+    tc = cfg.train
+    val = None
+    eval_due = (tc.eval_every and n % tc.eval_every == 0) or n == tc.steps
+    if eval_due and done.get("eval"):
+        state.loss_sum, state.loss_count = 0.0, 0  # logged before the kill; the next mean starts here
+    elif eval_due:
+        v = evaluate(s, info, tc.eval_batches, cfg)
+        val = v["loss"]
+        train_loss = state.loss_sum / state.loss_count if state.loss_count else None
+        log.log({"type": "eval", "step": n, "val_loss": v["loss"], "val_ppl": v["ppl"], "val_bpb": v["bpb"],
+                 "val_loss_token": v["loss_token"], "val_loss_eos": v["loss_eos"],
+                 "val_loss_bos": v["loss_bos"], "train_loss": train_loss,
+                 "val_targets": v["targets"], "val_batches": v["batches"]})
+        state.loss_sum, state.loss_count = 0.0, 0
+    gen_due = (tc.generate_every and n % tc.generate_every == 0) or \
+        (not tc.generate_every and ((tc.eval_every and n % tc.eval_every == 0) or n == tc.steps))
+    prompts = [p for p in cfg.eval.prompts if p not in done.get("generations", ())]
+    if gen_due and (info.is_main or info.sharded) and prompts:  # FSDP: every rank runs the forward
+        for g in generations(s, cfg, prompts):
+            log.log({"type": "generation", "step": n, "prompt": g["prompt"], "text": g["text"], "mode": g["mode"]})
+    return val
+
+
+def stop_after_step(cfg: Config, s: Setup, state: TrainState, stability: Any, log: MetricsLogger,
+                    info: dist.DistInfo, stops: StopRequests, saved: Path | None) -> None:
+    """End the run on a stop request: a full checkpoint of this step (unless one was just written),
+    an event record, the command that resumes, and TrainingStopped (exit code 128 + the signal)."""
+    from oreline.train.checkpoint import wait_for_pending_save
+
+    # the signal may have reached another rank only: this one then exits as if it had had SIGTERM
+    signum = stops.signum or signal.SIGTERM
+    path = saved or save(cfg, s, state, stability, "full", log)
+    wait_for_pending_save()
+    command = resume_command()
+    what = shutdown_signal_name(stops.signum) if stops.signum else "a signal to another rank"
+    log.log({"type": "event", "step": state.step, "kind": "stopped", "values": {"signal": what, "checkpoint": str(path)},
+             "action": "stop", "message": f"stopped by {what} after step {state.step}; checkpoint {path}"})
+    log.close()
+    raise TrainingStopped(f"stopped by {what} after step {state.step} of {cfg.train.steps}; checkpoint {path}",
+                          f"resume with: {command}", int(signum), show=info.is_main)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,8 +427,9 @@ def evaluate(s: Setup, info: dist.DistInfo, batches: int, cfg: Config) -> dict[s
                                autocast_dtype=s.autocast_dtype)
 
 
-def generations(s: Setup, cfg: Config) -> list[dict[str, Any]]:
+def generations(s: Setup, cfg: Config, prompts: list[str] | None = None) -> list[dict[str, Any]]:
     from oreline.model.scoring import generate_samples
 
     with _eager(cfg):
-        return generate_samples(s.model, s.tokenizer, cfg.eval.prompts, cfg.eval.max_new_tokens, greedy=True)
+        return generate_samples(s.model, s.tokenizer, cfg.eval.prompts if prompts is None else prompts,
+                                cfg.eval.max_new_tokens, greedy=True)

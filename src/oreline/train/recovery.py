@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from oreline.config import Config, to_dict
+from oreline.model.matmul import adopt_recorded, cpu_matmul_backend
 from oreline.runs import RunDir
 from oreline.train import dist
 from oreline.train.monitor import MetricsLogger
@@ -32,11 +33,14 @@ def checkpoint_meta(cfg: Config, s: Setup, state: TrainState, stability: Any) ->
         "step": state.step, "tokens_seen": state.tokens_seen, "lr_multiplier": state.lr_multiplier,
         "skipped_steps": state.skipped_steps, "rollbacks": state.rollbacks,
         "debug_injected": list(state.debug_injected),
+        "loss_sum": state.loss_sum, "loss_count": state.loss_count, "last_loss": state.last_loss,
         "loader": s.loader.state_dict(), "stability": stability.state_dict(),
         "config": to_dict(cfg), "config_fingerprint": s.fingerprints["train"],
         "tokenizer_fingerprint": s.fingerprints["tokenizer"], "data_fingerprint": s.fingerprints["data"],
         "model_args": s.args.to_dict(), "tokenizer_dir": str(s.tokenizer_dir.resolve()),
         "tokens_dir": str(s.tokens_dir.resolve()),
+        # the fp32 product backend on CPU: a resume keeps it (oreline.model.matmul.adopt_recorded)
+        "cpu_matmul": cpu_matmul_backend() if s.device.type == "cpu" else None,
     }
 
 
@@ -80,6 +84,9 @@ def _restore(meta: dict, s: Setup, state: TrainState) -> None:
     state.skipped_steps = int(meta.get("skipped_steps", 0))
     state.rollbacks = int(meta.get("rollbacks", 0))
     state.debug_injected = list(meta.get("debug_injected", []))
+    state.loss_sum = float(meta.get("loss_sum", 0.0))
+    state.loss_count = int(meta.get("loss_count", 0))
+    state.last_loss = meta.get("last_loss")
 
 
 def resume_if_asked(cfg: Config, s: Setup, state: TrainState, stability: Any, resume: str, allow: list[str],
@@ -116,10 +123,15 @@ def resume_if_asked(cfg: Config, s: Setup, state: TrainState, stability: Any, re
     _restore(meta, s, state)
     s.loader.load_state_dict(meta["loader"])
     stability.load_state_dict(meta.get("stability", {}))
+    if s.device.type == "cpu":
+        note = adopt_recorded(meta.get("cpu_matmul"), str(path))
+        if note:
+            say(note)
     say(f"resumed from {path} at step {state.step} ({state.tokens_seen:,} tokens seen)"
         + (f"; allowed config changes: {', '.join(changed)}" if changed else ""))
     events.append({"type": "event", "step": state.step, "kind": "resume",
-                   "values": {"path": str(path), "tokens_seen": state.tokens_seen, "allowed_changes": changed},
+                   "values": {"path": str(path), "tokens_seen": state.tokens_seen, "allowed_changes": changed,
+                              "cpu_matmul": cpu_matmul_backend() if s.device.type == "cpu" else None},
                    "action": "resume", "message": f"resumed from {path} at step {state.step}"})
     return Path(path), events
 

@@ -27,7 +27,13 @@ import torch
 from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
 from oreline.errors import ConfigError, TrainingError
 from oreline.io import write_json_atomic
-from oreline.model.matmul import describe_backend, set_cpu_matmul_backend
+from oreline.model.matmul import (
+    cpu_matmul_backend,
+    describe_backend,
+    machine_choice,
+    pin_auto_choice,
+    set_cpu_matmul_backend,
+)
 from oreline.runs import RunDir
 from oreline.train import dist
 from oreline.train.monitor import cpu_native_bf16, device_peak_flops, model_matmul_shapes
@@ -44,6 +50,11 @@ class TrainState:
     skipped_steps: int = 0
     rollbacks: int = 0
     debug_injected: list[int] = field(default_factory=list)
+    # train losses since the last evaluation (its record's train_loss) and the last one: in the
+    # checkpoint, so an evaluation a resumed run completes reports what the uninterrupted run would
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    last_loss: float | None = None
 
 
 @dataclass
@@ -223,6 +234,8 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         say(f"CPU allocator: {tuned}" if tuned else "CPU allocator: not glibc, left as it is")
     if device.type == "cpu":
         set_cpu_matmul_backend(tc.cpu_matmul)
+        if tc.cpu_matmul == "auto":  # this machine's decision, not one measured under today's load; rank 0's
+            pin_auto_choice(*dist.from_main(machine_choice() if info.is_main else None))
         say(f"CPU fp32 matmuls: {describe_backend()}")
 
     autocast_dtype = None
@@ -303,6 +316,7 @@ def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, 
         "device": str(s.device) + (f" ({torch.cuda.get_device_name(s.device)})" if s.device.type == "cuda" else ""),
         "world_size": info.world_size, "precision": cfg.train.precision,
         "cpu_matmul": describe_backend() if s.device.type == "cpu" else None,
+        "cpu_matmul_backend": cpu_matmul_backend() if s.device.type == "cpu" else None,
         "peak_flops": s.peak_flops, "peak_source": s.peak_source,
         "schedule": schedule_samples(cfg.train), "total_steps": cfg.train.steps,
     }

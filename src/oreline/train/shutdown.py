@@ -1,0 +1,182 @@
+"""How a training process ends when it is told to: with its launcher, or at a step boundary.
+
+Two faults this module answers (issue 20, item 1):
+
+- **Ranks outlive their launcher.** torchrun starts every rank in a session of its own
+  (`start_new_session=True` in torch.distributed.elastic's SubprocessHandler), so a SIGKILL of
+  the launcher's process group — what a terminal, a CI runner or a job scheduler sends — never
+  reaches the ranks: they trained on, and a relaunch then shared the run folder with them.
+  `die_with_parent()` asks the kernel to SIGKILL this process when its parent dies
+  (`prctl(PR_SET_PDEATHSIG)`, Linux). Every rank calls it as the first thing `python -m oreline`
+  does, so it holds whatever started the rank (`oreline train --nproc`, torchrun, srun → torchrun);
+  `oreline train --nproc` sets the same signal on the torchrun agent it starts
+  (`oreline.train.dist.launch_torchrun`), so the chain launcher → agent → ranks holds at every
+  link. The race: a parent that dies between fork and the prctl call leaves the child already
+  re-parented, and the death signal never comes; so after the call the parent is compared with
+  the one seen first, and the process exits when they differ. SIGKILL, not SIGTERM: a launcher
+  that dies without passing a signal on was killed (SIGKILL cannot be caught), and a stop that
+  writes a checkpoint while a relaunch may already be starting in the same folder is the fault
+  itself; the run resumes from its last periodic checkpoint.
+
+- **SIGTERM killed a run without a checkpoint** (exit −15). `StopRequests.install()` turns
+  SIGTERM and SIGINT into a flag; the loop ORs it over ranks once per step (it travels in the
+  all-reduce `oreline.train.dist.agree_on_step` already makes for the stability decision, so a
+  stop costs no collective of its own), and every rank then stops after the same step: a full
+  checkpoint at that step, a message with the command that resumes, and `TrainingStopped`, whose
+  exit code is 128 + the signal (143 for TERM, 130 for INT, as a shell reports a process killed
+  by them). A second SIGINT while the first is pending acts at once (KeyboardInterrupt): Ctrl-C
+  twice stops without waiting for the step; repeated SIGTERMs are one request (a service manager
+  or Slurm may signal every process of the job, and torchrun passes it on to the ranks again). torchrun passes SIGTERM/SIGINT on to
+  every rank and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (default 30) before it SIGKILLs
+  them; `oreline train --nproc` raises that wait to `STOP_GRACE_S` unless it is set, because a
+  step plus a checkpoint of a large model can take longer than 30 s.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+from typing import Any
+
+from oreline.errors import TrainingError
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+STOP_GRACE_S = 600  # what `oreline train --nproc` gives torchrun's TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+
+_FIRST_PARENT: int | None = None  # the parent pid seen first (recorded before any heavy import)
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """prctl(PR_SET_PDEATHSIG, sig) for the calling process; False where unavailable (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def record_parent() -> int:
+    """Remember the parent pid as early as possible (the reference for `die_with_parent`'s race check)."""
+    global _FIRST_PARENT
+    if _FIRST_PARENT is None:
+        _FIRST_PARENT = os.getppid()
+    return _FIRST_PARENT
+
+
+def die_with_parent() -> bool:
+    """SIGKILL this process when its parent dies; exit now if the parent is already gone.
+
+    Called for every process that torchrun started, and by every rank of a multi-process run:
+    a rank alone in its session is otherwise reached by nothing when its launcher is killed.
+    Returns whether the death signal is set.
+    """
+    first = record_parent()
+    ok = set_parent_death_signal(signal.SIGKILL)
+    if ok and (os.getppid() != first or first == 1):
+        # the parent died before the death signal was armed: it will never come
+        sys.stderr.write(f"oreline: the launcher (pid {first}) is gone; this rank (pid {os.getpid()}) exits\n")
+        os._exit(1)
+    return ok
+
+
+def launched_as_rank() -> bool:
+    """Started by torchrun: the processes that must not orphan. (Other launchers' ranks set the death
+    signal in `init_distributed`; a single `oreline train` may outlive its shell on purpose: nohup.)"""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+# ---------------------------------------------------------------------------------------------
+# stop requests
+
+
+class TrainingStopped(TrainingError):
+    """The run stopped on a signal after writing a checkpoint; `exit_code` is 128 + the signal."""
+
+    def __init__(self, message: str, hint: str, signum: int, show: bool = True):
+        super().__init__(message, hint)
+        self.exit_code = 128 + int(signum)
+        self.show = show  # printed by rank 0 only
+
+
+class StopRequests:
+    """SIGTERM / SIGINT as a flag the loop reads at step boundaries."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> StopRequests:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers can only be set from the main thread (a test's worker thread)
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        # No printing here: the handler runs between two bytecodes of whatever the main thread was
+        # doing, possibly inside a write to the same stream. The loop says it at the step boundary.
+        if self.signum is not None and signum == signal.SIGINT == self.signum:
+            self.uninstall()  # Ctrl-C twice: what it would have done without us (KeyboardInterrupt)
+            signal.raise_signal(signum)
+            return
+        # Repeated SIGTERMs are one request: systemd, or Slurm with cgroup process tracking, signal
+        # every process of the job, and torchrun then passes the same signal on to the ranks again.
+        self.signum = self.signum or signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+
+def signal_name(signum: int | None) -> str:
+    try:
+        return signal.Signals(signum).name if signum else "a signal"
+    except ValueError:
+        return f"signal {signum}"
+
+
+def resume_command(argv: list[str] | None = None, env: dict[str, str] | None = None) -> str:
+    """The command that resumes this run: the one that started it, without `--resume`.
+
+    `--resume auto` is the default, so dropping an explicit `--resume PATH` makes the relaunch take
+    the newest checkpoint (the one just written) instead of the old one PATH named. Under
+    `oreline train --nproc N` the ranks see ORELINE_LAUNCHED_NPROC and add `--nproc N` back;
+    under torchrun started by hand the torchrun part is named, since its options are not known here.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env = os.environ if env is None else env
+    args: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--resume":
+            skip = True
+            continue
+        if a.startswith("--resume="):
+            continue
+        args.append(a)
+    command = "oreline " + shlex.join(args)
+    nproc = env.get("ORELINE_LAUNCHED_NPROC")
+    if nproc:
+        return f"{command} --nproc {nproc}"
+    world = env.get("WORLD_SIZE")
+    if world and world != "1":
+        return f"torchrun <the same options> -m {command}"
+    return command
