@@ -65,6 +65,13 @@ class ExtractConfig(Section):
     main_content: bool = Field(True, description="keep main content only (drop navigation, footers)")
     timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False, description="per-document time limit; slower pages are dropped (extract:timeout)")
     min_chars: int = Field(1, description="documents with less extracted text are dropped (extract:empty)")
+    isolate: bool = Field(
+        True, description="extract in a killable child process, so timeout_s and max_memory_mb hold inside C "
+        "extractors too (off: in-process, the time limit is only checked when the C call returns)"
+    )
+    max_memory_mb: int = Field(
+        1024, ge=64, description="memory cap of the extraction child; pages that need more are dropped (extract:too_large)"
+    )
 
 
 class NormalizeConfig(Section):

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import gzip
+import time
 import zlib
 from collections import Counter
 
 import brotli
+import pytest
 import zstandard
 
-from oreline.data.payload import dechunk, decode_payload, normalize_charset, parse_http
+from oreline.data.payload import (
+    PayloadTooLarge,
+    dechunk,
+    decode_content,
+    decode_payload,
+    normalize_charset,
+    parse_http,
+)
 
 
 def test_decode_payload_order():
@@ -57,3 +66,42 @@ def test_charset_labels():
     assert normalize_charset("GB2312") == "gb18030" and normalize_charset("gbk") == "gb18030"
     assert normalize_charset("ISO-8859-1") == "cp1252" and normalize_charset('"utf8"') == "utf-8"
     assert normalize_charset("no-such-charset") is None and normalize_charset(None) is None
+
+
+def test_content_decoding_stops_at_the_limit():
+    """A body that decodes past max_bytes raises PayloadTooLarge (the reader drops the record as
+    read:too_large); before, br and zstd bodies were decoded whole and gzip silently cut."""
+    html = b"<html><body><p>" + b"bounded " * 2_000 + b"</p></body></html>"
+    bodies = {"gzip": gzip.compress(html), "br": brotli.compress(html), "zstd": zstandard.ZstdCompressor().compress(html)}
+    for enc, body in bodies.items():
+        assert decode_content(body, enc, len(html)) == html, enc
+        with pytest.raises(PayloadTooLarge):
+            decode_content(body, enc, len(html) - 1)
+        block = f"HTTP/1.1 200 OK\r\nContent-Encoding: {enc}\r\n\r\n".encode() + body
+        with pytest.raises(PayloadTooLarge):
+            parse_http(block, Counter(), 1_000)
+    # a brotli bomb: 256 MiB of zeros in a few KB, stopped at 1 MB without decoding the rest
+    comp = brotli.Compressor(quality=1, lgwin=24)
+    bomb = b"".join(comp.process(b"\0" * (16 << 20)) for _ in range(16)) + comp.finish()
+    with pytest.raises(PayloadTooLarge):
+        decode_content(bomb, "br", 1_000_000)
+
+
+def test_labels_that_name_no_text_codec_fall_back_to_detection():
+    text = "Crème brûlée, déjà vu."
+    for label in ("rot13", "base64", "hex", "zlib", "bz2", "uu", "quopri", "idna", "punycode", "undefined"):
+        assert normalize_charset(label) is None, label
+        assert decode_payload(text.encode(), label)[:2] == (text, "utf-8"), label
+        meta = f'<html><head><meta charset="{label}"></head><body>{text}</body></html>'.encode()
+        assert text in decode_payload(meta, None)[0], label
+
+
+def test_http_head_is_bounded_and_repeated_headers_joined():
+    counts = Counter()
+    flood = b"HTTP/1.1 200 OK\r\n" + b"X-Flood: abcdefgh\r\n" * 300_000 + b"\r\n<html>body</html>"
+    start = time.perf_counter()
+    status, headers, body = parse_http(flood, counts)
+    assert time.perf_counter() - start < 2  # was quadratic: 2.6 MB of repeated headers took 20 s
+    assert (status, body, counts["http_head_too_long"]) == (200, b"", 1)
+    status, headers, body = parse_http(b"HTTP/1.1 200 OK\r\nSet-Cookie: a\r\nset-cookie: b\r\n\r\nx", Counter())
+    assert headers["set-cookie"] == "a, b" and body == b"x"

@@ -14,6 +14,11 @@ the run reports them instead of ignoring them. Kinds, by suffix:
 UTF-8 is decoded as Latin-1 (every byte sequence is valid Latin-1; the Gutenberg files in the
 samples need it) and the fallback is recorded in `metadata["charset"]`. A malformed line or
 row never stops the file: it is passed to `report(reason, offset, preview)` and skipped.
+
+Memory is bounded per record by `data.read.max_record_bytes`, as for WARC records (issue 21:
+2 MB .txt.gz/.zip/.jsonl.gz files that decompress to 2 GiB peaked at 4.3-4.4 GB or ended in
+MemoryError): a txt file or zip member is read up to the limit, a JSONL line with `readline(limit)`,
+and whatever is larger is dropped as `read:too_large` without being held.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import gzip
 import io
 import json
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +46,7 @@ KINDS: dict[str, tuple[str, ...]] = {
 }
 
 Report = Callable[[str, "int | None", str], None]
+DEFAULT_MAX_RECORD_BYTES = 50_000_000  # data.read.max_record_bytes
 
 
 def input_kind(path: str | Path) -> str | None:
@@ -123,12 +130,13 @@ def iter_input_documents(path: str | Path, cfg: Any, report: Report | None = Non
     report = report or _ignore
     kind = input_kind(path)
     read_cfg = _data_cfg(cfg).read
+    limit = getattr(read_cfg, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)
     if kind == "txt":
-        yield from _iter_txt(path)
+        yield from _iter_txt(path, limit, report)
     elif kind == "zip":
-        yield from _iter_zip(path, report)
+        yield from _iter_zip(path, limit, report)
     elif kind == "jsonl":
-        yield from _iter_jsonl(path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report)
+        yield from _iter_jsonl(path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report, limit)
     elif kind == "parquet":
         yield from _iter_parquet(path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report)
     else:
@@ -144,13 +152,17 @@ def _text_doc(text: str, charset: str, source: str, offset: int | None = None, m
     return Document(id=content_id(text), text=text, url="", metadata=md)
 
 
-def _iter_txt(path: Path) -> Iterator[Document]:
+def _iter_txt(path: Path, limit: int, report: Report) -> Iterator[Document]:
     with open_binary(path) as fh:
-        text, charset = decode_text(fh.read())
+        raw = fh.read(limit + 1)  # never more than the limit (a .txt.gz may be a bomb)
+    if len(raw) > limit:
+        report("read:too_large", 0, f"{path.name}: more than {limit:,} bytes (data.read.max_record_bytes)")
+        return
+    text, charset = decode_text(raw)
     yield _text_doc(text, charset, str(path))
 
 
-def _iter_zip(path: Path, report: Report) -> Iterator[Document]:
+def _iter_zip(path: Path, limit: int, report: Report) -> Iterator[Document]:
     try:
         archive = zipfile.ZipFile(path)
     except zipfile.BadZipFile as exc:
@@ -163,21 +175,43 @@ def _iter_zip(path: Path, report: Report) -> Iterator[Document]:
             if not info.filename.lower().endswith(".txt"):
                 report("read:zip_member_not_txt", None, info.filename)
                 continue
+            too_large = f"{info.filename}: more than {limit:,} bytes (data.read.max_record_bytes)"
+            if info.file_size > limit:  # the declared size: zipfile never returns more than it
+                report("read:too_large", None, too_large)
+                continue
             try:
-                raw = archive.read(info)
-            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                with archive.open(info) as member:
+                    raw = member.read(limit + 1)
+            except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
                 report("read:bad_zip_member", None, f"{info.filename}: {exc}")
+                continue
+            if len(raw) > limit:
+                report("read:too_large", None, too_large)
                 continue
             text, charset = decode_text(raw)
             yield _text_doc(text, charset, str(path), member=info.filename)
 
 
-def _iter_jsonl(path: Path, text_key: str, id_key: str, report: Report) -> Iterator[Document]:
+def _iter_jsonl(path: Path, text_key: str, id_key: str, report: Report,
+                limit: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[Document]:
     offset = 0
+    lineno = -1
     try:
         with open_binary(path) as fh:
-            for lineno, raw in enumerate(fh):
+            while True:
+                raw = fh.readline(limit + 1)  # a line is never held beyond the limit
+                if not raw:
+                    break
+                lineno += 1
                 line_offset, offset = offset, offset + len(raw)
+                if len(raw) > limit:
+                    while not raw.endswith(b"\n"):  # skip the rest of the line a window at a time
+                        raw = fh.readline(1 << 20)
+                        if not raw:
+                            break
+                        offset += len(raw)
+                    report("read:too_large", line_offset, f"line {lineno + 1}: more than {limit:,} bytes (data.read.max_record_bytes)")
+                    continue
                 if not raw.strip():
                     continue
                 line, charset = decode_text(raw)

@@ -6,10 +6,19 @@ archivers store the de-chunked body and keep the header) and decoded per `Conten
 (gzip, deflate in zlib or raw form, br, zstd). A body that fails to decode, or that evidently
 was stored decoded, is kept raw and counted.
 
+Bounds (hostile input, issue 21): every content decoder stops once its output passes
+`max_bytes` (= `data.read.max_record_bytes`) and raises `PayloadTooLarge`; the reader drops the
+record as `read:too_large`. Measured before this bound: a 751-byte brotli body expanded to 5.1 GB
+of RSS, a zstd one to 2.2 GB. The HTTP head is parsed from its first MAX_HTTP_HEAD bytes only
+(repeated header names are joined once, not by repeated concatenation: 2.6 MB of headers took
+20 s that way).
+
 Text decoding (`decode_payload`) follows the WHATWG order in spirit: BOM, then the HTTP
 charset, then `<meta charset>` / http-equiv, then detection (UTF-8 if it is valid, else
 charset_normalizer when installed, else cp1252). gb2312/gbk are read as their superset gb18030,
-latin-1/ascii as cp1252 (WHATWG encoding labels). A declared single-byte charset on bytes that
+latin-1/ascii as cp1252 (WHATWG encoding labels). Only text encodings are accepted as labels: a
+label naming a bytes-to-bytes codec (base64, hex, zlib, rot13, ...) or one that cannot decode
+arbitrary bytes (idna, punycode, undefined) counts as unknown, so detection decides. A declared single-byte charset on bytes that
 are valid multi-byte UTF-8 is a wrong label and is overridden. Replacement characters are
 counted so the pipeline can drop mojibake (`data.normalize.max_replacement_ratio`).
 """
@@ -22,17 +31,35 @@ import zlib
 from collections import Counter
 
 DEFAULT_MAX_BYTES = 50_000_000  # bound on decoded output (= data.read.max_record_bytes by default)
+# Real HTTP heads are a few KB (servers refuse requests with more than 8-64 KB of headers); only
+# this much of a block is searched for the end of the head and parsed as header lines.
+MAX_HTTP_HEAD = 1 << 20
+# RFC 9659: zstd content coding uses windows of at most 8 MB, and decoders may refuse larger ones
+# (browsers do); a larger declared window would make the decoder allocate it.
+ZSTD_MAX_WINDOW = 1 << 23
+
+
+class PayloadTooLarge(Exception):
+    """A body whose Content-Encoding decodes to more than `max_bytes`: the record is dropped
+    (`read:too_large`), never decoded whole."""
+
+    def __init__(self, encoding: str, max_bytes: int):
+        super().__init__(f"Content-Encoding {encoding} decodes to more than {max_bytes:,} bytes")
+        self.encoding, self.max_bytes = encoding, max_bytes
 
 
 def parse_http(block: bytes, counts: Counter, max_bytes: int = DEFAULT_MAX_BYTES):
     """(status, lowercased headers, decoded body) of an HTTP response block; decoding events are
-    counted in `counts` (a ReadReport's `decoding` Counter)."""
-    ends = [i for i in (block.find(b"\r\n\r\n"), block.find(b"\n\n")) if i >= 0]
+    counted in `counts` (a ReadReport's `decoding` Counter). Raises PayloadTooLarge when a
+    Content-Encoding decodes to more than max_bytes."""
+    ends = [i for i in (block.find(b"\r\n\r\n", 0, MAX_HTTP_HEAD), block.find(b"\n\n", 0, MAX_HTTP_HEAD)) if i >= 0]
     if ends:
         cut = min(ends)
         head, body = block[:cut], block[cut + (4 if block[cut:cut + 4] == b"\r\n\r\n" else 2):]
     else:
-        head, body = block, b""
+        if len(block) > MAX_HTTP_HEAD:  # no end of head where one can be: no body either
+            counts["http_head_too_long"] += 1
+        head, body = block[:MAX_HTTP_HEAD], b""
     lines = head.decode("latin-1").splitlines()
     status = None
     parts = lines[0].split(None, 2) if lines else []
@@ -40,12 +67,12 @@ def parse_http(block: bytes, counts: Counter, max_bytes: int = DEFAULT_MAX_BYTES
         status = int(parts[1])
     else:
         counts["http_status_unparsed"] += 1
-    headers: dict[str, str] = {}
+    values: dict[str, list[str]] = {}
     for raw in lines[1:]:
         name, sep, value = raw.partition(":")
         if sep:
-            key = name.strip().lower()
-            headers[key] = value.strip() if key not in headers else headers[key] + ", " + value.strip()
+            values.setdefault(name.strip().lower(), []).append(value.strip())
+    headers = {key: ", ".join(vals) for key, vals in values.items()}
     if "chunked" in headers.get("transfer-encoding", "").lower():
         dechunked = dechunk(body)
         if dechunked is None:
@@ -101,32 +128,50 @@ def dechunk(body: bytes) -> bytes | None:
 
 
 def decode_content(body: bytes, encoding: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes | None:
-    """Undo one Content-Encoding (output bounded by max_bytes); None when it does not apply.
+    """Undo one Content-Encoding; None when it does not apply. Raises PayloadTooLarge as soon as
+    the output passes max_bytes: each decoder is asked for at most max_bytes + 1 bytes, so a
+    decompression bomb costs max_bytes of memory, not its decoded size.
 
     A gzip/deflate body that already looks like markup or text (archivers often store the decoded
     body and keep the header) is not fed to zlib: raw deflate in particular can turn such bytes
-    into garbage without an error."""
+    into garbage without an error. Only the first gzip member / zstd frame is decoded, as before."""
     if not body or body[:1] in _DECODED_START and encoding in ("gzip", "x-gzip", "deflate"):
         return None
     try:
-        if encoding in ("gzip", "x-gzip", "deflate"):
-            for wbits in ((47,) if encoding != "deflate" else (15, -15, 47)):
-                try:
-                    dec = zlib.decompressobj(wbits)
-                    return dec.decompress(body, max_bytes)
-                except zlib.error:
-                    continue
-            return None
-        if encoding == "br":
-            import brotli
-
-            return brotli.Decompressor().process(body)
-        if encoding == "zstd":
-            import zstandard
-
-            return zstandard.ZstdDecompressor().decompressobj().decompress(body)[:max_bytes]
+        out = _decode_content(body, encoding, max_bytes + 1)
     except Exception:  # brotli.error, zstd.ZstdError: undecodable body, kept raw by the caller
         return None
+    if out is not None and len(out) > max_bytes:
+        raise PayloadTooLarge(encoding, max_bytes)
+    return out
+
+
+def _decode_content(body: bytes, encoding: str, limit: int) -> bytes | None:
+    """At most about `limit` bytes of decoded output (more means: too large)."""
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        for wbits in ((47,) if encoding != "deflate" else (15, -15, 47)):
+            try:
+                return zlib.decompressobj(wbits).decompress(body, limit)
+            except zlib.error:
+                continue
+        return None
+    if encoding == "br":
+        import brotli
+
+        # the output buffer stops growing once it holds `limit` bytes (brotli >= 1.2)
+        return brotli.Decompressor().process(body, output_buffer_limit=limit)
+    if encoding == "zstd":
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).stream_reader(body)
+        parts, size = [], 0
+        while size < limit:
+            piece = reader.read(min(limit - size, 1 << 22))
+            if not piece:
+                break
+            parts.append(piece)
+            size += len(piece)
+        return b"".join(parts)
     return None
 
 
@@ -162,16 +207,26 @@ def _count_and_replace(exc: UnicodeDecodeError):
 codecs.register_error(_ERRORS, _count_and_replace)
 
 
+# text codecs that still cannot decode arbitrary bytes (they raise whatever the error handler)
+# or that are no charset of a web page
+_NOT_A_CHARSET = frozenset({"idna", "punycode", "undefined", "unicode-escape", "raw-unicode-escape"})
+
+
 def normalize_charset(label: str | None) -> str | None:
-    """A Python codec name for a charset label (WHATWG-style aliases), None when unknown."""
+    """A Python codec name for a charset label (WHATWG-style aliases), None when unknown or when
+    the label names no text encoding (base64, zlib, rot13, idna, ...: see the module docstring)."""
     if not label:
         return None
     label = label.strip().strip("\"'").lower()
     label = _CHARSET_ALIASES.get(label, label)
     try:
-        return codecs.lookup(label).name
+        info = codecs.lookup(label)
     except LookupError:
         return None
+    # CodecInfo._is_text_encoding is how str.decode itself refuses bytes-to-bytes codecs
+    if not getattr(info, "_is_text_encoding", True) or info.name in _NOT_A_CHARSET:
+        return None
+    return info.name
 
 
 def meta_charset(payload: bytes) -> str | None:
@@ -183,9 +238,13 @@ def _decode(payload: bytes, codec: str) -> tuple[str, int]:
     """Text and number of undecodable sequences (each became U+FFFD).
 
     A single bad sequence in the last 3 bytes is a character cut off by a truncated payload, not
-    evidence against the codec, so it does not count."""
+    evidence against the codec, so it does not count. A codec that raises anyway (none of the
+    accepted ones is known to) counts as failing on every byte, so the next candidate wins."""
     _error_count[0] = 0
-    text = payload.decode(codec, _ERRORS)
+    try:
+        text = payload.decode(codec, _ERRORS)
+    except (UnicodeError, LookupError, TypeError, ValueError):
+        return "\ufffd", len(payload) + 1
     errors = _error_count[0]
     if errors == 1 and _error_count[1] >= max(len(payload) - 3, 0):
         errors = 0

@@ -131,8 +131,10 @@ class Reader:
         def oversized() -> None:
             nonlocal seen_oversized
             for o in report.oversized[seen_oversized:]:
-                doc = Document(o.get("record_id") or f"{name}:{o['offset']}", "", "", {
-                    "source_file": name, "offset": o["offset"], "record_id": o.get("record_id"), "bytes": o["bytes"]})
+                meta = {"source_file": name, "offset": o["offset"], "record_id": o.get("record_id"), "bytes": o["bytes"]}
+                if o.get("content_encoding"):  # the block fit, its decoded body did not
+                    meta["content_encoding"] = o["content_encoding"]
+                doc = Document(o.get("record_id") or f"{name}:{o['offset']}", "", "", meta)
                 self._drop("read:too_large", doc, int(o["bytes"]))
             seen_oversized = len(report.oversized)
 
@@ -144,13 +146,22 @@ class Reader:
                 nbytes = len(rec.payload)
                 self.progress.add(1, nbytes)
                 before = Counter(report.dropped)
-                doc = record_to_document(rec, report)
+                error = None
+                try:
+                    doc = record_to_document(rec, report)
+                except Exception as exc:  # one record's failure drops that record, never the rest of the file
+                    doc, error = None, f"{type(exc).__name__}: {str(exc)[:500]}"
                 if doc is None:
                     changed = [k for k, v in report.dropped.items() if v > before.get(k, 0)]
                     stub = Document(rec.record_id or f"{name}:{rec.offset}", rec.payload[:4000].decode("utf-8", "replace"), rec.url, {
                         "source_file": name, "offset": rec.offset, "record_id": rec.record_id,
                         "content_type": rec.content_type, "http_status": rec.http_status})
-                    self._drop(changed[0] if changed else "read:no_document", stub, nbytes)
+                    if error:
+                        stub.metadata["error"] = error
+                        reason = f"read:error:{error.split(':', 1)[0]}"
+                    else:
+                        reason = changed[0] if changed else "read:no_document"
+                    self._drop(reason, stub, nbytes)
                     continue
                 yield self._keep(doc, nbytes)
             oversized()

@@ -12,14 +12,15 @@ dropped documents there; they must never be trained on). An `oreline data` outpu
 
 Bad input never crashes a run and never disappears: a JSONL line that is not JSON, a row
 without text, or an empty text is counted under a reason and returned to the caller, who keeps
-it in a rejects file next to its output.
+it in a rejects file next to its output. A JSONL line longer than `max_line_bytes` (50 MB, the
+data layer's record limit) is read at most that far and counted as `too_large`: a 2 MB
+.jsonl.gz holding one 2 GiB line used to be read whole (MemoryError).
 """
 
 from __future__ import annotations
 
 import glob
 import gzip
-import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from oreline.errors import InputError
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")
 BATCH_ROWS = 1024
+MAX_LINE_BYTES = 50_000_000  # = data.read.max_record_bytes by default
 
 
 def _is_input(path: Path) -> bool:
@@ -108,15 +110,30 @@ def _parquet_batches(path: Path, id_key: str, text_key: str, row_groups: tuple[i
         row += len(texts)
 
 
-def _jsonl_batches(path: Path, id_key: str, text_key: str, rejects: Rejects) -> Iterator[tuple[list[str], list[str]]]:
+def _jsonl_batches(path: Path, id_key: str, text_key: str, rejects: Rejects,
+                   max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[list[str], list[str]]]:
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as fh:
+    with opener(path, "rb") as fh:
         ids: list = []
         texts: list = []
         start = 0
         error: Exception | None = None
+        lineno = -1
         try:
-            for lineno, line in enumerate(fh):
+            while True:
+                raw = fh.readline(max_line_bytes + 1)  # never more than the limit in memory
+                if not raw:
+                    break
+                lineno += 1
+                if len(raw) > max_line_bytes:
+                    preview = raw[:2000].decode("utf-8", "replace")
+                    while not raw.endswith(b"\n"):  # skip the rest of the line a window at a time
+                        raw = fh.readline(1 << 20)
+                        if not raw:
+                            break
+                    rejects.add("too_large", str(path), lineno, f"more than {max_line_bytes:,} bytes: {preview}")
+                    continue
+                line = raw.decode("utf-8", "replace")
                 if not line.strip():
                     continue
                 try:
@@ -155,7 +172,8 @@ def _clean(ids: list, texts: list, source: str, first_row: int, rejects: Rejects
 
 
 def iter_batches(path: Path, rejects: Rejects, id_key: str = "id", text_key: str = "text",
-                 row_groups: tuple[int, int] | None = None) -> Iterator[tuple[list[str], list[str]]]:
+                 row_groups: tuple[int, int] | None = None,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[list[str], list[str]]]:
     """(ids, texts) batches of one input file; `row_groups` = [start, stop) of a Parquet file.
 
     A file that turns out to be unreadable part-way (corrupt Parquet, truncated gzip) keeps the
@@ -167,7 +185,7 @@ def iter_batches(path: Path, rejects: Rejects, id_key: str = "id", text_key: str
         if path.name.endswith(".parquet"):
             yield from _parquet_batches(path, id_key, text_key, row_groups, rejects)
         else:
-            yield from _jsonl_batches(path, id_key, text_key, rejects)
+            yield from _jsonl_batches(path, id_key, text_key, rejects, max_line_bytes)
     except (pa.ArrowException, OSError, EOFError, UnicodeDecodeError) as exc:
         rejects.add("unreadable_file", str(path), -1, f"{type(exc).__name__}: {exc}")
 

@@ -1,0 +1,427 @@
+"""Hostile inputs (issue 21): peak memory and wall time of the real pipeline on each, under a cap.
+
+Each case writes a small hostile input (a decompression bomb, a gap of blank lines, a page that
+is slow or huge to parse, a charset label naming no text codec, ...) next to a few good
+documents, runs `run_data` (or the token layer's JSONL reader) on it in a child process whose
+address space is capped with RLIMIT_AS, and prints the input size, the child's peak RSS
+(including the extraction child it started), the wall time and the outcome: whether the hostile
+record was dropped with the expected reason while the good documents went through.
+
+    .venv/bin/python benchmarks/hostile_inputs.py [--cap-gib 3] [--timeout 120] [CASE ...]
+
+For the numbers of an older tree, point PYTHONPATH at its `src` (the child imports whatever
+`oreline` that finds). tests/data/test_hostile_inputs.py runs the same cases (`-m hostile`)
+with a 1.5 GiB cap and asserts the outcome and a time bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zipfile
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MiB = 1 << 20
+GiB = 1 << 30
+BOMB_BYTES = 2 * GiB  # decoded size of every bomb (the tests use 1 GiB: enough to pass their cap)
+BAD_CHARSETS = ("rot13", "base64", "hex", "zlib", "bz2", "uu", "quopri", "idna", "punycode", "undefined",
+                "x-no-such-charset")
+
+# ---------------------------------------------------------------------------------------------
+# building blocks
+
+
+def prose_paragraphs(n: int) -> list[str]:
+    """n paragraphs of real English prose (Austen's Emma, from the samples)."""
+    from oreline.config import samples_dir  # ORELINE_SAMPLES
+
+    with zipfile.ZipFile(samples_dir() / "english-prose" / "nltk-gutenberg.zip") as z:
+        text = z.read("gutenberg/austen-emma.txt").decode("utf-8", "replace")
+    paras = [p.replace("\n", " ").strip() for p in text.split("\n\n") if len(p) > 300]
+    if len(paras) < n:
+        raise RuntimeError(f"only {len(paras)} long paragraphs in the sample, {n} wanted")
+    return paras[:n]
+
+
+def html_page(paragraphs: list[str], title: str) -> bytes:
+    body = "".join(f"<p>{p}</p>\n" for p in paragraphs)
+    return f"<!doctype html><html><head><title>{title}</title></head><body><article>{body}</article></body></html>".encode()
+
+
+def good_pages(n: int, per_page: int = 3) -> list[bytes]:
+    paras = prose_paragraphs(n * per_page)
+    return [html_page(paras[k * per_page:(k + 1) * per_page], f"page {k}") for k in range(n)]
+
+
+def warc_response(body: bytes, uri: str, http_headers: str = "Content-Type: text/html; charset=utf-8",
+                  record_id: str | None = None, warc_headers: str = "") -> bytes:
+    """One WARC/1.0 response record holding an HTTP response."""
+    http = f"HTTP/1.1 200 OK\r\n{http_headers}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    rid = record_id or f"urn:uuid:{uuid.uuid4()}"
+    head = (f"WARC/1.0\r\nWARC-Type: response\r\nWARC-Record-ID: <{rid}>\r\nWARC-Target-URI: {uri}\r\n"
+            f"WARC-Date: 2024-01-01T00:00:00Z\r\n{warc_headers}Content-Type: application/http; msgtype=response\r\n"
+            f"Content-Length: {len(http)}\r\n\r\n").encode()
+    return head + http + b"\r\n\r\n"
+
+
+def write_warc(path: Path, records: list[bytes]) -> Path:
+    """One gzip member per record, as Common Crawl writes them."""
+    with open(path, "wb") as fh:
+        for rec in records:
+            fh.write(gzip.compress(rec, 6))
+    return path
+
+
+def good_records(n: int, site: str) -> list[bytes]:
+    return [warc_response(p, f"https://{site}.example/{k}") for k, p in enumerate(good_pages(n))]
+
+
+def repeated_gzip(piece: bytes, times: int) -> bytes:
+    """`piece` * times as gzip members (readers of .gz files read them all): cheap to build."""
+    return gzip.compress(piece, 9) * times
+
+
+def deflate_bomb(size: int, byte: bytes = b"a", piece: int = 16 * MiB) -> bytes:
+    """One raw deflate stream of `size` bytes of `byte`, built by repeating a fully flushed
+    block (identical after a full flush) instead of compressing gigabytes."""
+    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    chunk = byte * piece
+    first = comp.compress(chunk) + comp.flush(zlib.Z_FULL_FLUSH)
+    again = comp.compress(chunk) + comp.flush(zlib.Z_FULL_FLUSH)
+    return first + again * (size // piece - 1) + comp.flush()
+
+
+def gzip_single_member_bomb(size: int) -> bytes:
+    """One gzip member of `size` zero bytes; the CRC is left 0 (no reader that stops at a limit
+    ever checks it, and an unbounded one runs out of memory before it gets there)."""
+    return b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + deflate_bomb(size, b"\0") + struct.pack("<II", 0, size % (1 << 32))
+
+
+def write_zip(path: Path, members: list[tuple[str, bytes, int, int]]) -> Path:
+    """A zip of raw-deflated members (name, deflate stream, crc32, uncompressed size)."""
+    local, central, offset = [], [], 0
+    for name, data, crc, size in members:
+        fname = name.encode()
+        head = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, len(data), size, len(fname), 0) + fname
+        central.append(struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 8, 0, 0, crc, len(data), size,
+                                   len(fname), 0, 0, 0, 0, 0, offset) + fname)
+        local.append(head + data)
+        offset += len(head) + len(data)
+    cd = b"".join(central)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, len(members), len(members), len(cd), offset, 0)
+    path.write_bytes(b"".join(local) + cd + end)
+    return path
+
+
+def raw_deflate(data: bytes) -> bytes:
+    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return comp.compress(data) + comp.flush()
+
+
+def jsonl_bomb(path: Path, good: int) -> Path:
+    """A .jsonl.gz whose first line is a 2 GiB JSON string (2 MB on disk), then good lines."""
+    paras = prose_paragraphs(4 * good)
+    lines = [json.dumps({"id": f"good-{k}", "text": "\n\n".join(paras[4 * k:4 * k + 4])}) + "\n" for k in range(good)]
+    path.write_bytes(gzip.compress(b'{"id": "bomb", "text": "') + repeated_gzip(b"a" * (16 * MiB), BOMB_BYTES // (16 * MiB))
+                     + gzip.compress(b'"}\n' + "".join(lines).encode()))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# the cases
+
+
+@dataclass
+class Case:
+    name: str
+    what: str  # the hostile part, in words
+    make: Callable[[Path], list[Path]]
+    expect_reason: str | None  # the drop reason the hostile record must get ("a|b": either)
+    expect_docs: int = 0  # good documents that must come out (data) or be read (tokens)
+    kind: str = "data"  # "data": run_data; "tokens": tokens.inputs.iter_texts
+    overrides: list[str] = field(default_factory=list)
+    max_seconds: float = 30.0  # time bound asserted by the tests (the child's wall time)
+    max_rss_mb: float = 1000.0  # memory bound asserted by the tests (pipeline + extraction child)
+
+
+def _bomb_warc(encoding: str) -> Callable[[Path], list[Path]]:
+    def make(d: Path) -> list[Path]:
+        if encoding == "br":
+            import brotli
+
+            comp = brotli.Compressor(quality=1, lgwin=24)
+            body = b"".join(comp.process(b"\0" * (16 * MiB)) for _ in range(BOMB_BYTES // (16 * MiB))) + comp.finish()
+        elif encoding == "zstd":
+            import zstandard
+
+            comp = zstandard.ZstdCompressor(level=1).compressobj()
+            body = b"".join(comp.compress(b"\0" * (16 * MiB)) for _ in range(BOMB_BYTES // (16 * MiB))) + comp.flush()
+        else:
+            body = gzip_single_member_bomb(BOMB_BYTES)
+        good = good_records(2, encoding)
+        bomb = warc_response(body, "https://bomb.example/", f"Content-Type: text/html\r\nContent-Encoding: {encoding}",
+                             record_id="urn:uuid:bomb")
+        return [write_warc(d / f"{encoding}-bomb.warc.gz", [good[0], bomb, good[1]])]
+    return make
+
+
+def _blank_lines(size: int) -> Callable[[Path], list[Path]]:
+    def make(d: Path) -> list[Path]:
+        good = good_records(2, "gap")
+        path = d / "blank-lines.warc.gz"
+        path.write_bytes(gzip.compress(good[0]) + repeated_gzip(b"\n" * MiB, size // MiB) + gzip.compress(good[1]))
+        return [path]
+    return make
+
+
+def _page(body: bytes, name: str) -> Callable[[Path], list[Path]]:
+    def make(d: Path) -> list[Path]:
+        good = good_records(2, name)
+        page = warc_response(body, f"https://{name}.example/", record_id=f"urn:uuid:{name}")
+        return [write_warc(d / f"{name}.warc.gz", [good[0], page, good[1]])]
+    return make
+
+
+def _header_flood(d: Path) -> list[Path]:
+    good = good_records(2, "headers")
+    flood = "\r\n".join(["X-Flood: abcdefgh"] * 600_000)  # 11 MB of HTTP headers with one name
+    rec = warc_response(good_pages(1)[0], "https://headers.example/flood", f"Content-Type: text/html\r\n{flood}",
+                        record_id="urn:uuid:header-flood")
+    return [write_warc(d / "header-flood.warc.gz", [good[0], rec, good[1]])]
+
+
+def _folded_warc_headers(d: Path) -> list[Path]:
+    good = good_records(2, "folded")
+    folded = "X-Folded: start\r\n" + "".join(f" {'f' * 60_000}\r\n" for _ in range(1_900))
+    rec = warc_response(good_pages(3)[2], "https://folded.example/", warc_headers=folded, record_id="urn:uuid:folded")
+    return [write_warc(d / "folded.warc.gz", [good[0], rec, good[1]])]
+
+
+def _charsets(d: Path) -> list[Path]:
+    paras = prose_paragraphs(90 + len(BAD_CHARSETS))
+    records = []
+    for k, p in enumerate(paras):
+        label = BAD_CHARSETS[k // 9] if k % 9 == 1 and k // 9 < len(BAD_CHARSETS) else "utf-8"
+        records.append(warc_response(html_page([p], f"p{k}"), f"https://charset.example/{k}",
+                                     f"Content-Type: text/html; charset={label}"))
+    return [write_warc(d / "charsets.warc.gz", records[:101])]
+
+
+def _txt_gz(d: Path) -> list[Path]:
+    (d / "bomb.txt.gz").write_bytes(repeated_gzip(b"a" * (16 * MiB), BOMB_BYTES // (16 * MiB)))
+    (d / "good.txt").write_text("\n\n".join(prose_paragraphs(4)))
+    return [d / "bomb.txt.gz", d / "good.txt"]
+
+
+def _zip(d: Path) -> list[Path]:
+    good = "\n\n".join(prose_paragraphs(4)).encode()
+    size = BOMB_BYTES
+    crc = 0
+    for _ in range(size // (16 * MiB)):
+        crc = zlib.crc32(b"a" * (16 * MiB), crc)
+    return [write_zip(d / "bomb.zip", [("bomb.txt", deflate_bomb(size), crc, size),
+                                       ("good.txt", raw_deflate(good), zlib.crc32(good), len(good))])]
+
+
+def _jsonl(d: Path) -> list[Path]:
+    return [jsonl_bomb(d / "bomb.jsonl.gz", 3)]
+
+
+CASES: dict[str, Case] = {c.name: c for c in [
+    Case("br-bomb", "Content-Encoding: br body, 2 GiB decoded", _bomb_warc("br"), "read:too_large", 2),
+    Case("zstd-bomb", "Content-Encoding: zstd body, 2 GiB decoded", _bomb_warc("zstd"), "read:too_large", 2),
+    Case("gzip-bomb", "Content-Encoding: gzip body, 2 GiB decoded", _bomb_warc("gzip"), "read:too_large", 2),
+    Case("blank-lines-1MiB", "1 MiB of newlines between two records", _blank_lines(MiB), None, 2),
+    Case("blank-lines-64MiB", "64 MiB of newlines between two records", _blank_lines(64 * MiB), None, 2),
+    Case("header-flood", "11 MB of repeated HTTP header lines", _header_flood, "read:empty_payload", 2),
+    Case("folded-warc-header", "1,900 folded 60 KB WARC header lines", _folded_warc_headers, None, 3),
+    Case("html-p-48MB", "48 MB page of <p>x (12M elements)",
+         # which limit comes first, 2 s or 512 MB, depends on the machine's speed
+         _page(b"<html><body>" + b"<p>x" * 12_000_000, "p-tags"), "extract:timeout|extract:too_large", 2,
+         overrides=["data.extract.timeout_s=2", "data.extract.max_memory_mb=512"]),
+    Case("html-attributes", "one element with 100,000 distinct attributes (690 KB)",
+         _page(b"<html><body><p" + b"".join(b" a%d" % i for i in range(100_000)) + b">x</p></body></html>", "attrs"),
+         "extract:timeout", 2, overrides=["data.extract.timeout_s=2", "data.extract.max_memory_mb=512"]),
+    Case("charset-labels", f"101 records, {len(BAD_CHARSETS)} with charset={'/'.join(BAD_CHARSETS[:3])}/...",
+         _charsets, None, 0),
+    Case("txt-gz-bomb", ".txt.gz of 2 MB holding 2 GiB", _txt_gz, "read:too_large", 1),
+    Case("zip-bomb", ".zip member of 2 GiB (2 MB on disk) next to a good one", _zip, "read:too_large", 1),
+    Case("jsonl-gz-bomb", ".jsonl.gz whose first line is 2 GiB (2 MB on disk)", _jsonl, "read:too_large", 3),
+    Case("tokens-jsonl-gz-bomb", "the same file read by the token layer", _jsonl, "too_large", 3, kind="tokens"),
+]}
+
+# ---------------------------------------------------------------------------------------------
+# running one case in a capped child
+
+
+CHILD = r"""
+import json, resource, sys
+args = json.loads(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (args["cap"], args["cap"]))
+summary = {}
+if args["kind"] == "data":
+    from oreline.config import load_config
+    from oreline.data.pipeline import run_data
+    from oreline.config import Config
+    def known(key):  # an older tree lacks newer keys: its run goes without them
+        model = Config
+        for part in key.split("."):
+            field = model.model_fields.get(part)
+            if field is None:
+                return False
+            model = field.annotation
+        return True
+    overrides = [o for o in args["overrides"] if known(o.split("=", 1)[0])]
+    cfg = load_config(None, ["data.langid.languages=['en']"] + overrides)
+    stats = run_data(args["inputs"], args["out"], cfg, workers=1)
+    dropped = {}
+    for step in stats["steps"]:
+        for reason, n in step["dropped"].items():
+            dropped[reason] = dropped.get(reason, 0) + n
+    read = stats["steps"][0]
+    summary = {"dropped": dropped, "docs": stats["output"]["docs"], "errors": stats["errors"],
+               "read_in": read["docs_in"], "read_out": read["docs_out"]}
+else:
+    from pathlib import Path
+    from oreline.tokens.inputs import Rejects, iter_texts
+    rejects = Rejects()
+    n = sum(1 for _ in iter_texts([Path(p) for p in args["inputs"]], rejects))
+    summary = {"dropped": dict(rejects.counts), "docs": n, "errors": [], "read_in": n, "read_out": n}
+with open(args["summary"], "w") as fh:
+    json.dump(summary, fh)
+"""
+
+
+def _session_rss(session: int, peaks: dict[int, int]) -> None:
+    """Update peaks[pid] with VmHWM (kB) of every live process of the session (the pipeline
+    child and the extraction child it starts). Read from /proc while they run: the rusage of a
+    child counts the RSS of the forked parent image before exec, so it cannot be used."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) != session:  # field 6 of stat: the session id
+                continue
+            with open(f"/proc/{entry}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        peaks[int(entry)] = max(peaks.get(int(entry), 0), int(line.split()[1]))
+                        break
+        except (OSError, ValueError, IndexError):
+            continue  # the process ended meanwhile
+
+
+@dataclass
+class Result:
+    case: str
+    input_bytes: int
+    peak_rss_mb: float  # sum of the peaks of the pipeline process and its extraction child
+    seconds: float
+    cpu_seconds: float
+    outcome: str  # "ok: ..." or what went wrong
+    ok: bool
+    summary: dict | None
+
+
+def check(case: Case, summary: dict) -> tuple[bool, str]:
+    dropped, problems = summary["dropped"], []
+    found = [r for r in (case.expect_reason or "").split("|") if dropped.get(r, 0)]
+    if case.expect_reason and not found:
+        problems.append(f"no {case.expect_reason} (dropped: {dropped})")
+    if summary["docs"] < case.expect_docs:
+        problems.append(f"{summary['docs']} of {case.expect_docs} good documents")
+    if case.name == "charset-labels" and summary["read_out"] != 101:
+        problems.append(f"{summary['read_out']} of 101 records read")
+    if summary["errors"]:
+        problems.append(f"errors: {str(summary['errors'])[:200]}")
+    if problems:
+        return False, "; ".join(problems)
+    return True, f"ok: {' '.join(found) or 'all records read'}, {summary['docs']} good docs"
+
+
+def run_case(case: Case, root: Path, cap_bytes: int, timeout_s: float, env: dict | None = None) -> Result:
+    """Build the case's input under root and run it in a child capped at cap_bytes of address space."""
+    inputs_dir, out = root / "in", root / "out"
+    inputs_dir.mkdir(parents=True, exist_ok=True)
+    inputs = case.make(inputs_dir)
+    size = sum(p.stat().st_size for p in inputs)
+    args = {"cap": cap_bytes, "kind": case.kind, "inputs": [str(p) for p in inputs], "out": str(out),
+            "overrides": case.overrides, "summary": str(root / "summary.json")}
+    log = open(root / "child.log", "wb")  # noqa: SIM115 - closed below; a pipe could fill and stall the child
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(args)], stdout=log, stderr=log,
+                            start_new_session=True, env=env)
+    timed_out = False
+    peaks: dict[int, int] = {}
+    cpu0 = os.times()
+    while True:
+        _session_rss(proc.pid, peaks)  # a new session: its id is the child's pid
+        pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() - t0 > timeout_s:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)  # the child and its extraction child
+            pid, status = os.waitpid(proc.pid, 0)
+            break
+        time.sleep(0.02)
+    seconds = time.perf_counter() - t0
+    cpu1 = os.times()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # an extraction child left behind
+    log.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    peak = sum(peaks.values()) / 1024
+    cpu = (cpu1.children_user - cpu0.children_user) + (cpu1.children_system - cpu0.children_system)
+    summary = None
+    if timed_out:
+        ok, outcome = False, f"killed after {timeout_s:.0f} s"
+    elif proc.returncode != 0:
+        tail = (root / "child.log").read_bytes().decode("utf-8", "replace").strip().splitlines()[-1:]
+        ok, outcome = False, f"exit {proc.returncode}: {tail[0][:120] if tail else ''}"
+    else:
+        summary = json.loads((root / "summary.json").read_text())
+        ok, outcome = check(case, summary)
+        if ok and seconds > case.max_seconds:
+            ok, outcome = False, f"{outcome}, but {seconds:.0f} s (bound {case.max_seconds:.0f} s)"
+        if ok and peak > case.max_rss_mb:
+            ok, outcome = False, f"{outcome}, but {peak:.0f} MB (bound {case.max_rss_mb:.0f} MB)"
+    return Result(case.name, size, peak, seconds, cpu, outcome, ok, summary)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cases", nargs="*", help=f"cases to run (default: all): {', '.join(CASES)}")
+    ap.add_argument("--cap-gib", type=float, default=3.0, help="RLIMIT_AS of each child, GiB (default 3)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a child is killed (default 120)")
+    args = ap.parse_args()
+    names = args.cases or list(CASES)
+    print(f"python {sys.executable}; PYTHONPATH={os.environ.get('PYTHONPATH', '')}; cap {args.cap_gib} GiB, "
+          f"timeout {args.timeout:.0f} s")
+    print("| case | input | input bytes | peak RSS MB | wall s | CPU s | outcome |\n|---|---|---:|---:|---:|---:|---|")
+    for name in names:
+        case = CASES[name]
+        with tempfile.TemporaryDirectory(prefix=f"hostile-{name}-") as tmp:
+            r = run_case(case, Path(tmp), int(args.cap_gib * GiB), args.timeout)
+        print(f"| {name} | {case.what} | {r.input_bytes:,} | {r.peak_rss_mb:,.0f} | {r.seconds:.1f} | "
+              f"{r.cpu_seconds:.1f} | {r.outcome} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""HTML extraction in a killable child process: the time limit and a memory cap hold inside C.
+
+Why a child process (issue 21): resiliparse parses and extracts in C, where SIGALRM is only
+seen when the call returns, so `data.extract.timeout_s` could not stop a page. Measured before:
+a 48 MB page of `<p>x` took 36.8 s and 7.0 GB with timeout_s=5 (~560 bytes of memory per
+element). No cheap pre-check bounds it either: lexbor's parser is quadratic in the distinct
+attribute names of one element (measured: 10,000 in a 59 KB page 0.8 s, 40,000 in 269 KB 15 s,
+with attribute names that may even start with `<`), so neither the page's bytes nor a count of
+its `<` tags bounds the time.
+
+How: one child per process (`python -m oreline.data.extract_worker MAX_MEMORY_MB`), started on
+first use and reused for every page. It sets RLIMIT_AS to `data.extract.max_memory_mb` on
+itself, so a page that needs more fails there (lexbor then raises, Python MemoryError) and is
+dropped as `extract:too_large`. The parent sends the page over a pipe and waits at most
+`timeout_s` for the text; past that it kills the child (SIGKILL), drops the page as
+`extract:timeout` and starts a new child for the next page (~0.3 s). A child that dies on a page
+drops that page as `extract:error`. Memory of the pipeline process stays the page itself; the
+child's is capped; time per page is bounded by timeout_s plus one restart.
+
+Protocol (native byte order is fine: both ends are this module on one machine): request =
+`<IQ` (meta length, html length) + JSON [extractor, main_content] + UTF-8 html; reply = `<BQ`
+(status, length) + UTF-8 text or error message.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from oreline.errors import ConfigError
+
+_REQUEST = struct.Struct("<IQ")
+_REPLY = struct.Struct("<BQ")
+OK, FAILED, TOO_LARGE, CONFIG = 0, 1, 2, 3
+# lexbor reports a failed allocation as a failed parse
+_OUT_OF_MEMORY = ("MemoryError", "HTMLParserException")
+
+
+class _Child:
+    """One extraction child process and its pipes."""
+
+    def __init__(self, max_memory_mb: int):
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2])  # the oreline this process runs
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.max_memory_mb = max_memory_mb
+        self.owner = os.getpid()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "oreline.data.extract_worker", str(int(max_memory_mb))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+        )
+
+    def alive(self) -> bool:
+        return self.owner == os.getpid() and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.owner != os.getpid():
+            return
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+        self.proc.wait()
+
+    def _read_exact(self, n: int, deadline: float | None) -> bytes | None:
+        """n bytes of the reply; None at the deadline or when the child is gone."""
+        fd = self.proc.stdout.fileno()
+        parts, got = [], 0
+        while got < n:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    return None
+            piece = os.read(fd, min(n - got, 1 << 20))
+            if not piece:
+                return None
+            parts.append(piece)
+            got += len(piece)
+        return b"".join(parts)
+
+    def extract(self, html: str, extractor: str, main_content: bool, timeout_s: float | None) -> tuple[str, str | None]:
+        """(text, None) or ("", reason); the child is killed on a timeout or a broken pipe."""
+        deadline = time.monotonic() + timeout_s if timeout_s and timeout_s > 0 else None
+        data = html.encode("utf-8", "surrogatepass")
+        meta = json.dumps([extractor, bool(main_content)]).encode()
+        try:
+            self.proc.stdin.write(_REQUEST.pack(len(meta), len(data)) + meta)
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self.kill()
+            return "", "extract:error"
+        del data
+        head = self._read_exact(_REPLY.size, deadline)
+        body = None
+        if head is not None:
+            status, length = _REPLY.unpack(head)
+            body = self._read_exact(length, deadline)
+        if body is None:
+            timed_out = deadline is not None and time.monotonic() >= deadline
+            self.kill()
+            return "", "extract:timeout" if timed_out else "extract:error"
+        if status == OK:
+            return body.decode("utf-8", "surrogatepass"), None
+        if status == CONFIG:
+            raise ConfigError(body.decode("utf-8", "replace"),
+                              "pip install 'oreline[extract]' or set data.extract.extractor=resiliparse")
+        return "", "extract:too_large" if status == TOO_LARGE else "extract:error"
+
+
+_child: _Child | None = None
+
+
+def _shutdown() -> None:
+    if _child is not None:
+        _child.kill()
+
+
+atexit.register(_shutdown)
+
+
+def extract_isolated(html: str, extractor: str, main_content: bool, timeout_s: float | None,
+                     max_memory_mb: int) -> tuple[str, str | None]:
+    """(text, None) or ("", "extract:timeout" | "extract:too_large" | "extract:error"), computed in
+    this process's extraction child (started or restarted as needed)."""
+    global _child
+    if _child is None or not _child.alive() or _child.max_memory_mb != max_memory_mb:
+        if _child is not None:
+            _child.kill()
+        _child = _Child(max_memory_mb)
+    return _child.extract(html, extractor, main_content, timeout_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# the child
+
+
+def _read(stream, n: int) -> bytes | None:
+    data = stream.read(n)
+    return data if len(data) == n else None
+
+
+def main(argv: list[str]) -> None:
+    import resource
+
+    limit = int(argv[0]) << 20 if argv else 0
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if limit > 0:  # never above a cap the parent already runs under (raising it is not allowed)
+        limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    inp = sys.stdin.buffer
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever a library prints must not reach the reply pipe
+    from oreline.data.extract import EXTRACTORS
+
+    while True:
+        head = _read(inp, _REQUEST.size)
+        if head is None:
+            return  # the parent closed the pipe (or exited)
+        n_meta, n_html = _REQUEST.unpack(head)
+        meta, raw = _read(inp, n_meta), _read(inp, n_html)
+        if meta is None or raw is None:
+            return
+        extractor, main_content = json.loads(meta)
+        try:
+            html = raw.decode("utf-8", "surrogatepass")
+            del raw
+            reply = EXTRACTORS[extractor](html, main_content).encode("utf-8", "surrogatepass")
+            status = OK
+        except ConfigError as exc:
+            status, reply = CONFIG, str(exc).encode()
+        except Exception as exc:  # MemoryError included: the page fails, the child goes on
+            status = TOO_LARGE if type(exc).__name__ in _OUT_OF_MEMORY else FAILED
+            reply = f"{type(exc).__name__}: {exc}"[:500].encode("utf-8", "replace")
+        html = raw = None
+        out.write(_REPLY.pack(status, len(reply)) + reply)
+        out.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
