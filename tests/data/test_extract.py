@@ -12,11 +12,11 @@ from oreline.config import ExtractConfig
 from oreline.data.extract import (
     MAX_MAIN_CONTENT_DEPTH,
     ExtractTimeout,
-    extract_text,
     html_to_text,
     time_limit,
     too_deep_for_main_content,
 )
+from oreline.data.steps import extract_text
 from oreline.data.warc import ReadReport, iter_records, record_to_document
 from oreline.errors import ConfigError
 

@@ -23,12 +23,12 @@ Pathological pages:
   selector asks whether any element has MAX_MAIN_CONTENT_DEPTH ancestors, and pages nested deeper
   fall back to the full-page extraction, which is linear (100,000 levels: 70 ms).
 - Per-document time limit (`timeout_s`): `time_limit` arms `signal.setitimer(ITIMER_REAL)` and
-  SIGALRM raises `ExtractTimeout` (a TimeoutError), which `extract_text` turns into the drop
+  SIGALRM raises `ExtractTimeout` (a TimeoutError), which `steps.extract_text` turns into the drop
   reason "extract:timeout". Python-level extractors (trafilatura, html2text) are interrupted
   mid-way; a C extractor is interrupted when it returns, so the limit also drops pages that took
   too long. SIGALRM only exists in a process's main thread on POSIX: elsewhere (threads,
   Windows) the limit is measured after the call instead of enforced during it.
-- The pipeline (`extract_text`) therefore runs the extractor in a killable child process
+- The pipeline (`oreline.data.steps.extract_text`) therefore runs the extractor in a killable child process
   (`oreline.data.extract_worker`, `data.extract.isolate`, on by default), where `timeout_s`
   holds inside C code too and memory is capped at `data.extract.max_memory_mb`: a 48 MB page of
   `<p>x` took 36.8 s and 7.0 GB with timeout_s=5 in-process; isolated it is dropped as
@@ -145,31 +145,3 @@ def html_to_text(html: str, extractor: str = "default", main_content: bool = Tru
         return ""
     with time_limit(timeout_s):
         return fn(html, main_content)
-
-
-def extract_text(html: str, cfg) -> tuple[str, str | None]:
-    """(text, drop reason) under `cfg.data.extract`: "extract:timeout", "extract:too_large",
-    "extract:error", "extract:empty". Runs in the extraction child unless `cfg.isolate` is off."""
-    if getattr(cfg, "isolate", False):
-        if cfg.extractor not in EXTRACTORS:
-            raise ConfigError(f"unknown extractor {cfg.extractor!r}", f"use one of {sorted(EXTRACTORS)}")
-        if not html:
-            text, reason = "", None
-        else:
-            from oreline.data.extract_worker import extract_isolated
-
-            text, reason = extract_isolated(html, cfg.extractor, cfg.main_content, cfg.timeout_s, cfg.max_memory_mb)
-        if reason is not None:
-            return "", reason
-    else:
-        try:
-            text = html_to_text(html, cfg.extractor, cfg.main_content, cfg.timeout_s)
-        except ExtractTimeout:
-            return "", "extract:timeout"
-        except ConfigError:
-            raise
-        except Exception:  # a parser failing on one page drops that page, never the run
-            return "", "extract:error"
-    if len(text.strip()) < max(cfg.min_chars, 1):
-        return text, "extract:empty"
-    return text, None

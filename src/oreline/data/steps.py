@@ -8,8 +8,11 @@ from __future__ import annotations
 import importlib.util
 from collections import Counter
 
+from oreline.data.extract import EXTRACTORS, ExtractTimeout, html_to_text
+from oreline.data.extract_worker import extract_isolated
 from oreline.data.runner import Step
 from oreline.document import Document
+from oreline.errors import ConfigError
 
 
 def _is_warc(doc: Document) -> bool:
@@ -27,9 +30,34 @@ def protocol_step(cfg) -> Step:
     return Step("protocol", lambda doc: protocol_reason(doc.metadata, pcfg), applies=_is_warc)
 
 
-def extract_step(cfg) -> Step:
-    from oreline.data.extract import extract_text
+def extract_text(html: str, cfg) -> tuple[str, str | None]:
+    """(text, drop reason) under `cfg.data.extract`: "extract:timeout", "extract:too_large",
+    "extract:error", "extract:empty". Runs in the extraction child (`extract_worker`) unless
+    `cfg.isolate` is off. It lives here, not in `extract`, because the child imports `extract`."""
+    if getattr(cfg, "isolate", False):
+        if cfg.extractor not in EXTRACTORS:
+            raise ConfigError(f"unknown extractor {cfg.extractor!r}", f"use one of {sorted(EXTRACTORS)}")
+        if not html:
+            text, reason = "", None
+        else:
+            text, reason = extract_isolated(html, cfg.extractor, cfg.main_content, cfg.timeout_s, cfg.max_memory_mb)
+        if reason is not None:
+            return "", reason
+    else:
+        try:
+            text = html_to_text(html, cfg.extractor, cfg.main_content, cfg.timeout_s)
+        except ExtractTimeout:
+            return "", "extract:timeout"
+        except ConfigError:
+            raise
+        except Exception:  # a parser failing on one page drops that page, never the run
+            return "", "extract:error"
+    if len(text.strip()) < max(cfg.min_chars, 1):
+        return text, "extract:empty"
+    return text, None
 
+
+def extract_step(cfg) -> Step:
     ecfg = cfg.data.extract
 
     def extract(doc: Document) -> str | None:
