@@ -281,7 +281,7 @@ class TrainConfig(Section):
 
 class CheckpointConfig(Section):
     every: int = Field(200, ge=0, description="full (resumable) checkpoint every N steps; 0 disables")
-    keep_last: int = Field(3, ge=1, description="newest full checkpoints kept")
+    keep_last: int = Field(3, ge=1, description="newest full checkpoints kept (at least 1; a large number keeps all)")
     keep_every: int = Field(0, description="also keep every M-th step permanently; 0 disables")
     model_only_every: int = Field(0, description="light model-only snapshots (never resumed from); 0 disables")
     async_save: bool = Field(False, alias="async", description="CUDA: save in the background with DCP async save")

@@ -38,7 +38,7 @@ def quiet() -> Console:
 
 def test_skipped_nan_step_leaves_weights_and_optimizer_untouched(tmp_path, train_config, one_thread):
     cfg = train_config(train__steps=6, train__log_every=1, train__eval_every=0, train__grad_accum=1,
-                       train__debug__inject_nan_at_step=4, checkpoint__every=1, checkpoint__keep_last=0,
+                       train__debug__inject_nan_at_step=4, checkpoint__every=1, checkpoint__keep_last=1000,
                        eval__prompts=[])
     summary = train(cfg, resume="none", console=quiet())
     root = tmp_path / "t" / "checkpoints"

@@ -37,7 +37,7 @@ checkpoint live in `oreline.train.checkpoint_files`; the CLI tables in
 `oreline.train.checkpoint`. With `RAW_TENSOR_FILES = False` (DCP's stock writer, torch.save per
 tensor) saves turn off torch.save's per-record CRC32: checksums.json already covers every byte.
 
-Retention: the newest `keep_last` full checkpoints (≤ 0: all) plus every step divisible by
+Retention: the newest `keep_last` (≥ 1) full checkpoints plus every step divisible by
 `keep_every` (> 0) are kept, and the one `latest` names; model-only snapshots are all kept (they are
 small and were asked for explicitly with `model_only_every`).
 
@@ -443,7 +443,7 @@ def _save_model_only(model: torch.nn.Module, meta: dict, tmp: Path, final: Path,
 def apply_retention(root: Path, cfg: CheckpointConfig) -> list[Path]:
     """Delete full checkpoints outside keep_last / keep_every (never the `latest` one). Returns deleted."""
     fulls = sorted((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := FULL_RE.match(p.name)))
-    keep = {s for s, _ in fulls[-cfg.keep_last:]} if cfg.keep_last > 0 else {s for s, _ in fulls}
+    keep = {s for s, _ in fulls[-cfg.keep_last:]}
     if cfg.keep_every > 0:
         keep |= {s for s, _ in fulls if s % cfg.keep_every == 0}
     latest = read_latest(root)
