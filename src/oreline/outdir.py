@@ -102,7 +102,7 @@ def claim_folder(folder: str | Path, kind: str, command: str, *, force: bool = F
             return folder
         raise NotOurFolder(f"{folder} holds oreline {owner.get('kind')!r} output, not {kind!r} output",
                            f"pass a new or empty --out folder to {command}")
-    names = sorted(p.name for p in folder.iterdir())
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith(LOCK))  # a writer's lock is ours
     if not names:
         _write_owner(folder, kind)
         return folder
