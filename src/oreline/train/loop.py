@@ -91,11 +91,20 @@ def train(cfg: Config, resume: str = "auto", allow_config_change: list[str] | No
     """Train per `cfg`; returns a summary (steps, tokens, seconds, losses, run dir, checkpoint)."""
     info = dist.init_distributed(cfg.train)
     console = console or Console(stderr=True)
+    lock = None
     try:
+        if info.is_main:  # one writer per run folder: rank 0 holds its lock for the run's life
+            from oreline.outdir import FolderLock
+            from oreline.runs import RunDir
+
+            lock = FolderLock(RunDir.for_config(cfg).root, "oreline train").acquire()
         summary = _train(cfg, resume, list(allow_config_change or []), info, console)
     except BaseException:
         dist.cleanup(graceful=False)
         raise
+    finally:
+        if lock is not None:
+            lock.release()
     dist.cleanup()
     return summary
 
