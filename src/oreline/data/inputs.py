@@ -84,9 +84,7 @@ def discover_inputs(items: Iterable[str | Path], errors: list[dict[str, Any]] | 
             found.append(path)
         elif glob.has_magic(item):
             matches = sorted(Path(m) for m in glob.glob(str(path), recursive=True))
-            files = [m for m in matches if m.is_file()] + [
-                q for m in matches if m.is_dir() for q in sorted(m.rglob("*")) if q.is_file()
-            ]
+            files = [m for m in matches if m.is_file()] + [q for m in matches if m.is_dir() for q in _walk_files(m, errors)]
             if not files:
                 raise InputError(f"input glob {item!r} matches no file", "check the pattern (quote it so the shell does not expand it)")
             found.extend(files)
