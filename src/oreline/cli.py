@@ -41,6 +41,10 @@ console = Console(stderr=True)
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("-c", "--config", help="TOML config file, or the name of a shipped config (demo, seed-recipe); default: demo")]
 Overrides = Annotated[Optional[list[str]], typer.Argument(help="dotted overrides, e.g. data.langid.threshold=0.8", show_default=False)]
+ForceOpt = Annotated[bool, typer.Option("--force", help="write into a non-empty folder oreline did not create "
+                                         "(files oreline did not write are never deleted or overwritten)")]
+IncompleteOpt = Annotated[bool, typer.Option("--allow-incomplete", help="read an `oreline data` output that has not "
+                                             "finished (no _SUCCESS)")]
 
 
 def _load(config: Path | None, overrides: list[str] | None):
@@ -66,13 +70,14 @@ def data(
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
     config: ConfigOpt = None,
     workers: Annotated[Optional[int], typer.Option(help="processes (default: data.workers)")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Crawl files (WARC/WET/JSONL/Parquet) to clean, deduplicated Parquet shards with a funnel."""
     from oreline.data.pipeline import print_funnel, run_data
 
     inputs, overrides = _split_inputs_and_overrides(items)
     cfg = _load(config, overrides)
-    stats = run_data(inputs or cfg.data.inputs, out, cfg, workers=workers)
+    stats = run_data(inputs or cfg.data.inputs, out, cfg, workers=workers, force=force)
     print_funnel(stats, console)
 
 
@@ -86,6 +91,8 @@ def tokenizer_train(
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
     vocab_size: Annotated[Optional[int], typer.Option(help="target vocabulary size (rounded up to a multiple of 64)")] = None,
     config: ConfigOpt = None,
+    force: ForceOpt = False,
+    allow_incomplete: IncompleteOpt = False,
 ) -> None:
     """Train a byte-level BPE tokenizer (Hugging Face compatible) from documents."""
     from oreline.tokens.train_bpe import print_tokenizer_stats, train_tokenizer
@@ -94,7 +101,7 @@ def tokenizer_train(
     if vocab_size is not None:
         overrides.append(f"tokenizer.vocab_size={vocab_size}")
     cfg = _load(config, overrides)
-    stats = train_tokenizer(inputs, out, cfg.tokenizer)
+    stats = train_tokenizer(inputs, out, cfg.tokenizer, force=force, allow_incomplete=allow_incomplete)
     print_tokenizer_stats(stats, console)
 
 
@@ -106,6 +113,8 @@ def tokenize(
     workers: Annotated[Optional[int], typer.Option(help="processes (default: tokenize.workers)")] = None,
     val_fraction: Annotated[Optional[float], typer.Option(help="validation share by id hash")] = None,
     config: ConfigOpt = None,
+    force: ForceOpt = False,
+    allow_incomplete: IncompleteOpt = False,
 ) -> None:
     """Documents to packed, fingerprinted token shards ([BOS] + tokens + [EOS]) with a manifest."""
     from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus
@@ -114,7 +123,8 @@ def tokenize(
     if val_fraction is not None:
         overrides.append(f"tokenize.val_fraction={val_fraction}")
     cfg = _load(config, overrides)
-    manifest = tokenize_corpus(inputs, tokenizer, out, cfg.tokenize, workers=workers)
+    manifest = tokenize_corpus(inputs, tokenizer, out, cfg.tokenize, workers=workers, force=force,
+                               allow_incomplete=allow_incomplete)
     print_manifest_summary(manifest, console)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from oreline.config import Config
+from oreline.errors import OrelineError
 from oreline.io import write_json_atomic
 
 
@@ -25,7 +26,16 @@ class RunDir:
 
     @classmethod
     def for_config(cls, cfg: Config) -> RunDir:
-        return cls(Path(cfg.run.runs_dir) / cfg.run.name)
+        """runs_dir/name; a name that would leave runs_dir (absolute, `..`) is refused."""
+        from oreline.errors import ConfigError
+        from oreline.outdir import safe_child
+
+        try:
+            return cls(safe_child(Path(cfg.run.runs_dir), cfg.run.name, "run.name"))
+        except OrelineError as exc:
+            raise ConfigError(f"run.name={cfg.run.name!r} does not name a folder inside run.runs_dir={cfg.run.runs_dir!r}",
+                              "use a plain name such as run.name=my-run (set run.runs_dir to choose where runs go)",
+                              ) from exc
 
     @property
     def data(self) -> Path:

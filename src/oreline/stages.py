@@ -170,10 +170,8 @@ def stage_eval(cfg: Config, rd: RunDir, console: Console) -> str:
 def stage_export(cfg: Config, rd: RunDir, console: Console) -> str:
     from oreline.export.hf import export_hf
 
-    if rd.export.exists():
-        shutil.rmtree(rd.export)
-    export_hf(rd.root, rd.export, console=console)
-    return files_fingerprint([p for p in rd.export.iterdir() if p.is_file()])
+    export_hf(rd.root, rd.export, console=console)  # replaces an earlier export, and only that
+    return files_fingerprint([p for p in rd.export.iterdir() if p.is_file() and not p.name.startswith(".")])
 
 
 def stage_report(cfg: Config, rd: RunDir, console: Console) -> str:
@@ -238,9 +236,14 @@ def run_all(cfg: Config, from_stage: str | None = None, console: Console | None 
     """Run every stage whose key changed (or from `from_stage` on); return the summary."""
     console = console or Console(stderr=True)
     _check_samples(cfg)
-    plan = stage_plan(cfg, from_stage)
     rd = RunDir.for_config(cfg)
-    rd.root.mkdir(parents=True, exist_ok=True)
+    from oreline.outdir import FolderLock
+
+    with FolderLock(rd.root, "oreline run"):  # one writer per run folder (train re-enters it)
+        return _run_stages(cfg, rd, stage_plan(cfg, from_stage), console)
+
+
+def _run_stages(cfg: Config, rd: RunDir, plan: list[tuple[str, str]], console: Console) -> dict:
     write_resolved(cfg, rd.root, section="run")
     lineage = rd.lineage()
 

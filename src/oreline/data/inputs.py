@@ -27,6 +27,7 @@ import glob
 import gzip
 import io
 import json
+import os
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -57,24 +58,40 @@ def input_kind(path: str | Path) -> str | None:
     return None
 
 
-def discover_inputs(items: Iterable[str | Path]) -> tuple[list[tuple[Path, str]], list[Path]]:
+def _walk_files(root: Path, errors: list[dict[str, Any]] | None) -> list[Path]:
+    """Every non-hidden file under `root`, sorted. A folder that cannot be listed (permissions, a
+    path too long for the system, I/O errors) is recorded in `errors` instead of being skipped silently."""
+    found: list[Path] = []
+
+    def failed(exc: OSError) -> None:
+        if errors is not None:
+            errors.append({"file": str(exc.filename or root), "offset": None,
+                           "error": f"folder not read: {type(exc).__name__}: {exc.strerror or exc}"})
+
+    for folder, _dirs, names in os.walk(root, onerror=failed):
+        found.extend(Path(folder) / n for n in names if not n.startswith("."))
+    return sorted(p for p in found if p.is_file())
+
+
+def discover_inputs(items: Iterable[str | Path], errors: list[dict[str, Any]] | None = None,
+                    ) -> tuple[list[tuple[Path, str]], list[Path]]:
     """Expand inputs into (sorted, de-duplicated) `(file, kind)` pairs and the files of unknown kind.
 
     Raises InputError for an item that names nothing, so a typo never runs on an empty set.
+    Folders that cannot be listed are appended to `errors` as `{file, offset, error}` (the form of
+    stats.json's errors).
     """
     found: list[Path] = []
     for item in items:
         item = str(item)
         path = Path(item).expanduser()
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")))
+            found.extend(_walk_files(path, errors))
         elif path.is_file():
             found.append(path)
         elif glob.has_magic(item):
             matches = sorted(Path(m) for m in glob.glob(str(path), recursive=True))
-            files = [m for m in matches if m.is_file()] + [
-                q for m in matches if m.is_dir() for q in sorted(m.rglob("*")) if q.is_file()
-            ]
+            files = [m for m in matches if m.is_file()] + [q for m in matches if m.is_dir() for q in _walk_files(m, errors)]
             if not files:
                 raise InputError(f"input glob {item!r} matches no file", "check the pattern (quote it so the shell does not expand it)")
             found.extend(files)

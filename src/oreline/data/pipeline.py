@@ -24,6 +24,16 @@ and `_SUCCESS`. Re-running the same command resumes: finished phases and tasks a
 their markers and the output is exactly that of an uninterrupted run. A folder written with a
 different data config or other inputs is refused (FingerprintMismatch).
 
+Ownership and clean-up (`oreline.outdir`): the first file written into the output folder is
+`.oreline-owner` (kind "data"); a non-empty folder without it is refused (a data run written by an
+oreline version without the marker is recognised by its fingerprint.json, section "data"). With
+`force=True` a non-empty folder is used as long as none of its top-level names is one this command
+writes (`DATA_NAMES`). While it runs, the command holds the folder's lock `.oreline-lock`: a second
+`oreline data` into the same folder is refused, naming the holder. The end-of-run clean-up deletes
+only oreline's own temporary names (`.NAME.tmp-PID` of a shard, `.NAME.XXXXXXXX` of an atomic JSON
+write) of the files this command writes, and the intermediate documents under `work/`; nothing
+else in the folder is touched, hidden or not.
+
 The funnel (`stats.json`): `steps` lists name, docs_in, docs_out, bytes_in, bytes_out, seconds
 and dropped {reason: count} per step, with docs_out of step k equal to docs_in of step k+1;
 `inputs` has per-file facts (records, record types, revisits, bytes) and the files of unknown
@@ -34,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections import Counter
@@ -50,8 +61,13 @@ from oreline.data.runner import merge_step_stats
 from oreline.data.tasks import dedup_enabled, phase1_dir, phase3_marker, run_phase1, run_phase3, task_name
 from oreline.errors import FingerprintMismatch, InputError
 from oreline.io import write_json_atomic
+from oreline.outdir import LOCK, OWNER, FolderLock, claim_folder, is_data_run, is_temp_of, remove_listed
 
 STATS_VERSION = 1
+# every top-level name `oreline data` writes, and the shard names of docs/ and rejects/
+DATA_NAMES = re.compile(r"docs|rejects|work|stats\.json|_SUCCESS|fingerprint\.json|config\.toml|"
+                        + re.escape(OWNER) + "|" + re.escape(LOCK))
+SHARD_NAME = re.compile(r"part-\d{5}-\d{3}\.parquet")
 
 
 def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
@@ -91,23 +107,32 @@ def _jobs_left(tasks: list[tuple[int, Path, str]], done) -> list[int]:
 
 
 def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, workers: int | None = None,
-             console: Console | None = None) -> dict[str, Any]:
+             console: Console | None = None, force: bool = False) -> dict[str, Any]:
     """Run the data pipeline over `inputs` into `out_dir`; returns the stats (also in stats.json).
 
     With workers > 1 the tasks run in forkserver processes, which import the caller's main
     module: a script that calls this must guard its top level with `if __name__ == "__main__":`.
+    `force` writes into a non-empty folder oreline did not create (see the module docstring).
     """
     t_start = time.perf_counter()
     out = Path(out_dir)
-    work = out / "work"
     console = console or Console(stderr=True)
     workers = max(1, int(workers or cfg.data.workers))
-    files, unknown = discover_inputs([expand(str(i)) for i in inputs])  # {samples} in config inputs
+    unreadable: list[dict[str, Any]] = []
+    files, unknown = discover_inputs([expand(str(i)) for i in inputs], errors=unreadable)  # {samples} in config inputs
     if not files:
         raise InputError(
             f"no readable input among {len(unknown)} file(s) given ({', '.join(str(u) for u in unknown[:3])})",
             "pass files ending in " + " ".join(s for group in KINDS.values() for s in group),
         )
+    claim_folder(out, "data", "oreline data", force=force, reserved=DATA_NAMES.fullmatch, legacy=is_data_run)
+    with FolderLock(out, "oreline data"):
+        return _run_data(files, unknown, unreadable, out, cfg, workers, console, t_start)
+
+
+def _run_data(files, unknown, unreadable, out: Path, cfg: Config, workers: int, console: Console,
+              t_start: float) -> dict[str, Any]:
+    work = out / "work"
     fp = data_fingerprint(cfg, files)
     _check_or_write_fingerprint(out, cfg, fp, files)
     if (out / "_SUCCESS").is_file() and (out / "stats.json").is_file():
@@ -118,8 +143,9 @@ def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, w
     left = _jobs_left(tasks, lambda i: (phase1_dir(work, i) / "DONE").is_file())
     jobs = [(i, str(tasks[i][1]), tasks[i][2], str(work), cfg) for i in left]
     crashes = [r for r in run_tasks(run_phase1, jobs, workers, "filter", console) if isinstance(r, TaskCrashed)]
-    for stale in (work / "phase1").glob(".task-*.tmp-*") if (work / "phase1").is_dir() else []:
-        shutil.rmtree(stale, ignore_errors=True)  # wrecks of killed attempts (the tasks are done now)
+    for stale in (work / "phase1").iterdir() if (work / "phase1").is_dir() else []:
+        if re.fullmatch(r"\.task-\d{5}\.tmp-\d+", stale.name):  # wrecks of killed attempts (the tasks are done now)
+            shutil.rmtree(stale, ignore_errors=True)
     finished = [t for t in tasks if (phase1_dir(work, t[0]) / "DONE").is_file()]
 
     # phase 2: the global dedup plan, split per task
@@ -136,6 +162,7 @@ def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, w
     crashes += [r for r in run_tasks(run_phase3, jobs, workers, "write", console) if isinstance(r, TaskCrashed)]
 
     stats = _merge_stats(work, tasks, finished, unknown, crashes, dedup_stats, workers, fp)
+    stats["errors"] = unreadable + stats["errors"]  # input folders that could not be listed
     if ppl_stats is not None:
         stats["perplexity"] = ppl_stats
     stats["seconds"] = round(time.perf_counter() - t_start, 3)
@@ -151,13 +178,19 @@ def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, w
 
 
 def _remove_wrecks(out: Path) -> None:
-    """Delete temporary files left by killed attempts: every output is written under a hidden
-    temporary name and renamed, so a hidden file in a finished run is garbage."""
-    for p in sorted(out.rglob(".*"), reverse=True):
-        if p.is_file():
-            p.unlink()
-        elif p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
+    """Delete the temporary files killed attempts left: each output is written under a temporary
+    form of its final name and renamed, so such a name in a finished run is garbage. Only those
+    exact forms, of the names this command writes, are deleted (see the module docstring)."""
+    def wrecks(folder: Path, final) -> list[str]:
+        return [p.name for p in folder.iterdir() if is_temp_of(p.name, final)] if folder.is_dir() else []
+
+    remove_listed(out, wrecks(out, DATA_NAMES))
+    for sub in ("docs", "rejects"):
+        remove_listed(out / sub, wrecks(out / sub, SHARD_NAME))
+    work = out / "work"  # oreline's own folder (never adopted: --force refuses a folder that has one)
+    for folder in sorted((p for p in work.rglob("*") if p.is_dir()), reverse=True) + [work] if work.is_dir() else []:
+        if folder.exists():
+            remove_listed(folder, wrecks(folder, lambda name: not name.startswith(".")))
 
 
 def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config) -> dict[str, Any]:

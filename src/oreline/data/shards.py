@@ -67,6 +67,12 @@ DOC_SCHEMA = pa.schema(
 )
 
 REJECT_TEXT_CHARS = 4000  # rejects keep this much text: enough to see why, bounded on disk
+# ... and at most this many UTF-8 bytes of id, url and metadata JSON: a document with a 5 MB id
+# or metadata must not make its reject row 5 MB. A cut field is listed in the row's metadata
+# under "_cut" ({field: original bytes}); cut metadata becomes {"_cut": …, "_head": first bytes}.
+REJECT_ID_BYTES = 1024
+REJECT_URL_BYTES = 8192
+REJECT_METADATA_BYTES = 65536
 
 REJECT_SCHEMA = pa.schema(
     [
@@ -124,21 +130,45 @@ def doc_to_row(doc: Document) -> dict[str, Any]:
     return row
 
 
+def _cut(value: str, limit: int) -> tuple[str, int | None]:
+    """`value` cut to `limit` UTF-8 bytes (at a character boundary); the original size when cut."""
+    raw = value.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return value, None
+    return raw[:limit].decode("utf-8", "ignore"), len(raw)
+
+
 def reject_row(doc: Document, step: str, reason: str) -> dict[str, Any]:
     md = doc.metadata
     text = doc.text if isinstance(doc.text, str) else repr(doc.text)
     rest = {k: v for k, v in md.items() if k not in ("source_file", "record_id", "offset")}
+    cut: dict[str, int] = {}
+    fields = {"id": (str(doc.id), REJECT_ID_BYTES), "url": (doc.url or "", REJECT_URL_BYTES),
+              "source_file": (_coerce(md.get("source_file"), pa.string()), REJECT_URL_BYTES),
+              "record_id": (_coerce(md.get("record_id"), pa.string()), REJECT_ID_BYTES)}
+    short: dict[str, Any] = {}
+    for name, (value, limit) in fields.items():
+        short[name], size = _cut(value, limit) if isinstance(value, str) else (value, None)
+        if size is not None:
+            cut[name] = size
+    meta = json.dumps(rest, ensure_ascii=False, default=_json_default)
+    head, size = _cut(meta, REJECT_METADATA_BYTES)
+    if size is not None:
+        cut["metadata"] = size
+        meta = json.dumps({"_cut": cut, "_head": head}, ensure_ascii=False)
+    elif cut:
+        meta = json.dumps({**rest, "_cut": cut}, ensure_ascii=False, default=_json_default)
     return {
-        "id": doc.id,
+        "id": short["id"],
         "step": step,
         "reason": reason,
-        "url": doc.url or "",
-        "source_file": _coerce(md.get("source_file"), pa.string()),
-        "record_id": _coerce(md.get("record_id"), pa.string()),
+        "url": short["url"],
+        "source_file": short["source_file"],
+        "record_id": short["record_id"],
         "offset": _coerce(md.get("offset"), pa.int64()),
         "text_chars": len(text),
         "text": text[:REJECT_TEXT_CHARS].encode("utf-8", "replace").decode("utf-8"),
-        "metadata": json.dumps(rest, ensure_ascii=False, default=_json_default),
+        "metadata": meta,
     }
 
 

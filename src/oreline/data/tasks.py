@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import time
 from collections import Counter
@@ -266,11 +267,15 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
 
 
 def _clear_task_outputs(out_dir: Path, index: int) -> None:
+    """Delete what a killed attempt of this task left: its shards and their temporary files, by
+    their exact names (`part-NNNNN-KKK.parquet`, `.part-NNNNN-KKK.parquet.tmp-PID`), nothing else."""
+    from oreline.outdir import is_temp_of, remove_listed
+
+    mine = re.compile(rf"part-{index:05d}-\d{{3}}\.parquet")
     for sub in ("docs", "rejects"):
         folder = out_dir / sub
         if folder.is_dir():
-            for p in folder.glob(f"*part-{index:05d}-*"):
-                p.unlink()
+            remove_listed(folder, [p.name for p in folder.iterdir() if mine.fullmatch(p.name) or is_temp_of(p.name, mine)])
 
 
 def chunk_docs(doc: Document, cfg) -> list[Document]:

@@ -248,8 +248,16 @@ def eos_id(run: RunArtifacts) -> int:
 
 
 def shard_paths(run: RunArtifacts) -> list[tuple[str, Path]]:
-    shards = (run.manifest or {}).get("shards") or []
-    return [(str(s.get("name")), run.tokens_dir / str(s.get("name"))) for s in shards if s.get("name")]
+    """Manifest shard names as paths; a name that leaves the token folder is never opened."""
+    from oreline.outdir import safe_child
+
+    out = []
+    for s in (run.manifest or {}).get("shards") or []:
+        try:
+            out.append((str(s.get("name")), safe_child(run.tokens_dir, s.get("name"), "manifest.json")))
+        except DataIntegrityError:
+            continue
+    return out
 
 
 def shard_header_fingerprints(run: RunArtifacts) -> list[tuple[str, str]]:

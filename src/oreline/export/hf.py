@@ -127,15 +127,28 @@ def _temp_sibling(out_dir: Path) -> Path:
     return tmp
 
 
-def _publish(tmp: Path, out_dir: Path, marker: str) -> None:
-    """Replace out_dir by tmp, but only if out_dir is empty or an earlier output of the same kind."""
-    if out_dir.exists():
-        if any(out_dir.iterdir()) and not (out_dir / marker).is_file():
-            shutil.rmtree(tmp)
-            raise InputError(f"{out_dir} exists and is not an earlier output (no {marker} in it)",
-                             "choose an empty or new --out folder")
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+def _legacy_files(folder: Path) -> list[str] | None:
+    """The files of an export or import written before `.oreline-owner` existed, as its own record
+    lists them (oreline_export.json "files", checksums.json "files"); None when it is neither."""
+    try:
+        if (folder / "oreline_export.json").is_file():
+            record = json.loads((folder / "oreline_export.json").read_text(encoding="utf-8"))
+            return [*record["files"], "oreline_export.json"] if record.get("format") == "hf-llama" else None
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        if meta.get("source") == "import-hf":
+            sums = json.loads((folder / "checksums.json").read_text(encoding="utf-8"))
+            return [*sums["files"], "checksums.json"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return None
+
+
+def _publish(tmp: Path, out_dir: Path, kind: str, command: str) -> None:
+    """Replace out_dir by tmp, only if out_dir is empty or an earlier output of the same kind that
+    holds nothing but the files it was written with (`oreline.outdir.publish_folder`)."""
+    from oreline.outdir import publish_folder
+
+    publish_folder(tmp, out_dir, kind, command, legacy_files=_legacy_files)
 
 
 def _file_hashes(folder: Path) -> dict[str, dict[str, Any]]:
@@ -209,7 +222,7 @@ def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, t
               "model_args": args.to_dict(), "dtype": dtype, "tokenizer_dir": str(tokenizer_dir) if tokenizer_dir else None,
               "special_token_ids": special, "files": files, **(provenance or {})}
     (tmp / "oreline_export.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
-    _publish(tmp, out_dir, "oreline_export.json")
+    _publish(tmp, out_dir, "export-hf", "oreline export")
     return {"out_dir": str(out_dir), "shards": len(shards), "weight_bytes": total, "tensors": len(tensors),
             "tokenizer_files": copied, "files": sorted(files)}
 
@@ -290,7 +303,14 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
 
     index = hf_dir / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        from oreline.outdir import safe_child
+
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise InputError(f"{index} has no weight_map object", "re-download or re-export the model")
+        files = sorted(set(map(str, weight_map.values())))
+        for name in files:  # the index names files to open: they must stay in the model folder
+            safe_child(hf_dir, name, f"{index} weight_map")
     elif (hf_dir / "model.safetensors").is_file():
         files = ["model.safetensors"]
     elif any(hf_dir.glob("*.bin")):
@@ -341,7 +361,7 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch_version": torch.__version__}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     write_checksums(tmp)
-    _publish(tmp, out, "meta.json")
+    _publish(tmp, out, "import-hf", "oreline import-hf")
     if console is not None:
         n = sum(v.numel() for v in sd.values())
         console.print(f"imported {hf_dir} → {out}: {len(sd)} tensors, {n:,} parameters, "

@@ -85,10 +85,13 @@ def train_reference(docs: list[str], out: str | Path, kind: str = "ngram", conso
     report held-out perplexity. kind "llama": a tiny oreline Llama with its own BPE tokenizer
     (`reference_lm.train_llama_reference`; `llama` overrides its LLAMA_DEFAULTS, e.g. steps=200).
     reference.json: kind, tokenizer, fingerprint (sha256 over the model files), normalization,
-    inputs and training facts.
+    inputs and training facts. `out` is claimed first as oreline's "reference" folder: a non-empty
+    folder oreline did not create is refused (`oreline.outdir.claim_folder`).
     """
+    from oreline.outdir import claim_folder
+
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_folder(out, "reference", "oreline quality train-reference", legacy=lambda d: (d / "reference.json").is_file())
     if kind == "llama":
         from oreline.quality.reference_lm import train_llama_reference
 

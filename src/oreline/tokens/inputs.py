@@ -8,7 +8,9 @@ with "id"/"text" keys are accepted too, so hand-made corpora work without the da
 Folders are expanded recursively to `*.parquet`, `*.jsonl`, `*.jsonl.gz` in sorted order,
 skipping hidden/underscore names and anything under a `rejects` folder (the data layer keeps
 dropped documents there; they must never be trained on). An `oreline data` output folder
-(`_SUCCESS` + `docs/`) stands for its `docs/` folder.
+stands for its `docs/` folder. A data run that has not finished (no `_SUCCESS`), passed as its
+folder or its `docs/`, is refused unless `allow_incomplete` (CLI: --allow-incomplete); files
+named one by one are taken as they are.
 
 Bad input never crashes a run and never disappears: a JSONL line that is not JSON, a row
 without text, or an empty text is counted under a reason and returned to the caller, who keeps
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from oreline.document import content_id
 from oreline.errors import InputError
+from oreline.outdir import require_finished_data_run
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")
 BATCH_ROWS = 1024
@@ -43,13 +46,15 @@ def _skipped(path: Path, root: Path) -> bool:
     return any(p.startswith((".", "_")) or p == "rejects" for p in parts)
 
 
-def expand_inputs(items: list[str | Path]) -> list[Path]:
+def expand_inputs(items: list[str | Path], allow_incomplete: bool = False) -> list[Path]:
     """Files, folders and globs → an ordered list of input files (duplicates removed)."""
     out: list[Path] = []
     for item in items:
         path = Path(item).expanduser()
+        if path.is_dir():  # an `oreline data` output folder: its kept documents only, once finished
+            path = require_finished_data_run(path, allow_incomplete)
         if path.is_dir() and (path / "_SUCCESS").is_file() and (path / "docs").is_dir():
-            path = path / "docs"  # an `oreline data` output folder: its kept documents only
+            path = path / "docs"
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and _is_input(p) and not _skipped(p, path))
         elif path.is_file():

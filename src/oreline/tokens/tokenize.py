@@ -18,6 +18,14 @@ settings). When the key matches and every shard is present with its recorded siz
 done. Otherwise new shards are written under a new generation name, the manifest is replaced
 atomically (the commit point: a reader sees the old set or the new set, never a mix), and only
 then are the shards of the old generation deleted.
+
+The output folder (`oreline.outdir`): `.oreline-owner` (kind "tokens") is written into it first;
+a non-empty folder without it is refused (one written before markers existed is recognised by its
+manifest's "format"); `force=True` adopts a non-empty folder when none of its names is one this
+command writes (`TOKENS_NAMES`). The run holds the folder's lock `.oreline-lock`. Clean-up deletes
+only names of the exact form oreline gives its shards (`SHARD_NAME`, and their `.NAME.tmp-PID`
+temporaries) that the new manifest does not list; any other file in the folder is left alone.
+The inputs: a data run that has not finished is refused unless `allow_incomplete`.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -36,12 +45,16 @@ import numpy as np
 from oreline.config import TokenizeConfig
 from oreline.errors import DataIntegrityError, InputError
 from oreline.io import file_sha256, write_json_atomic
+from oreline.outdir import LOCK, OWNER, FolderLock, claim_folder, is_temp_of, remove_listed
 from oreline.tokens import shards as fmt
 from oreline.tokens.inputs import Rejects, expand_inputs, iter_batches, parquet_row_groups
 from oreline.tokens.train_bpe import OrelineTokenizer, load_tokenizer
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
+SHARD_NAME = re.compile(r"(train|val)-[0-9a-f]{10}-\d{5}-\d{3}\.tok")  # {split}-{generation}-{task}-{part}.tok
+TOKENS_NAMES = re.compile(r"manifest\.json|rejects\.jsonl|" + re.escape(OWNER) + "|" + re.escape(LOCK) + "|"
+                          + SHARD_NAME.pattern)
 
 
 def is_val(doc_id: str, val_fraction: float) -> bool:
@@ -222,13 +235,29 @@ def _up_to_date(out: Path, key: str) -> dict | None:
     return manifest
 
 
+def _legacy_tokens(folder: Path) -> bool:
+    try:
+        return json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("format") == "oreline-token-shards"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def tokenize_corpus(inputs: list[str | Path], tokenizer_dir: str | Path, out_dir: str | Path, cfg: TokenizeConfig,
-                    workers: int | None = None) -> dict:
-    """Tokenize documents into packed shards + manifest.json; a no-op when nothing changed."""
-    t0 = time.perf_counter()
+                    workers: int | None = None, force: bool = False, allow_incomplete: bool = False) -> dict:
+    """Tokenize documents into packed shards + manifest.json; a no-op when nothing changed.
+
+    `force` writes into a non-empty folder oreline did not create; `allow_incomplete` reads a data
+    run that has not finished (see the module docstring)."""
     out = Path(out_dir)
-    paths = expand_inputs(inputs)
+    paths = expand_inputs(inputs, allow_incomplete)
     tok = load_tokenizer(tokenizer_dir)
+    claim_folder(out, "tokens", "oreline tokenize", force=force, reserved=TOKENS_NAMES.fullmatch, legacy=_legacy_tokens)
+    with FolderLock(out, "oreline tokenize"):
+        return _tokenize(paths, tok, out, cfg, workers)
+
+
+def _tokenize(paths: list[Path], tok: OrelineTokenizer, out: Path, cfg: TokenizeConfig, workers: int | None) -> dict:
+    t0 = time.perf_counter()
     workers = max(1, workers or cfg.workers)
     input_records = [{"path": str(p), "sha256": file_sha256(p), "bytes": p.stat().st_size} for p in paths]
     settings = _settings(cfg)
@@ -294,12 +323,9 @@ def tokenize_corpus(inputs: list[str | Path], tokenizer_dir: str | Path, out_dir
         "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 1),
     }
     write_json_atomic(out / MANIFEST, manifest)  # the commit point
-    keep = {r["name"] for r in shard_records}
-    for stale in out.glob("*.tok"):
-        if stale.name not in keep:
-            stale.unlink(missing_ok=True)
-    for tmp in out.glob(".*.tok.tmp-*"):
-        tmp.unlink(missing_ok=True)
+    keep = {r["name"] for r in shard_records}  # older generations and killed attempts' shards go
+    remove_listed(out, [p.name for p in out.iterdir() if (SHARD_NAME.fullmatch(p.name) and p.name not in keep)
+                        or is_temp_of(p.name, SHARD_NAME)])
     if not reject_rows:
         (out / "rejects.jsonl").unlink(missing_ok=True)
     return {**manifest, "up_to_date": False}

@@ -286,11 +286,24 @@ def _readable_merges(tokenizer_json: str, byte_level: bool, n: int = 20) -> list
     return [" + ".join(repr(p.replace("▁", " ")) for p in (m if isinstance(m, list) else m.split(" "))) for m in merges]
 
 
-def train_tokenizer(inputs: list[str | Path], out_dir: str | Path, cfg: TokenizerConfig) -> dict:
-    """Train BPE on Parquet/JSONL documents; write HF files and tokenizer_stats.json; return the stats."""
+TOKENIZER_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "rejects.json",
+                   "tokenizer_stats.json")
+
+
+def train_tokenizer(inputs: list[str | Path], out_dir: str | Path, cfg: TokenizerConfig, force: bool = False,
+                    allow_incomplete: bool = False) -> dict:
+    """Train BPE on Parquet/JSONL documents; write HF files and tokenizer_stats.json; return the stats.
+
+    The output folder is claimed as oreline's "tokenizer" folder first (`oreline.outdir`): a
+    non-empty folder oreline did not create is refused, or with `force` used when it holds none of
+    `TOKENIZER_NAMES`. A data run that has not finished is refused unless `allow_incomplete`.
+    """
+    from oreline.outdir import claim_folder
+
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = expand_inputs(inputs)
+    paths = expand_inputs(inputs, allow_incomplete)
+    claim_folder(out, "tokenizer", "oreline tokenizer train", force=force, reserved=TOKENIZER_NAMES.__contains__,
+                 legacy=lambda d: (d / "tokenizer_stats.json").is_file() and (d / "tokenizer.json").is_file())
     tok, trainer = build_tokenizer(cfg)
     rejects = Rejects()
     heldout: list[str] = []

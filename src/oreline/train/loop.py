@@ -89,7 +89,13 @@ def train(cfg: Config, resume: str = "auto", allow_config_change: list[str] | No
     info = dist.init_distributed(cfg.train)
     console = console or Console(stderr=True)
     stops = StopRequests().install()
+    lock = None
     try:
+        if info.is_main:  # one writer per run folder: rank 0 holds its lock for the run's life
+            from oreline.outdir import FolderLock
+            from oreline.runs import RunDir
+
+            lock = FolderLock(RunDir.for_config(cfg).root, "oreline train").acquire()
         summary = _train(cfg, resume, list(allow_config_change or []), info, console, stops)
     except TrainingStopped:
         dist.cleanup()  # every rank stopped after the same step and met in the checkpoint's last barrier
@@ -99,6 +105,8 @@ def train(cfg: Config, resume: str = "auto", allow_config_change: list[str] | No
         raise
     finally:
         stops.uninstall()
+        if lock is not None:
+            lock.release()
     dist.cleanup()
     return summary
 

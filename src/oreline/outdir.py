@@ -1,0 +1,374 @@
+"""Output folders: who made them, who writes them now, what may be deleted, which names are safe.
+
+Every command that writes a folder (`oreline data`, `tokenize`, `tokenizer train`, `quality
+train-reference`, `export`, `import-hf`) goes through this module, so the rules are the same
+everywhere:
+
+- **Ownership.** "oreline created this folder" means: the folder holds `.oreline-owner`, a small
+  JSON file `{"kind", "host", "pid", "created"}` that oreline writes *before anything else* when it
+  creates (or is allowed to adopt) a folder. `claim_folder` accepts a missing or empty folder, one
+  whose marker names the same kind, or one an earlier oreline version wrote (a `legacy` check on
+  its own self-describing file, e.g. a data run's fingerprint.json with section "data"). Anything
+  else is refused with the folder and a few of its entries named. `force=True` adopts a non-empty
+  folder only when none of its entries has a name the command itself writes (`reserved`): with or
+  without --force, oreline never deletes or overwrites a file it did not write.
+- **Clean-up deletes listed names only.** `remove_listed` deletes exactly the names it is given;
+  temporary files are recognised by the exact form oreline gives them (`is_temp_of`), never by a
+  glob over the folder. Folders published as a whole (`publish_folder`: export, import-hf) list
+  every file in their marker; an earlier output is replaced only when it holds nothing else.
+- **One writer per folder.** `FolderLock` is an exclusive lock file `.oreline-lock` holding the
+  writer's host, pid, process start time and command, created atomically (written under a
+  temporary name, then hard-linked into place: the lock is never seen half-written). A second
+  writer is refused with the holder named. A holder on this host whose pid is gone (or reused by
+  another process, told apart by its start time) is stale: the lock is taken over with a warning.
+  A holder on another host cannot be checked from here: the message says how to remove the lock.
+  The same process may take a lock it already holds (`oreline run` holds the run folder and then
+  trains in it).
+- **Names from files stay inside their folder.** `safe_child` refuses absolute names, `..`
+  components and empty names read from manifests and indexes, and never echoes file contents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+from oreline.errors import DataIntegrityError, InputError, OrelineError
+
+OWNER = ".oreline-owner"
+LOCK = ".oreline-lock"
+_MKSTEMP_TAIL = re.compile(r"[a-z0-9_]{8}")  # tempfile.mkstemp's random part
+
+
+class FolderInUse(OrelineError):
+    """Another oreline process writes this folder (it holds the folder's lock)."""
+
+
+class NotOurFolder(InputError):
+    """An output folder holds files oreline did not write."""
+
+
+# ---------------------------------------------------------------------------------------------
+# ownership
+
+
+def read_owner(folder: Path) -> dict[str, Any] | None:
+    try:
+        owner = json.loads((Path(folder) / OWNER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+def _write_owner(folder: Path, kind: str, **extra: Any) -> None:
+    from oreline.io import write_json_atomic
+
+    write_json_atomic(folder / OWNER, {"kind": kind, "host": socket.gethostname(), "pid": os.getpid(),
+                                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra})
+
+
+def _shown(names: list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def claim_folder(folder: str | Path, kind: str, command: str, *, force: bool = False,
+                 reserved: Callable[[str], bool] | None = None,
+                 legacy: Callable[[Path], bool] | None = None) -> Path:
+    """Make sure `folder` is oreline's `kind` output folder (creating it if needed); return it.
+
+    `command` is how the user ran it (for the message); `reserved(name)` says whether a top-level
+    name is one this command writes (what --force may not adopt); `legacy(folder)` recognises the
+    output of an oreline version that wrote no marker.
+    """
+    folder = Path(folder)
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        _write_owner(folder, kind)
+        return folder
+    if not folder.is_dir():
+        raise NotOurFolder(f"--out {folder} is a file, not a folder", "pass a new or empty folder")
+    owner = read_owner(folder)
+    if owner is not None:
+        if owner.get("kind") == kind:
+            return folder
+        raise NotOurFolder(f"{folder} holds oreline {owner.get('kind')!r} output, not {kind!r} output",
+                           f"pass a new or empty --out folder to {command}")
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith(LOCK))  # a writer's lock is ours
+    if not names:
+        _write_owner(folder, kind)
+        return folder
+    if legacy is not None and legacy(folder):
+        _write_owner(folder, kind, adopted="legacy")
+        return folder
+    if force:
+        clash = [n for n in names if reserved is not None and reserved(n)]
+        if clash:
+            raise NotOurFolder(
+                f"{folder} holds {_shown(clash)}, names {command} writes itself; even with --force oreline never "
+                "overwrites or deletes files it did not write", "pass a new or empty --out folder, or move those out")
+        _write_owner(folder, kind, adopted="force")
+        return folder
+    raise NotOurFolder(
+        f"{folder} is not empty ({_shown(names)}) and was not created by {command} (no {OWNER} in it)",
+        f"pass a new or empty --out folder, or add --force to write next to these files ({command} never deletes "
+        "or overwrites files it did not write)")
+
+
+def is_kind(folder: Path, kind: str) -> bool:
+    owner = read_owner(folder)
+    return owner is not None and owner.get("kind") == kind
+
+
+def is_data_run(folder: Path) -> bool:
+    """An `oreline data` output folder: its marker, or (written before markers existed) its
+    fingerprint.json with section "data"."""
+    if is_kind(folder, "data"):
+        return True
+    try:
+        return json.loads((Path(folder) / "fingerprint.json").read_text()).get("section") == "data"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def require_finished_data_run(path: Path, allow_incomplete: bool = False) -> Path:
+    """`path`, or the docs/ folder it stands for when it is (the docs/ of) an `oreline data` output.
+
+    A data run that has not finished (no `_SUCCESS`: killed, or a task crashed) holds only part of
+    its documents; consumers refuse it unless `allow_incomplete`.
+    """
+    path = Path(path)
+    root = path if is_data_run(path) else path.parent if path.name == "docs" and is_data_run(path.parent) else None
+    if root is None:
+        return path
+    if not (root / "_SUCCESS").is_file() and not allow_incomplete:
+        raise InputError(
+            f"{root} is an oreline data run that has not finished (no _SUCCESS): its documents are a part of the corpus",
+            f"finish it by running the same `oreline data INPUTS --out {root}` again, or pass --allow-incomplete "
+            "to use the documents written so far")
+    return root / "docs"
+
+
+# ---------------------------------------------------------------------------------------------
+# clean-up
+
+
+def is_temp_of(name: str, final: re.Pattern[str] | Callable[[str], bool]) -> bool:
+    """Whether `name` is oreline's temporary form of a final name: `.FINAL.tmp-PID` (shard writers)
+    or `.FINAL.XXXXXXXX` (tempfile.mkstemp in write_json_atomic / write_bytes_atomic)."""
+    if not name.startswith("."):
+        return False
+    match = final.fullmatch if isinstance(final, re.Pattern) else final
+    head, _, tail = name[1:].rpartition(".")
+    if tail.startswith("tmp-") and tail[4:].isdigit():
+        return bool(head) and bool(match(head))
+    return bool(head) and bool(_MKSTEMP_TAIL.fullmatch(tail)) and bool(match(head))
+
+
+def remove_listed(folder: Path, names: Iterable[str]) -> list[str]:
+    """Delete exactly these names (files or oreline's own temporary folders) in `folder`."""
+    import shutil
+
+    removed = []
+    for name in names:
+        p = safe_child(folder, name, f"clean-up of {folder}")
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists() or p.is_symlink():
+            p.unlink(missing_ok=True)
+        else:
+            continue
+        removed.append(name)
+    return removed
+
+
+def _listing(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def publish_folder(tmp: Path, out: Path, kind: str, command: str,
+                   legacy_files: Callable[[Path], list[str] | None] | None = None) -> None:
+    """Replace `out` by the finished folder `tmp` (a sibling), as one rename.
+
+    `tmp` gets its marker listing every file in it. An existing `out` is replaced only when it is
+    empty or an earlier `kind` output holding nothing but the files its marker lists (for output of
+    an oreline version without markers: the files `legacy_files(out)` lists); otherwise `tmp` is
+    deleted and the user's folder is left exactly as it was.
+    """
+    import shutil
+
+    _write_owner(tmp, kind, files=_listing(tmp))
+    if out.exists():
+        owner = read_owner(out) if out.is_dir() else None
+        if owner is None and out.is_dir() and legacy_files is not None:
+            listed = legacy_files(out)
+            owner = {"kind": kind, "files": listed} if listed is not None else None
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        elif owner is None or owner.get("kind") != kind:
+            shutil.rmtree(tmp)
+            what = "is a file" if not out.is_dir() else f"holds {_shown(sorted(p.name for p in out.iterdir()))}"
+            raise NotOurFolder(f"{out} {what}: it is not an earlier output of {command} (no {OWNER} of kind {kind!r})",
+                               "pass a new or empty --out folder")
+        else:
+            extra = sorted(set(_listing(out)) - set(owner.get("files") or []) - {OWNER})
+            if extra:
+                shutil.rmtree(tmp)
+                raise NotOurFolder(f"{out} is an earlier {command} output, but also holds {_shown(extra)}, "
+                                   "which oreline did not write", "move those files out, or pass a new --out folder")
+            shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# names read from files
+
+
+def safe_child(root: Path, name: Any, where: str) -> Path:
+    """`root / name` for a relative name read from a file; refuses names that leave `root`.
+
+    The error names the entry and `where` it came from, never the content of what it points at.
+    """
+    bad = None
+    if not isinstance(name, str) or not name:
+        bad = "is not a non-empty string"
+    elif "\x00" in name:
+        bad = "contains a NUL byte"
+    elif PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute() or PureWindowsPath(name).drive:
+        bad = "is an absolute path"
+    elif any(part == ".." for part in re.split(r"[\\/]", name)):
+        bad = "climbs out of its folder with '..'"
+    elif all(part in ("", ".") for part in re.split(r"[\\/]", name)):
+        bad = "names the folder itself"
+    if bad:
+        raise DataIntegrityError(f"{where}: the file name {str(name)[:120]!r} {bad}",
+                                 f"names there must stay inside {root}; rebuild that file with oreline")
+    return Path(root) / name
+
+
+# ---------------------------------------------------------------------------------------------
+# one writer per folder
+
+
+def _proc_start(pid: int) -> str | None:
+    """Start time of a process in clock ticks since boot (Linux), to tell a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    now = _proc_start(pid)
+    return start is None or now is None or now == start
+
+
+class FolderLock:
+    """Exclusive lock of a folder for one writer; a context manager (`with FolderLock(d, "cmd"):`)."""
+
+    def __init__(self, folder: str | Path, command: str):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK
+        self.command = command
+        self.token = uuid.uuid4().hex
+        self.held = False
+        self._reentrant = False
+
+    def _record(self) -> dict[str, Any]:
+        return {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": self.command,
+                "token": self.token}
+
+    def holder(self) -> dict[str, Any] | None:
+        try:
+            rec = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}
+        return rec if isinstance(rec, dict) else {}
+
+    def _create(self) -> bool:
+        tmp = self.folder / f".{LOCK}.{self.token}"
+        tmp.write_text(json.dumps(self._record(), indent=2) + "\n", encoding="utf-8")
+        try:
+            os.link(tmp, self.path)  # atomic, and fails if a lock exists: never two holders
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def acquire(self) -> FolderLock:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            if self._create():
+                self.held = True
+                return self
+            rec = self.holder()
+            if rec is None:
+                continue  # released between our attempt and the read
+            host, pid = rec.get("host"), rec.get("pid")
+            if host == socket.gethostname() and pid == os.getpid() and rec.get("proc_start") == _proc_start(os.getpid()):
+                self.held, self._reentrant = True, True  # this process holds it already
+                return self
+            if host == socket.gethostname() and isinstance(pid, int) and not _alive(pid, rec.get("proc_start")):
+                self._take_over(rec)
+                continue
+            who = f"{rec.get('command', '?')} (pid {pid} on host {host}, since {rec.get('started', '?')})" if rec else "an unreadable lock"
+            local = host == socket.gethostname()
+            raise FolderInUse(
+                f"{self.folder} is being written by {who}: lock {self.path}",
+                "wait for that process to finish, or stop it" + ("" if local else
+                f"; if it is no longer running on {host}, delete {self.path} and run again"))
+        raise FolderInUse(f"could not take the lock {self.path} (it changed hands three times)", "run again")
+
+    def _take_over(self, rec: dict[str, Any]) -> None:
+        """Remove a dead holder's lock; only that lock, even when another process races us to it."""
+        aside = self.folder / f".{LOCK}.stale-{self.token}"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        try:
+            now = json.loads(aside.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            now = {}
+        if now.get("token") != rec.get("token"):  # someone took it over first: give theirs back
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, self.path)
+        else:
+            warnings.warn(f"{self.path}: taking over the lock of {rec.get('command', '?')} (pid {rec.get('pid')} on "
+                          f"this host, since {rec.get('started', '?')}), which is no longer running", stacklevel=3)
+        aside.unlink(missing_ok=True)
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        if self._reentrant:
+            return
+        rec = self.holder()
+        if rec and rec.get("token") == self.token:
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> FolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,117 @@
+"""Output folders (oreline.outdir): the lock of one writer, ownership, listed clean-up, safe names.
+
+Holders of a lock are real processes: a Python child that takes the lock and waits, or one that
+has exited (a dead pid on this host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from oreline.errors import ConfigError, DataIntegrityError
+from oreline.outdir import (
+    LOCK,
+    OWNER,
+    FolderInUse,
+    FolderLock,
+    NotOurFolder,
+    claim_folder,
+    is_temp_of,
+    safe_child,
+)
+
+
+def test_a_live_holder_is_named_and_a_second_writer_refused(tmp_path, lock_holder):
+    proc = lock_holder(tmp_path / "out", "oreline data")
+    with pytest.raises(FolderInUse) as err:
+        FolderLock(tmp_path / "out", "oreline data").acquire()
+    msg = str(err.value)
+    assert f"oreline data (pid {proc.pid} on host {socket.gethostname()}" in msg and str(tmp_path / "out" / LOCK) in msg
+    proc.kill()
+    proc.wait()
+    # the holder is gone: its lock is stale and taken over with a warning
+    with pytest.warns(UserWarning, match=f"pid {proc.pid}.*no longer running"), FolderLock(tmp_path / "out", "t") as lock:
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    assert not (tmp_path / "out" / LOCK).exists()  # released
+
+
+def test_a_dead_holder_is_taken_over_and_a_remote_one_is_not(tmp_path, dead_lock):
+    pid = dead_lock(tmp_path / "a")
+    with pytest.warns(UserWarning, match=f"pid {pid}"):
+        lock = FolderLock(tmp_path / "a", "t").acquire()
+    assert lock.holder()["pid"] == os.getpid()
+    with FolderLock(tmp_path / "a", "again"):  # the same process may re-enter (oreline run → train)
+        pass
+    assert (tmp_path / "a" / LOCK).exists()  # re-entering does not release the outer lock
+    lock.release()
+    assert not (tmp_path / "a" / LOCK).exists()
+
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / LOCK).write_text(json.dumps({"host": "elsewhere-node-7", "pid": 1234, "command": "oreline train"}))
+    with pytest.raises(FolderInUse, match=r"pid 1234 on host elsewhere-node-7.*delete .*\.oreline-lock"):
+        FolderLock(tmp_path / "b", "t").acquire()
+
+
+def test_claim_refuses_a_foreign_folder_and_force_never_takes_reserved_names(tmp_path):
+    user = tmp_path / "user"
+    (user / "sub").mkdir(parents=True)
+    (user / "notes.txt").write_text("mine")
+    with pytest.raises(NotOurFolder, match=r"not empty \(notes.txt, sub\).*--force"):
+        claim_folder(user, "data", "oreline data")
+    assert not (user / OWNER).exists()
+    with pytest.raises(NotOurFolder, match="notes.txt, names oreline data writes"):
+        claim_folder(user, "data", "oreline data", force=True, reserved={"notes.txt"}.__contains__)
+    claim_folder(user, "data", "oreline data", force=True, reserved={"docs"}.__contains__)
+    assert json.loads((user / OWNER).read_text())["adopted"] == "force"
+    claim_folder(user, "data", "oreline data")  # ours now
+    with pytest.raises(NotOurFolder, match="holds oreline 'data' output, not 'tokens'"):
+        claim_folder(user, "tokens", "oreline tokenize")
+    new = claim_folder(tmp_path / "new" / "deep", "tokens", "oreline tokenize")
+    assert json.loads((new / OWNER).read_text())["kind"] == "tokens"
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../x", "..\\x", "C:\\x", "", ".", None, 3])
+def test_names_that_leave_their_folder_are_refused(tmp_path, name):
+    with pytest.raises(DataIntegrityError, match="manifest.json"):
+        safe_child(tmp_path, name, "manifest.json shards[0].name")
+
+
+def test_safe_names_and_temp_forms():
+    assert safe_child(Path("/r"), "train-0.tok", "m") == Path("/r/train-0.tok")
+    assert safe_child(Path("/r"), "a/b.bin", "m") == Path("/r/a/b.bin")
+    import re
+
+    shard = re.compile(r"part-\d{5}-\d{3}\.parquet")
+    assert is_temp_of(".part-00000-000.parquet.tmp-123", shard)
+    assert is_temp_of(".part-00000-000.parquet.ab12_xyz", shard)  # tempfile.mkstemp's form
+    for name in (".part-00000-mine.parquet.tmp-1", ".hidden", ".env", "part-00000-000.parquet", ".part-00000-000.parquet.tmp-x"):
+        assert not is_temp_of(name, shard), name
+
+
+def test_run_name_stays_inside_runs_dir(tmp_path):
+    from oreline.config import load_config
+    from oreline.runs import RunDir
+
+    for name in ("../escaped", str(tmp_path / "abs"), "a/../../b"):
+        cfg = load_config(None, [f"run.runs_dir={tmp_path / 'runs'}", f"run.name={name}"])
+        with pytest.raises(ConfigError, match="run.name=.*inside run.runs_dir"):
+            RunDir.for_config(cfg)
+    cfg = load_config(None, [f"run.runs_dir={tmp_path / 'runs'}", "run.name=group/exp1"])
+    assert RunDir.for_config(cfg).root == tmp_path / "runs" / "group" / "exp1"
+
+
+def test_oreline_run_refuses_an_escaping_name_before_writing(tmp_path):
+    cmd = [sys.executable, "-m", "oreline", "run", f"run.runs_dir={tmp_path / 'runs'}", "run.name=../escaped"]
+    t0 = time.monotonic()
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "run.name" in result.stderr and time.monotonic() - t0 < 60
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "runs").exists()
