@@ -60,6 +60,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from oreline import compat
 from oreline.errors import ConfigError
 
 BACKENDS = ("auto", "onednn", "blas")
@@ -70,7 +71,8 @@ _measured: dict[str, float] = {}
 
 
 def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    # a private op: oreline.compat decides whether this torch may use it (else BLAS, with a warning)
+    return compat.onednn_linear() is not None
 
 
 def _lp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from oreline import compat
 from oreline.config import CheckpointConfig, fingerprint
 from oreline.errors import CheckpointError
 from oreline.train.checkpoint_files import (  # noqa: F401 (re-exported: the public checkpoint API)
@@ -119,7 +120,7 @@ from oreline.train.checkpoint_resume import (  # noqa: F401 (re-exported)
     check_resume_compatible,
     restore_rng_state,
 )
-from oreline.train.checkpoint_storage import RawTensorReader, RawTensorWriter
+from oreline.train.checkpoint_storage import RawTensorReader, RawTensorWriter, raw_writer_available
 
 log = logging.getLogger("oreline.checkpoint")
 
@@ -156,8 +157,10 @@ def _no_zip_crc32():
     """torch.save (which DCP uses per tensor) computes a CRC32 of every record: on this CPU that was
     ~80% of a save's CPU time (benchmarks/checkpoint_io.py). checksums.json already covers every
     byte with xxh3-128, so the CRC is redundant; loading does not need it."""
-    from torch.utils.serialization import config
-
+    config = compat.torch_save_config()
+    if config is None:  # outside the tested torch range: the CRC stays on (slower, same files)
+        yield
+        return
     before = config.save.compute_crc32
     config.save.compute_crc32 = False
     try:
@@ -301,7 +304,7 @@ def _publish(tmp: Path, final: Path) -> None:
 def _writer(folder: Path) -> dcp.FileSystemWriter:
     """DCP's file writer with fsync, WRITE_THREADS files per rank written in parallel; tensors as raw
     bytes (`checkpoint_storage.RawTensorWriter`) unless RAW_TENSOR_FILES is off."""
-    writer = RawTensorWriter if RAW_TENSOR_FILES else dcp.FileSystemWriter
+    writer = RawTensorWriter if RAW_TENSOR_FILES and raw_writer_available() else dcp.FileSystemWriter
     return writer(str(folder), sync_files=True, thread_count=WRITE_THREADS)
 
 

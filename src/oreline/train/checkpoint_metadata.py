@@ -34,9 +34,8 @@ import pickle
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint import metadata as _dcp_metadata
 from torch.distributed.checkpoint.metadata import (
-    _MEM_FORMAT_ENCODING,
     BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
@@ -46,17 +45,23 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from oreline import compat
 from oreline.errors import CheckpointError
 
 METADATA = ".metadata"
 # transform descriptor of a tensor item written as raw bytes by checkpoint_storage.RawTensorWriter
 RAW_DESCRIPTOR = "oreline-raw/1"
 
-_DCP_CLASSES = (Metadata, MetadataIndex, StorageMeta, TensorProperties, TensorStorageMetadata,
-                ChunkStorageMetadata, BytesStorageMetadata, _MEM_FORMAT_ENCODING, _StorageInfo)
+# Two of these are private to torch (DCP's _StorageInfo and _MEM_FORMAT_ENCODING, and
+# torch.serialization._get_layout): taken where this torch has them (oreline.compat), and simply not
+# allowed where it does not, so a metadata file that needs them is refused, never misread.
+_PRIVATE = (compat.dcp_storage_info(), getattr(_dcp_metadata, "_MEM_FORMAT_ENCODING", None))
+_DCP_CLASSES = tuple(c for c in (Metadata, MetadataIndex, StorageMeta, TensorProperties, TensorStorageMetadata,
+                                 ChunkStorageMetadata, BytesStorageMetadata, *_PRIVATE) if c is not None)
 _ALLOWED: dict[tuple[str, str], object] = {(c.__module__, c.__qualname__): c for c in _DCP_CLASSES}
 _ALLOWED[("torch", "Size")] = torch.Size
-_ALLOWED[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+if hasattr(torch.serialization, "_get_layout"):
+    _ALLOWED[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
 for _name, _value in vars(torch).items():
     if isinstance(_value, torch.dtype):
         _ALLOWED[("torch", _name)] = _value
@@ -181,7 +186,7 @@ def _shape_problem(md: object) -> str | None:
             return "a storage key is not a MetadataIndex"
         if index.fqn not in md.state_dict_metadata:
             return f"storage entry {index.fqn} names no item"
-        if type(info) is not _StorageInfo:
+        if type(info) is not _PRIVATE[0] or _PRIVATE[0] is None:
             return f"{index.fqn} is stored by a {type(info).__name__}"
         rel = info.relative_path
         if not isinstance(rel, str) or not rel or "/" in rel or "\\" in rel or rel.startswith("."):

@@ -45,12 +45,6 @@ from typing import Any
 import torch
 import xxhash
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.filesystem import (  # DCP's own records, so .metadata stays DCP's format
-    DEFAULT_SUFFIX,
-    _split_by_size_and_type,
-    _StorageInfo,
-    _StoragePrefix,
-)
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
@@ -63,6 +57,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future  # DCP waits on torch futures (.wait()), not concurrent ones
 
+from oreline import compat
 from oreline.errors import CheckpointError
 from oreline.train.checkpoint_files import HASH_ALGO, manifest_algo
 from oreline.train.checkpoint_metadata import RAW_DESCRIPTOR, read_dcp_metadata
@@ -103,6 +98,19 @@ def _read_exact(fh, mv: memoryview, where: str) -> None:
         done += n
 
 
+def _internals() -> Any:
+    """DCP's own records (so `.metadata` stays DCP's format), reached through oreline.compat."""
+    found = compat.dcp_raw_writer_internals()
+    if found is None:
+        raise CheckpointError("this torch does not offer the DCP internals raw tensor files are written with",
+                              "save with DCP's stock writer (checkpoint.py picks it automatically)")
+    return found
+
+
+def raw_writer_available() -> bool:
+    return compat.dcp_raw_writer_internals() is not None
+
+
 class RawTensorWriter(FileSystemWriter):
     """DCP's FileSystemWriter, but tensors are written as raw bytes (see the module docstring).
 
@@ -119,9 +127,10 @@ class RawTensorWriter(FileSystemWriter):
         self.digest_algo = manifest_algo()
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        prefix: _StoragePrefix = plan.storage_data
-        buckets = [b for b in _split_by_size_and_type(self.thread_count, plan.items) if b] or [[]]
-        jobs = [(f"{prefix.prefix}{i}{DEFAULT_SUFFIX}", bucket) for i, bucket in enumerate(buckets)]
+        dcp_ = _internals()
+        prefix = plan.storage_data  # DCP's _StoragePrefix
+        buckets = [b for b in dcp_.split_by_size_and_type(self.thread_count, plan.items) if b] or [[]]
+        jobs = [(f"{prefix.prefix}{i}{dcp_.DEFAULT_SUFFIX}", bucket) for i, bucket in enumerate(buckets)]
         if len(jobs) == 1:
             results = [self._write_file(*jobs[0], planner)]
         else:
@@ -149,7 +158,7 @@ class RawTensorWriter(FileSystemWriter):
                 hasher.submit(digest.update, mv)  # (mv keeps the tensor's memory alive until hashed)
                 _write_all(fd, mv)
                 results.append(WriteResult(index=item.index, size_in_bytes=len(mv),
-                                           storage_data=_StorageInfo(file_name, offset, len(mv), descriptors)))
+                                           storage_data=_internals().StorageInfo(file_name, offset, len(mv), descriptors)))
                 offset += len(mv)
             if self.sync_files:
                 os.fsync(fd)
@@ -225,7 +234,7 @@ class RawTensorReader(FileSystemReader):
         return fut
 
     def _read_one(self, fh, req, planner: LoadPlanner, where: str, size: int) -> None:
-        info: _StorageInfo = self.storage_data[req.storage_index]
+        info = self.storage_data[req.storage_index]  # DCP's _StorageInfo
         key = (req.storage_index.fqn, tuple(req.storage_index.offset or ()))
         if key not in self._chunks:
             raise CheckpointError(f"{where}: .metadata stores {key[0]} at offsets {key[1]}, which is no chunk of it",

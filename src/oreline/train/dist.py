@@ -73,6 +73,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from oreline import compat
 from oreline.config import TrainConfig
 from oreline.errors import ConfigError, DistributedError, TrainingError
 
@@ -304,7 +305,9 @@ def _timed_allreduce_hook(state, bucket):  # no annotations: DDP rejects the str
 
 def _timed_reduce_scatter():
     """An FSDP2 reduce-scatter (the default one) that records the span of every call into COMM."""
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+    DefaultReduceScatter = compat.fsdp_reduce_scatter_base()  # noqa: N806 (a class)
+    if DefaultReduceScatter is None:
+        return None
 
     class TimedReduceScatter(DefaultReduceScatter):
         def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
@@ -352,8 +355,9 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         comm = _timed_reduce_scatter()
-        for m in (*blocks, model):
-            m.set_custom_reduce_scatter(comm)
+        if comm is not None:  # None: a torch outside the tested range (oreline.compat), comm_ms not measured
+            for m in (*blocks, model):
+                m.set_custom_reduce_scatter(comm)
         return model
     raise ConfigError(f"train.parallel={cfg.parallel!r} is unknown", "use train.parallel=ddp or fsdp")
 

@@ -1,0 +1,125 @@
+"""Every private torch API oreline uses, in one place, each behind a version check with a public fallback.
+
+oreline supports a tested range of torch releases (pyproject: `torch>=2.6,<2.14`; CI runs the
+highest, the lowest was run by hand: CHANGELOG.md). Inside the range the private paths below are
+used as measured. Outside it — or when one of them has moved — each accessor returns None, the
+caller takes the public path, and one warning per feature says what was given up:
+
+| private API | what it buys | public fallback |
+|---|---|---|
+| `torch.ops.mkldnn._linear_pointwise` | fp32 CPU products through oneDNN (~2x on AMD AVX-512) | `F.linear` / `torch.mm` (BLAS) |
+| `torch.distributed.checkpoint.filesystem` internals (`_StorageInfo`, `_StoragePrefix`, `_split_by_size_and_type`, `DEFAULT_SUFFIX`) | raw tensor files under DCP (checkpoint_storage), ~3x faster saves | DCP's stock `FileSystemWriter` (torch.save per tensor; loads with weights_only=True) |
+| `torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultReduceScatter` | FSDP2 gradient communication time in metrics | FSDP2's own reduce-scatter, `comm_ms` not measured |
+| `torch.utils.serialization.config.save.compute_crc32` | skip torch.save's CRC32 (checksums.json covers it) | CRC32 stays on |
+
+Reading a raw-tensor checkpoint needs the DCP internals whatever the version (its `.metadata` holds
+`_StorageInfo` records); outside the range oreline still tries them for reading and says so.
+
+torch is imported lazily: this module is in the core layer, which data workers import too.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+TESTED_TORCH = ((2, 6), (2, 13))  # lowest and highest minor releases the suite has passed on
+_forced_untested = False  # tests: behave as on a torch outside the range
+
+
+def torch_version() -> tuple[int, int]:
+    import torch
+
+    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def torch_tested() -> bool:
+    """Whether this torch is inside the range oreline was tested on."""
+    lo, hi = TESTED_TORCH
+    return not _forced_untested and lo <= torch_version() <= hi
+
+
+@functools.cache
+def _warn(feature: str, fallback: str) -> None:
+    import torch
+
+    warnings.warn(f"oreline: torch {torch.__version__} is outside the tested range "
+                  f"{'.'.join(map(str, TESTED_TORCH[0]))}–{'.'.join(map(str, TESTED_TORCH[1]))} (or lacks the private "
+                  f"API): {feature} is off, {fallback}. Install a torch in the range to get it back.",
+                  RuntimeWarning, stacklevel=3)
+
+
+def _private(feature: str, fallback: str, get: Any) -> Any:
+    if not torch_tested():
+        _warn(feature, fallback)
+        return None
+    try:
+        return get()
+    except (ImportError, AttributeError):
+        _warn(feature, fallback)
+        return None
+
+
+def onednn_linear() -> Any:
+    """`torch.ops.mkldnn._linear_pointwise` (fp32 products through oneDNN), or None."""
+
+    def get() -> Any:
+        import torch
+
+        if not torch.backends.mkldnn.is_available():
+            return None  # a build without oneDNN: nothing given up, nothing to warn about
+        return torch.ops.mkldnn._linear_pointwise
+
+    return _private("the oneDNN CPU matmul backend", "fp32 products use torch's BLAS", get)
+
+
+def _dcp_internals() -> SimpleNamespace:
+    from torch.distributed.checkpoint import filesystem as fs
+
+    return SimpleNamespace(DEFAULT_SUFFIX=fs.DEFAULT_SUFFIX, split_by_size_and_type=fs._split_by_size_and_type,
+                           StorageInfo=fs._StorageInfo, StoragePrefix=fs._StoragePrefix)
+
+
+def dcp_raw_writer_internals() -> SimpleNamespace | None:
+    """What checkpoint_storage.RawTensorWriter builds on, or None (then saves use DCP's stock writer)."""
+    return _private("raw tensor checkpoint files", "checkpoints are saved with DCP's stock writer", _dcp_internals)
+
+
+def dcp_storage_info() -> Any:
+    """DCP's `_StorageInfo` record class, needed to read any `.metadata`; tried on every version."""
+    try:
+        return _dcp_internals().StorageInfo
+    except (ImportError, AttributeError):
+        return None
+
+
+def fsdp_reduce_scatter_base() -> Any:
+    """FSDP2's default reduce-scatter class (to time gradient communication), or None."""
+
+    def get() -> Any:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+        return DefaultReduceScatter
+
+    return _private("FSDP2 communication timing (comm_ms)", "FSDP2 uses its own reduce-scatter untimed", get)
+
+
+def torch_save_config() -> Any:
+    """`torch.utils.serialization.config` (torch.save's CRC32 switch), or None."""
+
+    def get() -> Any:
+        from torch.utils.serialization import config
+
+        config.save.compute_crc32  # noqa: B018 (the attribute this is for must exist)
+        return config
+
+    return _private("skipping torch.save's CRC32 in stock-writer saves", "the CRC32 is computed", get)
+
+
+def reset_warnings() -> None:
+    """Tests: warn again for features already warned about in this process."""
+    _warn.cache_clear()
