@@ -44,6 +44,7 @@ from oreline.config import CheckpointConfig, ModelConfig
 from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
 from oreline.train import checkpoint as ck
+from oreline.train import checkpoint_files as ck_files
 from oreline.train.checkpoint_files import file_digest, forget_verified
 
 MB = 1e6
@@ -152,12 +153,12 @@ def main() -> int:
                 (saves if writer == "raw" else stock_saves).append(time.perf_counter() - t0)
                 (parts if writer == "raw" else stock_parts).append(ck.last_save_stats())
                 if writer == "stock":
-                    stock_size = ck.dir_bytes(path)
+                    stock_size = ck_files.dir_bytes(path)
                     shutil.rmtree(root)
             ck.RAW_TENSOR_FILES = True
             root = work / f"ckpts-raw-{r}"
-            path = root / ck.step_name(1)
-            size = ck.dir_bytes(path)
+            path = root / ck_files.step_name(1)
+            size = ck_files.dir_bytes(path)
 
             evict(path)
             forget_verified()  # verify again: it is part of a real load

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from oreline.config import samples_dir  # noqa: E402
 from oreline.data.extract import html_to_text  # noqa: E402
-from oreline.data.warc import decode_payload  # noqa: E402
+from oreline.data.payload import decode_payload
 
 TOKEN = re.compile(r"\w+")
 

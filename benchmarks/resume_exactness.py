@@ -40,7 +40,8 @@ import torch
 from rich.console import Console
 
 from oreline.config import TokenizeConfig, TokenizerConfig, samples_dir
-from oreline.train.checkpoint import find_resumable, load_model_state, read_meta
+from oreline.train.checkpoint import find_resumable, load_model_state
+from oreline.train.checkpoint_files import read_meta
 
 EVERY, EVAL_EVERY, SLEEP = 4, 8, 0.05
 KEYS = ("loss", "grad_norm", "lr", "tokens_seen")

@@ -18,6 +18,7 @@ from oreline.model import matmul
 from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
 from oreline.train import checkpoint as ck
+from oreline.train import checkpoint_files as ck_files
 from oreline.train import dist
 from oreline.train.checkpoint_metadata import RAW_DESCRIPTOR, read_dcp_metadata
 
@@ -79,7 +80,7 @@ def test_outside_the_range_checkpoints_use_dcps_stock_writer_and_still_resume(tm
         path = ck.save_checkpoint(tmp_path, 1, model, opt, meta)
     md = read_dcp_metadata(path)
     assert md.storage_data and not any(RAW_DESCRIPTOR in (i.transform_descriptors or ()) for i in md.storage_data.values())
-    ok, problems = ck.verify_checkpoint(path)
+    ok, problems = ck_files.verify_checkpoint(path)
     assert ok, problems
 
     torch.manual_seed(1)

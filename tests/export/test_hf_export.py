@@ -17,7 +17,8 @@ from oreline.errors import ConfigError, DataIntegrityError, InputError
 from oreline.export.hf import export_hf, export_state_dict_hf, import_hf
 from oreline.model.llama import Llama, ModelArgs, generate
 from oreline.tokens.train_bpe import load_tokenizer, train_tokenizer
-from oreline.train.checkpoint import load_model_state, save_checkpoint, verify_checkpoint
+from oreline.train.checkpoint import load_model_state, save_checkpoint
+from oreline.train.checkpoint_files import verify_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

@@ -18,6 +18,9 @@ from oreline.errors import CheckpointError
 from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
 from oreline.train import checkpoint as ck
+from oreline.train import checkpoint_files as ck_files
+from oreline.train import checkpoint_resume as ck_resume
+from oreline.train import checkpoint_views as ck_views
 
 ARGS = resolve_model_args(ModelConfig(preset="debug"))
 
@@ -52,7 +55,7 @@ def test_resume_continues_bit_exactly(tmp_path, monkeypatch, route):
     for _ in range(3):
         train_step(model, opt, gen)
     path = ck.save_checkpoint(tmp_path, 3, model, opt, meta_for(3, loader={"gen": gen.get_state().tolist()}))
-    assert path.name == "step-00000003" and ck.read_latest(tmp_path) == "step-00000003"
+    assert path.name == "step-00000003" and ck_files.read_latest(tmp_path) == "step-00000003"
     torch.manual_seed(77)
     expected_rand = torch.rand(4)
     expected_losses = [train_step(model, opt, gen) for _ in range(3)]
@@ -79,12 +82,12 @@ def test_rng_state_round_trips_through_json():
     random.seed(3)
     np.random.seed(3)
     torch.manual_seed(3)
-    state = json.loads(json.dumps(ck.capture_rng_state()))
+    state = json.loads(json.dumps(ck_resume.capture_rng_state()))
     a = (random.random(), np.random.rand(), torch.rand(1).item())
     random.seed(9)
     np.random.seed(9)
     torch.manual_seed(9)
-    ck.restore_rng_state(state)
+    ck_resume.restore_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
 
 
@@ -106,13 +109,13 @@ def test_files_meta_and_checksums(tmp_path):
     names = {p.name for p in path.iterdir()}
     assert {".metadata", "meta.json", "checksums.json"} <= names and any(n.endswith(".distcp") for n in names)
     meta = json.loads((path / "meta.json").read_text())
-    assert meta["kind"] == "full" and meta["format_version"] == ck.FORMAT_VERSION
+    assert meta["kind"] == "full" and meta["format_version"] == ck_files.FORMAT_VERSION
     assert set(meta["rng"]) == {"python", "numpy", "torch_cpu", "cuda"}
     assert len(meta["config_fingerprint"]) == 64
     assert meta["optim_param_groups"][0]["lr"] == 1e-3
     sums = json.loads((path / "checksums.json").read_text())
     assert set(sums["files"]) == names - {"checksums.json"}
-    assert ck.verify_checkpoint(path) == (True, [])
+    assert ck_files.verify_checkpoint(path) == (True, [])
     assert not list(tmp_path.glob(".tmp-*"))
 
 
@@ -129,9 +132,9 @@ def test_retention_keeps_last_and_every(tmp_path):
     cfg = CheckpointConfig(keep_last=2, keep_every=3)
     for step in range(1, 8):
         ck.save_checkpoint(tmp_path, step, model, opt, meta_for(step), cfg=cfg)
-    kept = sorted(e.step for e in ck.list_checkpoints(tmp_path) if e.kind == "full")
+    kept = sorted(e.step for e in ck_files.list_checkpoints(tmp_path) if e.kind == "full")
     assert kept == [3, 6, 7]
-    assert ck.read_latest(tmp_path) == "step-00000007"
+    assert ck_files.read_latest(tmp_path) == "step-00000007"
     assert not list(tmp_path.glob(".t*-*"))
 
 
@@ -156,8 +159,8 @@ def test_saving_the_same_step_again_replaces_it(tmp_path):
     train_step(model, opt, gen)
     ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1, tag="first"))
     ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1, tag="second"))
-    assert ck.read_meta(tmp_path / "step-00000001")["tag"] == "second"
-    assert ck.verify_checkpoint(tmp_path / "step-00000001")[0]
+    assert ck_files.read_meta(tmp_path / "step-00000001")["tag"] == "second"
+    assert ck_files.verify_checkpoint(tmp_path / "step-00000001")[0]
 
 
 def test_model_only_snapshot_and_load_model_state(tmp_path):
@@ -199,26 +202,26 @@ def test_resume_compatibility_rules():
     saved = {"train": {"steps": 100, "optim": {"lr": 1e-3}}, "model": {"dim": 64}, "checkpoint": {"every": 5}}
     meta = {"step": 40, "config": saved, "tokenizer_fingerprint": "a" * 64, "model_args": {"dim": 64}}
     same = json.loads(json.dumps(saved))
-    assert ck.check_resume_compatible(meta, same, []) == []
+    assert ck_resume.check_resume_compatible(meta, same, []) == []
 
     changed = json.loads(json.dumps(saved))
     changed["train"]["optim"]["lr"] = 5e-4
     changed["train"]["steps"] = 200
     with pytest.raises(CheckpointError, match="train.optim.lr") as err:
-        ck.check_resume_compatible(meta, changed, [])
+        ck_resume.check_resume_compatible(meta, changed, [])
     assert "--allow-config-change" in str(err.value)
-    assert ck.check_resume_compatible(meta, changed, ["train.optim.lr", "train.steps"]) == [
+    assert ck_resume.check_resume_compatible(meta, changed, ["train.optim.lr", "train.steps"]) == [
         "train.optim.lr", "train.steps"]
-    assert ck.check_resume_compatible(meta, changed, ["train"]) == ["train.optim.lr", "train.steps"]
+    assert ck_resume.check_resume_compatible(meta, changed, ["train"]) == ["train.optim.lr", "train.steps"]
 
     shape = json.loads(json.dumps(saved))
     shape["model"]["dim"] = 128
     with pytest.raises(CheckpointError, match="model shape"):
-        ck.check_resume_compatible(meta, shape, ["model.dim"])
+        ck_resume.check_resume_compatible(meta, shape, ["model.dim"])
     with pytest.raises(CheckpointError, match="tokenizer fingerprint"):
-        ck.check_resume_compatible(meta, same, ["tokenizer"], fingerprints={"tokenizer": "b" * 64})
+        ck_resume.check_resume_compatible(meta, same, ["tokenizer"], fingerprints={"tokenizer": "b" * 64})
     with pytest.raises(CheckpointError, match="model_args"):
-        ck.check_resume_compatible(meta, same, [], model_args={"dim": 32})
+        ck_resume.check_resume_compatible(meta, same, [], model_args={"dim": 32})
 
 
 def test_cli_ls_verify_inspect(tmp_path):
@@ -241,7 +244,7 @@ def test_cli_ls_verify_inspect(tmp_path):
     res = runner.invoke(app, ["checkpoint", "verify", str(run)])
     assert res.exit_code == 1 and "meta.json checksum mismatch" in res.output.replace("\n", " ")
     con = Console(record=True, width=200)
-    ck.print_checkpoints(run, con)
+    ck_views.print_checkpoints(run, con)
     assert "checksum mismatch" in con.export_text()
 
 
@@ -256,12 +259,12 @@ def test_async_save_completes_in_the_background(tmp_path, monkeypatch):
     assert "blocking_s" in ck.last_save_stats()
     train_step(model, opt, gen)  # training goes on while the save is written: it holds a staged copy
     assert ck.wait_for_pending_save() == path and ck.wait_for_pending_save() is None
-    assert ck.verify_checkpoint(path) == (True, []) and ck.read_latest(tmp_path) == "step-00000001"
+    assert ck_files.verify_checkpoint(path) == (True, []) and ck_files.read_latest(tmp_path) == "step-00000001"
     sd, _, _ = ck.load_model_state(path)
     assert all(torch.equal(sd[k], want[k]) for k in want)
     second = ck.save_checkpoint(tmp_path, 2, model, opt, meta_for(2), cfg=cfg)
     third = ck.save_checkpoint(tmp_path, 3, model, opt, meta_for(3), cfg=cfg)  # finishes the second first
-    assert ck.verify_checkpoint(second)[0] and not third.exists()
+    assert ck_files.verify_checkpoint(second)[0] and not third.exists()
     ck.wait_for_pending_save()
     assert ck.find_resumable(tmp_path) == third
 
@@ -310,7 +313,7 @@ def test_raw_tensor_files_round_trip_bit_exactly(tmp_path, threads):
     payload = sum(v.numel() * v.element_size() for v in state["t"].values())
     assert sum(p.stat().st_size for p in tmp_path.glob("*.distcp")) == payload
     # the digests computed while writing are those of the files as they lie on disk
-    assert writer.file_digests == {p.name: {"bytes": p.stat().st_size, "hash": ck.file_digest(p)}
+    assert writer.file_digests == {p.name: {"bytes": p.stat().st_size, "hash": ck_files.file_digest(p)}
                                    for p in tmp_path.glob("*.distcp")}
 
 

@@ -33,6 +33,7 @@ from oreline.cli import app
 from oreline.config import load_config
 from oreline.errors import CheckpointError, OrelineError
 from oreline.train import checkpoint as ck
+from oreline.train import checkpoint_files as ck_files
 from oreline.train.checkpoint_files import forget_verified, write_checksums
 from oreline.train.checkpoint_signature import KEY_ENV
 from oreline.train.loop import train
@@ -335,7 +336,7 @@ def test_data_file_replaced_by_another_format_is_a_clear_error(run):
     torch.save({"weights": torch.zeros(8)}, blob)  # a zip archive: another format, and shorter
     (target / "__0_0.distcp").write_bytes(blob.getvalue())
     _resign(target)
-    ok, problems = ck.verify_checkpoint(target)
+    ok, problems = ck_files.verify_checkpoint(target)
     assert not ok and any(p.startswith("__0_0.distcp has ") and "replaced by a file of another format" in p
                           for p in problems), problems
     with pytest.raises(CheckpointError, match=r"__0_0\.distcp has \d+ bytes, but \.metadata places tensors"):
@@ -387,18 +388,18 @@ def test_signed_checkpoints_verify_and_load(run, monkeypatch):
     signed = ckpts / "step-00000005"
     assert json.loads((signed / "checksums.json").read_text())["algo"] == "sha256"
     assert json.loads((signed / "signature.json").read_text())["algo"] == "hmac-sha256"
-    assert ck.verify_checkpoint(signed) == (True, [])
+    assert ck_files.verify_checkpoint(signed) == (True, [])
     text = _cli("checkpoint", "verify", str(signed))
     assert "exit=0" in text and f"signatures checked with the key in {KEY_ENV}" in " ".join(text.split())
     summary = train(config(8), resume="auto", allow_config_change=ALLOW, console=quiet())
     assert summary["resumed_from"] == str(signed) and summary["step"] == 8
-    assert ck.verify_checkpoint(ckpts / STEP8) == (True, [])
+    assert ck_files.verify_checkpoint(ckpts / STEP8) == (True, [])
 
 
 def test_unsigned_checkpoint_is_refused_when_a_key_is_set(run, monkeypatch):
     _, ckpts, config, _ = run
     monkeypatch.setenv(KEY_ENV, "a shared secret")
-    ok, problems = ck.verify_checkpoint(ckpts / STEP8)
+    ok, problems = ck_files.verify_checkpoint(ckpts / STEP8)
     assert not ok and problems == [f"not signed (signature.json is missing) while {KEY_ENV} is set: "
                                    "unsigned checkpoints are refused"]
     with pytest.raises(CheckpointError, match="not signed"):
@@ -410,7 +411,7 @@ def test_tampered_or_foreign_signed_checkpoint_is_refused(run, monkeypatch):
     monkeypatch.setenv(KEY_ENV, "a shared secret")
     target = ckpts / STEP8
     _resign(target)  # the owner signs the intact checkpoint
-    assert ck.verify_checkpoint(target) == (True, [])
+    assert ck_files.verify_checkpoint(target) == (True, [])
     sig = (target / "signature.json").read_bytes()
     # the attacker plants a pickle and rewrites checksums.json, keeping the owner's signature
     plant_metadata_pickle(target, marker)
@@ -419,14 +420,14 @@ def test_tampered_or_foreign_signed_checkpoint_is_refused(run, monkeypatch):
     (target / "signature.json").write_bytes(sig)
     monkeypatch.setenv(KEY_ENV, "a shared secret")
     forget_verified()
-    ok, problems = ck.verify_checkpoint(target)
+    ok, problems = ck_files.verify_checkpoint(target)
     assert not ok and problems == ["signature.json does not match checksums.json under the key in "
                                    f"{KEY_ENV} (forged or modified, or signed with another key)"]
     text = _outcome(marker, lambda: _cli("checkpoint", "inspect", str(target)))
     assert "exit=1" in text and "does not match" in text
     # a checkpoint signed with another key is refused the same way
     monkeypatch.setenv(KEY_ENV, "another key")
-    assert not ck.verify_checkpoint(ckpts / STEP4)[0]
+    assert not ck_files.verify_checkpoint(ckpts / STEP4)[0]
 
 
 def test_sign_command_signs_intact_checkpoints_only(run, monkeypatch):
@@ -440,7 +441,7 @@ def test_sign_command_signs_intact_checkpoints_only(run, monkeypatch):
     assert "exit=1" in flat and f"signed{ckpts / STEP8}" in flat and f"signed{ckpts / SNAPSHOT}" in flat, flat
     assert f"NOTSIGNED{ckpts / STEP4}isinvalid,notsigningit:{ckpts / STEP4}/.metadata:refused" in flat, flat
     assert not (ckpts / STEP4 / "signature.json").exists()
-    assert ck.verify_checkpoint(ckpts / STEP8) == (True, [])
+    assert ck_files.verify_checkpoint(ckpts / STEP8) == (True, [])
     summary = train(config(12), resume="auto", allow_config_change=ALLOW, console=quiet())
     assert summary["resumed_from"].endswith(STEP8) and summary["step"] == 12
 

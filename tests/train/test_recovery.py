@@ -17,6 +17,7 @@ from rich.console import Console
 
 from oreline.errors import CheckpointError, TrainingError
 from oreline.train import checkpoint as ck
+from oreline.train import checkpoint_files as ck_files
 from oreline.train.loop import train
 
 
@@ -42,17 +43,17 @@ def test_skipped_nan_step_leaves_weights_and_optimizer_untouched(tmp_path, train
                        eval__prompts=[])
     summary = train(cfg, resume="none", console=quiet())
     root = tmp_path / "t" / "checkpoints"
-    before, at, after = (weights(root / ck.step_name(s)) for s in (3, 4, 5))
+    before, at, after = (weights(root / ck_files.step_name(s)) for s in (3, 4, 5))
     assert same(before, at)  # the NaN step changed nothing
     assert not same(at, after)  # the next step trains again
-    meta3, meta4 = ck.read_meta(root / "step-00000003"), ck.read_meta(root / "step-00000004")
+    meta3, meta4 = ck_files.read_meta(root / "step-00000003"), ck_files.read_meta(root / "step-00000004")
     assert meta4["skipped_steps"] == 1 and meta4["stability"]["counters"]["skipped"] == 1
     assert meta4["stability"]["counters"]["by_kind"] == {"nonfinite": 1}
     # the optimizer's own step count (Adam bias correction) did not advance on the skipped step
     steps = {}
     for s in (3, 4):
         model, opt = _fresh_model_and_optimizer(cfg)
-        ck.load_checkpoint(root / ck.step_name(s), model, opt, restore_rng=False)
+        ck.load_checkpoint(root / ck_files.step_name(s), model, opt, restore_rng=False)
         steps[s] = opt.state_dict()["state"][0]["step"].item()
     assert steps[3] == steps[4] == 3.0
     assert meta3["tokens_seen"] < meta4["tokens_seen"]  # the batch was consumed, not replayed
@@ -89,7 +90,7 @@ def test_rollback_after_a_spike_recovers_the_run(tmp_path, train_config, one_thr
     lrs = {r["step"]: r["lr"] for r in recs if r["type"] == "train"}
     ref_lrs = {r["step"]: r["lr"] for r in metrics(tmp_path / "ref") if r["type"] == "train"}
     assert lrs[20] == pytest.approx(0.8 * ref_lrs[20])  # lr × lr_factor after the rollback
-    assert ck.read_meta(tmp_path / "t" / "checkpoints" / "step-00000024")["lr_multiplier"] == pytest.approx(0.8)
+    assert ck_files.read_meta(tmp_path / "t" / "checkpoints" / "step-00000024")["lr_multiplier"] == pytest.approx(0.8)
 
 
 def test_retries_are_bounded_and_the_error_says_what_and_where(tmp_path, train_config, one_thread):

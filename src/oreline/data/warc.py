@@ -51,13 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oreline.data.payload import (  # noqa: F401  (re-exported: part of the reader's API)
+from oreline.data.payload import (
     PayloadTooLarge,
-    dechunk,
-    decode_content,
     decode_payload,
     meta_charset,
-    normalize_charset,
     parse_http,
 )
 from oreline.document import Document, content_id

@@ -325,7 +325,7 @@ def verify_checkpoint_dir(ckpt: Path, hash_files: bool = True) -> tuple[bool, li
         from oreline.train.checkpoint_files import verify_checkpoint
     except ImportError:
         try:
-            from oreline.train.checkpoint import verify_checkpoint
+            from oreline.train.checkpoint_files import verify_checkpoint
         except ImportError:
             verify_checkpoint = None
     if verify_checkpoint is not None:

@@ -45,7 +45,8 @@ def evaluate_cli(checkpoint: Path, data: Path | None = None, prompts: Path | Non
     from oreline.model.llama import Llama, ModelArgs
     from oreline.tokens.loader import TokenLoader
     from oreline.tokens.train_bpe import load_tokenizer
-    from oreline.train.checkpoint import load_model_state, resolve_checkpoint
+    from oreline.train.checkpoint import load_model_state
+    from oreline.train.checkpoint_files import resolve_checkpoint
 
     ckpt = resolve_checkpoint(Path(checkpoint))
     state_dict, args, meta = load_model_state(ckpt)

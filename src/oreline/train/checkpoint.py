@@ -85,27 +85,19 @@ from torch.distributed.checkpoint.state_dict import (
 from oreline import compat
 from oreline.config import CheckpointConfig, fingerprint
 from oreline.errors import CheckpointError
-from oreline.train.checkpoint_files import (  # noqa: F401 (re-exported: the public checkpoint API)
-    CHECKSUMS,
+from oreline.train.checkpoint_files import (
     FORMAT_VERSION,
     FULL_RE,
-    LATEST,
     META,
     TMP_PREFIX,
     TRASH_PREFIX,
-    CheckpointEntry,
-    checkpoints_root,
     dir_bytes,
     ensure_verified,
-    file_digest,
     fsync_dir,
-    list_checkpoints,
     read_latest,
     read_meta,
     resolve_checkpoint,
-    sign_checkpoint,
     step_name,
-    verify_checkpoint,
     write_checksums,
     write_json_synced,
     write_latest,
@@ -114,10 +106,8 @@ from oreline.train.checkpoint_files import (
     find_resumable as find_resumable_on_disk,
 )
 from oreline.train.checkpoint_metadata import read_dcp_metadata
-from oreline.train.checkpoint_resume import (  # noqa: F401 (re-exported)
-    NEVER_ALLOWED,
+from oreline.train.checkpoint_resume import (
     capture_rng_state,
-    check_resume_compatible,
     restore_rng_state,
 )
 from oreline.train.checkpoint_storage import RawTensorReader, RawTensorWriter, raw_writer_available
@@ -588,10 +578,3 @@ def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
     return sd, ModelArgs.from_dict(meta["model_args"]), meta
 
 
-# the CLI views, re-exported for `oreline checkpoint ls|verify|inspect`
-from oreline.train.checkpoint_views import (  # noqa: E402, F401
-    inspect_cli,
-    print_checkpoints,
-    sign_cli,
-    verify_cli,
-)

@@ -45,7 +45,8 @@ def checkpoint_meta(cfg: Config, s: Setup, state: TrainState, stability: Any) ->
 
 
 def save(cfg: Config, s: Setup, state: TrainState, stability: Any, kind: str, log: MetricsLogger) -> Path:
-    from oreline.train.checkpoint import dir_bytes, save_checkpoint
+    from oreline.train.checkpoint import save_checkpoint
+    from oreline.train.checkpoint_files import dir_bytes
 
     t0 = time.perf_counter()
     path = save_checkpoint(s.run.checkpoints, state.step, s.model, s.optimizer,
@@ -98,7 +99,9 @@ def resume_if_asked(cfg: Config, s: Setup, state: TrainState, stability: Any, re
     """
     if resume == "none":
         return None, []
-    from oreline.train.checkpoint import check_resume_compatible, find_resumable, load_checkpoint, read_meta
+    from oreline.train.checkpoint import find_resumable, load_checkpoint
+    from oreline.train.checkpoint_files import read_meta
+    from oreline.train.checkpoint_resume import check_resume_compatible
 
     events: list[dict] = []
     if resume == "auto":
