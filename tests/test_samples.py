@@ -1,0 +1,67 @@
+"""The embedded sample set: complete, unaltered, documented, licensed, small, and what `{samples}` means."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from oreline.config import EMBEDDED_SAMPLES, expand, sample_problems, samples_dir
+
+LICENSES = ("Apache-2.0", "BSD-3-Clause", "public domain")
+
+
+def _listed(root: Path) -> dict[str, str]:
+    pairs = (line.split(maxsplit=1) for line in (root / "SHA256SUMS").read_text().splitlines() if line.strip())
+    return {rel: digest for digest, rel in pairs}
+
+
+def test_every_file_is_listed_and_matches_its_checksum(samples):
+    listed = _listed(samples)
+    on_disk = {str(p.relative_to(samples)) for p in samples.rglob("*") if p.is_file()}
+    assert on_disk - {"SHA256SUMS", "SOURCES.md"} == set(listed), "every data and licence file has a checksum"
+    assert sample_problems(samples) == []
+
+
+def test_a_missing_or_altered_file_is_named(tmp_path):
+    root = tmp_path / "samples"
+    shutil.copytree(EMBEDDED_SAMPLES, root)
+    (root / "web-archives/commoncrawl-samples/whirlwind.warc.gz").unlink()
+    with (root / "english-prose/tinyshakespeare.txt.gz").open("ab") as fh:
+        fh.write(b"\0")
+    problems = sample_problems(root)
+    assert len(problems) == 2
+    assert problems[0].endswith("english-prose/tinyshakespeare.txt.gz: sha256 differs from SHA256SUMS")
+    assert problems[1].endswith("web-archives/commoncrawl-samples/whirlwind.warc.gz: missing")
+
+
+def test_sources_name_every_file_with_origin_licence_and_checksum(samples):
+    sources = (samples / "SOURCES.md").read_text(encoding="utf-8")
+    for rel, digest in _listed(samples).items():
+        assert f"| `{rel}` | {(samples / rel).stat().st_size:,} | `{digest}` |" in sources, rel
+    for licence in LICENSES:
+        assert licence in sources
+    for text in ("Apache-2.0.txt", "BSD-3-Clause.eugeneware-warc.txt", "PUBLIC-DOMAIN.md"):
+        assert (samples / "licenses" / text).is_file()
+    # the files left out for their licence stay out
+    assert not list(samples.rglob("*servo*")) and not list(samples.rglob("*pywb*"))
+
+
+def test_the_set_stays_small(samples):
+    total = sum(p.stat().st_size for p in samples.rglob("*") if p.is_file())
+    assert total <= 10_000_000, f"{total:,} bytes"
+
+
+def test_samples_resolve_to_the_embedded_set_unless_overridden(monkeypatch, tmp_path):
+    monkeypatch.delenv("ORELINE_SAMPLES", raising=False)
+    monkeypatch.chdir(tmp_path)  # nothing outside the package is consulted
+    assert samples_dir() == EMBEDDED_SAMPLES
+    assert Path(expand("{samples}/web-archives")).is_dir()
+    assert hashlib.sha256(Path(expand("{samples}/SHA256SUMS")).read_bytes()).hexdigest()
+    monkeypatch.setenv("ORELINE_SAMPLES", str(tmp_path))
+    assert samples_dir() == tmp_path.resolve()
+
+
+def test_repository_samples_link_is_the_package_folder():
+    link = Path(__file__).resolve().parents[1] / "samples"
+    assert link.resolve() == EMBEDDED_SAMPLES
