@@ -65,3 +65,29 @@ def test_samples_resolve_to_the_embedded_set_unless_overridden(monkeypatch, tmp_
 def test_repository_samples_link_is_the_package_folder():
     link = Path(__file__).resolve().parents[1] / "samples"
     assert link.resolve() == EMBEDDED_SAMPLES
+
+
+def test_wheel_and_sdist_carry_the_samples(tmp_path):
+    """Built from a copy of the tree, the wheel holds every sample file and the sdist rebuilds it."""
+    import subprocess
+    import sys
+    import tarfile
+    import zipfile
+
+    repo = Path(__file__).resolve().parents[1]
+    tree = tmp_path / "tree"
+    for name in ("pyproject.toml", "README.md"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(repo / name, tree / name)
+    shutil.copytree(repo / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for hook in ("build_wheel", "build_sdist"):  # one process each: setuptools keeps state between them
+        code = f"import sys; from setuptools import build_meta as b; b.{hook}(sys.argv[1])"
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / "dist")], cwd=tree, check=True, capture_output=True)
+    wanted = {f"oreline/samples/{rel}" for rel in _listed(EMBEDDED_SAMPLES)} | {
+        "oreline/samples/SHA256SUMS", "oreline/samples/SOURCES.md"}
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    assert wanted <= set(zipfile.ZipFile(wheel).namelist())
+    (sdist,) = (tmp_path / "dist").glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/src/", 1)[-1] for n in tar.getnames()}
+    assert wanted <= names
