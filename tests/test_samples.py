@@ -6,7 +6,10 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from oreline.config import EMBEDDED_SAMPLES, expand, sample_problems, samples_dir
+import pytest
+
+from oreline.config import EMBEDDED_SAMPLES, expand, larger_samples, sample_problems, samples_dir
+from oreline.errors import InputError
 
 LICENSES = ("Apache-2.0", "BSD-3-Clause", "public domain")
 
@@ -60,6 +63,13 @@ def test_samples_resolve_to_the_embedded_set_unless_overridden(monkeypatch, tmp_
     assert hashlib.sha256(Path(expand("{samples}/SHA256SUMS")).read_bytes()).hexdigest()
     monkeypatch.setenv("ORELINE_SAMPLES", str(tmp_path))
     assert samples_dir() == tmp_path.resolve()
+
+
+def test_a_benchmark_asks_for_the_larger_set_by_name(monkeypatch):
+    monkeypatch.delenv("ORELINE_SAMPLES", raising=False)
+    assert larger_samples("english-prose/nltk-gutenberg.zip") == EMBEDDED_SAMPLES
+    with pytest.raises(InputError, match=r"langid/lingua-testdata/sentences not found .* set ORELINE_SAMPLES"):
+        larger_samples("english-prose", "langid/lingua-testdata/sentences")
 
 
 def test_repository_samples_link_is_the_package_folder():

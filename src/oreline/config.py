@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from oreline.errors import ConfigError
+from oreline.errors import ConfigError, InputError
 
 PACKAGE_CONFIGS = Path(__file__).parent / "configs"
 # The small, licensed sample set shipped in the package (provenance in its SOURCES.md).
@@ -337,6 +337,17 @@ def sample_problems(root: Path = EMBEDDED_SAMPLES) -> list[str]:
         elif hashlib.sha256(path.read_bytes()).hexdigest() != digest:
             problems.append(f"{path}: sha256 differs from SHA256SUMS")
     return problems
+
+
+def larger_samples(*paths: str) -> Path:
+    """The ORELINE_SAMPLES folder, for a benchmark that needs files the embedded set leaves out."""
+    root = samples_dir()
+    missing = [p for p in paths if not (root / p).exists()]
+    if missing:
+        raise InputError(f"{', '.join(missing)} not found under {root}: the embedded samples leave out the larger sets",
+                         "set ORELINE_SAMPLES to the larger sample collection (e.g. ../shared/data; "
+                         "src/oreline/samples/SOURCES.md says where each set comes from)")
+    return root
 
 
 def expand(value: str) -> str:
