@@ -175,6 +175,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="runs per tool; the fastest counts (shared machine)")
     args = ap.parse_args()
     files = [str(Path(f).resolve()) for f in args.inputs] if args.inputs else [str(SAMPLES / "web-archives" / f) for f in DEFAULT_INPUTS]
+    missing = [f for f in files if not Path(f).exists()]
+    if missing:  # the default subset includes Servo and pywb captures, which the embedded samples leave out
+        sys.exit(f"{missing[0]} not found ({len(missing)} inputs missing): set ORELINE_SAMPLES to the larger "
+                 "sample collection (e.g. ../shared/data) or pass --inputs")
     ensure_peers()
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp_name:
         tmp = Path(tmp_name)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from oreline.config import samples_dir  # noqa: E402
+from oreline.config import larger_samples  # noqa: E402
 from oreline.data.extract import html_to_text  # noqa: E402
 from oreline.data.payload import decode_payload
 
@@ -36,7 +36,7 @@ def tokens(text: str) -> Counter:
 
 
 def load_pages(limit: int | None) -> list[tuple[str, str]]:
-    root = samples_dir() / "article-extraction-dev"
+    root = larger_samples("article-extraction-dev") / "article-extraction-dev"
     truth = json.loads((root / "ground-truth.json").read_text(encoding="utf-8"))
     pages = []
     for key in sorted(truth)[:limit]:
@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N pages only")
     args = ap.parse_args()
     pages = load_pages(args.limit)
-    print(f"{len(pages)} pages from {samples_dir() / 'article-extraction-dev'}")
+    print(f"{len(pages)} pages from {larger_samples('article-extraction-dev') / 'article-extraction-dev'}")
     results = {name: evaluate(fn, pages) for name, fn in candidates().items()}
     ref = results["trafilatura"]
     print(f"{'extractor':38} {'P':>6} {'R':>6} {'F1':>6} {'pages/s':>8} {'ΔF1 vs traf':>12} {'speed vs traf':>14}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from oreline.config import samples_dir  # noqa: E402
+from oreline.config import larger_samples  # noqa: E402
 from oreline.data.langid import detect  # noqa: E402
 
 # lingua file names that lid.176 spells differently (Norwegian Bokmål is "no" in lid.176)
@@ -27,7 +27,7 @@ LABEL_ALIASES = {"nb": {"nb", "no"}}
 
 
 def load(per_language: int, languages: list[str] | None) -> dict[str, list[str]]:
-    root = samples_dir() / "langid" / "lingua-testdata" / "sentences"
+    root = larger_samples("langid/lingua-testdata/sentences") / "langid" / "lingua-testdata" / "sentences"
     out = {}
     for path in sorted(root.glob("*.txt.gz")):
         lang = path.name.split(".")[0]

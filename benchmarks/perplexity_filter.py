@@ -141,7 +141,7 @@ def pipeline_share(root: Path, ref: Path, out: Path) -> str:
 def main() -> None:
     import torch
 
-    from oreline.config import samples_dir
+    from oreline.config import larger_samples
     from oreline.data.perplexity import ArpaModel, load_scorer
     from oreline.data.words import sentences
     from oreline.quality.reference_lm import train_reference
@@ -150,7 +150,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=450, help="llama reference training steps")
     args = ap.parse_args()
     torch.set_num_threads(1)  # one core per scorer, as in a pipeline worker
-    root = samples_dir()
+    root = larger_samples("article-extraction-dev")
     with zipfile.ZipFile(root / "english-prose" / "nltk-gutenberg.zip") as zf:
         books = {n: zf.read(f"gutenberg/{n}").decode("latin-1") for n in TRAIN_BOOKS + HELDOUT_BOOKS}
     truth = json.loads((root / "article-extraction-dev" / "ground-truth.json").read_text())

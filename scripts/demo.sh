@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: creates or reuses .venv, then runs crawl → data → tokenizer → train → eval →
-# export → report into runs/demo/ on the sample data (ORELINE_SAMPLES, default ../shared/data).
+# export → report into runs/demo/ on the sample data (ORELINE_SAMPLES, default the embedded samples/).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$repo/scripts/venv.sh"

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: creates or reuses .venv, installs what the browser test needs, runs pytest.
+# The default tier reads the samples embedded in the package; with ORELINE_SAMPLES set to the larger
+# collection (.ci/run sets ../shared/data) the tests marked `extended` run too.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$repo/scripts/venv.sh"

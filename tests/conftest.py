@@ -1,23 +1,84 @@
-"""Shared fixtures. Sample data is located by ORELINE_SAMPLES (default ../shared/data)."""
+"""Shared fixtures and the two data tiers of the suite.
+
+Default tier: every test reads the sample set embedded in the package (src/oreline/samples, also
+`samples/` at the repository root). Its SHA256SUMS is checked once per session; a missing or
+altered file fails every test that uses the `samples` fixture, naming the file — the suite never
+skips for missing data.
+
+Extended tier: tests marked `@pytest.mark.extended("path", ...)` need files of the larger sample
+collection (Servo captures, language-ID sentences, the extraction benchmark…) and read it through
+the `full_samples` fixture, i.e. ORELINE_SAMPLES. Without ORELINE_SAMPLES they are deselected and
+the summary says how many; with it, a test whose named paths are missing there is skipped with
+the path in the reason, and the summary counts those skips.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from oreline.config import samples_dir
+from oreline.config import EMBEDDED_SAMPLES, sample_problems
 
 
 @pytest.fixture(scope="session")
 def samples() -> Path:
-    """The sample-data folder; tests that need it skip with the reason when it is absent."""
-    path = samples_dir()
-    if not (path / "web-archives").is_dir():
-        pytest.skip(f"sample data not found at {path}: set ORELINE_SAMPLES to the shared data folder")
-    return path
+    """The embedded sample set, checked against its SHA256SUMS once per session."""
+    problems = sample_problems()
+    if problems:
+        pytest.fail("embedded sample data is damaged: " + "; ".join(problems)
+                    + " — restore it with `git checkout -- src/oreline/samples`", pytrace=False)
+    return EMBEDDED_SAMPLES
+
+
+@pytest.fixture(scope="session")
+def full_samples() -> Path:
+    """The larger sample collection (ORELINE_SAMPLES), for tests marked `extended`."""
+    return Path(os.environ["ORELINE_SAMPLES"]).expanduser().resolve()
+
+
+def _extended_paths(item: pytest.Item) -> list[str]:
+    return [p for mark in item.iter_markers("extended") for p in mark.args]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    env = os.environ.get("ORELINE_SAMPLES")
+    extended = [item for item in items if item.get_closest_marker("extended")]
+    config.stash[_EXTENDED] = {"selected": 0, "deselected": 0, "missing": []}
+    if not extended:
+        return
+    if not env:
+        config.hook.pytest_deselected(items=extended)
+        items[:] = [item for item in items if not item.get_closest_marker("extended")]
+        config.stash[_EXTENDED]["deselected"] = len(extended)
+        return
+    root = Path(env).expanduser()
+    config.stash[_EXTENDED]["selected"] = len(extended)
+    for item in extended:
+        missing = [p for p in _extended_paths(item) if not (root / p).exists()]
+        if missing:
+            config.stash[_EXTENDED]["missing"].append(item.nodeid)
+            item.add_marker(pytest.mark.skip(reason=f"extended: ORELINE_SAMPLES={root} lacks {', '.join(missing)}"))
+
+
+_EXTENDED = pytest.StashKey[dict]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    info = config.stash.get(_EXTENDED, None)
+    if not info or not (info["selected"] or info["deselected"]):
+        return
+    if info["deselected"]:
+        terminalreporter.write_line(
+            f"extended tier: {info['deselected']} tests deselected (ORELINE_SAMPLES is not set; "
+            "set it to the larger sample folder, e.g. ../shared/data, to run them)")
+    else:
+        skipped = info["missing"]
+        line = f"extended tier: {info['selected']} tests selected from ORELINE_SAMPLES, {len(skipped)} skipped"
+        terminalreporter.write_line(line + (": " + ", ".join(skipped) if skipped else ""))
 
 
 # The manufactured healthy run that tests/doctor and tests/report break one thing at a time.

@@ -7,8 +7,8 @@
   validates.
 - `fingerprint(cfg)` is the sha256 of the canonical JSON of the resolved config (sorted keys, no
   whitespace): two runs with the same fingerprint were asked to do the same thing.
-- `{samples}` in any string expands to the sample-data folder (`ORELINE_SAMPLES`, default
-  `../shared/data`), so configs never carry machine paths.
+- `{samples}` in any string expands to the sample-data folder (`ORELINE_SAMPLES`, default the set
+  embedded in the package, `EMBEDDED_SAMPLES`), so configs never carry machine paths.
 
 Field descriptions double as CLI help (`oreline config show --help-keys`).
 """
@@ -25,9 +25,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from oreline.errors import ConfigError
+from oreline.errors import ConfigError, InputError
 
 PACKAGE_CONFIGS = Path(__file__).parent / "configs"
+# The small, licensed sample set shipped in the package (provenance in its SOURCES.md).
+EMBEDDED_SAMPLES = Path(__file__).resolve().parent / "samples"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Largest vocabulary accepted (2**20): 8× Llama-3's 128k, far above any trained BPE; a bigger number is
 # a typo that would otherwise surface as a multi-GB embedding or a BPE trainer that never ends.
@@ -328,15 +330,44 @@ class Config(Section):
 
 
 def samples_dir() -> Path:
-    """The sample-data folder: ORELINE_SAMPLES, else ../shared/data from the cwd or the repo."""
+    """The sample-data folder: ORELINE_SAMPLES when set, else the set embedded in the package.
+
+    The embedded set is package data (src/oreline/samples), so a clone, an editable install, a
+    wheel and an sdist all find it next to this module; nothing is looked up outside the package.
+    """
     env = os.environ.get("ORELINE_SAMPLES")
     if env:
         return Path(env).expanduser().resolve()
-    for base in (Path.cwd(), REPO_ROOT):
-        cand = (base / ".." / "shared" / "data").resolve()
-        if cand.is_dir():
-            return cand
-    return (Path.cwd() / ".." / "shared" / "data").resolve()
+    return EMBEDDED_SAMPLES
+
+
+def sample_problems(root: Path = EMBEDDED_SAMPLES) -> list[str]:
+    """Files listed in root/SHA256SUMS that are missing or altered, each as 'path: what is wrong'."""
+    sums = root / "SHA256SUMS"
+    if not sums.is_file():
+        return [f"{sums}: missing"]
+    problems = []
+    for line in sums.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        digest, rel = line.split(maxsplit=1)
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            problems.append(f"{path}: sha256 differs from SHA256SUMS")
+    return problems
+
+
+def larger_samples(*paths: str) -> Path:
+    """The ORELINE_SAMPLES folder, for a benchmark that needs files the embedded set leaves out."""
+    root = samples_dir()
+    missing = [p for p in paths if not (root / p).exists()]
+    if missing:
+        raise InputError(f"{', '.join(missing)} not found under {root}: the embedded samples leave out the larger sets",
+                         "set ORELINE_SAMPLES to the larger sample collection (e.g. ../shared/data; "
+                         "src/oreline/samples/SOURCES.md says where each set comes from)")
+    return root
 
 
 def expand(value: str) -> str:

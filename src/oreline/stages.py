@@ -64,8 +64,9 @@ def _check_samples(cfg: Config) -> None:
     uses_samples = any("{samples}" in s for s in cfg.data.inputs + cfg.data.extra_inputs)
     if uses_samples and not samples_dir().is_dir():
         raise InputError(
-            f"the sample data folder {samples_dir()} does not exist",
-            "set ORELINE_SAMPLES to the shared data folder, or point the run at your own WARC files with "
+            f"the sample data folder {samples_dir()} (ORELINE_SAMPLES) does not exist",
+            "unset ORELINE_SAMPLES to use the embedded samples or point it at an existing folder, or point "
+            "the run at your own WARC files with "
             "data.inputs=[\"/path/to/warcs\"] (and data.extra_inputs=[] or your own clean text)",
         )
 

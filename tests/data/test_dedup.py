@@ -137,9 +137,10 @@ def _docs(folder, prefix=""):
     ]
 
 
-def test_cs336_fixtures_near_and_exact(samples, tmp_path):
-    fuzzy = _docs(samples / "near-dup-fixtures-cs336/documents_with_fuzzy_duplicates")
-    lines = _docs(samples / "near-dup-fixtures-cs336/documents_with_line_duplicates", prefix="line-")
+@pytest.mark.extended("near-dup-fixtures-cs336")
+def test_cs336_fixtures_near_and_exact(full_samples, tmp_path):
+    fuzzy = _docs(full_samples / "near-dup-fixtures-cs336/documents_with_fuzzy_duplicates")
+    lines = _docs(full_samples / "near-dup-fixtures-cs336/documents_with_line_duplicates", prefix="line-")
     cfg = Config()  # the whole config is accepted too: dedup reads cfg.data.dedup
     # three tasks: dedup is global across them
     paths = [tmp_path / "sig" / f"task-{i}.parquet" for i in range(3)]

@@ -32,11 +32,12 @@ def _extractor_available(name: str) -> None:
 
 @pytest.fixture(scope="module")
 def real_pages(samples) -> list[str]:
-    """HTML pages with inline scripts/styles: article benchmark pages and CC WARC responses."""
-    root = samples / "article-extraction-dev"
-    keys = sorted(json.loads((root / "ground-truth.json").read_text(encoding="utf-8")))[:6]
-    pages = [gzip.decompress((root / "html" / f"{k}.html.gz").read_bytes()).decode("utf-8", "replace") for k in keys]
+    """HTML pages with inline scripts/styles: the first 2024 wget pages of dolma and the CC responses."""
+    pages = []
     report = ReadReport()
+    for rec in iter_records(samples / "web-archives/dolma-wget-2024/sample-0000.warc.gz", report=report):
+        if rec.content_type == "text/html" and len(pages) < 6:
+            pages.append(record_to_document(rec, report).text)
     for rec in iter_records(samples / "web-archives/commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz", report=report):
         pages.append(record_to_document(rec, report).text)
     return pages
@@ -100,8 +101,9 @@ def test_depth_check_on_the_parsed_tree():
     assert too_deep_for_main_content(HTMLTree.parse("<p>" + "<b>" * 3000 + "text"))
 
 
-def test_main_content_drops_boilerplate(samples):
-    root = samples / "article-extraction-dev"
+@pytest.mark.extended("article-extraction-dev")
+def test_main_content_drops_boilerplate(full_samples):
+    root = full_samples / "article-extraction-dev"
     truth = json.loads((root / "ground-truth.json").read_text(encoding="utf-8"))
     key = sorted(truth)[0]
     html = gzip.decompress((root / "html" / f"{key}.html.gz").read_bytes()).decode("utf-8", "replace")

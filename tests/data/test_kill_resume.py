@@ -19,8 +19,8 @@ INPUTS = [
     "commoncrawl-samples/whirlwind.warc.gz",
     "dolma-wget-2024/sample-0000.warc.gz",
     "dolma-wget-2024/sample-0001.warc.gz",
-    "servo-site-captures-2018/Wikipedia.warc.gz",
-    "pywb-iana-revisits/iana.warc.gz",
+    "ia-blackbook-2008/IAH-20080430204825-00000-blackbook.warc.gz",
+    "warcio-edge-cases/example.warc.gz",
 ]
 
 

@@ -15,17 +15,19 @@ def sentences(samples, lang: str, n: int = 40) -> list[str]:
     return gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()[:n]
 
 
+@pytest.mark.extended("langid/lingua-testdata/sentences")
 @pytest.mark.parametrize("lang", ["en", "de", "fr", "ru", "zh", "ja", "ar", "es"])
-def test_sentences_are_recognised(samples, lang):
-    results = detect_batch(sentences(samples, lang))
+def test_sentences_are_recognised(full_samples, lang):
+    results = detect_batch(sentences(full_samples, lang))
     accuracy = sum(got == lang for got, _ in results) / len(results)
     assert accuracy >= 0.85, (lang, accuracy, results[:5])
     assert all(0.0 <= score <= 1.0 for _, score in results)
 
 
-def test_multiline_text_is_scored_as_a_whole(samples):
+@pytest.mark.extended("langid/lingua-testdata/sentences/de.txt.gz")
+def test_multiline_text_is_scored_as_a_whole(full_samples):
     # one sentence per line: fastText would refuse the newlines, and per-line answers would vary
-    text = "\n".join(sentences(samples, "de", 20))
+    text = "\n".join(sentences(full_samples, "de", 20))
     lang, score = detect(text)
     assert lang == "de" and score > 0.9
     assert detect("Hello there.\nThis is English.\n\nIt spans several lines.\n")[0] == "en"

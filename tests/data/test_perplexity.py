@@ -62,25 +62,25 @@ def trusted_texts(samples: Path, folder: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(samples, tmp_path_factory) -> Path:
+def reference(full_samples, tmp_path_factory) -> Path:
     """A trigram model on the trusted texts."""
-    paths = trusted_texts(samples, tmp_path_factory.mktemp("ref-src"))
+    paths = trusted_texts(full_samples, tmp_path_factory.mktemp("ref-src"))
     out = tmp_path_factory.mktemp("ref")
     meta = train_reference(paths, out, kind="ngram", console=None)
-    assert meta["documents"] == 2 + len(articles(samples)[::2])
+    assert meta["documents"] == 2 + len(articles(full_samples)[::2])
     assert 100 < meta["heldout_perplexity"] < 1000
     return out
 
 
 @pytest.fixture(scope="module")
-def llama_reference(samples, tmp_path_factory) -> Path:
+def llama_reference(full_samples, tmp_path_factory) -> Path:
     """A test-sized oreline Llama (0.3M parameters, 1,024-token BPE, 450 steps of 2,048 tokens) on the
     same texts: ~30 s on one idle core."""
     import os
 
     import torch
 
-    paths = trusted_texts(samples, tmp_path_factory.mktemp("llama-src"))
+    paths = trusted_texts(full_samples, tmp_path_factory.mktemp("llama-src"))
     out = tmp_path_factory.mktemp("llama-ref")
     threads = torch.get_num_threads()
     if os.getloadavg()[0] >= (os.cpu_count() or 1):
@@ -133,14 +133,15 @@ def auc(low: list[float], high: list[float]) -> float:
     return float((hi > lo).mean() + 0.5 * (hi == lo).mean())
 
 
+@pytest.mark.extended("article-extraction-dev")
 @pytest.mark.parametrize("kind", ["ngram", "llama"])
-def test_ranks_prose_below_web_below_garbage(samples, request, kind):
+def test_ranks_prose_below_web_below_garbage(full_samples, request, kind):
     folder = request.getfixturevalue("reference" if kind == "ngram" else "llama_reference")
     scorer = load_scorer(folder, backend="python")
     assert scorer.kind == kind
-    prose = [t[i : i + 3000] for t in (book(samples, b) for b in HELDOUT_BOOKS) for i in range(5000, 65000, 3000)]
-    web = [t for t in articles(samples)[1::2] if len(t) > 500]
-    bad = garbage(samples, prose)
+    prose = [t[i : i + 3000] for t in (book(full_samples, b) for b in HELDOUT_BOOKS) for i in range(5000, 65000, 3000)]
+    web = [t for t in articles(full_samples)[1::2] if len(t) > 500]
+    bad = garbage(full_samples, prose)
     assert all(len(v) >= 5 for v in bad.values())
     ppl = lambda texts: [s["perplexity"] for s in scorer.score_texts(texts)]  # noqa: E731
     p_prose, p_web = ppl(prose), ppl(web)
@@ -154,10 +155,11 @@ def test_ranks_prose_below_web_below_garbage(samples, request, kind):
         assert np.median(scores) > 2 * np.median(p_prose), (name, medians)
 
 
-def test_llama_scores_paragraphs_and_batches_alike(llama_reference, samples):
+@pytest.mark.extended("article-extraction-dev")
+def test_llama_scores_paragraphs_and_batches_alike(llama_reference, full_samples):
     scorer = load_scorer(llama_reference)
-    prose = book(samples, "austen-persuasion.txt")[20000:21500]
-    menu = "\n".join(nav_menus(samples)[0].split("\n")[:20])
+    prose = book(full_samples, "austen-persuasion.txt")[20000:21500]
+    menu = "\n".join(nav_menus(full_samples)[0].split("\n")[:20])
     mixed = prose + "\n" + menu
     alone = [s["perplexity"] for s in (scorer.score_texts([prose])[0], scorer.score_texts([menu])[0])]
     long = "\n".join([prose] * 12)  # past max_tokens (1,024): the tail paragraphs are not scored
@@ -188,17 +190,19 @@ def test_kneser_ney_is_normalized(samples, tmp_path):
         assert total == pytest.approx(1.0, abs=1e-3), context
 
 
-def test_arpa_query_matches_kenlm(samples, reference):
+@pytest.mark.extended("article-extraction-dev")
+def test_arpa_query_matches_kenlm(full_samples, reference):
     kenlm = pytest.importorskip("kenlm", reason="kenlm is optional: pip install 'oreline[ngram]'")
     fast = kenlm.Model(str(reference / "model.arpa"))
     ours = load_reference(reference, backend="python")
-    for toks in sentences(book(samples, "austen-persuasion.txt")[:30000])[:300]:
+    for toks in sentences(book(full_samples, "austen-persuasion.txt")[:30000])[:300]:
         assert ours.sentence_log10(toks) == pytest.approx(fast.score(" ".join(toks), bos=True, eos=True), abs=1e-3)
 
 
-def test_step_scores_and_cuts_by_threshold(samples, reference):
-    prose = Document("p", book(samples, "austen-persuasion.txt")[10000:14000])
-    menu = Document("m", nav_menus(samples)[0])
+@pytest.mark.extended("article-extraction-dev")
+def test_step_scores_and_cuts_by_threshold(full_samples, reference):
+    prose = Document("p", book(full_samples, "austen-persuasion.txt")[10000:14000])
+    menu = Document("m", nav_menus(full_samples)[0])
     step = perplexity_filter_factory(QualityConfig(perplexity_model=str(reference), perplexity_max=1000.0))
     assert step.name == "quality:perplexity" and step.batch_fn is not None
     assert step.batch_fn([prose, menu, Document("e", "   ")]) == [None, "perplexity:>1000", "perplexity:no_tokens"]
@@ -212,6 +216,7 @@ def test_step_scores_and_cuts_by_threshold(samples, reference):
     assert step.batch_fn([menu]) == [None]
 
 
+@pytest.mark.extended("article-extraction-dev")
 def test_cutoffs_come_from_a_sample_of_the_run(reference, tmp_path):
     import pyarrow as pa
 
@@ -238,10 +243,11 @@ def test_cutoffs_come_from_a_sample_of_the_run(reference, tmp_path):
     assert bucket_step(tmp_path / "cutoffs.json", cfg) is None  # an absolute cut-off needs no buckets
 
 
-def test_score_cli_writes_per_document_scores(samples, reference, tmp_path):
+@pytest.mark.extended("article-extraction-dev")
+def test_score_cli_writes_per_document_scores(full_samples, reference, tmp_path):
     sample = tmp_path / "crawl.jsonl"
-    texts = [book(samples, "austen-persuasion.txt")[10000:14000]] + [t for t in articles(samples)[1::2] if len(t) > 500][:20] \
-        + nav_menus(samples)[:10] + [" "]
+    texts = [book(full_samples, "austen-persuasion.txt")[10000:14000]] + [t for t in articles(full_samples)[1::2] if len(t) > 500][:20] \
+        + nav_menus(full_samples)[:10] + [" "]
     sample.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     summary = score_cli([str(sample)], reference, tmp_path / "scores.parquet", console=None)
     assert summary["documents"] == len(texts) and summary["scored"] == len(texts) - 1

@@ -139,20 +139,22 @@ def test_fineweb_rules(samples):
     assert fineweb(en(two_words), CFG) == "fineweb:list_ratio"
 
 
-def test_entropy_and_ascii(samples):
+@pytest.mark.extended("langid/lingua-testdata/sentences/ru.txt.gz")
+def test_entropy_and_ascii(samples, full_samples):
     prose = " ".join(paragraph_words(samples)[:300])
     assert 4.0 < char_entropy(prose) < 4.6  # English letters: ~4.1-4.3 bits/char
     low = en("ab ab ab ab " * 100)
     assert QUALITY_FILTERS["entropy"](low, CFG) == "entropy:<3.2"
     assert low.metadata["entropy"] < 2
-    russian = gzip.decompress((samples / "langid/lingua-testdata/sentences/ru.txt.gz").read_bytes()).decode()
+    russian = gzip.decompress((full_samples / "langid/lingua-testdata/sentences/ru.txt.gz").read_bytes()).decode()
     assert QUALITY_FILTERS["ascii_ratio"](en(russian), CFG) == "ascii:<0.30"
     assert QUALITY_FILTERS["ascii_ratio"](Document("r", russian, metadata={"language": "ru"}), CFG) is None
     assert QUALITY_FILTERS["ascii_ratio"](Document("u", prose), CFG) is None  # unknown language: checked, passes
 
 
-def test_chinese_is_not_dropped_by_word_rules(samples):
-    lines = gzip.decompress((samples / "langid/lingua-testdata/sentences/zh.txt.gz").read_bytes()).decode().split("\n")
+@pytest.mark.extended("langid/lingua-testdata/sentences/zh.txt.gz")
+def test_chinese_is_not_dropped_by_word_rules(full_samples):
+    lines = gzip.decompress((full_samples / "langid/lingua-testdata/sentences/zh.txt.gz").read_bytes()).decode().split("\n")
     text = "\n".join(lines[:40])
     zh = Document("z", text, metadata={"language": "zh"})
     assert gopher_quality(zh, CFG) is None

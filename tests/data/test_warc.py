@@ -118,8 +118,9 @@ def test_ia_warc_0_17(samples):
     assert all(r.http_status is None for r in records if r.url.startswith("dns:"))
 
 
-def test_pywb_revisits_are_counted(samples):
-    records, report = read(samples / "web-archives/pywb-iana-revisits/iana.warc.gz")
+@pytest.mark.extended("web-archives/pywb-iana-revisits/iana.warc.gz")
+def test_pywb_revisits_are_counted(full_samples):
+    records, report = read(full_samples / "web-archives/pywb-iana-revisits/iana.warc.gz")
     assert report.revisits == 123 == report.by_type["revisit"] == report.skipped["revisit"]
     assert len(records) == 48 and not report.errors
     assert sum(r.content_type == "text/html" for r in records) == 20
@@ -154,8 +155,9 @@ def test_charset_decoding_of_cc_excerpt(samples):
     assert report.replacement_chars == sum(d.metadata["replacement_chars"] for d in docs)
 
 
-def test_brotli_servo_capture_decodes(samples):
-    records, report = read(samples / "web-archives/servo-site-captures-2018/GoogleJapan.warc.gz")
+@pytest.mark.extended("web-archives/servo-site-captures-2018/GoogleJapan.warc.gz")
+def test_brotli_servo_capture_decodes(full_samples):
+    records, report = read(full_samples / "web-archives/servo-site-captures-2018/GoogleJapan.warc.gz")
     assert report.decoding["content_encoding:br"] == 1 and not report.errors
     assert not any(k.startswith("content_encoding_failed") for k in report.decoding)
     html = [r for r in records if r.content_type == "text/html" and r.http_status == 200]

@@ -1,7 +1,8 @@
 """Session fixtures of the token layer: a small real corpus, two trained tokenizers, token shards.
 
 The corpus is real text from the samples: Shakespeare and Austen paragraphs, Chinese and
-Russian sentences (lingua test data), plus a few hand-written edge cases (literal special-token
+Russian lines of the Common Crawl pages in the resiliparse excerpt (gb2312/gbk and windows-1251
+pages, as the WARC reader decodes them), plus a few hand-written edge cases (literal special-token
 text, emoji, whitespace runs). Training stays small (vocab 768, ~450 KB) so the session costs
 about a second per tokenizer.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -33,9 +35,21 @@ def _paragraphs(text: str, min_chars: int = 40) -> list[str]:
     return [p.strip("\n") for p in text.split("\n\n") if len(p.strip()) >= min_chars]
 
 
-def _lines(path: Path, n: int) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        return [line.rstrip("\n") for _, line in zip(range(n), fh, strict=False) if line.strip()]
+def _web_lines(warc: Path, n: int) -> dict[str, list[str]]:
+    """The first n text lines of the pages in `warc` with >= 10 Chinese / >= 20 Cyrillic letters."""
+    from oreline.data.extract import html_to_text
+    from oreline.data.warc import ReadReport, iter_records, record_to_document
+
+    out: dict[str, list[str]] = {"zh": [], "ru": []}
+    report = ReadReport()
+    for record in iter_records(warc, report=report):
+        for line in html_to_text(record_to_document(record, report).text, main_content=False).splitlines():
+            if len(re.findall("[\u4e00-\u9fff]", line)) >= 10:
+                out["zh"].append(line)
+            elif len(re.findall("[а-яА-ЯёЁ]", line)) >= 20:
+                out["ru"].append(line)
+    assert all(len(lines) >= n for lines in out.values()), {k: len(v) for k, v in out.items()}
+    return {k: v[:n] for k, v in out.items()}
 
 
 @pytest.fixture(scope="session")
@@ -46,9 +60,8 @@ def corpus(samples) -> dict[str, list[tuple[str, str]]]:
         shakespeare = _paragraphs(fh.read(250_000))
     with zipfile.ZipFile(prose / "nltk-gutenberg.zip") as zf:
         austen = _paragraphs(zf.read("gutenberg/austen-persuasion.txt").decode("utf-8", "replace")[:150_000])
-    sentences = samples / "langid" / "lingua-testdata" / "sentences"
-    zh = _lines(sentences / "zh.txt.gz", 150)
-    ru = _lines(sentences / "ru.txt.gz", 150)
+    web = _web_lines(samples / "web-archives/commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz", 150)
+    zh, ru = web["zh"], web["ru"]
     return {
         "shakespeare": [(f"shakespeare-{i}", t) for i, t in enumerate(shakespeare)],
         "austen": [(f"austen-{i}", t) for i, t in enumerate(austen)],

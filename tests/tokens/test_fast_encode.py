@@ -42,8 +42,9 @@ def _assert_same(tok, texts: list[str]) -> None:
     assert not bad, f"{len(bad)} of {len(texts)} texts differ, e.g. {bad[0][:200]!r}"
 
 
-def test_same_ids_on_sentences_in_79_languages(tok, samples):
-    files = sorted((samples / "langid" / "lingua-testdata" / "sentences").glob("*.txt.gz"))
+@pytest.mark.extended("langid/lingua-testdata/sentences")
+def test_same_ids_on_sentences_in_79_languages(tok, full_samples):
+    files = sorted((full_samples / "langid" / "lingua-testdata" / "sentences").glob("*.txt.gz"))
     assert len(files) >= 70
     texts = []
     for path in files:
