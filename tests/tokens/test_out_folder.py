@@ -85,7 +85,7 @@ def test_an_unfinished_data_run_is_not_consumed(samples, byte_tokenizer_dir, tmp
     the folder (and its docs/), naming it and the command that finishes it; --allow-incomplete reads it."""
     inputs = [str(samples / "web-archives" / p) for p in (
         "dolma-wget-2024/sample-0000.warc.gz", "dolma-wget-2024/sample-0001.warc.gz",
-        "commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz", "pywb-iana-revisits/iana.warc.gz")]
+        "commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz", "ia-blackbook-2008/IAH-20080430204825-00000-blackbook.warc.gz")]
     data = tmp_path / "data"
     proc = subprocess.Popen([sys.executable, "-m", "oreline", "data", *inputs, "--out", str(data), "--workers", "1"],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
