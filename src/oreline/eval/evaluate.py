@@ -13,7 +13,8 @@ of a multi-byte character is still counted exactly); SentencePiece-style `▁` i
 `<0xXX>` byte-fallback tokens one byte. Special tokens (BOS, EOS, pad) have 0 bytes: predicting
 EOS still costs bits, which the per-byte figure then charges to the document's text.
 
-Generations: for each prompt, `[BOS] + encode(prompt)` is continued greedily (argmax; identical
+Generations: for each prompt, `[BOS] + encode(prompt)` (the training format, oreline.tokens.format;
+the result states it as `training_format`) is continued greedily (argmax; identical
 to HF generate(do_sample=False)) and/or by sampling with temperature and top-k from a seeded
 generator, so both are reproducible.
 
@@ -150,13 +151,14 @@ def validation_loss(model: torch.nn.Module, loader_or_batches: Any, bos_id: int 
 def generate_samples(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new_tokens: int,
                      greedy: bool = True, temperature: float = 0.8, top_k: int | None = 50,
                      seed: int = 0) -> list[dict[str, Any]]:
-    """Continue each prompt from `[BOS] + encode(prompt)`; one dict per prompt (prompt, text, mode, tokens)."""
+    """Continue each prompt from `[BOS] + encode(prompt)`; one dict per prompt (prompt, text, mode, tokens, ids)."""
     from oreline.model.llama import generate
+    from oreline.tokens.format import prompt_ids
 
     device = next(model.parameters()).device
     out = []
     for i, prompt in enumerate(prompts):
-        ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
+        ids = prompt_ids(tokenizer, prompt)  # the training format: what every exported client feeds too
         if greedy:
             new = generate(model, ids, max_new_tokens, temperature=0.0, eos_id=tokenizer.eos_id)
         else:
@@ -165,7 +167,7 @@ def generate_samples(model: torch.nn.Module, tokenizer: Any, prompts: list[str],
                            eos_id=tokenizer.eos_id, generator=gen)
         ended = bool(new) and new[-1] == tokenizer.eos_id
         out.append({"prompt": prompt, "text": tokenizer.decode(new), "mode": "greedy" if greedy else "sampled",
-                    "tokens": len(new), "ended_with_eos": ended})
+                    "tokens": len(new), "ended_with_eos": ended, "ids": new})
     return out
 
 
@@ -193,6 +195,7 @@ def evaluate_cli(checkpoint: Path, data: Path | None = None, prompts: Path | Non
     """`oreline eval`: validation metrics and generations of one checkpoint, written as JSON."""
     from oreline.config import config_from_dict
     from oreline.model.llama import Llama, ModelArgs
+    from oreline.tokens.format import convention
     from oreline.tokens.loader import TokenLoader
     from oreline.tokens.train_bpe import load_tokenizer
     from oreline.train.checkpoint import load_model_state, resolve_checkpoint
@@ -233,6 +236,7 @@ def evaluate_cli(checkpoint: Path, data: Path | None = None, prompts: Path | Non
         "val_loss_token": metrics["loss_token"], "val_loss_eos": metrics["loss_eos"],
         "val_loss_bos": metrics["loss_bos"], "val_targets": metrics["targets"], "val_bytes": metrics["bytes"],
         "val_batches": metrics["batches"], "generations": gens,
+        "training_format": convention(tokenizer.bos_id, tokenizer.eos_id),
     }
     out_path = Path(out) if out is not None else _run_dir_of(ckpt) / "eval" / f"eval-step-{step}.json"
     from oreline.runs import write_json_atomic
@@ -246,6 +250,8 @@ def evaluate_cli(checkpoint: Path, data: Path | None = None, prompts: Path | Non
 def _print_result(r: dict[str, Any], path: Path, console: Any) -> None:
     from rich.markup import escape
 
+    from oreline.tokens.format import describe
+
     def f(v: Any, spec: str) -> str:
         return "—" if v is None else format(v, spec)
 
@@ -253,6 +259,8 @@ def _print_result(r: dict[str, Any], path: Path, console: Any) -> None:
                   f"ppl {f(r['val_ppl'], ',.2f')} | bpb {f(r['val_bpb'], '.4f')} | token {f(r['val_loss_token'], '.3f')} "
                   f"eos {f(r['val_loss_eos'], '.3f')} after-BOS {f(r['val_loss_bos'], '.3f')} "
                   f"over {r['val_targets']:,} targets in {r['val_batches']} batches", highlight=False)
+    if r.get("training_format"):
+        console.print(f"  format: {escape(describe(r['training_format']))}", highlight=False)
     for g in r["generations"]:
         console.print(f"  [dim]{g['mode']}[/] {escape(repr(g['prompt']))} → {escape(repr(g['text']))}", highlight=False)
     console.print(f"written to {escape(str(path))}")
