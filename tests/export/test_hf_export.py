@@ -269,6 +269,7 @@ def test_exported_tokenizer_adds_one_bos_and_no_eos(exported, tokenizer_dir):
     assert any("adds no BOS" in p for p in problems) and any("model_max_length=1000000000" in p for p in problems)
 
 
+@pytest.mark.slow  # ~13 HF generate calls: 15-70 s on a shared 2-core machine
 def test_default_generate_equals_oreline_eval(exported):
     """generate(**tokenizer(prompt)) and pipeline() with default settings continue exactly as oreline eval."""
     from oreline.eval.evaluate import generate_samples

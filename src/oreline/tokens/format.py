@@ -17,6 +17,12 @@ transformers; llama.cpp's `parse_special=False`): only the BOS the convention pu
 BOS. `tokenizers` alone does not store `encode_special_tokens`, so a user of the bare
 tokenizer.json sets it, as `oreline.tokens.train_bpe.load_tokenizer` does.
 
+lm-evaluation-harness 0.4.13 (`hf` model): its loglikelihood requests encode with the tokenizer's
+default, so they get `[BOS] context continuation` as trained. Its rolling log-likelihood
+(perplexity tasks) prefixes BOS itself AND encodes with the tokenizer's default, so a tokenizer that
+adds BOS (this one, Llama's, Gemma's) gets `[BOS] [BOS] text` with BOS scored as the first target;
+run perplexity tasks with `model_args=...,add_bos_token=False` (measured in benchmarks/clients.py).
+
 Training tokenizers (train_bpe.py) keep no post-processor: their fingerprint, and so every token
 shard and checkpoint that records it, is unchanged; `training_tokenizer_json` removes the
 post-processor again when an export is imported.
