@@ -271,11 +271,13 @@ def build(work: Path, steps: int) -> dict:
             "params": model.num_params()}
 
 
-def run_client(python: Path, name: str, target: str, work: Path, timeout: int = 1800) -> dict:
-    """Run one client in its own interpreter; its JSON result or {"error": why}."""
+def run_client(python: Path, name: str, target: str, work: Path, timeout: int = 1800, reuse: bool = False) -> dict:
+    """Run one client in its own interpreter; its JSON result or {"error": why} (reuse: an earlier result)."""
+    out = work / f"client-{name}.json"
+    if reuse and out.is_file():
+        return json.loads(out.read_text(encoding="utf-8"))
     if not python.exists():
         return {"error": f"{python.parent.parent.name} not set up (see this script's docstring)"}
-    out = work / f"client-{name}.json"
     cmd = [str(python), str(Path(__file__).resolve()), "--client", name, "--target", target, "--work", str(work)]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -320,7 +322,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-clients")
-    ap.add_argument("--reuse", action="store_true", help="reuse the model, exports and oreline numbers in --work")
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse the model, exports, oreline's numbers and the side clients' results in --work")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     ap.add_argument("--target", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -351,11 +354,13 @@ def main() -> None:
     print(f"for scale: feeding the held-out docs without BOS moves their log-prob by up to {unfed:.2f} nats")
 
     results = {"transformers": client_transformers(export, built["inputs"])}
-    results["transformers 4.57"] = run_client(HF4_PY, "transformers", export, a.work)
+    results["transformers 4.57"] = run_client(HF4_PY, "transformers", export, a.work, reuse=a.reuse)
     for name in ("f32", "f16", "q8_0"):
-        results[f"llama.cpp {name}"] = run_client(CLIENTS_PY, f"llama_cpp:{name}", str(a.work / f"model-{name}.gguf"), a.work)
-    results["lm-eval 0.4.13 (hf, defaults)"] = run_client(CLIENTS_PY, "lm_eval", export, a.work)
-    results["lm-eval 0.4.13 (add_bos_token=False)"] = run_client(CLIENTS_PY, "lm_eval_nobos", export, a.work)
+        results[f"llama.cpp {name}"] = run_client(CLIENTS_PY, f"llama_cpp:{name}", str(a.work / f"model-{name}.gguf"),
+                                                  a.work, reuse=a.reuse)
+    results["lm-eval 0.4.13 (hf, defaults)"] = run_client(CLIENTS_PY, "lm_eval", export, a.work, reuse=a.reuse)
+    results["lm-eval 0.4.13 (add_bos_token=False)"] = run_client(CLIENTS_PY, "lm_eval_nobos", export, a.work,
+                                                                 reuse=a.reuse)
 
     rows: list = []
     tol = {"transformers": 1e-3, "transformers 4.57": 1e-3, "llama.cpp f32": 2e-2, "llama.cpp f16": 0.5,
