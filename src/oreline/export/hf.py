@@ -257,7 +257,7 @@ def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, t
     (tmp / "oreline_export.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     _publish(tmp, out_dir, "oreline_export.json")
     return {"out_dir": str(out_dir), "shards": len(shards), "weight_bytes": total, "tensors": len(tensors),
-            "tokenizer_files": copied, "files": sorted(files)}
+            "tokenizer_files": copied, "files": sorted(files), "context_len": context}
 
 
 def _resolve_tokenizer_dir(value: str | None, checkpoint: Path) -> Path | None:
@@ -291,7 +291,8 @@ def export_hf(checkpoint: Path, out_dir: Path, console=None, max_shard_bytes: in
             console.print(f"[yellow]no tokenizer found (meta tokenizer_dir={meta.get('tokenizer_dir')!r}): "
                           "the export holds weights and config only; copy tokenizer.json next to them[/]")
         else:
-            console.print(f"tokenizer: {', '.join(summary['tokenizer_files'])} from {tokenizer_dir}")
+            console.print(f"tokenizer: {', '.join(summary['tokenizer_files'])} from {tokenizer_dir}; it encodes "
+                          f"<s> text (no </s>) as training did, context {summary['context_len']}")
         console.print(f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(out_dir)!r})")
     return summary
 
