@@ -249,7 +249,9 @@ def build(work: Path, steps: int) -> dict:
         cut = text.rfind(" ", 0, max(1, len(text) * 2 // 3))
         if cut > 0:
             pairs.append((text[:cut], text[cut:]))
-    texts = PROMPTS + heldout[:8] + ["<s>starts like a BOS and has </s> inside", "emoji 🙂 and CJK 東京 and tabs\tend"]
+    # tokenization: prompts, held-out prose, every 13th held-out sentence (~3 of each of the 13 languages)
+    texts = (PROMPTS + heldout[:8] + heldout_multi[::13]
+             + ["<s>starts like a BOS and has </s> inside", "emoji 🙂 and CJK 東京 and tabs\tend", "  two spaces\n\n"])
     ours: dict = {"texts": [[tok.bos_id] + tok.encode(t) for t in texts]}
     ours["greedy"] = [g["ids"] for g in generate_samples(model, tok, PROMPTS, MAX_NEW, greedy=True)]
     ours["greedy_text"] = [tok.decode(ids) for ids in ours["greedy"]]
