@@ -33,15 +33,22 @@ def untested_torch(monkeypatch):
     matmul.set_cpu_matmul_backend("auto")
 
 
-def test_this_torch_is_in_the_tested_range_and_every_private_api_is_found():
+def test_this_torch_is_in_the_tested_range_and_its_private_apis_are_found():
     lo, hi = compat.TESTED_TORCH
     assert lo <= compat.torch_version() <= hi, f"torch {torch.__version__}: update TESTED_TORCH and pyproject"
-    assert compat.dcp_raw_writer_internals() is not None
-    assert compat.dcp_storage_info() is not None
-    assert compat.fsdp_reduce_scatter_base() is not None
-    assert compat.torch_save_config() is not None
-    if torch.backends.mkldnn.is_available():
-        assert compat.onednn_linear() is not None
+    assert compat.dcp_storage_info() is not None  # reading any .metadata needs it, on every tested version
+    if compat.torch_version() == hi:  # the development version: every speed path is available
+        assert compat.dcp_raw_writer_internals() is not None
+        assert compat.fsdp_reduce_scatter_base() is not None
+        assert compat.torch_save_config() is not None
+        if torch.backends.mkldnn.is_available():
+            assert compat.onednn_linear() is not None
+    else:  # older releases in the range may lack one: then it is None (and warned about), never an error
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for accessor in (compat.dcp_raw_writer_internals, compat.fsdp_reduce_scatter_base,
+                             compat.torch_save_config, compat.onednn_linear):
+                accessor()
 
 
 def test_pyproject_range_matches_the_tested_range():

@@ -215,16 +215,21 @@ def eval_cmd(
 @app.command()
 def export(
     checkpoint: Annotated[Path, typer.Argument(help="checkpoint directory (or a run directory: its latest)")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
-    format: Annotated[str, typer.Option(help="export format")] = "hf",
-    dtype: Annotated[str, typer.Option(help="weights dtype: float32, bfloat16 or float16")] = "float32",
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder (hf) or FILE.gguf (gguf)")],
+    format: Annotated[str, typer.Option(help="export format: hf (folder) or gguf (llama.cpp file)")] = "hf",
+    dtype: Annotated[str, typer.Option(help="weights dtype: float32, bfloat16 or float16; gguf also q8_0")] = "float32",
     max_shard_bytes: Annotated[Optional[int], typer.Option(help="safetensors shard size (default: export.max_shard_bytes of the run)")] = None,
 ) -> None:
-    """Export to Hugging Face Llama format (safetensors + config + tokenizer)."""
+    """Export to Hugging Face Llama format (safetensors + config + tokenizer) or to one GGUF file for llama.cpp."""
     from oreline.export.hf import export_hf
 
+    if format == "gguf":
+        from oreline.export.gguf import export_gguf
+
+        export_gguf(checkpoint, out, dtype=dtype, console=Console())
+        return
     if format != "hf":
-        raise OrelineError(f"unknown export format {format!r}", "use --format hf")
+        raise OrelineError(f"unknown export format {format!r}", "use --format hf or --format gguf")
     export_hf(checkpoint, out, console=Console(), max_shard_bytes=max_shard_bytes, dtype=dtype)
 
 

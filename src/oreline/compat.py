@@ -12,8 +12,14 @@ caller takes the public path, and one warning per feature says what was given up
 | `torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultReduceScatter` | FSDP2 gradient communication time in metrics | FSDP2's own reduce-scatter, `comm_ms` not measured |
 | `torch.utils.serialization.config.save.compute_crc32` | skip torch.save's CRC32 (checksums.json covers it) | CRC32 stays on |
 
-Reading a raw-tensor checkpoint needs the DCP internals whatever the version (its `.metadata` holds
-`_StorageInfo` records); outside the range oreline still tries them for reading and says so.
+One public API changed inside the range: DCP's `save`/`load` gained `no_dist` after 2.6
+(`dcp_no_dist`); before it, DCP decides from whether a process group is initialised, which is what
+oreline's single-process saves need anyway.
+
+Reading any DCP `.metadata` needs its `_StorageInfo` record class whatever the version. Raw tensor
+files need `_StorageInfo.transform_descriptors` (torch >= 2.7): on torch 2.6 checkpoints are written
+with DCP's stock writer, and a raw-file checkpoint written by a newer torch cannot be read there
+(the reader refuses it by name rather than misreading it).
 
 torch is imported lazily: this module is in the core layer, which data workers import too.
 """
@@ -78,8 +84,13 @@ def onednn_linear() -> Any:
 
 
 def _dcp_internals() -> SimpleNamespace:
+    import dataclasses
+
     from torch.distributed.checkpoint import filesystem as fs
 
+    if "transform_descriptors" not in {f.name for f in dataclasses.fields(fs._StorageInfo)}:
+        # torch 2.6's records cannot mark an item as raw bytes: raw files could not be told apart
+        raise AttributeError("DCP's _StorageInfo has no transform_descriptors")
     return SimpleNamespace(DEFAULT_SUFFIX=fs.DEFAULT_SUFFIX, split_by_size_and_type=fs._split_by_size_and_type,
                            StorageInfo=fs._StorageInfo, StoragePrefix=fs._StoragePrefix)
 
@@ -92,9 +103,10 @@ def dcp_raw_writer_internals() -> SimpleNamespace | None:
 def dcp_storage_info() -> Any:
     """DCP's `_StorageInfo` record class, needed to read any `.metadata`; tried on every version."""
     try:
-        return _dcp_internals().StorageInfo
-    except (ImportError, AttributeError):
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+    except ImportError:
         return None
+    return _StorageInfo
 
 
 def fsdp_reduce_scatter_base() -> Any:
@@ -118,6 +130,20 @@ def torch_save_config() -> Any:
         return config
 
     return _private("skipping torch.save's CRC32 in stock-writer saves", "the CRC32 is computed", get)
+
+
+@functools.cache
+def _dcp_takes_no_dist() -> bool:
+    import inspect
+
+    import torch.distributed.checkpoint as dcp
+
+    return "no_dist" in inspect.signature(dcp.save).parameters
+
+
+def dcp_no_dist(no_dist: bool) -> dict[str, bool]:
+    """Keyword arguments for dcp.save/async_save/load saying "this process alone" where DCP takes them."""
+    return {"no_dist": no_dist} if _dcp_takes_no_dist() else {}
 
 
 def reset_warnings() -> None:

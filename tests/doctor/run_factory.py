@@ -165,6 +165,9 @@ def build_healthy_run(root: Path) -> Path:
     manifest = tokenize_corpus([shard], root / "tokenizer", root / "tokens", cfg.tokenize.model_copy(update={"val_fraction": 0.1}), workers=1)
     _metrics(root, cfg_fp, manifest)
     _checkpoints(root, cfg, cfg_fp, manifest)
+    from oreline.export.hf import export_hf
+
+    export_hf(root, root / "export")  # the real export of the latest checkpoint (export_format check)
     (root / "eval").mkdir()
     (root / "eval" / "eval-00000200.json").write_text(json.dumps({
         "step": 200, "val_loss": 3.5, "val_ppl": math.exp(3.5), "val_bpb": 1.2,

@@ -250,3 +250,31 @@ def test_garbage_records_never_crash_a_check(healthy_run):
         assert crashed == []
 
     check()
+
+
+def test_export_whose_tokenizer_disagrees_with_the_training_format(healthy_run):
+    import shutil
+
+    export = healthy_run / "export"
+    assert json.loads((export / "config.json").read_text())["max_position_embeddings"] == run_factory.SEQ_LEN
+    # an export made the old way: the training tokenizer copied as is (no BOS added, context 1e9)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(healthy_run / "tokenizer" / name, export / name)
+    f = finding(healthy_run, "export_format")
+    assert f.status == "fail" and "adds no BOS" in f.evidence and "model_max_length=1000000000" in f.evidence
+    assert "<s> text </s>" in f.evidence and "re-export" in f.fix
+
+
+def test_gguf_export_checked_against_the_training_format(healthy_run):
+    import pytest
+
+    pytest.importorskip("gguf")
+    from oreline.export.gguf import export_gguf, export_state_dict_gguf
+    from oreline.train.checkpoint import load_model_state
+
+    export_gguf(healthy_run, healthy_run / "export" / "model.gguf")
+    assert diagnose_run(healthy_run) == []
+    sd, args, _ = load_model_state(healthy_run / "checkpoints" / "step-00000200")
+    export_state_dict_gguf(sd, args, healthy_run / "tokenizer", healthy_run / "export" / "model.gguf",
+                           context_len=run_factory.SEQ_LEN // 2)
+    assert "context_length=" in finding(healthy_run, "export_format").evidence

@@ -99,6 +99,9 @@ def test_oreline_eval_writes_json(tmp_path, train_config, one_thread):
     assert [(g["prompt"], g["mode"]) for g in r["generations"]] == [
         ("Once upon a time", "greedy"), ("Mr. Knightley said", "greedy"),
         ("Once upon a time", "sampled"), ("Mr. Knightley said", "sampled")]
+    # the training format is stated, in the JSON and on screen, and generations carry their ids
+    assert r["training_format"]["document"] == "<s> text </s>" and r["training_format"]["prompt"] == "<s> prompt"
+    assert "trained on <s> text </s>" in res.output and all(len(g["ids"]) == g["tokens"] for g in r["generations"])
     # default prompts (cfg.eval.prompts) and the default path <run>/eval/eval-step-N.json
     res = CliRunner().invoke(app, ["eval", summary["checkpoint"], "--batches", "1"])
     assert res.exit_code == 0, res.output

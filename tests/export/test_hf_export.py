@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -12,30 +11,16 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from oreline.cli import app
-from oreline.config import TokenizerConfig
 from oreline.errors import ConfigError, DataIntegrityError, InputError
 from oreline.export.hf import export_hf, export_state_dict_hf, import_hf
 from oreline.model.llama import Llama, ModelArgs, generate
-from oreline.tokens.train_bpe import load_tokenizer, train_tokenizer
+from oreline.tokens.train_bpe import load_tokenizer
 from oreline.train.checkpoint import load_model_state, save_checkpoint
 from oreline.train.checkpoint_files import verify_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
 SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(samples, tmp_path_factory) -> Path:
-    """A real 512-token byte-level BPE trained on Tiny Shakespeare by oreline's own trainer."""
-    root = tmp_path_factory.mktemp("tok")
-    with gzip.open(samples / "english-prose" / "tinyshakespeare.txt.gz", "rt", encoding="utf-8") as fh:
-        text = fh.read(200_000)
-    with open(root / "docs.jsonl", "w", encoding="utf-8") as fh:
-        for i, para in enumerate(p for p in text.split("\n\n") if p.strip()):
-            fh.write(json.dumps({"id": f"d{i}", "text": para}) + "\n")
-    train_tokenizer([root / "docs.jsonl"], root / "tokenizer", TokenizerConfig(vocab_size=512, heldout_docs=10))
-    return root / "tokenizer"
 
 
 def make_model(vocab: int, **kw) -> Llama:
@@ -247,3 +232,94 @@ def test_cli_export_with_a_binary_tokenizer_json_names_the_file(tokenizer_dir, t
     assert proc.returncode == 2 and "Traceback" not in out, out
     assert f"{broken / 'tokenizer.json'} is not UTF-8 text" in out and "oreline tokenizer train" in out
     assert not (tmp_path / "hf").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# clients feed the model as it was trained: [BOS] text, no EOS, the trained context
+
+PROMPTS = ["First Citizen:", "Before we proceed", "ROMEO:\nO, she doth teach", "a literal <s> in a prompt"]
+
+
+def trained_snapshot(model: Llama, root: Path, tokenizer_dir: Path, seq_len: int) -> Path:
+    """A model-only checkpoint whose meta records the run's config, as oreline train writes it."""
+    meta = {"model_args": model.args.to_dict(), "tokenizer_dir": str(tokenizer_dir), "tokens_seen": 0,
+            "config": {"train": {"seq_len": seq_len}}}
+    return save_checkpoint(root, 3, model, None, meta, kind="model_only")
+
+
+@pytest.fixture(scope="module")
+def exported(demo_model, tokenizer_dir, tmp_path_factory):
+    """The demo-like model, its run trained at 128 of its 256 positions, exported."""
+    root = tmp_path_factory.mktemp("clients")
+    model, tok = demo_model
+    export_hf(trained_snapshot(model, root / "checkpoints", tokenizer_dir, seq_len=128), root / "hf")
+    return model, tok, root / "hf"
+
+
+def test_exported_tokenizer_adds_one_bos_and_no_eos(exported, tokenizer_dir):
+    from tokenizers import Tokenizer
+
+    from oreline.tokens.format import PROBE_TEXTS, check_inference_tokenizer
+
+    _, tok, out = exported
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    bare = Tokenizer.from_file(str(out / "tokenizer.json"))
+    bare.encode_special_tokens = True  # what oreline (and transformers' split_special_tokens) set on load
+    texts = [*PROBE_TEXTS, *PROMPTS, "</s> and <pad> inside", "<s><s>"]
+    for text in texts:
+        want = [tok.bos_id] + tok.encode(text)  # what training put in front of the same text
+        enc = hf_tok(text)
+        assert enc["input_ids"] == want, text
+        assert set(enc) == {"input_ids", "attention_mask"}  # no token_type_ids for generate(**enc)
+        assert bare.encode(text).ids == want, text
+        assert hf_tok.decode(enc["input_ids"], skip_special_tokens=True) == text
+    literal = hf_tok("<s>")["input_ids"]
+    assert literal.count(tok.bos_id) == 1 and literal[0] == tok.bos_id and len(literal) > 2
+    # the trained context, declared where clients look for it; truncation keeps BOS in front
+    assert hf_tok.model_max_length == 128 and hf_tok.padding_side == "left"
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 128
+    long = hf_tok("to be or not " * 200, truncation=True)["input_ids"]
+    assert len(long) == 128 and long[0] == tok.bos_id and long.count(tok.bos_id) == 1
+    record = json.loads((out / "oreline_export.json").read_text())
+    assert record["context_len"] == 128 and record["training_format"]["document"] == "<s> text </s>"
+    # the doctor's agreement check passes the export and names what is wrong with the training form
+    assert check_inference_tokenizer(out, tok.bos_id, tok.eos_id, 128) == []
+    problems = check_inference_tokenizer(tokenizer_dir, tok.bos_id, tok.eos_id, 128)
+    assert any("adds no BOS" in p for p in problems) and any("model_max_length=1000000000" in p for p in problems)
+
+
+@pytest.mark.slow  # ~13 HF generate calls: 15-70 s on a shared 2-core machine
+def test_default_generate_equals_oreline_eval(exported):
+    """generate(**tokenizer(prompt)) and pipeline() with default settings continue exactly as oreline eval."""
+    from oreline.model.scoring import generate_samples
+
+    model, tok, out = exported
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    ours = [g["ids"] for g in generate_samples(model, tok, PROMPTS, max_new_tokens=20, greedy=True)]
+    theirs, unfed = [], []
+    for prompt in PROMPTS:
+        enc = hf_tok(prompt, return_tensors="pt")
+        n = enc["input_ids"].shape[1]
+        theirs.append(hf.generate(**enc, max_new_tokens=20)[0, n:].tolist())
+        bare = torch.tensor([tok.encode(prompt)])  # the pre-fix default: no BOS
+        unfed.append(hf.generate(bare, attention_mask=torch.ones_like(bare), max_new_tokens=20)[0, bare.shape[1]:].tolist())
+    assert theirs == ours
+    assert unfed != ours  # the test can tell: without BOS the model continues differently
+    # batched, with the exported default (left) padding: the same tokens as one prompt at a time
+    batch = hf_tok(PROMPTS, padding=True, return_tensors="pt")
+    rows = hf.generate(**batch, max_new_tokens=20)[:, batch["input_ids"].shape[1]:].tolist()
+    trimmed = [row[:row.index(tok.eos_id) + 1] if tok.eos_id in row else row for row in rows]
+    assert trimmed == ours
+    # pipeline("text-generation") (which samples unless told otherwise) feeds the same [BOS] prompt
+    pipe = transformers.pipeline("text-generation", model=hf, tokenizer=hf_tok)
+    texts = [pipe(p, max_new_tokens=20, do_sample=False, return_full_text=False)[0]["generated_text"] for p in PROMPTS]
+    assert texts == [tok.decode(ids) for ids in ours]
+
+
+def test_import_restores_the_training_tokenizer(exported, tokenizer_dir, tmp_path):
+    _, tok, out = exported
+    import_hf(out, tmp_path / "back")
+    _, _, meta = load_model_state(tmp_path / "back")
+    back = load_tokenizer(meta["tokenizer_dir"])
+    assert back.fingerprint == tok.fingerprint  # the shards' and checkpoints' tokenizer, exactly

@@ -199,3 +199,10 @@ def test_every_doctor_finding_links_to_a_section_of_the_report():
 
     assert set(FINDING_SECTIONS) == set(CHECKS)
     assert set(FINDING_SECTIONS.values()) <= set(SECTION_IDS)
+
+
+def test_report_states_the_training_format_and_the_export(healthy_report):
+    _, text = healthy_report
+    body = section(text, "export")
+    assert "trained on &lt;s&gt; text &lt;/s&gt;" in body and "prompts are fed as &lt;s&gt; prompt" in body
+    assert "add_bos_token" in body and "<td>true</td>" in body

@@ -30,8 +30,9 @@ def test_report_and_doctor_read_a_real_training_run(healthy_template, tmp_path):
 
     assert diagnose_run(run) == []
     skipped = {f.check for f in run_checks(run) if f.status == "skip"}
-    # A 10-step run is too short for the trend checks; everything else must have read real artifacts.
-    assert skipped <= {"loss_not_falling", "throughput_falling", "grad_spikes"}, skipped
+    # A 10-step run is too short for the trend checks, and train alone exports nothing; everything
+    # else must have read real artifacts.
+    assert skipped <= {"loss_not_falling", "throughput_falling", "grad_spikes", "export_format"}, skipped
 
     text = render_report(run)
     for sid in ("overview", "tokenizer", "tokens", "loss", "lr", "grad-norm", "throughput", "memory", "checkpoints",

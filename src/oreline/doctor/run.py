@@ -24,6 +24,7 @@ Signatures and thresholds (records are the `train` lines of metrics.jsonl, one p
 | val_far_above_train | last eval: val_loss − train_loss > 0.5 nats and val_loss > 1.25 × train_loss |
 | metrics_unreadable | lines of metrics.jsonl that are not JSON objects (warn) |
 | data_errors | input errors recorded in data/stats.json (warn) |
+| export_format | the run's export/ (HF folder, *.gguf) does not encode as the model was trained: its tokenizer adds no BOS or two, appends EOS, returns token_type_ids, or declares a context other than train.seq_len; a GGUF without add_bos_token or with add_eos_token (oreline.tokens.format) |
 
 Sources: the stability signatures follow the practice of OPT (Zhang et al. 2022, logbook:
 restarts after loss and grad-norm spikes, lowering the LR) and PaLM (Chowdhery et al. 2022,
@@ -451,6 +452,60 @@ def check_data_errors(run: RunArtifacts) -> list[Finding]:
                     "inspect the files named; a truncated download re-fetched fixes most of them")]
 
 
+def check_export_format(run: RunArtifacts) -> list[Finding]:
+    from oreline.tokens.format import check_inference_tokenizer, convention, describe
+
+    export = run.root / "export"
+    ggufs = sorted(export.glob("*.gguf")) if export.is_dir() else []
+    if not (export / "tokenizer.json").is_file() and not ggufs:
+        raise NotAvailable("no export/tokenizer.json or export/*.gguf")
+    manifest = run.manifest or {}
+    bos = int(manifest["bos_id"]) if is_finite(manifest.get("bos_id")) else 1
+    eos = int(manifest["eos_id"]) if is_finite(manifest.get("eos_id")) else eos_id(run)
+    context = run.cfg("train.seq_len")
+    context = int(context) if is_finite(context) else None
+    problems = []
+    if (export / "tokenizer.json").is_file():
+        problems += [f"export/{p}" for p in check_inference_tokenizer(export, bos, eos, context)]
+        config, why = read_json(export / "config.json")
+        if config is None:
+            problems.append(f"export/config.json: {why}")
+        elif context is not None and config.get("max_position_embeddings") != context:
+            problems.append(f"export/config.json max_position_embeddings={config.get('max_position_embeddings')!r}, "
+                            f"trained context {context}")
+    for path in ggufs:
+        problems += [f"export/{path.name}: {p}" for p in _gguf_format_problems(path, bos, eos, context)]
+    if not problems:
+        return []
+    return [Finding("export_format", "fail", "; ".join(problems[:MAX_LISTED]) + f" — the model was "
+                    f"{describe(convention(bos, eos))}",
+                    "re-export with this oreline (oreline export RUN --out DIR, --format gguf --out FILE.gguf): "
+                    "clients fed another format continue and score text differently")]
+
+
+def _gguf_format_problems(path: Path, bos: int, eos: int, context: int | None) -> list[str]:
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return []  # reading GGUF needs the optional `gguf` package; the HF folder is still checked
+    try:
+        fields = {k: f.contents() for k, f in GGUFReader(str(path)).fields.items()
+                  if k.startswith(("tokenizer.ggml.add_", "tokenizer.ggml.bos", "tokenizer.ggml.eos", "llama.context"))}
+    except Exception as exc:  # an unreadable file is the finding
+        return [f"unreadable ({type(exc).__name__}: {exc})"]
+    problems = []
+    if fields.get("tokenizer.ggml.add_bos_token") is not True:
+        problems.append(f"add_bos_token={fields.get('tokenizer.ggml.add_bos_token')!r}")
+    if fields.get("tokenizer.ggml.add_eos_token"):
+        problems.append("add_eos_token=True")
+    if fields.get("tokenizer.ggml.bos_token_id") != bos or fields.get("tokenizer.ggml.eos_token_id") != eos:
+        problems.append(f"bos/eos ids {fields.get('tokenizer.ggml.bos_token_id')}/{fields.get('tokenizer.ggml.eos_token_id')}"
+                        f" (shards use {bos}/{eos})")
+    if context is not None and fields.get("llama.context_length") != context:
+        problems.append(f"context_length={fields.get('llama.context_length')!r}, trained context {context}")
+    return problems
+
+
 CHECKS = {
     "nan_loss": check_nan_loss,
     "lr_constant": check_lr_constant,
@@ -466,6 +521,7 @@ CHECKS = {
     "val_far_above_train": check_val_far_above_train,
     "metrics_unreadable": check_metrics_unreadable,
     "data_errors": check_data_errors,
+    "export_format": check_export_format,
 }
 
 

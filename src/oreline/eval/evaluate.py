@@ -43,6 +43,7 @@ def evaluate_cli(checkpoint: Path, data: Path | None = None, prompts: Path | Non
     """`oreline eval`: validation metrics and generations of one checkpoint, written as JSON."""
     from oreline.config import config_from_dict
     from oreline.model.llama import Llama, ModelArgs
+    from oreline.tokens.format import convention
     from oreline.tokens.loader import TokenLoader
     from oreline.tokens.train_bpe import load_tokenizer
     from oreline.train.checkpoint import load_model_state
@@ -84,6 +85,7 @@ def evaluate_cli(checkpoint: Path, data: Path | None = None, prompts: Path | Non
         "val_loss_token": metrics["loss_token"], "val_loss_eos": metrics["loss_eos"],
         "val_loss_bos": metrics["loss_bos"], "val_targets": metrics["targets"], "val_bytes": metrics["bytes"],
         "val_batches": metrics["batches"], "generations": gens,
+        "training_format": convention(tokenizer.bos_id, tokenizer.eos_id),
     }
     out_path = Path(out) if out is not None else _run_dir_of(ckpt) / "eval" / f"eval-step-{step}.json"
     from oreline.io import write_json_atomic
@@ -97,6 +99,8 @@ def evaluate_cli(checkpoint: Path, data: Path | None = None, prompts: Path | Non
 def _print_result(r: dict[str, Any], path: Path, console: Any) -> None:
     from rich.markup import escape
 
+    from oreline.tokens.format import describe
+
     def f(v: Any, spec: str) -> str:
         return "—" if v is None else format(v, spec)
 
@@ -104,6 +108,8 @@ def _print_result(r: dict[str, Any], path: Path, console: Any) -> None:
                   f"ppl {f(r['val_ppl'], ',.2f')} | bpb {f(r['val_bpb'], '.4f')} | token {f(r['val_loss_token'], '.3f')} "
                   f"eos {f(r['val_loss_eos'], '.3f')} after-BOS {f(r['val_loss_bos'], '.3f')} "
                   f"over {r['val_targets']:,} targets in {r['val_batches']} batches", highlight=False)
+    if r.get("training_format"):
+        console.print(f"  format: {escape(describe(r['training_format']))}", highlight=False)
     for g in r["generations"]:
         console.print(f"  [dim]{g['mode']}[/] {escape(repr(g['prompt']))} → {escape(repr(g['text']))}", highlight=False)
     console.print(f"written to {escape(str(path))}")

@@ -11,10 +11,15 @@ Export (`export_state_dict_hf`) writes, into a temporary sibling folder renamed 
                                      {"metadata": {"total_size": …}, "weight_map": {name: file}})
   config.json                        LlamaForCausalLM; RoPE as `rope_theta` + `rope_scaling`
                                      (rope_type llama3), the keys transformers 4.x reads and 5.x
-                                     standardises into `rope_parameters`
+                                     standardises into `rope_parameters`; max_position_embeddings =
+                                     the trained context (train.seq_len of the run, else max_seq_len)
   generation_config.json             bos / eos / pad ids
-  tokenizer.json, tokenizer_config.json, special_tokens_map.json   copied from the tokenizer folder
-  oreline_export.json                provenance: source checkpoint, step, fingerprints, file hashes
+  tokenizer.json, tokenizer_config.json, special_tokens_map.json   the training tokenizer in its
+                                     inference form (oreline.tokens.format): `tokenizer(text)` is
+                                     `[BOS] text` as in training, no EOS, no token_type_ids,
+                                     model_max_length = the trained context, left padding
+  oreline_export.json                provenance: source checkpoint, step, fingerprints, file hashes,
+                                     the training format (where BOS/EOS go) and the context
 Tied models store no `lm_head.weight` (HF ties it on load from `tie_word_embeddings`).
 
 Import (`import_hf`) reads config.json and the safetensors (sharded or not; `pytorch_model.bin` is
@@ -39,6 +44,12 @@ import torch
 
 from oreline.errors import ConfigError, DataIntegrityError, InputError
 from oreline.model.llama import ModelArgs, check_shapes, expected_shapes
+from oreline.tokens.format import (
+    convention,
+    inference_tokenizer_config,
+    inference_tokenizer_json,
+    training_tokenizer_json,
+)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 DEFAULT_SPECIAL_IDS = {"pad": 0, "bos": 1, "eos": 2}
@@ -104,6 +115,40 @@ def tokenizer_special_ids(tokenizer_dir: Path | None) -> dict[str, int]:
     return ids
 
 
+def trained_context(args: ModelArgs, context_len: int | None) -> int:
+    """The context clients are told: the trained sequence length (never above the model's max_seq_len)."""
+    if context_len is None:
+        return args.max_seq_len
+    if not 0 < context_len <= args.max_seq_len:
+        raise ConfigError(f"context length {context_len} is outside 1..max_seq_len={args.max_seq_len}",
+                          "pass the train.seq_len the model was trained with")
+    return int(context_len)
+
+
+def checkpoint_context(meta: dict) -> int | None:
+    """train.seq_len of the run that wrote a checkpoint (None for imports and bare snapshots)."""
+    seq_len = ((meta.get("config") or {}).get("train") or {}).get("seq_len")
+    return int(seq_len) if isinstance(seq_len, int) and seq_len > 0 else None
+
+
+def write_inference_tokenizer(tokenizer_dir: Path, out: Path, special: dict[str, int], context: int) -> list[str]:
+    """The training tokenizer, made to encode as the model was trained (oreline.tokens.format): BOS
+    prepended by a post-processor, EOS not appended, the trained context, left padding."""
+    text = (tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8")
+    (out / "tokenizer.json").write_text(inference_tokenizer_json(text, special["bos"]), encoding="utf-8")
+    cfg_path = tokenizer_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
+        "clean_up_tokenization_spaces": False}
+    cfg = inference_tokenizer_config(cfg, context)
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8")
+    written = ["tokenizer.json", "tokenizer_config.json"]
+    if (tokenizer_dir / "special_tokens_map.json").is_file():
+        shutil.copy2(tokenizer_dir / "special_tokens_map.json", out / "special_tokens_map.json")
+        written.append("special_tokens_map.json")
+    return written
+
+
 def _shard(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[str, torch.Tensor]]:
     """Greedy, in order: a shard closes when the next tensor would pass the limit (a tensor larger
     than the limit gets a shard of its own, as in HF's `split_torch_state_dict_into_shards`)."""
@@ -167,8 +212,12 @@ def _file_hashes(folder: Path) -> dict[str, dict[str, Any]]:
 
 def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, tokenizer_dir: Path | None,
                          out_dir: Path, max_shard_bytes: int = 2_000_000_000, dtype: str = "float32",
-                         provenance: dict | None = None) -> dict[str, Any]:
-    """Write an HF Llama folder from an oreline state dict. Returns a summary (files, bytes, shards)."""
+                         provenance: dict | None = None, context_len: int | None = None) -> dict[str, Any]:
+    """Write an HF Llama folder from an oreline state dict. Returns a summary (files, bytes, shards).
+
+    `context_len`: the sequence length the model was trained on (max_position_embeddings and the
+    tokenizer's model_max_length); None: the model's max_seq_len.
+    """
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
@@ -186,6 +235,7 @@ def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, t
     # contiguous, unshared copies: safetensors refuses tensors that share storage
     tensors = {rename[k]: sd[k].detach().to("cpu", DTYPES[dtype], copy=True).contiguous() for k in rename}
     special = tokenizer_special_ids(tokenizer_dir)
+    context = trained_context(args, context_len)
 
     tmp = _temp_sibling(out_dir)
     shards = _shard(tensors, max_shard_bytes)
@@ -201,7 +251,8 @@ def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, t
             weight_map |= {k: name for k in shard}
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
-    (tmp / "config.json").write_text(json.dumps(hf_config(args, special, dtype), indent=2), encoding="utf-8")
+    config = hf_config(args, special, dtype) | {"max_position_embeddings": context}
+    (tmp / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     gen = {"bos_token_id": special["bos"], "eos_token_id": special["eos"],
            "pad_token_id": special["pad"]}
     (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2), encoding="utf-8")
@@ -213,18 +264,16 @@ def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, t
             shutil.rmtree(tmp)
             raise InputError(f"tokenizer folder {tokenizer_dir} has no tokenizer.json",
                              "pass the folder written by `oreline tokenizer train`")
-        for name in TOKENIZER_FILES:
-            if (tokenizer_dir / name).is_file():
-                shutil.copy2(tokenizer_dir / name, tmp / name)
-                copied.append(name)
+        copied = write_inference_tokenizer(tokenizer_dir, tmp, special, context)
     files = _file_hashes(tmp)
     record = {"format": "hf-llama", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "model_args": args.to_dict(), "dtype": dtype, "tokenizer_dir": str(tokenizer_dir) if tokenizer_dir else None,
-              "special_token_ids": special, "files": files, **(provenance or {})}
+              "special_token_ids": special, "context_len": context,
+              "training_format": convention(special["bos"], special["eos"]), "files": files, **(provenance or {})}
     (tmp / "oreline_export.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     _publish(tmp, out_dir, "export-hf", "oreline export")
     return {"out_dir": str(out_dir), "shards": len(shards), "weight_bytes": total, "tensors": len(tensors),
-            "tokenizer_files": copied, "files": sorted(files)}
+            "tokenizer_files": copied, "files": sorted(files), "context_len": context}
 
 
 def _resolve_tokenizer_dir(value: str | None, checkpoint: Path) -> Path | None:
@@ -250,7 +299,8 @@ def export_hf(checkpoint: Path, out_dir: Path, console=None, max_shard_bytes: in
         max_shard_bytes = int(((meta.get("config") or {}).get("export") or {}).get("max_shard_bytes", 2_000_000_000))
     provenance = {"source_checkpoint": str(checkpoint), "step": meta.get("step"),
                   **{k: meta[k] for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint") if k in meta}}
-    summary = export_state_dict_hf(state_dict, args, tokenizer_dir, out_dir, max_shard_bytes, dtype, provenance)
+    summary = export_state_dict_hf(state_dict, args, tokenizer_dir, out_dir, max_shard_bytes, dtype, provenance,
+                                   context_len=checkpoint_context(meta))
     if console is not None:
         console.print(f"exported {checkpoint} (step {meta.get('step')}) → {out_dir}: {summary['tensors']} tensors, "
                       f"{summary['weight_bytes'] / 2**20:.1f} MiB in {summary['shards']} shard(s)")
@@ -258,7 +308,8 @@ def export_hf(checkpoint: Path, out_dir: Path, console=None, max_shard_bytes: in
             console.print(f"[yellow]no tokenizer found (meta tokenizer_dir={meta.get('tokenizer_dir')!r}): "
                           "the export holds weights and config only; copy tokenizer.json next to them[/]")
         else:
-            console.print(f"tokenizer: {', '.join(summary['tokenizer_files'])} from {tokenizer_dir}")
+            console.print(f"tokenizer: {', '.join(summary['tokenizer_files'])} from {tokenizer_dir}; it encodes "
+                          f"<s> text (no </s>) as training did, context {summary['context_len']}")
         console.print(f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(out_dir)!r})")
     return summary
 
@@ -356,6 +407,10 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
         for name in TOKENIZER_FILES:
             if (hf_dir / name).is_file():
                 shutil.copy2(hf_dir / name, tmp / "tokenizer" / name)
+        # oreline encodes without specials and adds BOS/EOS itself: back to the training tokenizer
+        # (and its fingerprint) by dropping the BOS post-processor an oreline export carries.
+        text = (hf_dir / "tokenizer.json").read_text(encoding="utf-8")
+        (tmp / "tokenizer" / "tokenizer.json").write_text(training_tokenizer_json(text), encoding="utf-8")
         tokenizer_dir = str((out / "tokenizer").resolve())
     meta = {"format_version": FORMAT_VERSION, "kind": "model_only", "step": 0, "model_args": args.to_dict(),
             "tokenizer_dir": tokenizer_dir, "source": "import-hf", "hf_dir": str(hf_dir.resolve()),

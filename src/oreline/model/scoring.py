@@ -24,7 +24,8 @@ of a multi-byte character is still counted exactly); SentencePiece-style `▁` i
 `<0xXX>` byte-fallback tokens one byte. Special tokens (BOS, EOS, pad) have 0 bytes: predicting
 EOS still costs bits, which the per-byte figure then charges to the document's text.
 
-Generations: for each prompt, `[BOS] + encode(prompt)` is continued greedily (argmax; identical
+Generations: for each prompt, `[BOS] + encode(prompt)` (the training format, oreline.tokens.format;
+`oreline eval` states it as `training_format`) is continued greedily (argmax; identical
 to HF generate(do_sample=False)) and/or by sampling with temperature and top-k from a seeded
 generator, so both are reproducible.
 """
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 
 from oreline.model.llama import generate
+from oreline.tokens.format import prompt_ids
 
 # ---------------------------------------------------------------------------------------------
 # loss breakdown
@@ -193,11 +195,11 @@ def validation_loss(model: torch.nn.Module, loader_or_batches: Any, bos_id: int 
 def generate_samples(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new_tokens: int,
                      greedy: bool = True, temperature: float = 0.8, top_k: int | None = 50,
                      seed: int = 0) -> list[dict[str, Any]]:
-    """Continue each prompt from `[BOS] + encode(prompt)`; one dict per prompt (prompt, text, mode, tokens)."""
+    """Continue each prompt from `[BOS] + encode(prompt)`; one dict per prompt (prompt, text, mode, tokens, ids)."""
     device = next(model.parameters()).device
     out = []
     for i, prompt in enumerate(prompts):
-        ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
+        ids = prompt_ids(tokenizer, prompt)  # the training format: what every exported client feeds too
         if greedy:
             new = generate(model, ids, max_new_tokens, temperature=0.0, eos_id=tokenizer.eos_id)
         else:
@@ -206,5 +208,5 @@ def generate_samples(model: torch.nn.Module, tokenizer: Any, prompts: list[str],
                            eos_id=tokenizer.eos_id, generator=gen)
         ended = bool(new) and new[-1] == tokenizer.eos_id
         out.append({"prompt": prompt, "text": tokenizer.decode(new), "mode": "greedy" if greedy else "sampled",
-                    "tokens": len(new), "ended_with_eos": ended})
+                    "tokens": len(new), "ended_with_eos": ended, "ids": new})
     return out

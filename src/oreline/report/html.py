@@ -6,7 +6,7 @@ writes one file that works offline: inline CSS, no scripts, charts embedded as b
 find it (`<section id="funnel">`):
 
   overview · doctor · funnel · languages · lengths · tokenizer · tokens · loss · lr · grad-norm ·
-  throughput · memory · checkpoints · events · generations · eval · fingerprints
+  throughput · memory · checkpoints · events · generations · eval · export · fingerprints
 
 A section whose artifact is absent or unreadable still appears and says "not available: <why>";
 one bad artifact never stops the report. Every string that comes from an artifact is escaped
@@ -158,7 +158,7 @@ FINDING_SECTIONS = {
     "fingerprint_mismatch": "fingerprints", "seq_len_exceeds_max": "overview", "data_wait_high": "throughput",
     "throughput_falling": "throughput", "global_batch_mismatch": "overview", "grad_spikes": "grad-norm",
     "checkpoint_unloadable": "checkpoints", "val_far_above_train": "loss", "metrics_unreadable": "events",
-    "data_errors": "funnel",
+    "data_errors": "funnel", "export_format": "export",
 }
 
 
@@ -497,6 +497,33 @@ def section_eval(run: RunArtifacts) -> str:
     return out
 
 
+def section_export(run: RunArtifacts) -> str:
+    """The training format (where BOS/EOS go) and what the export tells its clients."""
+    from oreline.tokens.format import convention, describe
+
+    manifest = run.manifest or {}
+    stated = [obj["training_format"] for _, obj in _eval_files(run) if isinstance(obj.get("training_format"), dict)]
+    if stated:
+        conv = stated[-1]
+    elif isinstance(manifest.get("bos_id"), int) and isinstance(manifest.get("eos_id"), int):
+        conv = convention(manifest["bos_id"], manifest["eos_id"])
+    else:
+        raise NotAvailable("no eval/*.json with training_format and no bos_id/eos_id in the token manifest")
+    out = f"<p>{esc(describe(conv))}; a literal “&lt;s&gt;” in text {esc(conv.get('literal_special_text', 'stays text'))}.</p>"
+    export = run.root / "export"
+    pairs: list[tuple[str, Any]] = []
+    tok_cfg, _ = read_json(export / "tokenizer_config.json")
+    if isinstance(tok_cfg, dict):
+        pairs += [(f"export tokenizer {k}", tok_cfg.get(k)) for k in
+                  ("add_bos_token", "add_eos_token", "model_max_length", "padding_side", "model_input_names")]
+    hf_cfg, _ = read_json(export / "config.json")
+    if isinstance(hf_cfg, dict):
+        pairs.append(("export config max_position_embeddings", hf_cfg.get("max_position_embeddings")))
+    pairs += [("GGUF file", p.name) for p in sorted(export.glob("*.gguf"))] if export.is_dir() else []
+    pairs.append(("trained sequence length (train.seq_len)", run.cfg("train.seq_len")))
+    return out + kv_table([(k, json.dumps(v) if isinstance(v, list | bool) else v) for k, v in pairs])
+
+
 def section_fingerprints(run: RunArtifacts) -> str:
     pairs: list[tuple[str, Any]] = []
     pairs += [(f"fingerprint.json {k}", v) for k, v in flatten(run.fingerprint or {})]
@@ -557,12 +584,14 @@ def _sections(run: RunArtifacts) -> list[tuple[str, str, Callable[[], str]]]:
         ("events", "Stability events", lambda: section_events(run)),
         ("generations", "Generation samples", lambda: section_generations(run)),
         ("eval", "Evaluation results", lambda: section_eval(run)),
+        ("export", "Training format and export", lambda: section_export(run)),
         ("fingerprints", "Fingerprints", lambda: section_fingerprints(run)),
     ]
 
 
 SECTION_IDS = ["overview", "doctor", "funnel", "languages", "lengths", "tokenizer", "tokens", "loss", "lr", "grad-norm",
-               "throughput", "memory", "checkpoints", "events", "generations", "eval", "fingerprints"]
+               "throughput", "memory", "checkpoints", "events", "generations", "eval", "export",
+               "fingerprints"]
 
 
 def render_report(run_dir: str | Path) -> str:

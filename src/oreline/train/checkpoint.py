@@ -392,7 +392,7 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
     if cfg.async_save and (on_cuda or ASYNC_ON_CPU):
         # (raw tensor files need no CRC; with RAW_TENSOR_FILES off, torch.save's CRC32 stays on here: the
         # write runs in DCP's thread after this returns)
-        future = dcp.async_save(state, storage_writer=writer, no_dist=_no_dist())
+        future = dcp.async_save(state, storage_writer=writer, **compat.dcp_no_dist(_no_dist()))
         _PENDING = _PendingSave(future, finalize, t0)
         _LAST_SAVE.clear()
         _LAST_SAVE["blocking_s"] = time.perf_counter() - t0
@@ -404,7 +404,7 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
     _LAST_SAVE.clear()
     t_dcp = time.perf_counter()
     with _quiet_single_process(), _no_zip_crc32():
-        dcp.save(state, storage_writer=writer, no_dist=_no_dist())
+        dcp.save(state, storage_writer=writer, **compat.dcp_no_dist(_no_dist()))
     _LAST_SAVE["dcp_s"] = time.perf_counter() - t_dcp
     path = finalize()
     _LAST_SAVE["blocking_s"] = _LAST_SAVE["total_s"] = time.perf_counter() - t0
@@ -472,13 +472,13 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
         with _quiet_single_process(), _load_errors(path):
-            dcp.load(state, storage_reader=_reader(path), no_dist=_no_dist())
+            dcp.load(state, storage_reader=_reader(path), **compat.dcp_no_dist(_no_dist()))
         set_model_state_dict(model, state["model"])
     elif not _load_single_process(path, model, optimizer, meta):
         msd, osd = get_state_dict(model, optimizer)  # initialises empty AdamW state with a zero-lr step
         state = {"model": msd, "optim": osd["state"]}
         with _quiet_single_process(), _load_errors(path):
-            dcp.load(state, storage_reader=_reader(path), no_dist=_no_dist())
+            dcp.load(state, storage_reader=_reader(path), **compat.dcp_no_dist(_no_dist()))
         groups = _restore_param_groups(meta["optim_param_groups"], osd["param_groups"])
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict={"state": state["optim"], "param_groups": groups})
@@ -527,7 +527,7 @@ def _load_single_process(path: Path, model: torch.nn.Module, optimizer: torch.op
         optim_state.setdefault(fqn, {})[skey] = torch.empty(tmd.size, dtype=tmd.properties.dtype, device=device)
     state = {"model": get_model_state_dict(model), "optim": optim_state}
     with _quiet_single_process(), _load_errors(path):
-        dcp.load(state, storage_reader=_reader(path), no_dist=True)
+        dcp.load(state, storage_reader=_reader(path), **compat.dcp_no_dist(True))
     set_model_state_dict(model, state["model"])
     native: dict[str, Any] = {"state": {}, "param_groups": []}
     groups = _restore_param_groups(saved_groups, optimizer.param_groups)
@@ -571,7 +571,7 @@ def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
                 sd[key.removeprefix("model.")] = torch.empty(tmd.size, dtype=tmd.properties.dtype)
         holder = {"model": sd}
         with _quiet_single_process(), _load_errors(path):
-            dcp.load(holder, storage_reader=_reader(path), no_dist=True)
+            dcp.load(holder, storage_reader=_reader(path), **compat.dcp_no_dist(True))
         sd = holder["model"]
     if "model_args" not in meta:
         raise CheckpointError(f"{path}/{META} has no model_args", "this checkpoint was not written by oreline train")

@@ -297,7 +297,7 @@ def _dcp_problems(path: Path, files: dict) -> list[str]:
     for index, info in md.storage_data.items():
         extent[info.relative_path] = max(extent.get(info.relative_path, 0), info.offset + info.length)
         item = md.state_dict_metadata[index.fqn]
-        if RAW_DESCRIPTOR in (info.transform_descriptors or ()) and hasattr(item, "chunks"):
+        if RAW_DESCRIPTOR in (getattr(info, "transform_descriptors", None) or ()) and hasattr(item, "chunks"):
             chunk = next((c for c in item.chunks if tuple(c.offsets) == tuple(index.offset or ())), None)
             want = None if chunk is None else torch.Size(chunk.sizes).numel() * item.properties.dtype.itemsize
             if want != info.length:

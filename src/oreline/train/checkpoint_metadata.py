@@ -193,7 +193,7 @@ def _shape_problem(md: object) -> str | None:
             return f"{index.fqn} is stored in {rel!r}, which is not a file name inside the checkpoint folder"
         if not (type(info.offset) is int and type(info.length) is int and info.offset >= 0 and info.length >= 0):
             return f"{index.fqn} has an invalid offset or length"
-        descriptors = info.transform_descriptors
+        descriptors = getattr(info, "transform_descriptors", None)  # absent before torch 2.7
         if descriptors is not None and not (isinstance(descriptors, (list, tuple))
                                             and all(isinstance(d, str) for d in descriptors)):
             return f"{index.fqn} has invalid transform descriptors"

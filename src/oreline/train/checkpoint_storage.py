@@ -195,7 +195,7 @@ class RawTensorReader(FileSystemReader):
                     self._chunks[(fqn, tuple(chunk.offsets))] = (md.properties.dtype, chunk.sizes)
 
     def _is_raw(self, index: MetadataIndex) -> bool:
-        return RAW_DESCRIPTOR in (self.storage_data[index].transform_descriptors or ())
+        return RAW_DESCRIPTOR in (getattr(self.storage_data[index], "transform_descriptors", None) or ())
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         for r in plan.items:
