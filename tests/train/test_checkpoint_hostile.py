@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 from typer.testing import CliRunner
 
+from oreline import compat
 from oreline.cli import app
 from oreline.config import load_config
 from oreline.errors import CheckpointError, OrelineError
@@ -353,7 +354,7 @@ def test_reader_names_the_file_when_a_data_file_is_short(run):
                              ck.read_dcp_metadata(target).state_dict_metadata.items() if k.startswith("model.")}}
     with (pytest.raises(CheckpointError, match=r"__0_0\.distcp is 1000 bytes, but model\.\S+ lies at bytes"),
           ck._quiet_single_process(), ck._load_errors(target)):
-        ck.dcp.load(model_state, storage_reader=ck._reader(target), no_dist=True)
+        ck.dcp.load(model_state, storage_reader=ck._reader(target), **compat.dcp_no_dist(True))
 
 
 def test_ls_with_a_binary_latest_file_says_so(run):
