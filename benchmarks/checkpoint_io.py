@@ -66,16 +66,22 @@ def reuse_blocks(folder: Path, nbytes: int) -> None:
     """Write + fsync + delete a ballast file of nbytes, so the next write lands on blocks the
     thin-provisioned disk has already backed (see the module docstring); then sync everything."""
     ballast = folder / "ballast.bin"
-    subprocess.run(["dd", "if=/dev/zero", f"of={ballast}", "bs=1M", f"count={max(1, nbytes >> 20)}",
-                    "conv=fsync"], check=True, capture_output=True)
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={ballast}", "bs=1M", f"count={max(1, nbytes >> 20)}", "conv=fsync"],
+        check=True,
+        capture_output=True,
+    )
     ballast.unlink()
     os.sync()
 
 
 def raw_write(path: Path, mib: int) -> float:
     t0 = time.perf_counter()
-    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync"],
+        check=True,
+        capture_output=True,
+    )
     return mib * 2**20 / (time.perf_counter() - t0) / MB
 
 
@@ -87,7 +93,7 @@ def raw_write_tensor(path: Path, mib: int) -> float:
     t0 = time.perf_counter()
     with open(path, "wb", buffering=0) as fh:
         for off in range(0, len(mv), 8 << 20):
-            fh.write(mv[off:off + (8 << 20)])
+            fh.write(mv[off : off + (8 << 20)])
         os.fsync(fh.fileno())
     return len(mv) / (time.perf_counter() - t0) / MB
 
@@ -131,8 +137,10 @@ def main() -> int:
         t0 = time.perf_counter()
         model, opt = build(args)
         one_step(model, opt, args.vocab_size)  # AdamW state exists only after a step
-        print(f"{a.preset}: {sum(p.numel() for p in model.parameters()):,} parameters + AdamW state "
-              f"(built and stepped in {time.perf_counter() - t0:.1f} s); folder {work}")
+        print(
+            f"{a.preset}: {sum(p.numel() for p in model.parameters()):,} parameters + AdamW state "
+            f"(built and stepped in {time.perf_counter() - t0:.1f} s); folder {work}"
+        )
         cfg = CheckpointConfig(keep_last=1)
         meta = {"model_args": args.to_dict(), "tokens_seen": 0}
 
@@ -200,30 +208,46 @@ def main() -> int:
 
         w_raw, r_raw = max(writes), max(reads)
         save_mbs, load_mbs = size / min(saves) / MB, size / min(loads) / MB
-        print(f"checkpoint: {size / MB:,.1f} MB in {len(list(path.iterdir()))} files "
-              f"({ck.WRITE_THREADS} DCP write thread(s))")
+        print(
+            f"checkpoint: {size / MB:,.1f} MB in {len(list(path.iterdir()))} files "
+            f"({ck.WRITE_THREADS} DCP write thread(s))"
+        )
         w_tensor = max(tensor_writes)
-        print(f"raw write (dd conv=fsync, {mib} MiB): {w_raw:,.0f} MB/s   raw read (evicted): {r_raw:,.0f} MB/s   "
-              f"python write of {mib} MiB of tensor bytes + fsync: {w_tensor:,.0f} MB/s")
-        print(f"save_checkpoint: {min(saves):.2f} s = {save_mbs:,.0f} MB/s = {save_mbs / w_raw:.0%} of raw write "
-              f"(target ≥ 70%), {save_mbs / w_tensor:.0%} of the python tensor-bytes write")
+        print(
+            f"raw write (dd conv=fsync, {mib} MiB): {w_raw:,.0f} MB/s   raw read (evicted): {r_raw:,.0f} MB/s   "
+            f"python write of {mib} MiB of tensor bytes + fsync: {w_tensor:,.0f} MB/s"
+        )
+        print(
+            f"save_checkpoint: {min(saves):.2f} s = {save_mbs:,.0f} MB/s = {save_mbs / w_raw:.0%} of raw write "
+            f"(target ≥ 70%), {save_mbs / w_tensor:.0%} of the python tensor-bytes write"
+        )
         stock_mbs = stock_size / min(stock_saves) / MB
-        print(f"  peer, DCP's stock FileSystemWriter (torch.save per tensor): {min(stock_saves):.2f} s = "
-              f"{stock_mbs:,.0f} MB/s = {stock_mbs / w_raw:.0%} of raw write; raw tensor files are "
-              f"{save_mbs / stock_mbs:.2f}x its speed (tensor files alone: "
-              f"{min(p['dcp_s'] for p in stock_parts) / min(p['dcp_s'] for p in parts):.2f}x)")
+        print(
+            f"  peer, DCP's stock FileSystemWriter (torch.save per tensor): {min(stock_saves):.2f} s = "
+            f"{stock_mbs:,.0f} MB/s = {stock_mbs / w_raw:.0%} of raw write; raw tensor files are "
+            f"{save_mbs / stock_mbs:.2f}x its speed (tensor files alone: "
+            f"{min(p['dcp_s'] for p in stock_parts) / min(p['dcp_s'] for p in parts):.2f}x)"
+        )
         best = parts[saves.index(min(saves))]
-        print(f"  of which DCP tensor files written + fsynced: {best['dcp_s']:.2f} s = "
-              f"{size / best['dcp_s'] / MB:,.0f} MB/s ({size / best['dcp_s'] / MB / w_raw:.0%} of raw write); "
-              f"checksums: {best['checksum_s']:.2f} s")
-        print(f"load_checkpoint: {min(loads):.2f} s = {load_mbs:,.0f} MB/s = {load_mbs / r_raw:.0%} of raw read "
-              f"(of which checksum verification alone, evicted: {hash_s:.2f} s)")
-        print(f"resume start-up (build model + optimizer, find, verify, load): {min(startups):.2f} s = "
-              f"{min(startups) / min(loads):.2f} × load (target < 2×)")
-        print(f"all runs: save {[round(s, 2) for s in saves]} s (stock writer {[round(s, 2) for s in stock_saves]} s), load {[round(s, 2) for s in loads]} s, "
-              f"start-up {[round(s, 2) for s in startups]} s, raw write {[round(w) for w in writes]} MB/s, "
-              f"tensor-bytes write {[round(w) for w in tensor_writes]} MB/s, "
-              f"raw read {[round(r) for r in reads]} MB/s")
+        print(
+            f"  of which DCP tensor files written + fsynced: {best['dcp_s']:.2f} s = "
+            f"{size / best['dcp_s'] / MB:,.0f} MB/s ({size / best['dcp_s'] / MB / w_raw:.0%} of raw write); "
+            f"checksums: {best['checksum_s']:.2f} s"
+        )
+        print(
+            f"load_checkpoint: {min(loads):.2f} s = {load_mbs:,.0f} MB/s = {load_mbs / r_raw:.0%} of raw read "
+            f"(of which checksum verification alone, evicted: {hash_s:.2f} s)"
+        )
+        print(
+            f"resume start-up (build model + optimizer, find, verify, load): {min(startups):.2f} s = "
+            f"{min(startups) / min(loads):.2f} × load (target < 2×)"
+        )
+        print(
+            f"all runs: save {[round(s, 2) for s in saves]} s (stock writer {[round(s, 2) for s in stock_saves]} s), load {[round(s, 2) for s in loads]} s, "
+            f"start-up {[round(s, 2) for s in startups]} s, raw write {[round(w) for w in writes]} MB/s, "
+            f"tensor-bytes write {[round(w) for w in tensor_writes]} MB/s, "
+            f"raw read {[round(r) for r in reads]} MB/s"
+        )
         ok = save_mbs >= 0.7 * w_raw and min(startups) < 2 * min(loads)
         return 0 if ok else 1
     finally:

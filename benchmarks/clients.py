@@ -53,8 +53,15 @@ HF4_PY = ROOT / "benchmarks" / ".hf4-venv" / "bin" / "python"
 MAX_NEW = 24
 SEQ_LEN = 128
 
-PROMPTS = ["First Citizen:", "ROMEO:\nO, she doth teach the torches", "Der Himmel über der Stadt",
-           "Le matin, les enfants", "El viejo pescador", "Москва — столица", "a literal <s> in a prompt"]
+PROMPTS = [
+    "First Citizen:",
+    "ROMEO:\nO, she doth teach the torches",
+    "Der Himmel über der Stadt",
+    "Le matin, les enfants",
+    "El viejo pescador",
+    "Москва — столица",
+    "a literal <s> in a prompt",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,11 +74,14 @@ def client_transformers(export: str, inputs: dict) -> dict:
 
     tok = transformers.AutoTokenizer.from_pretrained(export)
     model = transformers.AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
-    out: dict = {"version": transformers.__version__, "tokens": [tok(t)["input_ids"] for t in inputs["texts"]]}
+    out: dict = {
+        "version": transformers.__version__,
+        "tokens": [tok(t)["input_ids"] for t in inputs["texts"]],
+    }
     gens = []
     for p in inputs["prompts"]:
         enc = tok(p, return_tensors="pt")  # default: the tokenizer's own BOS handling
-        gens.append(model.generate(**enc, max_new_tokens=MAX_NEW)[0, enc["input_ids"].shape[1]:].tolist())
+        gens.append(model.generate(**enc, max_new_tokens=MAX_NEW)[0, enc["input_ids"].shape[1] :].tolist())
     out["greedy"] = gens
     out["doc_logprob"] = []
     with torch.no_grad():
@@ -81,8 +91,10 @@ def client_transformers(export: str, inputs: dict) -> dict:
             out["doc_logprob"].append(float(logp.gather(1, ids[0, 1:, None]).sum()))
     if hasattr(transformers, "pipeline"):
         pipe = transformers.pipeline("text-generation", model=model, tokenizer=tok)
-        out["pipeline"] = [pipe(p, max_new_tokens=MAX_NEW, do_sample=False, return_full_text=False)[0]["generated_text"]
-                           for p in inputs["prompts"]]
+        out["pipeline"] = [
+            pipe(p, max_new_tokens=MAX_NEW, do_sample=False, return_full_text=False)[0]["generated_text"]
+            for p in inputs["prompts"]
+        ]
     return out
 
 
@@ -93,7 +105,9 @@ def client_llama_cpp(gguf_path: str, inputs: dict) -> dict:
     # use_extra_bufts=False: on AMX CPUs llama.cpp's repacked q8_0 buffers crash the decode
     kw = {"use_extra_bufts": False} if "use_extra_bufts" in Llama.__init__.__code__.co_varnames else {}
     llm = Llama(model_path=gguf_path, n_ctx=256, logits_all=True, verbose=False, n_threads=2, seed=0, **kw)
-    out: dict = {"tokens": [llm.tokenize(t.encode("utf-8"), add_bos=True, special=False) for t in inputs["texts"]]}
+    out: dict = {
+        "tokens": [llm.tokenize(t.encode("utf-8"), add_bos=True, special=False) for t in inputs["texts"]]
+    }
     gens = []
     for p in inputs["prompts"]:
         ids = llm.tokenize(p.encode("utf-8"), add_bos=True, special=False)
@@ -123,15 +137,20 @@ def client_lm_eval(export: str, inputs: dict, work: str, model_args: str = "") -
     from lm_eval.tasks import TaskManager
 
     work_dir = Path(work)
-    (work_dir / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in inputs["docs"]), encoding="utf-8")
-    (work_dir / "pairs.jsonl").write_text("".join(json.dumps({"context": c, "continuation": x}) + "\n"
-                                                  for c, x in inputs["pairs"]), encoding="utf-8")
+    (work_dir / "docs.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in inputs["docs"]), encoding="utf-8"
+    )
+    (work_dir / "pairs.jsonl").write_text(
+        "".join(json.dumps({"context": c, "continuation": x}) + "\n" for c, x in inputs["pairs"]),
+        encoding="utf-8",
+    )
     tasks = work_dir / "tasks"
     tasks.mkdir(exist_ok=True)
-    (tasks / "oreline_rolling.yaml").write_text(f"""task: oreline_rolling
+    (tasks / "oreline_rolling.yaml").write_text(
+        f"""task: oreline_rolling
 dataset_path: json
 dataset_kwargs:
-  data_files: {{test: {work_dir / 'docs.jsonl'}}}
+  data_files: {{test: {work_dir / "docs.jsonl"}}}
 test_split: test
 output_type: loglikelihood_rolling
 doc_to_text: ""
@@ -139,11 +158,14 @@ doc_to_target: "{{{{text}}}}"
 metric_list:
   - metric: word_perplexity
   - metric: bits_per_byte
-""", encoding="utf-8")
-    (tasks / "oreline_pairs.yaml").write_text(f"""task: oreline_pairs
+""",
+        encoding="utf-8",
+    )
+    (tasks / "oreline_pairs.yaml").write_text(
+        f"""task: oreline_pairs
 dataset_path: json
 dataset_kwargs:
-  data_files: {{test: {work_dir / 'pairs.jsonl'}}}
+  data_files: {{test: {work_dir / "pairs.jsonl"}}}
 test_split: test
 output_type: loglikelihood
 doc_to_text: "{{{{context}}}}"
@@ -152,11 +174,18 @@ target_delimiter: ""
 metric_list:
   - metric: perplexity
   - metric: acc
-""", encoding="utf-8")
-    res = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={export}{model_args}",
-                                  tasks=["oreline_rolling", "oreline_pairs"],
-                                  task_manager=TaskManager(include_path=str(tasks)), log_samples=True,
-                                  batch_size=1, device="cpu")
+""",
+        encoding="utf-8",
+    )
+    res = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={export}{model_args}",
+        tasks=["oreline_rolling", "oreline_pairs"],
+        task_manager=TaskManager(include_path=str(tasks)),
+        log_samples=True,
+        batch_size=1,
+        device="cpu",
+    )
     samples = res["samples"]
     rolling = sorted(samples["oreline_rolling"], key=lambda s: s["doc_id"])
     pairs = sorted(samples["oreline_pairs"], key=lambda s: s["doc_id"])
@@ -166,8 +195,11 @@ metric_list:
             resp = resp[0]
         return float(resp)
 
-    return {"version": lm_eval.__version__ if hasattr(lm_eval, "__version__") else "?",
-            "rolling": [first(s["resps"]) for s in rolling], "pairs": [first(s["resps"]) for s in pairs]}
+    return {
+        "version": lm_eval.__version__ if hasattr(lm_eval, "__version__") else "?",
+        "rolling": [first(s["resps"]) for s in rolling],
+        "pairs": [first(s["resps"]) for s in pairs],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,22 +241,33 @@ def build(work: Path, steps: int) -> dict:
     heldout_prose, train_prose = prose[:40], prose[40:]
     heldout_multi, train_multi = multi[::10], [s for i, s in enumerate(multi) if i % 10]
     docs = train_prose + train_multi
-    (work / "docs.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(docs)),
-                                     encoding="utf-8")
+    (work / "docs.jsonl").write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(docs)), encoding="utf-8"
+    )
     t0 = time.perf_counter()
-    train_tokenizer([work / "docs.jsonl"], work / "tokenizer", TokenizerConfig(vocab_size=2048, heldout_docs=0))
+    train_tokenizer(
+        [work / "docs.jsonl"], work / "tokenizer", TokenizerConfig(vocab_size=2048, heldout_docs=0)
+    )
     tok = load_tokenizer(work / "tokenizer")
     stream = torch.tensor([t for d in docs for t in [tok.bos_id, *tok.encode(d), tok.eos_id]])
-    args = ModelArgs(dim=128, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=tok.vocab_size, ffn_dim=384,
-                     max_seq_len=256, tie_embeddings=True)
+    args = ModelArgs(
+        dim=128,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=tok.vocab_size,
+        ffn_dim=384,
+        max_seq_len=256,
+        tie_embeddings=True,
+    )
     torch.manual_seed(0)
     model = Llama(args)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
     for step in range(steps):
         starts = torch.randint(0, len(stream) - SEQ_LEN - 1, (16,), generator=gen)
-        x = torch.stack([stream[s:s + SEQ_LEN] for s in starts])
-        y = torch.stack([stream[s + 1:s + SEQ_LEN + 1] for s in starts])
+        x = torch.stack([stream[s : s + SEQ_LEN] for s in starts])
+        y = torch.stack([stream[s + 1 : s + SEQ_LEN + 1] for s in starts])
         y = y.masked_fill(y == tok.bos_id, -100)  # oreline's loader: BOS is never a target
         loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
         opt.zero_grad()
@@ -234,8 +277,13 @@ def build(work: Path, steps: int) -> dict:
             print(f"train step {step}: loss {loss.item():.3f}", flush=True)
     model.eval()
     train_s = time.perf_counter() - t0
-    meta = {"model_args": args.to_dict(), "tokenizer_dir": str(work / "tokenizer"), "tokens_seen": 0,
-            "config": {"train": {"seq_len": SEQ_LEN}}, "tokenizer_fingerprint": tok.fingerprint}
+    meta = {
+        "model_args": args.to_dict(),
+        "tokenizer_dir": str(work / "tokenizer"),
+        "tokens_seen": 0,
+        "config": {"train": {"seq_len": SEQ_LEN}},
+        "tokenizer_fingerprint": tok.fingerprint,
+    }
     save_checkpoint(work / "run" / "checkpoints", steps, model, None, meta, kind="model_only")
     export_hf(work / "run", work / "export")
     for dtype, name in (("float32", "f32"), ("float16", "f16"), ("q8_0", "q8_0")):
@@ -250,8 +298,16 @@ def build(work: Path, steps: int) -> dict:
         if cut > 0:
             pairs.append((text[:cut], text[cut:]))
     # tokenization: prompts, held-out prose, every 13th held-out sentence (~3 of each of the 13 languages)
-    texts = (PROMPTS + heldout[:8] + heldout_multi[::13]
-             + ["<s>starts like a BOS and has </s> inside", "emoji 🙂 and CJK 東京 and tabs\tend", "  two spaces\n\n"])
+    texts = (
+        PROMPTS
+        + heldout[:8]
+        + heldout_multi[::13]
+        + [
+            "<s>starts like a BOS and has </s> inside",
+            "emoji 🙂 and CJK 東京 and tabs\tend",
+            "  two spaces\n\n",
+        ]
+    )
     ours: dict = {"texts": [[tok.bos_id] + tok.encode(t) for t in texts]}
     ours["greedy"] = [g["ids"] for g in generate_samples(model, tok, PROMPTS, MAX_NEW, greedy=True)]
     ours["greedy_text"] = [tok.decode(ids) for ids in ours["greedy"]]
@@ -261,7 +317,7 @@ def build(work: Path, steps: int) -> dict:
         x = torch.tensor([ids])
         logp = torch.log_softmax(model(x)[0, :-1].double(), -1)
         tgt = torch.tensor(ids[1:])
-        return float(logp.gather(1, tgt[:, None])[score_from - 1:].sum())
+        return float(logp.gather(1, tgt[:, None])[score_from - 1 :].sum())
 
     ours["doc_logprob"] = [logprob([tok.bos_id] + tok.encode(t), 1) for t in heldout]
     ours["pairs"] = [logprob([tok.bos_id] + tok.encode(c + x), 1 + len(tok.encode(c))) for c, x in pairs]
@@ -269,18 +325,35 @@ def build(work: Path, steps: int) -> dict:
     ours["unfed_doc_logprob"] = [logprob(tok.encode(t), 1) for t in heldout]
     inputs = {"prompts": PROMPTS, "texts": texts, "docs": heldout, "pairs": pairs}
     (work / "inputs.json").write_text(json.dumps(inputs, ensure_ascii=False), encoding="utf-8")
-    return {"ours": ours, "inputs": inputs, "train_s": train_s, "loss": loss.item(), "vocab": tok.vocab_size,
-            "params": model.num_params()}
+    return {
+        "ours": ours,
+        "inputs": inputs,
+        "train_s": train_s,
+        "loss": loss.item(),
+        "vocab": tok.vocab_size,
+        "params": model.num_params(),
+    }
 
 
-def run_client(python: Path, name: str, target: str, work: Path, timeout: int = 1800, reuse: bool = False) -> dict:
+def run_client(
+    python: Path, name: str, target: str, work: Path, timeout: int = 1800, reuse: bool = False
+) -> dict:
     """Run one client in its own interpreter; its JSON result or {"error": why} (reuse: an earlier result)."""
     out = work / f"client-{name}.json"
     if reuse and out.is_file():
         return json.loads(out.read_text(encoding="utf-8"))
     if not python.exists():
         return {"error": f"{python.parent.parent.name} not set up (see this script's docstring)"}
-    cmd = [str(python), str(Path(__file__).resolve()), "--client", name, "--target", target, "--work", str(work)]
+    cmd = [
+        str(python),
+        str(Path(__file__).resolve()),
+        "--client",
+        name,
+        "--target",
+        target,
+        "--work",
+        str(work),
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0 or not out.is_file():
@@ -289,8 +362,15 @@ def run_client(python: Path, name: str, target: str, work: Path, timeout: int = 
     return json.loads(out.read_text(encoding="utf-8"))
 
 
-def compare(ours: dict, got: dict, rows: list, client: str, logprob_tol: float, greedy: str = "equal",
-            known: dict | None = None) -> None:
+def compare(
+    ours: dict,
+    got: dict,
+    rows: list,
+    client: str,
+    logprob_tol: float,
+    greedy: str = "equal",
+    known: dict | None = None,
+) -> None:
     """Rows of (client, what, result, tolerance, status); `known`: key → why this client is expected to differ."""
     known = known or {}
     if "error" in got:
@@ -298,44 +378,81 @@ def compare(ours: dict, got: dict, rows: list, client: str, logprob_tol: float, 
         return
     if "tokens" in got:
         same = sum(a == b for a, b in zip(got["tokens"], ours["texts"], strict=True))
-        rows.append((client, "tokenization ([BOS] + ids)", f"{same}/{len(ours['texts'])} identical", "identical",
-                     "ok" if same == len(ours["texts"]) else "FAIL"))
+        rows.append(
+            (
+                client,
+                "tokenization ([BOS] + ids)",
+                f"{same}/{len(ours['texts'])} identical",
+                "identical",
+                "ok" if same == len(ours["texts"]) else "FAIL",
+            )
+        )
     if "greedy" in got:
         same = sum(a == b for a, b in zip(got["greedy"], ours["greedy"], strict=True))
-        rows.append((client, f"greedy continuation ({MAX_NEW} tokens)", f"{same}/{len(ours['greedy'])} identical",
-                     greedy, "ok" if same == len(ours["greedy"]) or greedy != "equal" else "FAIL"))
+        rows.append(
+            (
+                client,
+                f"greedy continuation ({MAX_NEW} tokens)",
+                f"{same}/{len(ours['greedy'])} identical",
+                greedy,
+                "ok" if same == len(ours["greedy"]) or greedy != "equal" else "FAIL",
+            )
+        )
     if "pipeline" in got:
         same = sum(a == b for a, b in zip(got["pipeline"], ours["greedy_text"], strict=True))
-        rows.append((client + " pipeline", "greedy text", f"{same}/{len(ours['greedy_text'])} identical", "equal",
-                     "ok" if same == len(ours["greedy_text"]) else "FAIL"))
-    for key, what in (("doc_logprob", "held-out doc log-prob (rolling)"), ("rolling", "rolling loglikelihood"),
-                      ("pairs", "loglikelihood(context, continuation)")):
+        rows.append(
+            (
+                client + " pipeline",
+                "greedy text",
+                f"{same}/{len(ours['greedy_text'])} identical",
+                "equal",
+                "ok" if same == len(ours["greedy_text"]) else "FAIL",
+            )
+        )
+    for key, what in (
+        ("doc_logprob", "held-out doc log-prob (rolling)"),
+        ("rolling", "rolling loglikelihood"),
+        ("pairs", "loglikelihood(context, continuation)"),
+    ):
         if key in got:
             ref = ours["doc_logprob"] if key == "rolling" else ours[key]
             diff = max(abs(a - b) for a, b in zip(got[key], ref, strict=True))
             if key in known:
-                rows.append((client, f"{what} ×{len(ref)}", f"max |Δ| {diff:.2e} nats", known[key], "expected"))
+                rows.append(
+                    (client, f"{what} ×{len(ref)}", f"max |Δ| {diff:.2e} nats", known[key], "expected")
+                )
                 continue
-            rows.append((client, f"{what} ×{len(ref)}", f"max |Δ| {diff:.2e} nats", f"≤ {logprob_tol:g}",
-                         "ok" if diff <= logprob_tol else "FAIL"))
+            rows.append(
+                (
+                    client,
+                    f"{what} ×{len(ref)}",
+                    f"max |Δ| {diff:.2e} nats",
+                    f"≤ {logprob_tol:g}",
+                    "ok" if diff <= logprob_tol else "FAIL",
+                )
+            )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-clients")
-    ap.add_argument("--reuse", action="store_true",
-                    help="reuse the model, exports, oreline's numbers and the side clients' results in --work")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="reuse the model, exports, oreline's numbers and the side clients' results in --work",
+    )
     ap.add_argument("--client", help=argparse.SUPPRESS)
     ap.add_argument("--target", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.client:  # inside a client's interpreter
         inputs = json.loads((a.work / "inputs.json").read_text(encoding="utf-8"))
-        fn = {"transformers": lambda: client_transformers(a.target, inputs),
-              "llama_cpp": lambda: client_llama_cpp(a.target, inputs),
-              "lm_eval": lambda: client_lm_eval(a.target, inputs, str(a.work)),
-              "lm_eval_nobos": lambda: client_lm_eval(a.target, inputs, str(a.work), ",add_bos_token=False"),
-              }[a.client.split(":")[0]]
+        fn = {
+            "transformers": lambda: client_transformers(a.target, inputs),
+            "llama_cpp": lambda: client_llama_cpp(a.target, inputs),
+            "lm_eval": lambda: client_lm_eval(a.target, inputs, str(a.work)),
+            "lm_eval_nobos": lambda: client_lm_eval(a.target, inputs, str(a.work), ",add_bos_token=False"),
+        }[a.client.split(":")[0]]
         (a.work / f"client-{a.client}.json").write_text(json.dumps(fn()), encoding="utf-8")
         return
 
@@ -350,23 +467,37 @@ def main() -> None:
         built = build(a.work, a.steps)
         (a.work / "built.json").write_text(json.dumps(built, ensure_ascii=False), encoding="utf-8")
     ours, export = built["ours"], str(a.work / "export")
-    print(f"model: {built['params']:,} parameters, vocab {built['vocab']}, {a.steps} steps at seq_len {SEQ_LEN} "
-          f"(final train loss {built['loss']:.3f}) in {built['train_s']:.0f} s", flush=True)
+    print(
+        f"model: {built['params']:,} parameters, vocab {built['vocab']}, {a.steps} steps at seq_len {SEQ_LEN} "
+        f"(final train loss {built['loss']:.3f}) in {built['train_s']:.0f} s",
+        flush=True,
+    )
     unfed = max(abs(x - y) for x, y in zip(ours["doc_logprob"], ours["unfed_doc_logprob"], strict=True))
     print(f"for scale: feeding the held-out docs without BOS moves their log-prob by up to {unfed:.2f} nats")
 
     results = {"transformers": client_transformers(export, built["inputs"])}
     results["transformers 4.57"] = run_client(HF4_PY, "transformers", export, a.work, reuse=a.reuse)
     for name in ("f32", "f16", "q8_0"):
-        results[f"llama.cpp {name}"] = run_client(CLIENTS_PY, f"llama_cpp:{name}", str(a.work / f"model-{name}.gguf"),
-                                                  a.work, reuse=a.reuse)
-    results["lm-eval 0.4.13 (hf, defaults)"] = run_client(CLIENTS_PY, "lm_eval", export, a.work, reuse=a.reuse)
-    results["lm-eval 0.4.13 (add_bos_token=False)"] = run_client(CLIENTS_PY, "lm_eval_nobos", export, a.work,
-                                                                 reuse=a.reuse)
+        results[f"llama.cpp {name}"] = run_client(
+            CLIENTS_PY, f"llama_cpp:{name}", str(a.work / f"model-{name}.gguf"), a.work, reuse=a.reuse
+        )
+    results["lm-eval 0.4.13 (hf, defaults)"] = run_client(
+        CLIENTS_PY, "lm_eval", export, a.work, reuse=a.reuse
+    )
+    results["lm-eval 0.4.13 (add_bos_token=False)"] = run_client(
+        CLIENTS_PY, "lm_eval_nobos", export, a.work, reuse=a.reuse
+    )
 
     rows: list = []
-    tol = {"transformers": 1e-3, "transformers 4.57": 1e-3, "llama.cpp f32": 2e-2, "llama.cpp f16": 0.5,
-           "llama.cpp q8_0": 1.0, "lm-eval 0.4.13 (hf, defaults)": 1e-3, "lm-eval 0.4.13 (add_bos_token=False)": 1e-3}
+    tol = {
+        "transformers": 1e-3,
+        "transformers 4.57": 1e-3,
+        "llama.cpp f32": 2e-2,
+        "llama.cpp f16": 0.5,
+        "llama.cpp q8_0": 1.0,
+        "lm-eval 0.4.13 (hf, defaults)": 1e-3,
+        "lm-eval 0.4.13 (add_bos_token=False)": 1e-3,
+    }
     for client, got in results.items():
         reduced = client.endswith(("f16", "q8_0"))
         known = {}
@@ -374,9 +505,18 @@ def main() -> None:
             known["rolling"] = "lm-eval prefixes BOS to an encoding that has one"
         if client == "lm-eval 0.4.13 (add_bos_token=False)":
             known["pairs"] = "add_bos_token=False drops BOS from contexts"
-        compare(ours, got, rows, client + (f" {got.get('version')}" if got.get("version") and client == "transformers" else ""),
-                tol[client], greedy="reported (reduced precision)" if reduced else "equal", known=known)
-    widths = [max(len(str(r[i])) for r in rows + [("client", "what", "result", "tolerance", "")]) for i in range(5)]
+        compare(
+            ours,
+            got,
+            rows,
+            client + (f" {got.get('version')}" if got.get("version") and client == "transformers" else ""),
+            tol[client],
+            greedy="reported (reduced precision)" if reduced else "equal",
+            known=known,
+        )
+    widths = [
+        max(len(str(r[i])) for r in rows + [("client", "what", "result", "tolerance", "")]) for i in range(5)
+    ]
     line = " | ".join(f"{{:{w}}}" for w in widths)
     print()
     print(line.format("client", "what", "result", "tolerance", ""))

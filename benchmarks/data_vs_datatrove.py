@@ -97,9 +97,23 @@ def ensure_peers() -> None:
     """Create benchmarks/.peers-venv with datatrove when it is missing (once; a minute or two)."""
     if PEER_PYTHON.exists():
         return
-    print(f"creating {PEERS} with datatrove[io,processing] (kept out of the project's environment)", flush=True)
+    print(
+        f"creating {PEERS} with datatrove[io,processing] (kept out of the project's environment)", flush=True
+    )
     subprocess.run(["python3", "-m", "venv", str(PEERS)], check=True)
-    subprocess.run([str(PEER_PYTHON), "-m", "pip", "install", "-q", "datatrove[io,processing]", "lxml_html_clean", "spacy"], check=True)
+    subprocess.run(
+        [
+            str(PEER_PYTHON),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "datatrove[io,processing]",
+            "lxml_html_clean",
+            "spacy",
+        ],
+        check=True,
+    )
 
 
 class PeakRSS:
@@ -146,19 +160,29 @@ def run_datatrove(mode: str, files: list[str], tmp: Path) -> tuple[list[dict], d
     script = tmp / "datatrove_run.py"
     script.write_text(DATATROVE_SCRIPT)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
-    cmd = [str(PEER_PYTHON), str(script), mode, json.dumps(files), tempfile.mkdtemp(prefix=f"dt-{mode}-", dir=tmp)]
+    cmd = [
+        str(PEER_PYTHON),
+        str(script),
+        mode,
+        json.dumps(files),
+        tempfile.mkdtemp(prefix=f"dt-{mode}-", dir=tmp),
+    ]
     res, mem, wall = run_measured(cmd, env)
     line = next((li for li in res.stdout.splitlines() if li.startswith("RESULTS ")), None)
     if line is None:
         raise SystemExit(f"datatrove run failed (rc {res.returncode}):\n{res.stderr[-3000:]}")
-    return json.loads(line[len("RESULTS "):]), mem, wall
+    return json.loads(line[len("RESULTS ") :]), mem, wall
 
 
 def run_oreline(files: list[str], tmp: Path, extractor: str, attempt: int) -> tuple[dict, dict, float]:
     out = tmp / f"ol-{extractor}-{attempt}"
     overrides = [
-        f"data.extract.extractor={extractor}", "data.langid.enabled=false", "data.quality.entropy=false",
-        "data.quality.ascii_ratio=false", "data.dedup.exact=false", "data.dedup.minhash=false",
+        f"data.extract.extractor={extractor}",
+        "data.langid.enabled=false",
+        "data.quality.entropy=false",
+        "data.quality.ascii_ratio=false",
+        "data.dedup.exact=false",
+        "data.dedup.minhash=false",
         "data.protocol.content_types=['text/html','application/xhtml+xml']",
     ]
     cmd = [sys.executable, "-m", "oreline", "data", *files, "--out", str(out), "--workers", "1", *overrides]
@@ -172,13 +196,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--inputs", nargs="*", help="WARC files (default: a sample subset)")
     ap.add_argument("--no-trafilatura", action="store_true", help="skip the oreline+trafilatura row")
-    ap.add_argument("--repeat", type=int, default=2, help="runs per tool; the fastest counts (shared machine)")
+    ap.add_argument(
+        "--repeat", type=int, default=2, help="runs per tool; the fastest counts (shared machine)"
+    )
     args = ap.parse_args()
-    files = [str(Path(f).resolve()) for f in args.inputs] if args.inputs else [str(SAMPLES / "web-archives" / f) for f in DEFAULT_INPUTS]
+    files = (
+        [str(Path(f).resolve()) for f in args.inputs]
+        if args.inputs
+        else [str(SAMPLES / "web-archives" / f) for f in DEFAULT_INPUTS]
+    )
     missing = [f for f in files if not Path(f).exists()]
     if missing:  # the default subset includes Servo and pywb captures, which the embedded samples leave out
-        sys.exit(f"{missing[0]} not found ({len(missing)} inputs missing): set ORELINE_SAMPLES to the larger "
-                 "sample collection (e.g. ../shared/data) or pass --inputs")
+        sys.exit(
+            f"{missing[0]} not found ({len(missing)} inputs missing): set ORELINE_SAMPLES to the larger "
+            "sample collection (e.g. ../shared/data) or pass --inputs"
+        )
     ensure_peers()
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp_name:
         tmp = Path(tmp_name)
@@ -205,20 +237,30 @@ def main() -> None:
             for attempt in range(args.repeat):
                 stats, mem, wall = run_oreline(common, tmp, extractor, attempt)
                 steps = {s["name"]: s for s in stats["steps"]}
-                docs = steps["protocol"]["docs_out"]  # HTML responses entering extraction, as datatrove's reader yields
+                docs = steps["protocol"][
+                    "docs_out"
+                ]  # HTML responses entering extraction, as datatrove's reader yields
                 row = (f"oreline ({extractor})", docs, stats["output"]["docs"], stats["seconds"], wall, mem)
                 best = row if best is None or row[3] < best[3] else best
             rows.append(best)
-    print(f"\ncompared on the {len(common)} of {len(files)} inputs datatrove processed; one worker (core) each;"
-          f" fastest of {args.repeat} runs")
-    print(f"{'run':26s} {'docs in':>8s} {'kept':>6s} {'proc s':>8s} {'wall s':>8s} {'docs/s/core':>12s} {'peak RSS/proc':>14s}")
+    print(
+        f"\ncompared on the {len(common)} of {len(files)} inputs datatrove processed; one worker (core) each;"
+        f" fastest of {args.repeat} runs"
+    )
+    print(
+        f"{'run':26s} {'docs in':>8s} {'kept':>6s} {'proc s':>8s} {'wall s':>8s} {'docs/s/core':>12s} {'peak RSS/proc':>14s}"
+    )
     base = rows[0][1] / rows[0][3]
     for name, docs, kept, secs, wall, mem in rows:
         rate = docs / secs
-        print(f"{name:26s} {docs:8d} {kept:6d} {secs:8.2f} {wall:8.2f} {rate:12.1f} {mem['max_process_mb']:11.0f} MB"
-              + (f"   {rate / base:5.1f}× datatrove" if name != rows[0][0] else ""))
-    print("docs in: HTML responses entering extraction. proc s: processing time measured inside each run "
-          "(oreline: stats.json seconds; datatrove: per-file timers), wall s includes interpreter start-up.")
+        print(
+            f"{name:26s} {docs:8d} {kept:6d} {secs:8.2f} {wall:8.2f} {rate:12.1f} {mem['max_process_mb']:11.0f} MB"
+            + (f"   {rate / base:5.1f}× datatrove" if name != rows[0][0] else "")
+        )
+    print(
+        "docs in: HTML responses entering extraction. proc s: processing time measured inside each run "
+        "(oreline: stats.json seconds; datatrove: per-file timers), wall s includes interpreter start-up."
+    )
 
 
 if __name__ == "__main__":

@@ -89,17 +89,39 @@ prompts = []
 
 
 def run(name: str, cfg: Path, runs: Path, nproc: int, threads: int, accum: int, parallel: str) -> dict:
-    cmd = [sys.executable, "-m", "oreline", "train", "-c", str(cfg), f"run.name={name}",
-           f"train.grad_accum={accum}", f"train.parallel={parallel}", "--resume", "none"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "oreline",
+        "train",
+        "-c",
+        str(cfg),
+        f"run.name={name}",
+        f"train.grad_accum={accum}",
+        f"train.parallel={parallel}",
+        "--resume",
+        "none",
+    ]
     if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *cmd[1:]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            *cmd[1:],
+        ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall, ru1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)  # all its processes, start-up included
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (
+        ru1.ru_stime - ru0.ru_stime
+    )  # all its processes, start-up included
     if proc.returncode != 0:
-        raise SystemExit(f"{name} failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"{name} failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        )
     recs = [json.loads(x) for x in (runs / name / "metrics.jsonl").read_text().splitlines() if x.strip()]
     train = [r for r in recs if r["type"] == "train"][3:]
 
@@ -107,9 +129,19 @@ def run(name: str, cfg: Path, runs: Path, nproc: int, threads: int, accum: int, 
         vals = [r[key] for r in train if r.get(key) is not None]
         return statistics.median(vals) if vals else None
 
-    return {"name": name, "ranks": nproc, "threads": threads, "tps": med("tokens_per_s"), "step_ms": med("step_ms"),
-            "comm_ms": med("comm_ms"), "comm_frac": med("comm_frac"), "wall_s": wall, "cores": cpu / wall,
-            "batch": recs[0]["global_batch"]["tokens"], "params": recs[0]["model"]["params"]}
+    return {
+        "name": name,
+        "ranks": nproc,
+        "threads": threads,
+        "tps": med("tokens_per_s"),
+        "step_ms": med("step_ms"),
+        "comm_ms": med("comm_ms"),
+        "comm_frac": med("comm_frac"),
+        "wall_s": wall,
+        "cores": cpu / wall,
+        "batch": recs[0]["global_batch"]["tokens"],
+        "params": recs[0]["model"]["params"],
+    }
 
 
 def main() -> None:
@@ -119,32 +151,45 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--micro", type=int, default=4)
     p.add_argument("--accum", type=int, default=2, help="A: accumulation per rank on 2 ranks (1 rank: 2A)")
-    p.add_argument("--repeats", type=int, default=1, help="rounds of all four runs; the fastest of each is shown")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="rounds of all four runs; the fastest of each is shown"
+    )
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tokens, tokenizer = build_tokens(root)
         cfg = config(root / "bench.toml", root / "runs", tokens, tokenizer, a)
         load_before = os.getloadavg()
-        plan = [("r1t1", 1, 1, 2 * a.accum, "none"), ("r1t2", 1, 2, 2 * a.accum, "none"),
-                ("ddp2", 2, 1, a.accum, "ddp"), ("fsdp2", 2, 1, a.accum, "fsdp")]
+        plan = [
+            ("r1t1", 1, 1, 2 * a.accum, "none"),
+            ("r1t2", 1, 2, 2 * a.accum, "none"),
+            ("ddp2", 2, 1, a.accum, "ddp"),
+            ("fsdp2", 2, 1, a.accum, "fsdp"),
+        ]
         rounds = [[run(name, cfg, root / "runs", *rest) for name, *rest in plan] for _ in range(a.repeats)]
         # rounds interleave the four runs, so a burst of other work on the shared cores hits one round
         results = [max(same, key=lambda r: r["tps"]) for same in zip(*rounds, strict=True)]
         load_after = os.getloadavg()
     base, peer = results[0]["tps"], results[1]["tps"]
-    print(f"preset {a.preset} ({results[0]['params']:,} params), seq_len {a.seq_len}, global batch "
-          f"{results[0]['batch']:,} tokens, {a.steps} steps (median of steps 4-{a.steps}), fastest of "
-          f"{a.repeats} round(s); "
-          f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} before / {load_after[0]:.1f} after")
-    print(f"{'run':<22}{'tokens/s':>10}{'step ms':>10}{'vs 1r×1t':>10}{'vs 1r×2t':>10}{'comm ms':>10}{'comm %':>8}{'wall s':>8}{'cores':>7}")
+    print(
+        f"preset {a.preset} ({results[0]['params']:,} params), seq_len {a.seq_len}, global batch "
+        f"{results[0]['batch']:,} tokens, {a.steps} steps (median of steps 4-{a.steps}), fastest of "
+        f"{a.repeats} round(s); "
+        f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} before / {load_after[0]:.1f} after"
+    )
+    print(
+        f"{'run':<22}{'tokens/s':>10}{'step ms':>10}{'vs 1r×1t':>10}{'vs 1r×2t':>10}{'comm ms':>10}{'comm %':>8}{'wall s':>8}{'cores':>7}"
+    )
     for r in results:
         label = f"{r['ranks']} rank{'s' if r['ranks'] > 1 else ''} × {r['threads']} thr" + (
-            f" {r['name'][:-1]}" if r["ranks"] > 1 else "")
+            f" {r['name'][:-1]}" if r["ranks"] > 1 else ""
+        )
         comm = "" if r["comm_ms"] is None else f"{r['comm_ms']:.1f}"
         frac = "" if r["comm_frac"] is None else f"{100 * r['comm_frac']:.0f}%"
-        print(f"{label:<22}{r['tps']:>10,.0f}{r['step_ms']:>10.1f}{r['tps'] / base:>10.2f}{r['tps'] / peer:>10.2f}"
-              f"{comm:>10}{frac:>8}{r['wall_s']:>8.1f}{r['cores']:>7.2f}")
+        print(
+            f"{label:<22}{r['tps']:>10,.0f}{r['step_ms']:>10.1f}{r['tps'] / base:>10.2f}{r['tps'] / peer:>10.2f}"
+            f"{comm:>10}{frac:>8}{r['wall_s']:>8.1f}{r['cores']:>7.2f}"
+        )
 
 
 if __name__ == "__main__":

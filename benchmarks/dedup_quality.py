@@ -49,7 +49,13 @@ from oreline.data.shingles import jaccard, shingles
 from oreline.document import Document
 
 LEVELS = [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95]
-BOOKS = ["austen-emma.txt", "melville-moby_dick.txt", "chesterton-brown.txt", "austen-sense.txt", "whitman-leaves.txt"]
+BOOKS = [
+    "austen-emma.txt",
+    "melville-moby_dick.txt",
+    "chesterton-brown.txt",
+    "austen-sense.txt",
+    "whitman-leaves.txt",
+]
 
 PEER_SCRIPT = r"""
 import json, sys, time
@@ -103,7 +109,9 @@ def mutant(text: str, target: float, rng: random.Random) -> tuple[str, float]:
             hi = mid
         else:
             lo = mid + 1
-    best = min((k for k in (lo - 1, lo) if k >= 0), key=lambda k: abs(jaccard(base, shingles(make(k))) - target))
+    best = min(
+        (k for k in (lo - 1, lo) if k >= 0), key=lambda k: abs(jaccard(base, shingles(make(k))) - target)
+    )
     m = make(best)
     return m, jaccard(base, shingles(m))
 
@@ -183,22 +191,30 @@ def main() -> None:
         dedup_stage_signatures(docs, Path(tmp) / "timing.parquet", cfg)
         sig_rate = len(docs) / (time.perf_counter() - t0)
         runs = {mode: run_plan(docs, cfg, Path(tmp), mode == "exact") for mode in ("signature", "exact")}
-    print(f"{len(docs)} documents ({len(bases)} bases + mutants), threshold {cfg.threshold}, num_perm {cfg.num_perm}; "
-          f"signature stage {sig_rate:.0f} docs/s (incl. exact keys + Parquet)")
+    print(
+        f"{len(docs)} documents ({len(bases)} bases + mutants), threshold {cfg.threshold}, num_perm {cfg.num_perm}; "
+        f"signature stage {sig_rate:.0f} docs/s (incl. exact keys + Parquet)"
+    )
     roots = {}
     for mode, (plan, _, _, _) in runs.items():
         survivor = {k: v[1] for k, v in plan.items()}
-        roots[mode] = lambda d, survivor=survivor: survivor.get(d, d)  # clusters are stars around their survivor
+        roots[mode] = lambda d, survivor=survivor: survivor.get(
+            d, d
+        )  # clusters are stars around their survivor
     by_level = defaultdict(list)
     for b, m, level, j in planted:
         by_level[level].append((b, m, j))
-    print(f"{'target J':>9} {'exact J (mean, min-max)':>26} {'pairs':>6} {'clustered: signature':>21} {'exact':>6}")
+    print(
+        f"{'target J':>9} {'exact J (mean, min-max)':>26} {'pairs':>6} {'clustered: signature':>21} {'exact':>6}"
+    )
     for level in LEVELS:
         rows = by_level[level]
         js = [j for _, _, j in rows]
         hit = {mode: np.mean([root(b) == root(m) for b, m, _ in rows]) for mode, root in roots.items()}
-        print(f"{level:9.2f} {np.mean(js):10.3f} ({min(js):.3f}-{max(js):.3f})      {len(rows):6d} "
-              f"{hit['signature']:21.3f} {hit['exact']:6.3f}")
+        print(
+            f"{level:9.2f} {np.mean(js):10.3f} ({min(js):.3f}-{max(js):.3f})      {len(rows):6d} "
+            f"{hit['signature']:21.3f} {hit['exact']:6.3f}"
+        )
     above = [(b, m) for b, m, _, j in planted if j >= cfg.threshold]
     clear = [(b, m) for b, m, _, j in planted if j >= cfg.threshold + 0.1]
     for mode, (plan, stats, seconds, asked) in runs.items():
@@ -209,17 +225,23 @@ def main() -> None:
         precision = sum(j >= cfg.threshold for j in exact_to_survivor.values()) / max(1, len(plan))
         outside = {d: j for d, j in exact_to_survivor.items() if abs(j - cfg.threshold) >= 0.1}
         precision_clear = sum(j >= cfg.threshold for j in outside.values()) / max(1, len(outside))
-        print(f"[verify={mode}] bands×rows {stats['bands']}×{stats['rows']}: "
-              f"recall (exact J >= {cfg.threshold}) {recall:.3f} of {len(above)} pairs, "
-              f"(J >= {cfg.threshold + 0.1:.2f}) {recall_clear:.3f} of {len(clear)}; "
-              f"precision {precision:.3f} of {len(plan)} removals, (|J - t| >= 0.1) {precision_clear:.3f} of {len(outside)}")
-        line = (f"    candidate pairs {stats['candidate_pairs']}, verified {stats['verified_pairs']}, "
-                f"rejected {stats['rejected_pairs']}; plan {seconds:.2f} s")
+        print(
+            f"[verify={mode}] bands×rows {stats['bands']}×{stats['rows']}: "
+            f"recall (exact J >= {cfg.threshold}) {recall:.3f} of {len(above)} pairs, "
+            f"(J >= {cfg.threshold + 0.1:.2f}) {recall_clear:.3f} of {len(clear)}; "
+            f"precision {precision:.3f} of {len(plan)} removals, (|J - t| >= 0.1) {precision_clear:.3f} of {len(outside)}"
+        )
+        line = (
+            f"    candidate pairs {stats['candidate_pairs']}, verified {stats['verified_pairs']}, "
+            f"rejected {stats['rejected_pairs']}; plan {seconds:.2f} s"
+        )
         if mode == "exact":
-            line += (f"; exactly verified pairs {stats['exact_verified_pairs']}, texts asked {asked} "
-                     f"of {len(docs)} docs, read {stats['texts_read']}, missing {stats['texts_missing']}; "
-                     f"the estimate alone would have removed {stats['estimate_above_exact_below']} "
-                     f"and kept {stats['estimate_below_exact_above']} of them wrongly")
+            line += (
+                f"; exactly verified pairs {stats['exact_verified_pairs']}, texts asked {asked} "
+                f"of {len(docs)} docs, read {stats['texts_read']}, missing {stats['texts_missing']}; "
+                f"the estimate alone would have removed {stats['estimate_above_exact_below']} "
+                f"and kept {stats['estimate_below_exact_above']} of them wrongly"
+            )
         print(line)
 
     texts = [d.text for d in docs]
@@ -234,8 +256,10 @@ def main() -> None:
         line += "; datasketch not available (see the docstring for the peer venv)"
     print(line)
     five_kb = base_docs(200, size=5000)
-    print(f"quality filters (all enabled), {len(five_kb)} docs of ~{np.mean([len(t) for t in five_kb]) / 1000:.1f} KB: "
-          "{:.2f} ms/doc wall, {:.2f} ms/doc CPU".format(*measure_quality(five_kb)))
+    print(
+        f"quality filters (all enabled), {len(five_kb)} docs of ~{np.mean([len(t) for t in five_kb]) / 1000:.1f} KB: "
+        "{:.2f} ms/doc wall, {:.2f} ms/doc CPU".format(*measure_quality(five_kb))
+    )
 
 
 if __name__ == "__main__":

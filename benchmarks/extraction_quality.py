@@ -95,10 +95,14 @@ def main() -> None:
     print(f"{len(pages)} pages from {larger_samples('article-extraction-dev') / 'article-extraction-dev'}")
     results = {name: evaluate(fn, pages) for name, fn in candidates().items()}
     ref = results["trafilatura"]
-    print(f"{'extractor':38} {'P':>6} {'R':>6} {'F1':>6} {'pages/s':>8} {'ΔF1 vs traf':>12} {'speed vs traf':>14}")
+    print(
+        f"{'extractor':38} {'P':>6} {'R':>6} {'F1':>6} {'pages/s':>8} {'ΔF1 vs traf':>12} {'speed vs traf':>14}"
+    )
     for name, r in results.items():
-        print(f"{name:38} {r['precision']:6.3f} {r['recall']:6.3f} {r['f1']:6.3f} {r['pages_s']:8.1f} "
-              f"{r['f1'] - ref['f1']:+12.3f} {r['pages_s'] / ref['pages_s']:13.1f}x")
+        print(
+            f"{name:38} {r['precision']:6.3f} {r['recall']:6.3f} {r['f1']:6.3f} {r['pages_s']:8.1f} "
+            f"{r['f1'] - ref['f1']:+12.3f} {r['pages_s'] / ref['pages_s']:13.1f}x"
+        )
 
 
 if __name__ == "__main__":

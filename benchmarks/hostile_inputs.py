@@ -37,8 +37,19 @@ from pathlib import Path
 MiB = 1 << 20
 GiB = 1 << 30
 BOMB_BYTES = 2 * GiB  # decoded size of every bomb (the tests use 1 GiB: enough to pass their cap)
-BAD_CHARSETS = ("rot13", "base64", "hex", "zlib", "bz2", "uu", "quopri", "idna", "punycode", "undefined",
-                "x-no-such-charset")
+BAD_CHARSETS = (
+    "rot13",
+    "base64",
+    "hex",
+    "zlib",
+    "bz2",
+    "uu",
+    "quopri",
+    "idna",
+    "punycode",
+    "undefined",
+    "x-no-such-charset",
+)
 
 # ---------------------------------------------------------------------------------------------
 # building blocks
@@ -63,17 +74,24 @@ def html_page(paragraphs: list[str], title: str) -> bytes:
 
 def good_pages(n: int, per_page: int = 3) -> list[bytes]:
     paras = prose_paragraphs(n * per_page)
-    return [html_page(paras[k * per_page:(k + 1) * per_page], f"page {k}") for k in range(n)]
+    return [html_page(paras[k * per_page : (k + 1) * per_page], f"page {k}") for k in range(n)]
 
 
-def warc_response(body: bytes, uri: str, http_headers: str = "Content-Type: text/html; charset=utf-8",
-                  record_id: str | None = None, warc_headers: str = "") -> bytes:
+def warc_response(
+    body: bytes,
+    uri: str,
+    http_headers: str = "Content-Type: text/html; charset=utf-8",
+    record_id: str | None = None,
+    warc_headers: str = "",
+) -> bytes:
     """One WARC/1.0 response record holding an HTTP response."""
     http = f"HTTP/1.1 200 OK\r\n{http_headers}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
     rid = record_id or f"urn:uuid:{uuid.uuid4()}"
-    head = (f"WARC/1.0\r\nWARC-Type: response\r\nWARC-Record-ID: <{rid}>\r\nWARC-Target-URI: {uri}\r\n"
-            f"WARC-Date: 2024-01-01T00:00:00Z\r\n{warc_headers}Content-Type: application/http; msgtype=response\r\n"
-            f"Content-Length: {len(http)}\r\n\r\n").encode()
+    head = (
+        f"WARC/1.0\r\nWARC-Type: response\r\nWARC-Record-ID: <{rid}>\r\nWARC-Target-URI: {uri}\r\n"
+        f"WARC-Date: 2024-01-01T00:00:00Z\r\n{warc_headers}Content-Type: application/http; msgtype=response\r\n"
+        f"Content-Length: {len(http)}\r\n\r\n"
+    ).encode()
     return head + http + b"\r\n\r\n"
 
 
@@ -107,7 +125,11 @@ def deflate_bomb(size: int, byte: bytes = b"a", piece: int = 16 * MiB) -> bytes:
 def gzip_single_member_bomb(size: int) -> bytes:
     """One gzip member of `size` zero bytes; the CRC is left 0 (no reader that stops at a limit
     ever checks it, and an unbounded one runs out of memory before it gets there)."""
-    return b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + deflate_bomb(size, b"\0") + struct.pack("<II", 0, size % (1 << 32))
+    return (
+        b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+        + deflate_bomb(size, b"\0")
+        + struct.pack("<II", 0, size % (1 << 32))
+    )
 
 
 def write_zip(path: Path, members: list[tuple[str, bytes, int, int]]) -> Path:
@@ -115,9 +137,33 @@ def write_zip(path: Path, members: list[tuple[str, bytes, int, int]]) -> Path:
     local, central, offset = [], [], 0
     for name, data, crc, size in members:
         fname = name.encode()
-        head = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, len(data), size, len(fname), 0) + fname
-        central.append(struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 8, 0, 0, crc, len(data), size,
-                                   len(fname), 0, 0, 0, 0, 0, offset) + fname)
+        head = (
+            struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, len(data), size, len(fname), 0)
+            + fname
+        )
+        central.append(
+            struct.pack(
+                "<4s6H3L5H2L",
+                b"PK\x01\x02",
+                20,
+                20,
+                0,
+                8,
+                0,
+                0,
+                crc,
+                len(data),
+                size,
+                len(fname),
+                0,
+                0,
+                0,
+                0,
+                0,
+                offset,
+            )
+            + fname
+        )
         local.append(head + data)
         offset += len(head) + len(data)
     cd = b"".join(central)
@@ -134,9 +180,15 @@ def raw_deflate(data: bytes) -> bytes:
 def jsonl_bomb(path: Path, good: int) -> Path:
     """A .jsonl.gz whose first line is a 2 GiB JSON string (2 MB on disk), then good lines."""
     paras = prose_paragraphs(4 * good)
-    lines = [json.dumps({"id": f"good-{k}", "text": "\n\n".join(paras[4 * k:4 * k + 4])}) + "\n" for k in range(good)]
-    path.write_bytes(gzip.compress(b'{"id": "bomb", "text": "') + repeated_gzip(b"a" * (16 * MiB), BOMB_BYTES // (16 * MiB))
-                     + gzip.compress(b'"}\n' + "".join(lines).encode()))
+    lines = [
+        json.dumps({"id": f"good-{k}", "text": "\n\n".join(paras[4 * k : 4 * k + 4])}) + "\n"
+        for k in range(good)
+    ]
+    path.write_bytes(
+        gzip.compress(b'{"id": "bomb", "text": "')
+        + repeated_gzip(b"a" * (16 * MiB), BOMB_BYTES // (16 * MiB))
+        + gzip.compress(b'"}\n' + "".join(lines).encode())
+    )
     return path
 
 
@@ -163,18 +215,29 @@ def _bomb_warc(encoding: str) -> Callable[[Path], list[Path]]:
             import brotli
 
             comp = brotli.Compressor(quality=1, lgwin=24)
-            body = b"".join(comp.process(b"\0" * (16 * MiB)) for _ in range(BOMB_BYTES // (16 * MiB))) + comp.finish()
+            body = (
+                b"".join(comp.process(b"\0" * (16 * MiB)) for _ in range(BOMB_BYTES // (16 * MiB)))
+                + comp.finish()
+            )
         elif encoding == "zstd":
             import zstandard
 
             comp = zstandard.ZstdCompressor(level=1).compressobj()
-            body = b"".join(comp.compress(b"\0" * (16 * MiB)) for _ in range(BOMB_BYTES // (16 * MiB))) + comp.flush()
+            body = (
+                b"".join(comp.compress(b"\0" * (16 * MiB)) for _ in range(BOMB_BYTES // (16 * MiB)))
+                + comp.flush()
+            )
         else:
             body = gzip_single_member_bomb(BOMB_BYTES)
         good = good_records(2, encoding)
-        bomb = warc_response(body, "https://bomb.example/", f"Content-Type: text/html\r\nContent-Encoding: {encoding}",
-                             record_id="urn:uuid:bomb")
+        bomb = warc_response(
+            body,
+            "https://bomb.example/",
+            f"Content-Type: text/html\r\nContent-Encoding: {encoding}",
+            record_id="urn:uuid:bomb",
+        )
         return [write_warc(d / f"{encoding}-bomb.warc.gz", [good[0], bomb, good[1]])]
+
     return make
 
 
@@ -182,8 +245,11 @@ def _blank_lines(size: int) -> Callable[[Path], list[Path]]:
     def make(d: Path) -> list[Path]:
         good = good_records(2, "gap")
         path = d / "blank-lines.warc.gz"
-        path.write_bytes(gzip.compress(good[0]) + repeated_gzip(b"\n" * MiB, size // MiB) + gzip.compress(good[1]))
+        path.write_bytes(
+            gzip.compress(good[0]) + repeated_gzip(b"\n" * MiB, size // MiB) + gzip.compress(good[1])
+        )
         return [path]
+
     return make
 
 
@@ -192,21 +258,28 @@ def _page(body: bytes, name: str) -> Callable[[Path], list[Path]]:
         good = good_records(2, name)
         page = warc_response(body, f"https://{name}.example/", record_id=f"urn:uuid:{name}")
         return [write_warc(d / f"{name}.warc.gz", [good[0], page, good[1]])]
+
     return make
 
 
 def _header_flood(d: Path) -> list[Path]:
     good = good_records(2, "headers")
     flood = "\r\n".join(["X-Flood: abcdefgh"] * 600_000)  # 11 MB of HTTP headers with one name
-    rec = warc_response(good_pages(1)[0], "https://headers.example/flood", f"Content-Type: text/html\r\n{flood}",
-                        record_id="urn:uuid:header-flood")
+    rec = warc_response(
+        good_pages(1)[0],
+        "https://headers.example/flood",
+        f"Content-Type: text/html\r\n{flood}",
+        record_id="urn:uuid:header-flood",
+    )
     return [write_warc(d / "header-flood.warc.gz", [good[0], rec, good[1]])]
 
 
 def _folded_warc_headers(d: Path) -> list[Path]:
     good = good_records(2, "folded")
     folded = "X-Folded: start\r\n" + "".join(f" {'f' * 60_000}\r\n" for _ in range(1_900))
-    rec = warc_response(good_pages(3)[2], "https://folded.example/", warc_headers=folded, record_id="urn:uuid:folded")
+    rec = warc_response(
+        good_pages(3)[2], "https://folded.example/", warc_headers=folded, record_id="urn:uuid:folded"
+    )
     return [write_warc(d / "folded.warc.gz", [good[0], rec, good[1]])]
 
 
@@ -215,8 +288,13 @@ def _charsets(d: Path) -> list[Path]:
     records = []
     for k, p in enumerate(paras):
         label = BAD_CHARSETS[k // 9] if k % 9 == 1 and k // 9 < len(BAD_CHARSETS) else "utf-8"
-        records.append(warc_response(html_page([p], f"p{k}"), f"https://charset.example/{k}",
-                                     f"Content-Type: text/html; charset={label}"))
+        records.append(
+            warc_response(
+                html_page([p], f"p{k}"),
+                f"https://charset.example/{k}",
+                f"Content-Type: text/html; charset={label}",
+            )
+        )
     return [write_warc(d / "charsets.warc.gz", records[:101])]
 
 
@@ -232,36 +310,77 @@ def _zip(d: Path) -> list[Path]:
     crc = 0
     for _ in range(size // (16 * MiB)):
         crc = zlib.crc32(b"a" * (16 * MiB), crc)
-    return [write_zip(d / "bomb.zip", [("bomb.txt", deflate_bomb(size), crc, size),
-                                       ("good.txt", raw_deflate(good), zlib.crc32(good), len(good))])]
+    return [
+        write_zip(
+            d / "bomb.zip",
+            [
+                ("bomb.txt", deflate_bomb(size), crc, size),
+                ("good.txt", raw_deflate(good), zlib.crc32(good), len(good)),
+            ],
+        )
+    ]
 
 
 def _jsonl(d: Path) -> list[Path]:
     return [jsonl_bomb(d / "bomb.jsonl.gz", 3)]
 
 
-CASES: dict[str, Case] = {c.name: c for c in [
-    Case("br-bomb", "Content-Encoding: br body, 2 GiB decoded", _bomb_warc("br"), "read:too_large", 2),
-    Case("zstd-bomb", "Content-Encoding: zstd body, 2 GiB decoded", _bomb_warc("zstd"), "read:too_large", 2),
-    Case("gzip-bomb", "Content-Encoding: gzip body, 2 GiB decoded", _bomb_warc("gzip"), "read:too_large", 2),
-    Case("blank-lines-1MiB", "1 MiB of newlines between two records", _blank_lines(MiB), None, 2),
-    Case("blank-lines-64MiB", "64 MiB of newlines between two records", _blank_lines(64 * MiB), None, 2),
-    Case("header-flood", "11 MB of repeated HTTP header lines", _header_flood, "read:empty_payload", 2),
-    Case("folded-warc-header", "1,900 folded 60 KB WARC header lines", _folded_warc_headers, None, 3),
-    Case("html-p-48MB", "48 MB page of <p>x (12M elements)",
-         # which limit comes first, 2 s or 512 MB, depends on the machine's speed
-         _page(b"<html><body>" + b"<p>x" * 12_000_000, "p-tags"), "extract:timeout|extract:too_large", 2,
-         overrides=["data.extract.timeout_s=2", "data.extract.max_memory_mb=512"]),
-    Case("html-attributes", "one element with 100,000 distinct attributes (690 KB)",
-         _page(b"<html><body><p" + b"".join(b" a%d" % i for i in range(100_000)) + b">x</p></body></html>", "attrs"),
-         "extract:timeout", 2, overrides=["data.extract.timeout_s=2", "data.extract.max_memory_mb=512"]),
-    Case("charset-labels", f"101 records, {len(BAD_CHARSETS)} with charset={'/'.join(BAD_CHARSETS[:3])}/...",
-         _charsets, None, 0),
-    Case("txt-gz-bomb", ".txt.gz of 2 MB holding 2 GiB", _txt_gz, "read:too_large", 1),
-    Case("zip-bomb", ".zip member of 2 GiB (2 MB on disk) next to a good one", _zip, "read:too_large", 1),
-    Case("jsonl-gz-bomb", ".jsonl.gz whose first line is 2 GiB (2 MB on disk)", _jsonl, "read:too_large", 3),
-    Case("tokens-jsonl-gz-bomb", "the same file read by the token layer", _jsonl, "too_large", 3, kind="tokens"),
-]}
+CASES: dict[str, Case] = {
+    c.name: c
+    for c in [
+        Case("br-bomb", "Content-Encoding: br body, 2 GiB decoded", _bomb_warc("br"), "read:too_large", 2),
+        Case(
+            "zstd-bomb", "Content-Encoding: zstd body, 2 GiB decoded", _bomb_warc("zstd"), "read:too_large", 2
+        ),
+        Case(
+            "gzip-bomb", "Content-Encoding: gzip body, 2 GiB decoded", _bomb_warc("gzip"), "read:too_large", 2
+        ),
+        Case("blank-lines-1MiB", "1 MiB of newlines between two records", _blank_lines(MiB), None, 2),
+        Case("blank-lines-64MiB", "64 MiB of newlines between two records", _blank_lines(64 * MiB), None, 2),
+        Case("header-flood", "11 MB of repeated HTTP header lines", _header_flood, "read:empty_payload", 2),
+        Case("folded-warc-header", "1,900 folded 60 KB WARC header lines", _folded_warc_headers, None, 3),
+        Case(
+            "html-p-48MB",
+            "48 MB page of <p>x (12M elements)",
+            # which limit comes first, 2 s or 512 MB, depends on the machine's speed
+            _page(b"<html><body>" + b"<p>x" * 12_000_000, "p-tags"),
+            "extract:timeout|extract:too_large",
+            2,
+            overrides=["data.extract.timeout_s=2", "data.extract.max_memory_mb=512"],
+        ),
+        Case(
+            "html-attributes",
+            "one element with 100,000 distinct attributes (690 KB)",
+            _page(
+                b"<html><body><p" + b"".join(b" a%d" % i for i in range(100_000)) + b">x</p></body></html>",
+                "attrs",
+            ),
+            "extract:timeout",
+            2,
+            overrides=["data.extract.timeout_s=2", "data.extract.max_memory_mb=512"],
+        ),
+        Case(
+            "charset-labels",
+            f"101 records, {len(BAD_CHARSETS)} with charset={'/'.join(BAD_CHARSETS[:3])}/...",
+            _charsets,
+            None,
+            0,
+        ),
+        Case("txt-gz-bomb", ".txt.gz of 2 MB holding 2 GiB", _txt_gz, "read:too_large", 1),
+        Case("zip-bomb", ".zip member of 2 GiB (2 MB on disk) next to a good one", _zip, "read:too_large", 1),
+        Case(
+            "jsonl-gz-bomb", ".jsonl.gz whose first line is 2 GiB (2 MB on disk)", _jsonl, "read:too_large", 3
+        ),
+        Case(
+            "tokens-jsonl-gz-bomb",
+            "the same file read by the token layer",
+            _jsonl,
+            "too_large",
+            3,
+            kind="tokens",
+        ),
+    ]
+}
 
 # ---------------------------------------------------------------------------------------------
 # running one case in a capped child
@@ -360,12 +479,23 @@ def run_case(case: Case, root: Path, cap_bytes: int, timeout_s: float, env: dict
     inputs_dir.mkdir(parents=True, exist_ok=True)
     inputs = case.make(inputs_dir)
     size = sum(p.stat().st_size for p in inputs)
-    args = {"cap": cap_bytes, "kind": case.kind, "inputs": [str(p) for p in inputs], "out": str(out),
-            "overrides": case.overrides, "summary": str(root / "summary.json")}
+    args = {
+        "cap": cap_bytes,
+        "kind": case.kind,
+        "inputs": [str(p) for p in inputs],
+        "out": str(out),
+        "overrides": case.overrides,
+        "summary": str(root / "summary.json"),
+    }
     log = open(root / "child.log", "wb")  # noqa: SIM115 - closed below; a pipe could fill and stall the child
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(args)], stdout=log, stderr=log,
-                            start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(args)],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        env=env,
+    )
     timed_out = False
     peaks: dict[int, int] = {}
     cpu0 = os.times()
@@ -408,19 +538,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cases", nargs="*", help=f"cases to run (default: all): {', '.join(CASES)}")
     ap.add_argument("--cap-gib", type=float, default=3.0, help="RLIMIT_AS of each child, GiB (default 3)")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a child is killed (default 120)")
+    ap.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds before a child is killed (default 120)"
+    )
     args = ap.parse_args()
     names = args.cases or list(CASES)
-    print(f"python {sys.executable}; PYTHONPATH={os.environ.get('PYTHONPATH', '')}; cap {args.cap_gib} GiB, "
-          f"timeout {args.timeout:.0f} s")
-    print("| case | input | input bytes | peak RSS MB | wall s | CPU s | outcome |\n|---|---|---:|---:|---:|---:|---|")
+    print(
+        f"python {sys.executable}; PYTHONPATH={os.environ.get('PYTHONPATH', '')}; cap {args.cap_gib} GiB, "
+        f"timeout {args.timeout:.0f} s"
+    )
+    print(
+        "| case | input | input bytes | peak RSS MB | wall s | CPU s | outcome |\n|---|---|---:|---:|---:|---:|---|"
+    )
     for name in names:
         case = CASES[name]
         with tempfile.TemporaryDirectory(prefix=f"hostile-{name}-") as tmp:
             r = run_case(case, Path(tmp), int(args.cap_gib * GiB), args.timeout)
-        print(f"| {name} | {case.what} | {r.input_bytes:,} | {r.peak_rss_mb:,.0f} | {r.seconds:.1f} | "
-              f"{r.cpu_seconds:.1f} | {r.outcome} |",
-              flush=True)
+        print(
+            f"| {name} | {case.what} | {r.input_bytes:,} | {r.peak_rss_mb:,.0f} | {r.seconds:.1f} | "
+            f"{r.cpu_seconds:.1f} | {r.outcome} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

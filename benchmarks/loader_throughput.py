@@ -34,7 +34,9 @@ SEQ_LEN, BATCH = 2048, 8
 
 
 def _build_corpus(folder: Path, max_bytes: int):
-    spec = importlib.util.spec_from_file_location("tokenize_throughput", Path(__file__).with_name("tokenize_throughput.py"))
+    spec = importlib.util.spec_from_file_location(
+        "tokenize_throughput", Path(__file__).with_name("tokenize_throughput.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.build_corpus(folder, max_bytes)
@@ -44,9 +46,18 @@ def make_model(vocab_size: int) -> tuple[torch.nn.Module, str]:
     try:
         from oreline.model.llama import Llama, ModelArgs
 
-        args = ModelArgs(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, vocab_size=vocab_size, ffn_dim=768, max_seq_len=SEQ_LEN)
+        args = ModelArgs(
+            dim=256,
+            n_layers=4,
+            n_heads=8,
+            n_kv_heads=4,
+            vocab_size=vocab_size,
+            ffn_dim=768,
+            max_seq_len=SEQ_LEN,
+        )
         return Llama(args), f"oreline Llama (dim 256, 4 layers, GQA 8/4, vocab {vocab_size})"
     except ImportError:
+
         class Tiny(torch.nn.Module):
             def __init__(self):
                 super().__init__()
@@ -79,18 +90,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         _build_corpus(tmp / "docs", 6_000_000)
-        train_tokenizer([tmp / "docs"], tmp / "tok", TokenizerConfig(vocab_size=8192, max_train_docs=600, heldout_docs=50))
+        train_tokenizer(
+            [tmp / "docs"], tmp / "tok", TokenizerConfig(vocab_size=8192, max_train_docs=600, heldout_docs=50)
+        )
         tok = load_tokenizer(tmp / "tok")
-        manifest = tokenize_corpus([tmp / "docs"], tmp / "tok", tmp / "tokens",
-                                   TokenizeConfig(val_fraction=0.01, max_shard_tokens=400_000), workers=2)
+        manifest = tokenize_corpus(
+            [tmp / "docs"],
+            tmp / "tok",
+            tmp / "tokens",
+            TokenizeConfig(val_fraction=0.01, max_shard_tokens=400_000),
+            workers=2,
+        )
         train = manifest["splits"]["train"]
-        print(f"tokens: {train['tokens']:,} train tokens in {train['shards']} shards; seq_len {SEQ_LEN}, micro batch {BATCH}")
+        print(
+            f"tokens: {train['tokens']:,} train tokens in {train['shards']} shards; seq_len {SEQ_LEN}, micro batch {BATCH}"
+        )
 
         t_open = time.perf_counter()
-        loader = TokenLoader(tmp / "tokens", seq_len=SEQ_LEN, micro_batch=BATCH, seed=1, tokenizer_fingerprint=tok.fingerprint)
+        loader = TokenLoader(
+            tmp / "tokens", seq_len=SEQ_LEN, micro_batch=BATCH, seed=1, tokenizer_fingerprint=tok.fingerprint
+        )
         t_open = time.perf_counter() - t_open
         per_batch = time_loader(loader, args.batches)
-        masked = TokenLoader(tmp / "tokens", seq_len=SEQ_LEN, micro_batch=BATCH, seed=1, doc_mask=True, verify="header")
+        masked = TokenLoader(
+            tmp / "tokens", seq_len=SEQ_LEN, micro_batch=BATCH, seed=1, doc_mask=True, verify="header"
+        )
         per_batch_mask = time_loader(masked, args.batches)
         state = loader.state_dict()
         t_resume = time.perf_counter()
@@ -105,7 +129,9 @@ def main() -> None:
 
         def step():
             logits = model(batch.input_ids)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch.labels.reshape(-1), ignore_index=-100)
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), batch.labels.reshape(-1), ignore_index=-100
+            )
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -117,11 +143,17 @@ def main() -> None:
         per_step = (time.perf_counter() - t0) / args.steps
 
         print(f"open (verify=full, {train['shards']} shards sha256): {t_open * 1e3:8.1f} ms")
-        print(f"next_batch:                {per_batch * 1e3:8.3f} ms  = {1 / per_batch:10,.0f} batches/s  ({BATCH * SEQ_LEN / per_batch / 1e6:,.1f} M tokens/s)")
-        print(f"next_batch with doc_ids:   {per_batch_mask * 1e3:8.3f} ms  = {1 / per_batch_mask:10,.0f} batches/s")
+        print(
+            f"next_batch:                {per_batch * 1e3:8.3f} ms  = {1 / per_batch:10,.0f} batches/s  ({BATCH * SEQ_LEN / per_batch / 1e6:,.1f} M tokens/s)"
+        )
+        print(
+            f"next_batch with doc_ids:   {per_batch_mask * 1e3:8.3f} ms  = {1 / per_batch_mask:10,.0f} batches/s"
+        )
         print(f"resume (open + load_state_dict + first batch, verify=header): {t_resume * 1e3:.1f} ms")
         print(f"training step of {name}, fp32, {torch.get_num_threads()} threads: {per_step * 1e3:,.0f} ms")
-        print(f"loader share of a step = {per_batch / per_step:.4%} (doc_ids: {per_batch_mask / per_step:.4%}; target < 1%)")
+        print(
+            f"loader share of a step = {per_batch / per_step:.4%} (doc_ids: {per_batch_mask / per_step:.4%}; target < 1%)"
+        )
 
 
 if __name__ == "__main__":

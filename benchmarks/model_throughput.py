@@ -37,10 +37,21 @@ def hf_twin(model: Llama):
     if a.rope_scaling:
         rope = {"rope_type": "llama3", "rope_theta": a.rope_theta, **a.rope_scaling}
     cfg = transformers.LlamaConfig(
-        hidden_size=a.dim, intermediate_size=a.ffn_dim, num_hidden_layers=a.n_layers, num_attention_heads=a.n_heads,
-        num_key_value_heads=a.n_kv_heads, vocab_size=a.vocab_size, max_position_embeddings=a.max_seq_len,
-        rms_norm_eps=a.norm_eps, tie_word_embeddings=a.tie_embeddings, rope_parameters=rope,
-        attn_implementation="sdpa", pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        hidden_size=a.dim,
+        intermediate_size=a.ffn_dim,
+        num_hidden_layers=a.n_layers,
+        num_attention_heads=a.n_heads,
+        num_key_value_heads=a.n_kv_heads,
+        vocab_size=a.vocab_size,
+        max_position_embeddings=a.max_seq_len,
+        rms_norm_eps=a.norm_eps,
+        tie_word_embeddings=a.tie_embeddings,
+        rope_parameters=rope,
+        attn_implementation="sdpa",
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     hf = transformers.LlamaForCausalLM(cfg)
     sd = model.state_dict()
     if a.tie_embeddings:
@@ -71,9 +82,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (median over rounds)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per round")
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads (default: torch's). On a shared, oversubscribed CPU use 1: "
-                         "OpenMP barriers across contended cores made a tiny forward ~30x slower here")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's). On a shared, oversubscribed CPU use 1: "
+        "OpenMP barriers across contended cores made a tiny forward ~30x slower here",
+    )
     opts = ap.parse_args()
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -87,8 +102,10 @@ def main() -> None:
     doc_ids = torch.arange(T).div(T // 4, rounding_mode="floor").expand(B, T)  # 4 documents per row
     with torch.no_grad():
         diff = (ours.eval()(ids[:, :T]) - hf.eval()(ids[:, :T]).logits).abs().max().item()
-    print(f"{opts.preset}: {ours.num_params():,} params, batch {B} × seq {T}, {torch.get_num_threads()} threads, "
-          f"max |Δlogits| vs HF = {diff:.2e}")
+    print(
+        f"{opts.preset}: {ours.num_params():,} params, batch {B} × seq {T}, {torch.get_num_threads()} threads, "
+        f"max |Δlogits| vs HF = {diff:.2e}"
+    )
 
     prompt = ids[0, :16].tolist()
     gen = {"oreline (KV cache)": [], "oreline (no cache)": [], "hf generate (KV cache)": []}
@@ -101,8 +118,13 @@ def main() -> None:
         gen["oreline (no cache)"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         with torch.no_grad():
-            b = hf.generate(torch.tensor([prompt]), max_new_tokens=opts.new_tokens, do_sample=False,
-                            eos_token_id=None, pad_token_id=0)[0, 16:].tolist()
+            b = hf.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=opts.new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, 16:].tolist()
         gen["hf generate (KV cache)"].append(time.perf_counter() - t0)
     hf_gen = opts.new_tokens / statistics.median(gen["hf generate (KV cache)"])
     print(f"greedy generation of {opts.new_tokens} tokens: token-identical = {a == b == a_nc}")
@@ -125,6 +147,7 @@ def main() -> None:
     for name, secs in runs.items():
         tps = tokens / statistics.median(secs)
         print(f"{name:20s} {tps:10,.0f} {tps * fpt / 1e9:8.1f} {tps / hf_tps:6.2f}x")
+
 
 if __name__ == "__main__":
     main()

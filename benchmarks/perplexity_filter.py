@@ -61,7 +61,9 @@ def crawl_texts(root: Path) -> list[str]:
     return out
 
 
-def test_sets(root: Path, books: dict[str, str], arts: list[str], truth: dict) -> tuple[list[str], dict[str, list[str]]]:
+def test_sets(
+    root: Path, books: dict[str, str], arts: list[str], truth: dict
+) -> tuple[list[str], dict[str, list[str]]]:
     rng = random.Random(0)
     prose = [books[n][i : i + 3000] for n in HELDOUT_BOOKS for i in range(5000, 95000, 3000)]
 
@@ -73,7 +75,10 @@ def test_sets(root: Path, books: dict[str, str], arts: list[str], truth: dict) -
     navs = []
     for key in sorted(truth):
         html = gzip.decompress((root / "article-extraction-dev" / "html" / f"{key}.html.gz").read_bytes())
-        links = [" ".join(t.split()) for t in re.findall(r"<a[^>]*>([^<]{2,40})</a>", html.decode("utf-8", "replace"))]
+        links = [
+            " ".join(t.split())
+            for t in re.findall(r"<a[^>]*>([^<]{2,40})</a>", html.decode("utf-8", "replace"))
+        ]
         links = [t for t in links if t]
         if len(links) >= 20:
             navs.append("\n".join(links[:60]))
@@ -81,9 +86,14 @@ def test_sets(root: Path, books: dict[str, str], arts: list[str], truth: dict) -
         "web articles (held out)": [a for a in arts[1::2] if len(a) > 500],
         "crawl (WARC samples, resiliparse)": crawl_texts(root),
         "shuffled prose": [shuffled(t) for t in prose[:40]],
-        "keyword stuffing": [" ".join([p] * 150) for p in ("click here", "buy cheap watches", "loading", "free download", "home")],
+        "keyword stuffing": [
+            " ".join([p] * 150)
+            for p in ("click here", "buy cheap watches", "loading", "free download", "home")
+        ],
         "repeated function words": [" ".join([p] * 300) for p in ("the", "and the", "of the", "to")],
-        "random characters": ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz    ") for _ in range(2000)) for _ in range(10)],
+        "random characters": [
+            "".join(rng.choice("abcdefghijklmnopqrstuvwxyz    ") for _ in range(2000)) for _ in range(10)
+        ],
         "navigation menus": navs,
     }
 
@@ -129,13 +139,18 @@ def pipeline_share(root: Path, ref: Path, out: Path) -> str:
     cfg = Config.model_validate({"data": {"workers": 1, "quality": {"perplexity_model": str(ref)}}})
     stats = run_data([str(root / "web-archives")], out, cfg, workers=1, console=Console(file=io.StringIO()))
     steps = {s["name"]: s for s in stats["steps"]}
-    ppl = steps["quality:perplexity"]["seconds"] + steps.get("quality:perplexity_buckets", {"seconds": 0})["seconds"]
+    ppl = (
+        steps["quality:perplexity"]["seconds"]
+        + steps.get("quality:perplexity_buckets", {"seconds": 0})["seconds"]
+    )
     total = sum(s["seconds"] for s in stats["steps"])
     scored = steps["quality:perplexity"]["docs_in"]
-    return (f"{scored} docs scored in {ppl:.2f} s = {100 * ppl / total:.1f}% of the steps' {total:.1f} s "
-            f"({100 * ppl / stats['seconds']:.1f}% of the run's {stats['seconds']:.1f} s wall); "
-            f"cut-offs {[round(c, 1) for c in stats['perplexity']['cutoffs']]}, "
-            f"dropped {steps['quality:perplexity_buckets']['dropped']}")
+    return (
+        f"{scored} docs scored in {ppl:.2f} s = {100 * ppl / total:.1f}% of the steps' {total:.1f} s "
+        f"({100 * ppl / stats['seconds']:.1f}% of the run's {stats['seconds']:.1f} s wall); "
+        f"cut-offs {[round(c, 1) for c in stats['perplexity']['cutoffs']]}, "
+        f"dropped {steps['quality:perplexity_buckets']['dropped']}"
+    )
 
 
 def main() -> None:
@@ -165,23 +180,36 @@ def main() -> None:
         for n in TRAIN_BOOKS:
             (src / n).write_text(books[n], encoding="utf-8")
             paths.append(str(src / n))
-        (src / "articles.jsonl").write_text("".join(json.dumps({"id": f"a{i}", "text": a}) + "\n" for i, a in enumerate(arts[::2])))
+        (src / "articles.jsonl").write_text(
+            "".join(json.dumps({"id": f"a{i}", "text": a}) + "\n" for i, a in enumerate(arts[::2]))
+        )
         paths.append(str(src / "articles.jsonl"))
         for kind, extra in (("ngram", {}), ("llama", {"steps": args.steps})):
             t0 = time.perf_counter()
             meta = train_reference(paths, tmp / kind, kind=kind, **extra)
-            print(f"\n== {kind}: trained in {time.perf_counter() - t0:.1f} s, held-out perplexity per word "
-                  f"{meta['heldout_perplexity']}" + (f", {meta['steps']} steps, {meta['train_tokens_seen']:,} tokens"
-                                                     if kind == "llama" else f", {meta['train_tokens']:,} tokens"))
+            print(
+                f"\n== {kind}: trained in {time.perf_counter() - t0:.1f} s, held-out perplexity per word "
+                f"{meta['heldout_perplexity']}"
+                + (
+                    f", {meta['steps']} steps, {meta['train_tokens_seen']:,} tokens"
+                    if kind == "llama"
+                    else f", {meta['train_tokens']:,} tokens"
+                )
+            )
             t0 = time.perf_counter()
             scorer = load_scorer(tmp / kind)
             print(f"  model load {time.perf_counter() - t0:.2f} s (once per worker process in a data run)")
             separation(scorer, prose, sets)
             per_core, wall = speed(scorer, crawl)
             mean_chars = sum(map(len, crawl)) / len(crawl)
-            print(f"  speed on {len(crawl)} crawl texts (mean {mean_chars:,.0f} chars): {per_core:,.1f} docs/s per core "
-                  f"(CPU time), {wall:,.1f} docs/s wall, 1 thread")
-            print("  pipeline (sample WARCs, 1 worker): " + pipeline_share(root, tmp / kind, tmp / f"run-{kind}"))
+            print(
+                f"  speed on {len(crawl)} crawl texts (mean {mean_chars:,.0f} chars): {per_core:,.1f} docs/s per core "
+                f"(CPU time), {wall:,.1f} docs/s wall, 1 thread"
+            )
+            print(
+                "  pipeline (sample WARCs, 1 worker): "
+                + pipeline_share(root, tmp / kind, tmp / f"run-{kind}")
+            )
 
         query = [s for t in prose for s in sentences(t)]
         n = sum(len(s) + 1 for s in query)
@@ -200,8 +228,12 @@ def main() -> None:
         b = [fast.score(" ".join(s), bos=True, eos=True) for s in query]
         t1 = time.perf_counter()
         kenlm_rate, ours_rate = n / (t1 - t0), n / (t1_ours - t0_ours)
-        print(line + f"; kenlm {kenlm_rate:,.0f} tokens/s ({kenlm_rate / ours_rate:.1f}× ours); max |Δ log10 p| "
-              f"per sentence {np.max(np.abs(np.subtract(a, b))):.1e}")
+        print(
+            line
+            + f"; kenlm {kenlm_rate:,.0f} tokens/s ({kenlm_rate / ours_rate:.1f}× ours); max |Δ log10 p| "
+            f"per sentence {np.max(np.abs(np.subtract(a, b))):.1e}"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -37,7 +37,19 @@ from oreline.doctor.run import diagnose_run
 from oreline.report.html import scan_documents, write_report
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = ["the", "a", "river", "mountain", "history", "science", "music", "garden", "city", "language", "water"]
+WORDS = [
+    "the",
+    "a",
+    "river",
+    "mountain",
+    "history",
+    "science",
+    "music",
+    "garden",
+    "city",
+    "language",
+    "water",
+]
 
 
 def _factory():
@@ -68,22 +80,48 @@ def scale_up(run: Path, docs: int, records: int) -> None:
         for i in range(shard * per_shard, min(docs, (shard + 1) * per_shard)):
             text = "\n\n".join(rng.choice(paras) for _ in range(rng.randint(1, 8)))
             lang = rng.choices(["en", "de", "fr", "es", "zh"], [80, 6, 6, 5, 3])[0]
-            rows.append({"id": f"doc-{i}", "text": text, "url": f"https://example.org/{i}", "language": lang,
-                         "language_score": rng.uniform(0.65, 1.0), "source_file": "crawl.warc.gz", "offset": i * 1000,
-                         "metadata": json.dumps({"gopher_words": len(text.split())})})
-        pq.write_table(pa.Table.from_pylist(rows), run / "data" / "docs" / f"part-{shard:05d}.parquet", compression="zstd")
-    lines = [line for line in (run / "metrics.jsonl").read_text().splitlines() if json.loads(line)["type"] != "train"]
-    template = next(json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
-                    if json.loads(line)["type"] == "train")
+            rows.append(
+                {
+                    "id": f"doc-{i}",
+                    "text": text,
+                    "url": f"https://example.org/{i}",
+                    "language": lang,
+                    "language_score": rng.uniform(0.65, 1.0),
+                    "source_file": "crawl.warc.gz",
+                    "offset": i * 1000,
+                    "metadata": json.dumps({"gopher_words": len(text.split())}),
+                }
+            )
+        pq.write_table(
+            pa.Table.from_pylist(rows),
+            run / "data" / "docs" / f"part-{shard:05d}.parquet",
+            compression="zstd",
+        )
+    lines = [
+        line
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["type"] != "train"
+    ]
+    template = next(
+        json.loads(line)
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["type"] == "train"
+    )
     with open(run / "metrics.jsonl", "w") as fh:
         for line in lines[:1]:  # the start record first
             fh.write(line + "\n")
         for k in range(1, records + 1):
             step = 10 * k
-            rec = dict(template, step=step, tokens_seen=step * 1024, loss=3.0 + 6 * math.exp(-k / (records / 5)),
-                       lr=3e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * k / records))),
-                       grad_norm=0.4 + math.exp(-k / (records / 4)) + abs(rng.gauss(0, 0.02)),
-                       tokens_per_s=2000 * rng.uniform(0.97, 1.03), rss_mb=900 + rng.uniform(-5, 5))
+            rec = dict(
+                template,
+                step=step,
+                tokens_seen=step * 1024,
+                loss=3.0 + 6 * math.exp(-k / (records / 5)),
+                lr=3e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * k / records))),
+                grad_norm=0.4 + math.exp(-k / (records / 4)) + abs(rng.gauss(0, 0.02)),
+                tokens_per_s=2000 * rng.uniform(0.97, 1.03),
+                rss_mb=900 + rng.uniform(-5, 5),
+            )
             fh.write(json.dumps(rec) + "\n")
         for line in lines[1:]:
             fh.write(line + "\n")
@@ -111,8 +149,10 @@ def main() -> None:
         scale_up(run, args.docs, args.records)
         mb = sum(p.stat().st_size for p in (run / "data" / "docs").glob("*.parquet")) / 1e6
         metrics_mb = (run / "metrics.jsonl").stat().st_size / 1e6
-        print(f"run: {args.docs:,} documents ({mb:.1f} MB Parquet), {args.records:,} train records "
-              f"({metrics_mb:.1f} MB metrics.jsonl); built in {time.perf_counter() - t0:.1f} s")
+        print(
+            f"run: {args.docs:,} documents ({mb:.1f} MB Parquet), {args.records:,} train records "
+            f"({metrics_mb:.1f} MB metrics.jsonl); built in {time.perf_counter() - t0:.1f} s"
+        )
 
         loaded = load_run(run)
         ours_docs = best_of(lambda: scan_documents(loaded))
@@ -121,21 +161,28 @@ def main() -> None:
             frames = [pd.read_parquet(p) for p in sorted((run / "data" / "docs").glob("*.parquet"))]
             df = pd.concat(frames)
             return df["text"].str.len().describe(), df["language"].value_counts()
+
         peer_docs = best_of(pandas_docs)
-        print(f"documents  oreline scan_documents {ours_docs:6.2f} s | pandas read_parquet(all columns) "
-              f"{peer_docs:6.2f} s | ratio ×{peer_docs / ours_docs:.2f}")
+        print(
+            f"documents  oreline scan_documents {ours_docs:6.2f} s | pandas read_parquet(all columns) "
+            f"{peer_docs:6.2f} s | ratio ×{peer_docs / ours_docs:.2f}"
+        )
 
         path = run / "metrics.jsonl"
         ours_m = best_of(lambda: read_metrics(path))
         peer_m = best_of(lambda: pd.read_json(path, lines=True))
-        print(f"metrics    oreline read_metrics   {ours_m:6.2f} s | pandas read_json(lines=True)      "
-              f"{peer_m:6.2f} s | ratio ×{peer_m / ours_m:.2f}")
+        print(
+            f"metrics    oreline read_metrics   {ours_m:6.2f} s | pandas read_json(lines=True)      "
+            f"{peer_m:6.2f} s | ratio ×{peer_m / ours_m:.2f}"
+        )
 
         report_s = best_of(lambda: write_report(run), repeat=2)
         doctor_s = best_of(lambda: diagnose_run(run), repeat=2)
         size = (run / "report.html").stat().st_size / 1e6
-        print(f"write_report {report_s:.2f} s ({size:.2f} MB report.html); diagnose_run {doctor_s:.2f} s "
-              f"(findings: {[f.check for f in diagnose_run(run)] or 'none'})")
+        print(
+            f"write_report {report_s:.2f} s ({size:.2f} MB report.html); diagnose_run {doctor_s:.2f} s "
+            f"(findings: {[f.check for f in diagnose_run(run)] or 'none'})"
+        )
 
 
 if __name__ == "__main__":

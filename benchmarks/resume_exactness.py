@@ -75,8 +75,8 @@ runs_dir = "{runs}"
 [model]
 preset = "debug"
 [train]
-tokens = "{corpus['tokens']}"
-tokenizer = "{corpus['tokenizer']}"
+tokens = "{corpus["tokens"]}"
+tokenizer = "{corpus["tokenizer"]}"
 seq_len = 64
 micro_batch = 4
 steps = {steps}
@@ -101,8 +101,12 @@ prompts = ["It was"]
 def launch(config: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # same thread count in every run
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "oreline", "train", "-c", str(config)], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "oreline", "train", "-c", str(config)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def records(run: Path) -> list[dict]:
@@ -158,8 +162,14 @@ def kill(proc: subprocess.Popen, run: Path, kind: str, t: int, rng: random.Rando
         time.sleep(rng.uniform(0.0, 2 * SLEEP))
         hit = f"during step {t}"
     elif kind == "save":  # a stale .tmp- folder of an earlier kill does not count: it must be this launch's
-        ok = wait_for(proc, lambda: (tmp.exists() and tmp.stat().st_ctime >= launched) or has(run, "checkpoint", t))
-        hit = f"during the save of step {t}" if tmp.exists() and not has(run, "checkpoint", t) else f"after the save of step {t}"
+        ok = wait_for(
+            proc, lambda: (tmp.exists() and tmp.stat().st_ctime >= launched) or has(run, "checkpoint", t)
+        )
+        hit = (
+            f"during the save of step {t}"
+            if tmp.exists() and not has(run, "checkpoint", t)
+            else f"after the save of step {t}"
+        )
     elif kind == "eval":
         ok = wait_for(proc, lambda: has(run, "checkpoint", t))
         hit = f"during the eval of step {t}"
@@ -204,7 +214,9 @@ def main() -> int:
         t_ref = time.perf_counter()
         ref_proc = launch(write_config(work / "ref.toml", work / "ref", corpus, a.steps), work / "ref.log")
         ref_done: list[float] = []  # when the uninterrupted run ended (it runs alongside the killed one)
-        threading.Thread(target=lambda: (ref_proc.wait(), ref_done.append(time.perf_counter())), daemon=True).start()
+        threading.Thread(
+            target=lambda: (ref_proc.wait(), ref_done.append(time.perf_counter())), daemon=True
+        ).start()
         cfg = write_config(work / "killed.toml", work / "killed", corpus, a.steps)
         run = work / "killed" / "r"
         rows, launches, t_killed = [], 0, time.perf_counter()
@@ -245,16 +257,24 @@ def main() -> int:
         sd_a, _, _ = load_model_state(work / "ref" / "r")
         sd_b, _, _ = load_model_state(run)
         weights_equal = sd_a.keys() == sd_b.keys() and all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
-        kinds = Counter(row["kind"] if not row["hit"].startswith("after") else row["kind"] + " (missed, after)"
-                        for row in rows)
-        print(f"kills: {len(rows)} ({', '.join(f'{k}: {v}' for k, v in kinds.items())}), {launches} launches; "
-              f"last launch resumed from step {final_from}")
+        kinds = Counter(
+            row["kind"] if not row["hit"].startswith("after") else row["kind"] + " (missed, after)"
+            for row in rows
+        )
+        print(
+            f"kills: {len(rows)} ({', '.join(f'{k}: {v}' for k, v in kinds.items())}), {launches} launches; "
+            f"last launch resumed from step {final_from}"
+        )
         print(f"resumed segments bit-identical to the uninterrupted run: {exact_kills}/{len(rows)}")
-        print(f"final metrics: {same}/{len(ref)} steps identical, every step once: "
-              f"{steps == list(range(1, a.steps + 1))}; final weights torch.equal: {weights_equal}")
-        print(f"wall time: uninterrupted {ref_s:.0f} s, killed + resumed {killed_s:.0f} s "
-              f"({killed_s / ref_s:.1f}× the uninterrupted run; each launch pays start-up and replays "
-              f"the steps since the last checkpoint)")
+        print(
+            f"final metrics: {same}/{len(ref)} steps identical, every step once: "
+            f"{steps == list(range(1, a.steps + 1))}; final weights torch.equal: {weights_equal}"
+        )
+        print(
+            f"wall time: uninterrupted {ref_s:.0f} s, killed + resumed {killed_s:.0f} s "
+            f"({killed_s / ref_s:.1f}× the uninterrupted run; each launch pays start-up and replays "
+            f"the steps since the last checkpoint)"
+        )
         ok = exact_kills == len(rows) and same == len(ref) == a.steps and weights_equal
         return 0 if ok else 1
     finally:

@@ -79,7 +79,11 @@ def build_corpus(folder: Path, max_bytes: int) -> list[str]:
         if sum(map(len, docs)) > max_bytes:
             break
     folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"id": [f"doc-{i}" for i in range(len(docs))], "text": docs}), folder / "docs.parquet", row_group_size=1000)
+    pq.write_table(
+        pa.table({"id": [f"doc-{i}" for i in range(len(docs))], "text": docs}),
+        folder / "docs.parquet",
+        row_group_size=1000,
+    )
     return docs
 
 
@@ -92,7 +96,11 @@ def best_of_interleaved(n: int, fns: dict) -> dict[str, dict[str, float]]:
         for name, fn in fns.items():
             t0, c0 = time.perf_counter(), time.process_time()
             own = fn()
-            took = own if isinstance(own, dict) else {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0}
+            took = (
+                own
+                if isinstance(own, dict)
+                else {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0}
+            )
             for key in ("wall", "cpu"):
                 best[name][key] = min(best[name][key], took[key])
     return best
@@ -106,8 +114,11 @@ def ensure_datatrove() -> Path | None:
     print("installing datatrove into benchmarks/.peers-venv ...", flush=True)
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(PEERS)], check=True)
-    r = subprocess.run([str(python), "-m", "pip", "install", "-q", "datatrove[processing]", "pyarrow"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "datatrove[processing]", "pyarrow"],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0 or subprocess.run(check, capture_output=True).returncode != 0:
         print(f"datatrove unavailable: {r.stderr.strip()[-400:]}")
         return None
@@ -124,21 +135,31 @@ def main() -> None:
         tmp = Path(tmp_name)
         docs = build_corpus(tmp / "docs", int(args.mb * 1e6))
         n_bytes = sum(len(d.encode()) for d in docs)
-        train_tokenizer([tmp / "docs"], tmp / "tok", TokenizerConfig(vocab_size=8192, max_train_docs=600, heldout_docs=50))
+        train_tokenizer(
+            [tmp / "docs"], tmp / "tok", TokenizerConfig(vocab_size=8192, max_train_docs=600, heldout_docs=50)
+        )
         tok = load_tokenizer(tmp / "tok")
-        print(f"corpus: {len(docs):,} documents, {n_bytes / 1e6:.1f} MB; tokenizer vocab {tok.trained_vocab_size} (1 thread)")
+        print(
+            f"corpus: {len(docs):,} documents, {n_bytes / 1e6:.1f} MB; tokenizer vocab {tok.trained_vocab_size} (1 thread)"
+        )
 
-        n_tokens = sum(len(e.ids) for e in tok.hf.encode_batch(docs[:200], add_special_tokens=False))  # warm-up
+        n_tokens = sum(
+            len(e.ids) for e in tok.hf.encode_batch(docs[:200], add_special_tokens=False)
+        )  # warm-up
         n_tokens = sum(len(e.ids) for e in tok.hf.encode_batch(docs, add_special_tokens=False))
         assert tok.fast is not None, "the fast encoder should cover a tokenizer oreline trained"
-        assert tok.fast.encode_batch(docs) == [e.ids for e in tok.hf.encode_batch_fast(docs, add_special_tokens=False)]
+        assert tok.fast.encode_batch(docs) == [
+            e.ids for e in tok.hf.encode_batch_fast(docs, add_special_tokens=False)
+        ]
 
         def run_oreline():
             out = tmp / "oreline-tokens"
             if out.exists():
                 for p in out.iterdir():
                     p.unlink()
-            m = tokenize_corpus([tmp / "docs"], tmp / "tok", out, TokenizeConfig(val_fraction=0.01), workers=1)
+            m = tokenize_corpus(
+                [tmp / "docs"], tmp / "tok", out, TokenizeConfig(val_fraction=0.01), workers=1
+            )
             stored = sum(s["tokens"] for s in m["shards"]) - 2 * sum(s["documents"] for s in m["shards"])
             assert stored == n_tokens, (stored, n_tokens)
 
@@ -150,8 +171,19 @@ def main() -> None:
 
         def run_datatrove(shuffle: bool):
             out = tmp / f"dt{next(datatrove_runs)}"
-            r = subprocess.run([str(python), "-c", DATATROVE_SCRIPT, str(tmp / "docs"), str(tmp / "tok" / "tokenizer.json"), str(out),
-                                "1" if shuffle else "0"], capture_output=True, text=True)
+            r = subprocess.run(
+                [
+                    str(python),
+                    "-c",
+                    DATATROVE_SCRIPT,
+                    str(tmp / "docs"),
+                    str(tmp / "tok" / "tokenizer.json"),
+                    str(out),
+                    "1" if shuffle else "0",
+                ],
+                capture_output=True,
+                text=True,
+            )
             if r.returncode != 0:
                 raise RuntimeError("datatrove failed: " + r.stderr[-800:])
             return json.loads(r.stdout.strip().splitlines()[-1])
@@ -172,11 +204,18 @@ def main() -> None:
         # wall time mostly measures the neighbours; wall figures are printed alongside.
         ceiling = n_tokens / results["tokenizers encode_batch (ceiling)"]["cpu"]
         ours = n_tokens / results["oreline tokenize (workers=1)"]["cpu"]
-        print(f"{'':48s} {'cpu s':>7s} {'wall s':>7s} {'tokens/cpu-s':>13s} {'MB/cpu-s':>9s} {'vs ceiling':>10s}")
+        print(
+            f"{'':48s} {'cpu s':>7s} {'wall s':>7s} {'tokens/cpu-s':>13s} {'MB/cpu-s':>9s} {'vs ceiling':>10s}"
+        )
         for name, t in results.items():
             rate = n_tokens / t["cpu"]
-            print(f"{name:48s} {t['cpu']:7.2f} {t['wall']:7.2f} {rate:13,.0f} {n_bytes / t['cpu'] / 1e6:9.2f} {rate / ceiling:10.1%}")
-        fast = results["tokenizers encode_batch_fast"]["cpu"] / results["oreline FastEncoder (cold cache)"]["cpu"]
+            print(
+                f"{name:48s} {t['cpu']:7.2f} {t['wall']:7.2f} {rate:13,.0f} {n_bytes / t['cpu'] / 1e6:9.2f} {rate / ceiling:10.1%}"
+            )
+        fast = (
+            results["tokenizers encode_batch_fast"]["cpu"]
+            / results["oreline FastEncoder (cold cache)"]["cpu"]
+        )
         print(f"oreline FastEncoder / encode_batch_fast = {fast:.2f}x")
         print(f"oreline / ceiling = {ours / ceiling:.1%} (target >= 85%)")
         for name in ("datatrove DocumentTokenizer", "datatrove DocumentTokenizer (default: shuffle)"):

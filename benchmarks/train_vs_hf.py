@@ -69,7 +69,7 @@ def build_tokens(root: Path) -> tuple[Path, Path]:
         for name in ("austen-emma.txt", "austen-persuasion.txt", "austen-sense.txt"):
             text = zf.read(f"gutenberg/{name}").decode("utf-8", "replace")
             for i in range(0, len(text), 4000):
-                fh.write(json.dumps({"id": f"{name}-{i}", "text": text[i:i + 4000]}) + "\n")
+                fh.write(json.dumps({"id": f"{name}-{i}", "text": text[i : i + 4000]}) + "\n")
     train_tokenizer([docs], root / "tokenizer", TokenizerConfig(vocab_size=8192, heldout_docs=10))
     tokenize_corpus([docs], root / "tokenizer", root / "tokens", TokenizeConfig(val_fraction=0.02, workers=1))
     return root / "tokens", root / "tokenizer"
@@ -78,12 +78,27 @@ def build_tokens(root: Path) -> tuple[Path, Path]:
 def oreline_config(root: Path, tokens: Path, tokenizer: Path, steps: int, compile_: bool):
     tree = to_dict(load_config())
     for key, value in {
-        "run.runs_dir": str(root / "runs"), "run.name": "bench", "model.preset": "demo", "model.tie_embeddings": False,
-        "train.tokens": str(tokens), "train.tokenizer": str(tokenizer), "train.seq_len": SEQ,
-        "train.micro_batch": BATCH, "train.grad_accum": 1, "train.steps": steps, "train.log_every": 1,
-        "train.eval_every": 0, "train.eval_batches": 1, "train.compile": compile_,
-        "train.optim.lr": LR, "train.optim.min_lr": LR, "train.optim.schedule": "constant",
-        "train.optim.warmup_steps": 0, "train.optim.weight_decay": 0.1, "checkpoint.every": 0, "eval.prompts": [],
+        "run.runs_dir": str(root / "runs"),
+        "run.name": "bench",
+        "model.preset": "demo",
+        "model.tie_embeddings": False,
+        "train.tokens": str(tokens),
+        "train.tokenizer": str(tokenizer),
+        "train.seq_len": SEQ,
+        "train.micro_batch": BATCH,
+        "train.grad_accum": 1,
+        "train.steps": steps,
+        "train.log_every": 1,
+        "train.eval_every": 0,
+        "train.eval_batches": 1,
+        "train.compile": compile_,
+        "train.optim.lr": LR,
+        "train.optim.min_lr": LR,
+        "train.optim.schedule": "constant",
+        "train.optim.warmup_steps": 0,
+        "train.optim.weight_decay": 0.1,
+        "checkpoint.every": 0,
+        "eval.prompts": [],
     }.items():
         _set_dotted(tree, key, value)
     return config_from_dict(tree)
@@ -95,23 +110,42 @@ def run_oreline(cfg, warmup: int) -> dict:
     from oreline.train.loop import train
 
     train(cfg, resume="none", console=Console(quiet=True))
-    recs = [json.loads(x) for x in (Path(cfg.run.runs_dir) / cfg.run.name / "metrics.jsonl").read_text().splitlines()]
+    recs = [
+        json.loads(x)
+        for x in (Path(cfg.run.runs_dir) / cfg.run.name / "metrics.jsonl").read_text().splitlines()
+    ]
     steps = [r for r in recs if r["type"] == "train" and r["step"] > warmup]
     seconds = sum(r["step_ms"] for r in steps) / 1000
     cpu = sum(r["cpu_ms"] for r in steps) / 1000
     tokens = sum(r["tokens_in_step"] for r in steps)
     start = next(r for r in recs if r["type"] == "start")
-    return {"tokens_per_s": tokens / seconds, "tokens_per_cpu_s": tokens / cpu, "params": start["model"]["params"], "final_loss": steps[-1]["loss"]}
+    return {
+        "tokens_per_s": tokens / seconds,
+        "tokens_per_cpu_s": tokens / cpu,
+        "params": start["model"]["params"],
+        "final_loss": steps[-1]["loss"],
+    }
 
 
 def run_hf(tokens: Path, vocab: int, steps: int, warmup: int) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(1234)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=vocab, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=4, max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10_000.0,
-        tie_word_embeddings=False, attn_implementation="sdpa"))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            max_position_embeddings=512,
+            rms_norm_eps=1e-5,
+            rope_theta=10_000.0,
+            tie_word_embeddings=False,
+            attn_implementation="sdpa",
+        )
+    )
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
     loader = TokenLoader(tokens, seq_len=SEQ, micro_batch=BATCH, seed=1234)
@@ -130,8 +164,12 @@ def run_hf(tokens: Path, vocab: int, steps: int, warmup: int) -> dict:
             seconds += time.perf_counter() - t0
             cpu += time.process_time() - c0
             n_tokens += b.input_ids.numel()
-    return {"tokens_per_s": n_tokens / seconds, "tokens_per_cpu_s": n_tokens / cpu, "params": sum(p.numel() for p in model.parameters()),
-            "final_loss": float(loss.detach())}
+    return {
+        "tokens_per_s": n_tokens / seconds,
+        "tokens_per_cpu_s": n_tokens / cpu,
+        "params": sum(p.numel() for p in model.parameters()),
+        "final_loss": float(loss.detach()),
+    }
 
 
 def main() -> None:
@@ -139,15 +177,22 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3, help="first steps not timed (allocations, compilation)")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--compile", action="store_true", help="train.compile=true for oreline (first step compiles, ~40 s)")
-    ap.add_argument("--hf-plain-allocator", action="store_true",
-                    help="run the HF loop with glibc's default allocator, as a plain script has (oreline's "
-                         "setting is process-wide, so HF then runs first)")
+    ap.add_argument(
+        "--compile", action="store_true", help="train.compile=true for oreline (first step compiles, ~40 s)"
+    )
+    ap.add_argument(
+        "--hf-plain-allocator",
+        action="store_true",
+        help="run the HF loop with glibc's default allocator, as a plain script has (oreline's "
+        "setting is process-wide, so HF then runs first)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
@@ -167,13 +212,17 @@ def main() -> None:
         theirs = []
         if a.hf_plain_allocator:  # HF first, with the allocator a plain script has; then oreline's setting
             theirs = run_rounds("HF", a.rounds, lambda: run_hf(tokens, vocab, a.steps, a.warmup))
-        print(f"allocator for {'oreline and the peaks' if a.hf_plain_allocator else 'both loops and the peaks'}: "
-              f"{tune_cpu_allocator()}")
+        print(
+            f"allocator for {'oreline and the peaks' if a.hf_plain_allocator else 'both loops and the peaks'}: "
+            f"{tune_cpu_allocator()}"
+        )
         peaks.append(measure_cpu_matmul_peak(shapes))
         generic = measure_cpu_matmul_peak(GENERIC_SHAPES)
         print(f"oreline's fp32 CPU products: {matmul.describe_backend()}; HF's: torch's default (BLAS)")
-        print(f"measured fp32 matmul peak: {peaks[0] / 1e9:.1f} GFLOP/s (this model's shapes, fwd + bwd, faster backend), "
-              f"{generic / 1e9:.1f} GFLOP/s (generic 2048×1024×4096 shapes); {fpt / 1e6:.1f} MFLOPs/token")
+        print(
+            f"measured fp32 matmul peak: {peaks[0] / 1e9:.1f} GFLOP/s (this model's shapes, fwd + bwd, faster backend), "
+            f"{generic / 1e9:.1f} GFLOP/s (generic 2048×1024×4096 shapes); {fpt / 1e6:.1f} MFLOPs/token"
+        )
         if not a.hf_plain_allocator:
             theirs = run_rounds("HF", a.rounds, lambda: run_hf(tokens, vocab, a.steps, a.warmup))
             peaks.append(_fresh_peak(shapes))
@@ -189,24 +238,36 @@ def main() -> None:
         h_tps = sum(x["tokens_per_s"] for x in theirs) / len(theirs)
         o_cpu = sum(x["tokens_per_cpu_s"] for x in ours) / len(ours)
         h_cpu = sum(x["tokens_per_cpu_s"] for x in theirs) / len(theirs)
-        print(f"\noreline {o_tps:,.0f} tokens/s vs HF {h_tps:,.0f} tokens/s: {o_tps / h_tps:.2f}× (target ≥ 1.3×)"
-              + (" [compile on]" if a.compile else ""))
-        print(f"per CPU-second (less sensitive to other jobs): oreline {o_cpu:,.0f} vs HF {h_cpu:,.0f}: "
-              f"{o_cpu / h_cpu:.2f}×")
-        print(f"oreline MFU {100 * fpt * o_tps / peak:.1f}% of the measured model-shape matmul peak "
-              f"{peak / 1e9:.1f} GFLOP/s (target ≥ 80%), {100 * fpt * o_tps / generic:.1f}% of the generic-shape "
-              f"peak {generic / 1e9:.1f} GFLOP/s; HF MFU {100 * fpt * h_tps / peak:.1f}%")
+        print(
+            f"\noreline {o_tps:,.0f} tokens/s vs HF {h_tps:,.0f} tokens/s: {o_tps / h_tps:.2f}× (target ≥ 1.3×)"
+            + (" [compile on]" if a.compile else "")
+        )
+        print(
+            f"per CPU-second (less sensitive to other jobs): oreline {o_cpu:,.0f} vs HF {h_cpu:,.0f}: "
+            f"{o_cpu / h_cpu:.2f}×"
+        )
+        print(
+            f"oreline MFU {100 * fpt * o_tps / peak:.1f}% of the measured model-shape matmul peak "
+            f"{peak / 1e9:.1f} GFLOP/s (target ≥ 80%), {100 * fpt * o_tps / generic:.1f}% of the generic-shape "
+            f"peak {generic / 1e9:.1f} GFLOP/s; HF MFU {100 * fpt * h_tps / peak:.1f}%"
+        )
         low = min(peaks)
-        print(f"the model-shape peak measured {', '.join(f'{x / 1e9:.0f}' for x in peaks)} GFLOP/s (before, "
-              f"{'' if a.hf_plain_allocator else 'between, '}after the runs): against the lowest, oreline's MFU "
-              f"would read {100 * fpt * o_tps / low:.1f}%")
+        print(
+            f"the model-shape peak measured {', '.join(f'{x / 1e9:.0f}' for x in peaks)} GFLOP/s (before, "
+            f"{'' if a.hf_plain_allocator else 'between, '}after the runs): against the lowest, oreline's MFU "
+            f"would read {100 * fpt * o_tps / low:.1f}%"
+        )
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
         if load > cores:
-            print(f"note: load average {load:.1f} on {cores} cores — other jobs share the CPU, so the wall-clock "
-                  "tokens/s, peak and MFU above are unreliable (an MFU above 100% means the peak was measured "
-                  "while the machine was busier); the per-CPU-second figures below are the ones to read")
-        print(f"per CPU-second: matmul peak {cpu_peak / 1e9:.1f} GFLOP/CPU-s; oreline MFU {100 * fpt * o_cpu / cpu_peak:.1f}%, "
-              f"HF {100 * fpt * h_cpu / cpu_peak:.1f}%")
+            print(
+                f"note: load average {load:.1f} on {cores} cores — other jobs share the CPU, so the wall-clock "
+                "tokens/s, peak and MFU above are unreliable (an MFU above 100% means the peak was measured "
+                "while the machine was busier); the per-CPU-second figures below are the ones to read"
+            )
+        print(
+            f"per CPU-second: matmul peak {cpu_peak / 1e9:.1f} GFLOP/CPU-s; oreline MFU {100 * fpt * o_cpu / cpu_peak:.1f}%, "
+            f"HF {100 * fpt * h_cpu / cpu_peak:.1f}%"
+        )
 
 
 def run_rounds(name: str, n: int, run) -> list[dict]:
@@ -215,8 +276,10 @@ def run_rounds(name: str, n: int, run) -> list[dict]:
     for r in range(n):
         results.append(run())
         x = results[-1]
-        print(f"{name} round {r + 1}: {x['tokens_per_s']:,.0f} tokens/s, {x['tokens_per_cpu_s']:,.0f} tokens/CPU-s "
-              f"({x['params']:,} params, final loss {x['final_loss']:.3f}) | load {os.getloadavg()[0]:.2f}")
+        print(
+            f"{name} round {r + 1}: {x['tokens_per_s']:,.0f} tokens/s, {x['tokens_per_cpu_s']:,.0f} tokens/CPU-s "
+            f"({x['params']:,} params, final loss {x['final_loss']:.3f}) | load {os.getloadavg()[0]:.2f}"
+        )
     return results
 
 

@@ -29,8 +29,12 @@ def samples() -> Path:
     """The embedded sample set, checked against its SHA256SUMS once per session."""
     problems = sample_problems()
     if problems:
-        pytest.fail("embedded sample data is damaged: " + "; ".join(problems)
-                    + " — restore it with `git checkout -- src/oreline/samples`", pytrace=False)
+        pytest.fail(
+            "embedded sample data is damaged: "
+            + "; ".join(problems)
+            + " — restore it with `git checkout -- src/oreline/samples`",
+            pytrace=False,
+        )
     return EMBEDDED_SAMPLES
 
 
@@ -61,7 +65,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         missing = [p for p in _extended_paths(item) if not (root / p).exists()]
         if missing:
             config.stash[_EXTENDED]["missing"].append(item.nodeid)
-            item.add_marker(pytest.mark.skip(reason=f"extended: ORELINE_SAMPLES={root} lacks {', '.join(missing)}"))
+            item.add_marker(
+                pytest.mark.skip(reason=f"extended: ORELINE_SAMPLES={root} lacks {', '.join(missing)}")
+            )
 
 
 _EXTENDED = pytest.StashKey[dict]()
@@ -74,10 +80,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if info["deselected"]:
         terminalreporter.write_line(
             f"extended tier: {info['deselected']} tests deselected (ORELINE_SAMPLES is not set; "
-            "set it to the larger sample folder, e.g. ../shared/data, to run them)")
+            "set it to the larger sample folder, e.g. ../shared/data, to run them)"
+        )
     else:
         skipped = info["missing"]
-        line = f"extended tier: {info['selected']} tests selected from ORELINE_SAMPLES, {len(skipped)} skipped"
+        line = (
+            f"extended tier: {info['selected']} tests selected from ORELINE_SAMPLES, {len(skipped)} skipped"
+        )
         terminalreporter.write_line(line + (": " + ", ".join(skipped) if skipped else ""))
 
 
@@ -86,7 +95,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 # register it, so test modules can `import_module("oreline_test_run_factory")`.
 RUN_FACTORY = "oreline_test_run_factory"
 if RUN_FACTORY not in sys.modules:
-    _spec = importlib.util.spec_from_file_location(RUN_FACTORY, Path(__file__).parent / "doctor" / "run_factory.py")
+    _spec = importlib.util.spec_from_file_location(
+        RUN_FACTORY, Path(__file__).parent / "doctor" / "run_factory.py"
+    )
     sys.modules[RUN_FACTORY] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules[RUN_FACTORY])
 run_factory = sys.modules[RUN_FACTORY]
@@ -124,8 +135,12 @@ def lock_holder():
     procs = []
 
     def hold(folder, command="oreline data") -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder), command], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _HOLD, str(folder), command],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
         procs.append(proc)
         assert proc.stdout.readline().strip() == "held"
         return proc
@@ -150,8 +165,17 @@ def dead_lock():
         proc = subprocess.Popen([sys.executable, "-c", "pass"])
         proc.wait()
         os.makedirs(folder, exist_ok=True)
-        (Path(folder) / LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": proc.pid, "proc_start": "1",
-                                                     "started": "2026-01-01T00:00:00Z", "command": command}))
+        (Path(folder) / LOCK).write_text(
+            json.dumps(
+                {
+                    "host": socket.gethostname(),
+                    "pid": proc.pid,
+                    "proc_start": "1",
+                    "started": "2026-01-01T00:00:00Z",
+                    "command": command,
+                }
+            )
+        )
         return proc.pid
 
     return dead

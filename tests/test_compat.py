@@ -46,8 +46,12 @@ def test_this_torch_is_in_the_tested_range_and_its_private_apis_are_found():
     else:  # older releases in the range may lack one: then it is None (and warned about), never an error
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            for accessor in (compat.dcp_raw_writer_internals, compat.fsdp_reduce_scatter_base,
-                             compat.torch_save_config, compat.onednn_linear):
+            for accessor in (
+                compat.dcp_raw_writer_internals,
+                compat.fsdp_reduce_scatter_base,
+                compat.torch_save_config,
+                compat.onednn_linear,
+            ):
                 accessor()
 
 
@@ -86,7 +90,9 @@ def test_outside_the_range_checkpoints_use_dcps_stock_writer_and_still_resume(tm
     with pytest.warns(RuntimeWarning, match="raw tensor checkpoint files"):
         path = ck.save_checkpoint(tmp_path, 1, model, opt, meta)
     md = read_dcp_metadata(path)
-    assert md.storage_data and not any(RAW_DESCRIPTOR in (i.transform_descriptors or ()) for i in md.storage_data.values())
+    assert md.storage_data and not any(
+        RAW_DESCRIPTOR in (i.transform_descriptors or ()) for i in md.storage_data.values()
+    )
     ok, problems = ck_files.verify_checkpoint(path)
     assert ok, problems
 

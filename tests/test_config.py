@@ -47,8 +47,16 @@ def test_shipped_configs_load_by_name(tmp_path, monkeypatch):
 
 
 def test_overrides_are_parsed_as_toml_literals():
-    cfg = load_config(None, ["data.langid.threshold=0.8", "data.workers=3", "data.chunk.enabled=true",
-                             "data.langid.languages=['en','de']", "run.name=my run"])
+    cfg = load_config(
+        None,
+        [
+            "data.langid.threshold=0.8",
+            "data.workers=3",
+            "data.chunk.enabled=true",
+            "data.langid.languages=['en','de']",
+            "run.name=my run",
+        ],
+    )
     assert cfg.data.langid.threshold == 0.8
     assert cfg.data.workers == 3
     assert cfg.data.chunk.enabled is True
@@ -65,7 +73,9 @@ def test_unknown_key_names_the_key_the_source_and_the_closest_valid_key(tmp_path
     with pytest.raises(ConfigError) as err:
         load_config(None, ["data.langid.treshold=0.9"])
     msg = str(err.value)
-    assert "data.langid.treshold" in msg and "data.langid.threshold" in msg and "command-line overrides" in msg
+    assert (
+        "data.langid.treshold" in msg and "data.langid.threshold" in msg and "command-line overrides" in msg
+    )
     path = tmp_path / "c.toml"
     path.write_text("[data.dedupe]\nthreshold = 0.7\n")
     with pytest.raises(ConfigError) as err:
@@ -143,7 +153,11 @@ def test_cli_config_show_and_keys():
     assert f"# fingerprint {fingerprint(load_config(None, ['data.workers=3']))}" in shown.output
     assert "workers = 3" in shown.output
     keys = runner.invoke(app, ["config", "keys"])
-    assert keys.exit_code == 0 and "data.langid.threshold" in keys.output and "minimum lid.176 score" in keys.output
+    assert (
+        keys.exit_code == 0
+        and "data.langid.threshold" in keys.output
+        and "minimum lid.176 score" in keys.output
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,8 +171,14 @@ def oreline_cli(*args: str, timeout: float = 120) -> tuple[int, str]:
     import sys
 
     env = {**os.environ, "COLUMNS": "10000"}  # rich would wrap long messages (and paths) at 80 columns
-    proc = subprocess.run([sys.executable, "-m", "oreline", *args], capture_output=True, text=True, timeout=timeout,
-                          check=False, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "oreline", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -176,9 +196,16 @@ BAD_VALUES = [
 ]
 
 
-@pytest.mark.parametrize(("override", "key"), [*BAD_VALUES, ("train.optim.lr=-1e-3", "train.optim.lr"),
-                                               ("train.optim.lr=inf", "train.optim.lr"),
-                                               ("model.dim=0", "model.dim"), ("model.vocab_size=1000000000", "model.vocab_size")])
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        *BAD_VALUES,
+        ("train.optim.lr=-1e-3", "train.optim.lr"),
+        ("train.optim.lr=inf", "train.optim.lr"),
+        ("model.dim=0", "model.dim"),
+        ("model.vocab_size=1000000000", "model.vocab_size"),
+    ],
+)
 def test_a_bad_value_is_refused_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])

@@ -151,11 +151,16 @@ def test_no_import_cycles():
 
 @pytest.mark.parametrize(
     ("source", "target", "upward"),
-    [("oreline.data.tasks", "oreline.train.loop", True), ("oreline.eval.evaluate", "oreline.train.checkpoint", False)],
+    [
+        ("oreline.data.tasks", "oreline.train.loop", True),
+        ("oreline.eval.evaluate", "oreline.train.checkpoint", False),
+    ],
 )
 def test_checker_flags_an_upward_import(source, target, upward):
     """The checker itself: an edge planted in a copy of the graph is (or is not) reported."""
     graph = {k: set(v) for k, v in import_graph().items()}
     graph.setdefault(source, set()).add(target)
-    reported = any(line.startswith(f"{source} ") and f"imports {target} " in line for line in upward_imports(graph))
+    reported = any(
+        line.startswith(f"{source} ") and f"imports {target} " in line for line in upward_imports(graph)
+    )
     assert reported is upward

@@ -34,11 +34,17 @@ def test_a_live_holder_is_named_and_a_second_writer_refused(tmp_path, lock_holde
     with pytest.raises(FolderInUse) as err:
         FolderLock(tmp_path / "out", "oreline data").acquire()
     msg = str(err.value)
-    assert f"oreline data (pid {proc.pid} on host {socket.gethostname()}" in msg and str(tmp_path / "out" / LOCK) in msg
+    assert (
+        f"oreline data (pid {proc.pid} on host {socket.gethostname()}" in msg
+        and str(tmp_path / "out" / LOCK) in msg
+    )
     proc.kill()
     proc.wait()
     # the holder is gone: its lock is stale and taken over with a warning
-    with pytest.warns(UserWarning, match=f"pid {proc.pid}.*no longer running"), FolderLock(tmp_path / "out", "t") as lock:
+    with (
+        pytest.warns(UserWarning, match=f"pid {proc.pid}.*no longer running"),
+        FolderLock(tmp_path / "out", "t") as lock,
+    ):
         assert json.loads(lock.path.read_text())["pid"] == os.getpid()
     assert not (tmp_path / "out" / LOCK).exists()  # released
 
@@ -55,7 +61,9 @@ def test_a_dead_holder_is_taken_over_and_a_remote_one_is_not(tmp_path, dead_lock
     assert not (tmp_path / "a" / LOCK).exists()
 
     (tmp_path / "b").mkdir()
-    (tmp_path / "b" / LOCK).write_text(json.dumps({"host": "elsewhere-node-7", "pid": 1234, "command": "oreline train"}))
+    (tmp_path / "b" / LOCK).write_text(
+        json.dumps({"host": "elsewhere-node-7", "pid": 1234, "command": "oreline train"})
+    )
     with pytest.raises(FolderInUse, match=r"pid 1234 on host elsewhere-node-7.*delete .*\.oreline-lock"):
         FolderLock(tmp_path / "b", "t").acquire()
 
@@ -92,7 +100,13 @@ def test_safe_names_and_temp_forms():
     shard = re.compile(r"part-\d{5}-\d{3}\.parquet")
     assert is_temp_of(".part-00000-000.parquet.tmp-123", shard)
     assert is_temp_of(".part-00000-000.parquet.ab12_xyz", shard)  # tempfile.mkstemp's form
-    for name in (".part-00000-mine.parquet.tmp-1", ".hidden", ".env", "part-00000-000.parquet", ".part-00000-000.parquet.tmp-x"):
+    for name in (
+        ".part-00000-mine.parquet.tmp-1",
+        ".hidden",
+        ".env",
+        "part-00000-000.parquet",
+        ".part-00000-000.parquet.tmp-x",
+    ):
         assert not is_temp_of(name, shard), name
 
 

@@ -55,9 +55,21 @@ def mini_run(tmp_path_factory, samples):
 
 def test_every_stage_leaves_its_artifacts(mini_run):
     _, run_dir, summary = mini_run
-    for rel in ("data/stats.json", "extra/docs", "tokenizer/tokenizer.json", "tokens/manifest.json",
-                "checkpoints/latest", "metrics.jsonl", "eval/final.json", "export/config.json",
-                "export/model.safetensors", "report.html", "lineage.json", "config.toml", "fingerprint.json"):
+    for rel in (
+        "data/stats.json",
+        "extra/docs",
+        "tokenizer/tokenizer.json",
+        "tokens/manifest.json",
+        "checkpoints/latest",
+        "metrics.jsonl",
+        "eval/final.json",
+        "export/config.json",
+        "export/model.safetensors",
+        "report.html",
+        "lineage.json",
+        "config.toml",
+        "fingerprint.json",
+    ):
         assert (run_dir / rel).exists(), rel
     assert [a for _, a in summary["plan"]] == ["run"] * 7
     assert summary["web_docs_kept"] > 0 and summary["train_tokens"] > 0
@@ -78,8 +90,15 @@ def test_rerun_skips_unchanged_and_redoes_exactly_what_changed(mini_run):
     # the learning rate: training and after, and the real re-run does exactly that
     cfg = load_config(path, ["train.optim.lr=0.001"])
     summary = run_all(cfg, console=Console(stderr=True, width=120))
-    assert summary["plan"] == [("data", "skip"), ("tokenizer", "skip"), ("tokenize", "skip"), ("train", "run"),
-                               ("eval", "run"), ("export", "run"), ("report", "run")]
+    assert summary["plan"] == [
+        ("data", "skip"),
+        ("tokenizer", "skip"),
+        ("tokenize", "skip"),
+        ("train", "run"),
+        ("eval", "run"),
+        ("export", "run"),
+        ("report", "run"),
+    ]
     assert (run_dir / "previous").is_dir()  # the old training run was moved aside, not mixed in
 
     # --from forces a stage and everything after it

@@ -15,7 +15,9 @@ LICENSES = ("Apache-2.0", "BSD-3-Clause", "public domain")
 
 
 def _listed(root: Path) -> dict[str, str]:
-    pairs = (line.split(maxsplit=1) for line in (root / "SHA256SUMS").read_text().splitlines() if line.strip())
+    pairs = (
+        line.split(maxsplit=1) for line in (root / "SHA256SUMS").read_text().splitlines() if line.strip()
+    )
     return {rel: digest for digest, rel in pairs}
 
 
@@ -68,7 +70,9 @@ def test_samples_resolve_to_the_embedded_set_unless_overridden(monkeypatch, tmp_
 def test_a_benchmark_asks_for_the_larger_set_by_name(monkeypatch):
     monkeypatch.delenv("ORELINE_SAMPLES", raising=False)
     assert larger_samples("english-prose/nltk-gutenberg.zip") == EMBEDDED_SAMPLES
-    with pytest.raises(InputError, match=r"langid/lingua-testdata/sentences not found .* set ORELINE_SAMPLES"):
+    with pytest.raises(
+        InputError, match=r"langid/lingua-testdata/sentences not found .* set ORELINE_SAMPLES"
+    ):
         larger_samples("english-prose", "langid/lingua-testdata/sentences")
 
 
@@ -92,9 +96,13 @@ def test_wheel_and_sdist_carry_the_samples(tmp_path):
     shutil.copytree(repo / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for hook in ("build_wheel", "build_sdist"):  # one process each: setuptools keeps state between them
         code = f"import sys; from setuptools import build_meta as b; b.{hook}(sys.argv[1])"
-        subprocess.run([sys.executable, "-c", code, str(tmp_path / "dist")], cwd=tree, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "dist")], cwd=tree, check=True, capture_output=True
+        )
     wanted = {f"oreline/samples/{rel}" for rel in _listed(EMBEDDED_SAMPLES)} | {
-        "oreline/samples/SHA256SUMS", "oreline/samples/SOURCES.md"}
+        "oreline/samples/SHA256SUMS",
+        "oreline/samples/SOURCES.md",
+    }
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     assert wanted <= set(zipfile.ZipFile(wheel).namelist())
     (sdist,) = (tmp_path / "dist").glob("*.tar.gz")

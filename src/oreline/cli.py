@@ -26,7 +26,9 @@ tokenizer_app = typer.Typer(help="Train and inspect BPE tokenizers.", no_args_is
 model_app = typer.Typer(help="Model presets: sizes, shapes, FLOPs, memory.", no_args_is_help=True)
 checkpoint_app = typer.Typer(help="List, verify and inspect checkpoints of a run.", no_args_is_help=True)
 doctor_app = typer.Typer(help="Diagnose the environment or a run from its artifacts.", no_args_is_help=True)
-quality_app = typer.Typer(help="Model-based quality: reference LMs and perplexity scores.", no_args_is_help=True)
+quality_app = typer.Typer(
+    help="Model-based quality: reference LMs and perplexity scores.", no_args_is_help=True
+)
 launch_app = typer.Typer(help="Write launch scripts for clusters (Slurm, torchrun).", no_args_is_help=True)
 config_app = typer.Typer(help="Show resolved configs and valid keys.", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
@@ -39,12 +41,32 @@ app.add_typer(config_app, name="config")
 
 console = Console(stderr=True)
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("-c", "--config", help="TOML config file, or the name of a shipped config (demo, seed-recipe); default: demo")]
-Overrides = Annotated[Optional[list[str]], typer.Argument(help="dotted overrides, e.g. data.langid.threshold=0.8", show_default=False)]
-ForceOpt = Annotated[bool, typer.Option("--force", help="write into a non-empty folder oreline did not create "
-                                         "(files oreline did not write are never deleted or overwritten)")]
-IncompleteOpt = Annotated[bool, typer.Option("--allow-incomplete", help="read an `oreline data` output that has not "
-                                             "finished (no _SUCCESS)")]
+ConfigOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "-c",
+        "--config",
+        help="TOML config file, or the name of a shipped config (demo, seed-recipe); default: demo",
+    ),
+]
+Overrides = Annotated[
+    Optional[list[str]],
+    typer.Argument(help="dotted overrides, e.g. data.langid.threshold=0.8", show_default=False),
+]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="write into a non-empty folder oreline did not create "
+        "(files oreline did not write are never deleted or overwritten)",
+    ),
+]
+IncompleteOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-incomplete", help="read an `oreline data` output that has not finished (no _SUCCESS)"
+    ),
+]
 
 
 def _load(config: Path | None, overrides: list[str] | None):
@@ -66,7 +88,9 @@ def _split_inputs_and_overrides(items: list[str]) -> tuple[list[str], list[str]]
 
 @app.command()
 def data(
-    items: Annotated[list[str], typer.Argument(help="inputs (files, folders, globs) and key=value overrides")],
+    items: Annotated[
+        list[str], typer.Argument(help="inputs (files, folders, globs) and key=value overrides")
+    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
     config: ConfigOpt = None,
     workers: Annotated[Optional[int], typer.Option(help="processes (default: data.workers)")] = None,
@@ -87,9 +111,14 @@ def data(
 
 @tokenizer_app.command("train")
 def tokenizer_train(
-    docs: Annotated[list[str], typer.Argument(help="Parquet/JSONL documents (files, folders, globs) and key=value overrides")],
+    docs: Annotated[
+        list[str],
+        typer.Argument(help="Parquet/JSONL documents (files, folders, globs) and key=value overrides"),
+    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
-    vocab_size: Annotated[Optional[int], typer.Option(help="target vocabulary size (rounded up to a multiple of 64)")] = None,
+    vocab_size: Annotated[
+        Optional[int], typer.Option(help="target vocabulary size (rounded up to a multiple of 64)")
+    ] = None,
     config: ConfigOpt = None,
     force: ForceOpt = False,
     allow_incomplete: IncompleteOpt = False,
@@ -123,8 +152,9 @@ def tokenize(
     if val_fraction is not None:
         overrides.append(f"tokenize.val_fraction={val_fraction}")
     cfg = _load(config, overrides)
-    manifest = tokenize_corpus(inputs, tokenizer, out, cfg.tokenize, workers=workers, force=force,
-                               allow_incomplete=allow_incomplete)
+    manifest = tokenize_corpus(
+        inputs, tokenizer, out, cfg.tokenize, workers=workers, force=force, allow_incomplete=allow_incomplete
+    )
     print_manifest_summary(manifest, console)
 
 
@@ -134,7 +164,9 @@ def tokenize(
 
 @model_app.command("info")
 def model_info(
-    spec: Annotated[str, typer.Argument(help="preset name (debug, demo, 125m, 1b, llama2-7b, llama3-8b) or a TOML config")],
+    spec: Annotated[
+        str, typer.Argument(help="preset name (debug, demo, 125m, 1b, llama2-7b, llama3-8b) or a TOML config")
+    ],
     seq_len: Annotated[int, typer.Option(help="sequence length for FLOPs per token")] = 2048,
 ) -> None:
     """Parameter counts, FLOPs per token, every weight's shape and memory estimates."""
@@ -147,9 +179,15 @@ def model_info(
 def train(
     overrides: Overrides = None,
     config: ConfigOpt = None,
-    resume: Annotated[str, typer.Option(help="auto (newest valid checkpoint), none, or a checkpoint path")] = "auto",
-    allow_config_change: Annotated[Optional[list[str]], typer.Option(help="config keys allowed to differ on resume")] = None,
-    nproc: Annotated[Optional[int], typer.Option(help="launch torchrun with this many processes per node")] = None,
+    resume: Annotated[
+        str, typer.Option(help="auto (newest valid checkpoint), none, or a checkpoint path")
+    ] = "auto",
+    allow_config_change: Annotated[
+        Optional[list[str]], typer.Option(help="config keys allowed to differ on resume")
+    ] = None,
+    nproc: Annotated[
+        Optional[int], typer.Option(help="launch torchrun with this many processes per node")
+    ] = None,
 ) -> None:
     """Train a Llama on token shards: one readable loop, metrics, checkpoints, recovery."""
     if nproc and nproc > 1:
@@ -187,7 +225,9 @@ def checkpoint_sign(path: Annotated[Path, typer.Argument(help="run directory or 
 
 
 @checkpoint_app.command("inspect")
-def checkpoint_inspect(path: Annotated[Path, typer.Argument(help="a checkpoint directory (or a run: its latest)")]) -> None:
+def checkpoint_inspect(
+    path: Annotated[Path, typer.Argument(help="a checkpoint directory (or a run: its latest)")],
+) -> None:
     """Show what one checkpoint holds: meta, tensors, fingerprints; exit 1 if it is invalid."""
     from oreline.train.checkpoint_views import inspect_cli
 
@@ -201,9 +241,13 @@ def checkpoint_inspect(path: Annotated[Path, typer.Argument(help="a checkpoint d
 @app.command("eval")
 def eval_cmd(
     checkpoint: Annotated[Path, typer.Argument(help="checkpoint directory (or a run directory: its latest)")],
-    data: Annotated[Optional[Path], typer.Option(help="token shard folder (default: the run's tokens)")] = None,
+    data: Annotated[
+        Optional[Path], typer.Option(help="token shard folder (default: the run's tokens)")
+    ] = None,
     prompts: Annotated[Optional[Path], typer.Option(help="file with one prompt per line")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="output JSON (default: <run>/eval/eval-STEP.json)")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option(help="output JSON (default: <run>/eval/eval-STEP.json)")
+    ] = None,
     batches: Annotated[Optional[int], typer.Option(help="validation batches")] = None,
 ) -> None:
     """Validation loss, perplexity, bits per byte, loss by token/EOS/after-BOS, generations."""
@@ -217,8 +261,13 @@ def export(
     checkpoint: Annotated[Path, typer.Argument(help="checkpoint directory (or a run directory: its latest)")],
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder (hf) or FILE.gguf (gguf)")],
     format: Annotated[str, typer.Option(help="export format: hf (folder) or gguf (llama.cpp file)")] = "hf",
-    dtype: Annotated[str, typer.Option(help="weights dtype: float32, bfloat16 or float16; gguf also q8_0")] = "float32",
-    max_shard_bytes: Annotated[Optional[int], typer.Option(help="safetensors shard size (default: export.max_shard_bytes of the run)")] = None,
+    dtype: Annotated[
+        str, typer.Option(help="weights dtype: float32, bfloat16 or float16; gguf also q8_0")
+    ] = "float32",
+    max_shard_bytes: Annotated[
+        Optional[int],
+        typer.Option(help="safetensors shard size (default: export.max_shard_bytes of the run)"),
+    ] = None,
 ) -> None:
     """Export to Hugging Face Llama format (safetensors + config + tokenizer) or to one GGUF file for llama.cpp."""
     from oreline.export.hf import export_hf
@@ -254,8 +303,10 @@ def report(run_dir: Annotated[Path, typer.Argument(help="run directory")]) -> No
 
 
 @doctor_app.command("env")
-def doctor_env(distributed: Annotated[bool, typer.Option(help="also check rendezvous, NCCL, clocks, shared FS")] = False,
-               run_dir: Annotated[Optional[Path], typer.Option(help="run directory for the shared-FS check")] = None) -> None:
+def doctor_env(
+    distributed: Annotated[bool, typer.Option(help="also check rendezvous, NCCL, clocks, shared FS")] = False,
+    run_dir: Annotated[Optional[Path], typer.Option(help="run directory for the shared-FS check")] = None,
+) -> None:
     """Check torch, CUDA, drivers, devices, disk, ports (and distributed prerequisites)."""
     from oreline.doctor.env import doctor_env_cli
 
@@ -310,7 +361,9 @@ def launch_slurm(
     nodes: Annotated[int, typer.Option(help="number of nodes")] = 1,
     gpus_per_node: Annotated[int, typer.Option(help="GPUs per node")] = 8,
     partition: Annotated[Optional[str], typer.Option(help="Slurm partition")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="write the sbatch script here (default: stdout)")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option(help="write the sbatch script here (default: stdout)")
+    ] = None,
 ) -> None:
     """Write an sbatch script running torchrun with a rendezvous on the first node."""
     from oreline.train.launch import slurm_cli
@@ -339,7 +392,9 @@ def launch_torchrun_cmd(
 def run(
     overrides: Overrides = None,
     config: ConfigOpt = None,
-    from_stage: Annotated[Optional[str], typer.Option("--from", help="force this stage and all after it")] = None,
+    from_stage: Annotated[
+        Optional[str], typer.Option("--from", help="force this stage and all after it")
+    ] = None,
 ) -> None:
     """Crawl to exported model: data, tokenizer, tokenize, train, eval, export, report."""
     from oreline.stages import run_all
@@ -380,13 +435,17 @@ def main() -> None:
     try:
         app()
     except OrelineError as exc:
-        code = getattr(exc, "exit_code", None)  # a requested stop (train.shutdown.TrainingStopped): 128 + signal
+        code = getattr(
+            exc, "exit_code", None
+        )  # a requested stop (train.shutdown.TrainingStopped): 128 + signal
         if getattr(exc, "show", True):
             from rich.markup import escape
 
             # not wrapped: the message of a stop ends with the command that resumes, to be copied whole
-            console.print(f"[bold yellow]stopped:[/] {escape(str(exc))}" if code else f"[bold red]error:[/] {exc}",
-                          soft_wrap=bool(code))
+            console.print(
+                f"[bold yellow]stopped:[/] {escape(str(exc))}" if code else f"[bold red]error:[/] {exc}",
+                soft_wrap=bool(code),
+            )
         sys.exit(code or 2)
 
 

@@ -53,10 +53,13 @@ def torch_tested() -> bool:
 def _warn(feature: str, fallback: str) -> None:
     import torch
 
-    warnings.warn(f"oreline: torch {torch.__version__} is outside the tested range "
-                  f"{'.'.join(map(str, TESTED_TORCH[0]))}–{'.'.join(map(str, TESTED_TORCH[1]))} (or lacks the private "
-                  f"API): {feature} is off, {fallback}. Install a torch in the range to get it back.",
-                  RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"oreline: torch {torch.__version__} is outside the tested range "
+        f"{'.'.join(map(str, TESTED_TORCH[0]))}–{'.'.join(map(str, TESTED_TORCH[1]))} (or lacks the private "
+        f"API): {feature} is off, {fallback}. Install a torch in the range to get it back.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _private(feature: str, fallback: str, get: Any) -> Any:
@@ -91,13 +94,19 @@ def _dcp_internals() -> SimpleNamespace:
     if "transform_descriptors" not in {f.name for f in dataclasses.fields(fs._StorageInfo)}:
         # torch 2.6's records cannot mark an item as raw bytes: raw files could not be told apart
         raise AttributeError("DCP's _StorageInfo has no transform_descriptors")
-    return SimpleNamespace(DEFAULT_SUFFIX=fs.DEFAULT_SUFFIX, split_by_size_and_type=fs._split_by_size_and_type,
-                           StorageInfo=fs._StorageInfo, StoragePrefix=fs._StoragePrefix)
+    return SimpleNamespace(
+        DEFAULT_SUFFIX=fs.DEFAULT_SUFFIX,
+        split_by_size_and_type=fs._split_by_size_and_type,
+        StorageInfo=fs._StorageInfo,
+        StoragePrefix=fs._StoragePrefix,
+    )
 
 
 def dcp_raw_writer_internals() -> SimpleNamespace | None:
     """What checkpoint_storage.RawTensorWriter builds on, or None (then saves use DCP's stock writer)."""
-    return _private("raw tensor checkpoint files", "checkpoints are saved with DCP's stock writer", _dcp_internals)
+    return _private(
+        "raw tensor checkpoint files", "checkpoints are saved with DCP's stock writer", _dcp_internals
+    )
 
 
 def dcp_storage_info() -> Any:

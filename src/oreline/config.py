@@ -45,8 +45,12 @@ class Section(BaseModel):
 
 
 class ReadConfig(Section):
-    max_record_bytes: int = Field(50_000_000, description="records with a larger payload are dropped (read:too_large)")
-    record_types: list[str] = Field(["response", "conversion", "resource"], description="WARC record types turned into documents")
+    max_record_bytes: int = Field(
+        50_000_000, description="records with a larger payload are dropped (read:too_large)"
+    )
+    record_types: list[str] = Field(
+        ["response", "conversion", "resource"], description="WARC record types turned into documents"
+    )
     jsonl_text_key: str = Field("text", description="key holding the text in JSONL/Parquet inputs")
     jsonl_id_key: str = Field("id", description="key holding the id in JSONL/Parquet inputs")
 
@@ -55,24 +59,34 @@ class ProtocolConfig(Section):
     enabled: bool = True
     statuses: list[int] = Field([200], description="HTTP statuses kept")
     content_types: list[str] = Field(
-        ["text/html", "application/xhtml+xml", "text/plain"], description="content types kept (seed recipe's rule)"
+        ["text/html", "application/xhtml+xml", "text/plain"],
+        description="content types kept (seed recipe's rule)",
     )
 
 
 class ExtractConfig(Section):
     enabled: bool = True
     extractor: Literal["resiliparse", "trafilatura", "html2text"] = Field(
-        "resiliparse", description="HTML-to-text extractor: resiliparse (fast, default), trafilatura (precise), html2text"
+        "resiliparse",
+        description="HTML-to-text extractor: resiliparse (fast, default), trafilatura (precise), html2text",
     )
     main_content: bool = Field(True, description="keep main content only (drop navigation, footers)")
-    timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False, description="per-document time limit; slower pages are dropped (extract:timeout)")
+    timeout_s: float = Field(
+        5.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="per-document time limit; slower pages are dropped (extract:timeout)",
+    )
     min_chars: int = Field(1, description="documents with less extracted text are dropped (extract:empty)")
     isolate: bool = Field(
-        True, description="extract in a killable child process, so timeout_s and max_memory_mb hold inside C "
-        "extractors too (off: in-process, the time limit is only checked when the C call returns)"
+        True,
+        description="extract in a killable child process, so timeout_s and max_memory_mb hold inside C "
+        "extractors too (off: in-process, the time limit is only checked when the C call returns)",
     )
     max_memory_mb: int = Field(
-        1024, ge=64, description="memory cap of the extraction child; pages that need more are dropped (extract:too_large)"
+        1024,
+        ge=64,
+        description="memory cap of the extraction child; pages that need more are dropped (extract:too_large)",
     )
 
 
@@ -80,7 +94,9 @@ class NormalizeConfig(Section):
     enabled: bool = True
     form: Literal["NFC", "NFKC", "none"] = "NFC"
     ftfy: bool = Field(False, description="repair mojibake with ftfy (optional dependency)")
-    max_replacement_ratio: float = Field(0.05, description="drop docs whose share of U+FFFD is above this (normalize:replacement_chars)")
+    max_replacement_ratio: float = Field(
+        0.05, description="drop docs whose share of U+FFFD is above this (normalize:replacement_chars)"
+    )
 
 
 class LangIdConfig(Section):
@@ -94,23 +110,40 @@ class QualityConfig(Section):
     gopher_quality: bool = True
     gopher_repetition: bool = True
     c4: bool = True
-    c4_filter_lines: bool = Field(True, description="C4 line rules remove lines (terminal punctuation, javascript, ...)")
+    c4_filter_lines: bool = Field(
+        True, description="C4 line rules remove lines (terminal punctuation, javascript, ...)"
+    )
     fineweb: bool = True
     entropy: bool = True
-    min_entropy: float = Field(3.2, description="minimum character entropy in bits per character (seed recipe)")
+    min_entropy: float = Field(
+        3.2, description="minimum character entropy in bits per character (seed recipe)"
+    )
     ascii_ratio: bool = True
-    min_ascii_ratio: float = Field(0.30, description="minimum ASCII share, applied to Latin-script languages only (seed recipe)")
-    perplexity_model: str | None = Field(None, description="reference LM folder for perplexity scoring (oreline quality train-reference)")
-    perplexity_max: float | None = Field(None, description="absolute perplexity cut-off (per word); None: CCNet buckets from this run's documents")
-    perplexity_keep_buckets: list[Literal["head", "middle", "tail"]] = Field(["head", "middle"], description="CCNet buckets kept")
-    perplexity_sample_docs: int = Field(10_000, ge=1, description="documents of the run sampled (by id hash) for the bucket cut-offs")
+    min_ascii_ratio: float = Field(
+        0.30, description="minimum ASCII share, applied to Latin-script languages only (seed recipe)"
+    )
+    perplexity_model: str | None = Field(
+        None, description="reference LM folder for perplexity scoring (oreline quality train-reference)"
+    )
+    perplexity_max: float | None = Field(
+        None,
+        description="absolute perplexity cut-off (per word); None: CCNet buckets from this run's documents",
+    )
+    perplexity_keep_buckets: list[Literal["head", "middle", "tail"]] = Field(
+        ["head", "middle"], description="CCNet buckets kept"
+    )
+    perplexity_sample_docs: int = Field(
+        10_000, ge=1, description="documents of the run sampled (by id hash) for the bucket cut-offs"
+    )
 
 
 class DedupConfig(Section):
     exact: bool = True
     minhash: bool = True
     threshold: float = Field(0.8, gt=0.0, le=1.0, description="target Jaccard similarity of near-duplicates")
-    num_perm: int = Field(128, ge=1, description="MinHash permutations (= bands × rows when bands/rows are not set)")
+    num_perm: int = Field(
+        128, ge=1, description="MinHash permutations (= bands × rows when bands/rows are not set)"
+    )
     bands: int | None = Field(None, description="LSH bands; chosen from threshold and num_perm when None")
     rows: int | None = Field(None, description="rows per band; chosen from threshold and num_perm when None")
     shingle_words: int = Field(5, ge=1, description="word n-gram size of shingles")
@@ -131,7 +164,9 @@ class ChunkConfig(Section):
     @model_validator(mode="after")
     def _overlap_smaller(self) -> ChunkConfig:
         if self.overlap >= self.size:
-            raise ValueError(f"data.chunk.overlap ({self.overlap}) must be smaller than data.chunk.size ({self.size})")
+            raise ValueError(
+                f"data.chunk.overlap ({self.overlap}) must be smaller than data.chunk.size ({self.size})"
+            )
         return self
 
 
@@ -159,7 +194,9 @@ class DataConfig(Section):
 
 
 class TokenizerConfig(Section):
-    vocab_size: int = Field(8192, ge=64, le=MAX_VOCAB, description="target vocabulary size; rounded up to a multiple of 64")
+    vocab_size: int = Field(
+        8192, ge=64, le=MAX_VOCAB, description="target vocabulary size; rounded up to a multiple of 64"
+    )
     pre_tokenizer: Literal["byte_level", "metaspace"] = Field(
         "byte_level", description="byte_level (GPT-style) or metaspace (SentencePiece-style ▁ word prefix)"
     )
@@ -170,7 +207,9 @@ class TokenizerConfig(Section):
 
 
 class TokenizeConfig(Section):
-    val_fraction: float = Field(0.01, ge=0.0, lt=1.0, description="share of documents (by id hash) for validation")
+    val_fraction: float = Field(
+        0.01, ge=0.0, lt=1.0, description="share of documents (by id hash) for validation"
+    )
     workers: int = Field(2, ge=1)
     max_shard_tokens: int = Field(100_000_000, description="tokens per packed shard")
 
@@ -180,18 +219,26 @@ class TokenizeConfig(Section):
 
 
 class ModelConfig(Section):
-    preset: str | None = Field("demo", description="named size (debug, demo, 125m, 1b, llama2-7b, llama3-8b); fields below override it")
+    preset: str | None = Field(
+        "demo",
+        description="named size (debug, demo, 125m, 1b, llama2-7b, llama3-8b); fields below override it",
+    )
     dim: int | None = Field(None, gt=0)
     n_layers: int | None = Field(None, gt=0)
     n_heads: int | None = Field(None, gt=0)
     n_kv_heads: int | None = Field(None, gt=0)
-    vocab_size: int | None = Field(None, gt=0, le=MAX_VOCAB, description="None: taken from the tokenizer (padded size)")
+    vocab_size: int | None = Field(
+        None, gt=0, le=MAX_VOCAB, description="None: taken from the tokenizer (padded size)"
+    )
     ffn_multiplier: float | None = Field(None, gt=0, allow_inf_nan=False)
     multiple_of: int | None = Field(None, gt=0)
     ffn_dim: int | None = Field(None, gt=0, description="explicit MLP width; None: the Llama rule")
     norm_eps: float | None = Field(None, gt=0, allow_inf_nan=False)
     rope_theta: float | None = Field(None, gt=0, allow_inf_nan=False)
-    rope_scaling: dict[str, float] | None = Field(None, description="Llama-3 RoPE scaling: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings")
+    rope_scaling: dict[str, float] | None = Field(
+        None,
+        description="Llama-3 RoPE scaling: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings",
+    )
     max_seq_len: int | None = Field(None, gt=0)
     tie_embeddings: bool | None = None
     init_std: float | None = Field(None, ge=0, allow_inf_nan=False)
@@ -201,10 +248,14 @@ class ModelConfig(Section):
     def _heads_divide(self) -> ModelConfig:
         # Only when both are set here; with a preset the resolved shapes are checked by ModelArgs.
         if self.dim is not None and self.n_heads is not None and self.dim % self.n_heads:
-            raise ValueError(f"model.dim ({self.dim}) is not divisible by model.n_heads ({self.n_heads}); "
-                             "pick a dim that is a multiple of n_heads")
+            raise ValueError(
+                f"model.dim ({self.dim}) is not divisible by model.n_heads ({self.n_heads}); "
+                "pick a dim that is a multiple of n_heads"
+            )
         if self.n_heads is not None and self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-            raise ValueError(f"model.n_heads ({self.n_heads}) is not a multiple of model.n_kv_heads ({self.n_kv_heads})")
+            raise ValueError(
+                f"model.n_heads ({self.n_heads}) is not a multiple of model.n_kv_heads ({self.n_kv_heads})"
+            )
         return self
 
 
@@ -213,19 +264,31 @@ class ModelConfig(Section):
 
 
 class DebugConfig(Section):
-    inject_nan_at_step: int | None = Field(None, description="make the loss NaN at this step (tests the stability monitor)")
-    inject_spike_at_step: int | None = Field(None, description="multiply the loss by spike_factor at this step")
+    inject_nan_at_step: int | None = Field(
+        None, description="make the loss NaN at this step (tests the stability monitor)"
+    )
+    inject_spike_at_step: int | None = Field(
+        None, description="multiply the loss by spike_factor at this step"
+    )
     spike_factor: float = 50.0
     sleep_per_step_s: float = Field(0.0, description="slow steps down (kill tests)")
-    param_digest: bool = Field(False, description="each rank writes <run>/debug/params-rankN.sha256 at the end")
+    param_digest: bool = Field(
+        False, description="each rank writes <run>/debug/params-rankN.sha256 at the end"
+    )
 
 
 class OptimConfig(Section):
     lr: float = Field(3e-3, gt=0, allow_inf_nan=False, description="peak learning rate")
-    min_lr: float = Field(3e-4, ge=0, allow_inf_nan=False, description="learning rate at the end of the schedule")
+    min_lr: float = Field(
+        3e-4, ge=0, allow_inf_nan=False, description="learning rate at the end of the schedule"
+    )
     weight_decay: float = 0.1
-    embedding_weight_decay: float = Field(0.0, description="weight decay of embedding (and untied output) weights")
-    no_decay_patterns: list[str] = Field(["bias", "norm"], description="parameter-name substrings without weight decay")
+    embedding_weight_decay: float = Field(
+        0.0, description="weight decay of embedding (and untied output) weights"
+    )
+    no_decay_patterns: list[str] = Field(
+        ["bias", "norm"], description="parameter-name substrings without weight decay"
+    )
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     grad_clip: float = Field(1.0, description="max global grad norm; 0 disables clipping")
@@ -240,9 +303,15 @@ class StabilityConfig(Section):
     enabled: bool = True
     window: int = Field(128, description="sliding window of recent steps for z-scores")
     min_history: int = Field(16, description="steps in the window before spikes are judged")
-    z_threshold: float = Field(6.0, description="a loss or grad norm this many σ above the window mean is a spike")
-    loss_spike_min_ratio: float = Field(1.2, description="a loss spike must also exceed this multiple of the window mean")
-    grad_spike_min_ratio: float = Field(4.0, description="a grad-norm spike must also exceed this multiple of the window mean")
+    z_threshold: float = Field(
+        6.0, description="a loss or grad norm this many σ above the window mean is a spike"
+    )
+    loss_spike_min_ratio: float = Field(
+        1.2, description="a loss spike must also exceed this multiple of the window mean"
+    )
+    grad_spike_min_ratio: float = Field(
+        4.0, description="a grad-norm spike must also exceed this multiple of the window mean"
+    )
     action: Literal["skip", "rollback", "log"] = Field("skip", description="what to do on an anomaly")
     lr_factor: float = Field(0.8, description="rollback: multiply the learning rate by this")
     skip_batches: int = Field(1, description="rollback: batches skipped past the offending one")
@@ -250,27 +319,40 @@ class StabilityConfig(Section):
 
 
 class TrainConfig(Section):
-    tokens: str | None = Field(None, description="token shard folder (oreline tokenize); None: <run dir>/tokens")
+    tokens: str | None = Field(
+        None, description="token shard folder (oreline tokenize); None: <run dir>/tokens"
+    )
     tokenizer: str | None = Field(None, description="tokenizer folder; None: <run dir>/tokenizer")
     seq_len: int = Field(256, ge=8)
     micro_batch: int = Field(8, ge=1, description="sequences per micro-batch per rank")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    global_batch_tokens: int | None = Field(None, description="if set, must equal micro × accum × world × seq_len")
+    global_batch_tokens: int | None = Field(
+        None, description="if set, must equal micro × accum × world × seq_len"
+    )
     steps: int = Field(1000, ge=1)
     seed: int = 1234
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast; on CPU only with native bf16 (AMX / avx512_bf16), elsewhere ~20× slower than fp32")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="bf16 autocast; on CPU only with native bf16 (AMX / avx512_bf16), elsewhere ~20× slower than fp32",
+    )
     activation_checkpointing: bool = False
     compile: bool = False
     cpu_allocator: Literal["tuned", "default"] = Field(
-        "tuned", description="CPU: keep freed large blocks in glibc's heap (mallopt) instead of unmapping them; ~13% faster steps here"
+        "tuned",
+        description="CPU: keep freed large blocks in glibc's heap (mallopt) instead of unmapping them; ~13% faster steps here",
     )
     cpu_matmul: Literal["auto", "onednn", "blas"] = Field(
-        "auto", description="CPU fp32 matmuls: oneDNN or torch's BLAS (MKL); auto takes oneDNN when ≥ 1.2× faster (2.2× on AMD CPUs with AVX-512 here), measured once per machine and cached; a resume keeps the checkpoint's backend"
+        "auto",
+        description="CPU fp32 matmuls: oneDNN or torch's BLAS (MKL); auto takes oneDNN when ≥ 1.2× faster (2.2× on AMD CPUs with AVX-512 here), measured once per machine and cached; a resume keeps the checkpoint's backend",
     )
     parallel: Literal["none", "ddp", "fsdp"] = Field("none", description="data parallelism under torchrun")
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: NCCL on CUDA, gloo on CPU")
-    find_unused_parameters: bool = Field(False, description="DDP: allow parameters the forward does not use (slower)")
-    dist_timeout_s: float = Field(600.0, gt=0, description="timeout of every collective: a dead peer fails the run, no hang")
+    find_unused_parameters: bool = Field(
+        False, description="DDP: allow parameters the forward does not use (slower)"
+    )
+    dist_timeout_s: float = Field(
+        600.0, gt=0, description="timeout of every collective: a dead peer fails the run, no hang"
+    )
     doc_mask: bool = Field(False, description="attention masked at document boundaries")
     log_every: int = 10
     eval_every: int = 200
@@ -283,10 +365,16 @@ class TrainConfig(Section):
 
 class CheckpointConfig(Section):
     every: int = Field(200, ge=0, description="full (resumable) checkpoint every N steps; 0 disables")
-    keep_last: int = Field(3, ge=1, description="newest full checkpoints kept (at least 1; a large number keeps all)")
+    keep_last: int = Field(
+        3, ge=1, description="newest full checkpoints kept (at least 1; a large number keeps all)"
+    )
     keep_every: int = Field(0, description="also keep every M-th step permanently; 0 disables")
-    model_only_every: int = Field(0, description="light model-only snapshots (never resumed from); 0 disables")
-    async_save: bool = Field(False, alias="async", description="CUDA: save in the background with DCP async save")
+    model_only_every: int = Field(
+        0, description="light model-only snapshots (never resumed from); 0 disables"
+    )
+    async_save: bool = Field(
+        False, alias="async", description="CUDA: save in the background with DCP async save"
+    )
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
@@ -364,9 +452,11 @@ def larger_samples(*paths: str) -> Path:
     root = samples_dir()
     missing = [p for p in paths if not (root / p).exists()]
     if missing:
-        raise InputError(f"{', '.join(missing)} not found under {root}: the embedded samples leave out the larger sets",
-                         "set ORELINE_SAMPLES to the larger sample collection (e.g. ../shared/data; "
-                         "src/oreline/samples/SOURCES.md says where each set comes from)")
+        raise InputError(
+            f"{', '.join(missing)} not found under {root}: the embedded samples leave out the larger sets",
+            "set ORELINE_SAMPLES to the larger sample collection (e.g. ../shared/data; "
+            "src/oreline/samples/SOURCES.md says where each set comes from)",
+        )
     return root
 
 
@@ -405,7 +495,10 @@ def _closest(key: str) -> str:
 def _parse_value(raw: str) -> Any:
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except (tomllib.TOMLDecodeError, RecursionError):  # not a TOML literal (or nested absurdly deep): a string
+    except (
+        tomllib.TOMLDecodeError,
+        RecursionError,
+    ):  # not a TOML literal (or nested absurdly deep): a string
         return raw
 
 
@@ -415,7 +508,10 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
     for part in parts[:-1]:
         nxt = node.setdefault(part, {})
         if not isinstance(nxt, dict):
-            raise ConfigError(f"override {key!r}: {part!r} is a value, not a section", f"valid keys look like {_closest(key) or 'data.langid.threshold'}")
+            raise ConfigError(
+                f"override {key!r}: {part!r} is a value, not a section",
+                f"valid keys look like {_closest(key) or 'data.langid.threshold'}",
+            )
         node = nxt
     node[parts[-1]] = value
 
@@ -439,10 +535,14 @@ def config_from_dict(tree: dict, source: str = "<dict>") -> Config:
             key = ".".join(str(p) for p in err["loc"])
             if err["type"] == "extra_forbidden":
                 near = _closest(key)
-                lines.append(f"unknown key {key!r} in {source}" + (f" (did you mean {near!r}?)" if near else ""))
+                lines.append(
+                    f"unknown key {key!r} in {source}" + (f" (did you mean {near!r}?)" if near else "")
+                )
             else:
                 lines.append(f"{key} in {source}: {err['msg']} (got {err.get('input')!r})")
-        raise ConfigError("; ".join(lines), "fix the key in the file or the override (`oreline config keys` lists all)") from None
+        raise ConfigError(
+            "; ".join(lines), "fix the key in the file or the override (`oreline config keys` lists all)"
+        ) from None
 
 
 def preset_configs() -> list[str]:
@@ -457,10 +557,16 @@ def resolve_config_path(path: str | Path | None) -> Path:
     candidate = Path(path)
     if candidate.is_file():
         return candidate
-    if candidate.suffix == "" and len(candidate.parts) == 1 and (PACKAGE_CONFIGS / f"{candidate}.toml").is_file():
+    if (
+        candidate.suffix == ""
+        and len(candidate.parts) == 1
+        and (PACKAGE_CONFIGS / f"{candidate}.toml").is_file()
+    ):
         return PACKAGE_CONFIGS / f"{candidate}.toml"
-    raise ConfigError(f"config file {path} not found",
-                      f"pass -c with a TOML file or the name of a shipped config ({', '.join(preset_configs())})")
+    raise ConfigError(
+        f"config file {path} not found",
+        f"pass -c with a TOML file or the name of a shipped config ({', '.join(preset_configs())})",
+    )
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -469,19 +575,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); is it a binary file?",
-                          "pass a TOML config file, e.g. configs/demo.toml") from None
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); is it a binary file?",
+            "pass a TOML config file, e.g. configs/demo.toml",
+        ) from None
     except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})", "check the path and its permissions") from None
+        raise ConfigError(
+            f"config file {path} cannot be read ({exc.strerror})", "check the path and its permissions"
+        ) from None
     try:
         tree = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML ({exc})", "fix the syntax at the position shown") from None
+        raise ConfigError(
+            f"{path} is not valid TOML ({exc})", "fix the syntax at the position shown"
+        ) from None
     except RecursionError:
         # tomllib parses nested arrays and inline tables recursively: a file nested thousands
         # deep exhausts Python's stack. No config is nested more than a few levels.
-        raise ConfigError(f"{path} is nested too deeply to be a config (arrays or inline tables inside each other "
-                          "thousands of levels deep)", "pass a TOML config file, e.g. configs/demo.toml") from None
+        raise ConfigError(
+            f"{path} is nested too deeply to be a config (arrays or inline tables inside each other "
+            "thousands of levels deep)",
+            "pass a TOML config file, e.g. configs/demo.toml",
+        ) from None
     for key, value in parse_overrides(overrides).items():
         _set_dotted(tree, key, value)
     return config_from_dict(tree, source=f"{path}" + (" + command-line overrides" if overrides else ""))

@@ -72,17 +72,31 @@ def read_owner(folder: Path) -> dict[str, Any] | None:
 def _write_owner(folder: Path, kind: str, **extra: Any) -> None:
     from oreline.io import write_json_atomic
 
-    write_json_atomic(folder / OWNER, {"kind": kind, "host": socket.gethostname(), "pid": os.getpid(),
-                                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra})
+    write_json_atomic(
+        folder / OWNER,
+        {
+            "kind": kind,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **extra,
+        },
+    )
 
 
 def _shown(names: list[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-def claim_folder(folder: str | Path, kind: str, command: str, *, force: bool = False,
-                 reserved: Callable[[str], bool] | None = None,
-                 legacy: Callable[[Path], bool] | None = None) -> Path:
+def claim_folder(
+    folder: str | Path,
+    kind: str,
+    command: str,
+    *,
+    force: bool = False,
+    reserved: Callable[[str], bool] | None = None,
+    legacy: Callable[[Path], bool] | None = None,
+) -> Path:
     """Make sure `folder` is oreline's `kind` output folder (creating it if needed); return it.
 
     `command` is how the user ran it (for the message); `reserved(name)` says whether a top-level
@@ -100,8 +114,10 @@ def claim_folder(folder: str | Path, kind: str, command: str, *, force: bool = F
     if owner is not None:
         if owner.get("kind") == kind:
             return folder
-        raise NotOurFolder(f"{folder} holds oreline {owner.get('kind')!r} output, not {kind!r} output",
-                           f"pass a new or empty --out folder to {command}")
+        raise NotOurFolder(
+            f"{folder} holds oreline {owner.get('kind')!r} output, not {kind!r} output",
+            f"pass a new or empty --out folder to {command}",
+        )
     names = sorted(p.name for p in folder.iterdir() if not p.name.startswith(LOCK))  # a writer's lock is ours
     if not names:
         _write_owner(folder, kind)
@@ -114,13 +130,16 @@ def claim_folder(folder: str | Path, kind: str, command: str, *, force: bool = F
         if clash:
             raise NotOurFolder(
                 f"{folder} holds {_shown(clash)}, names {command} writes itself; even with --force oreline never "
-                "overwrites or deletes files it did not write", "pass a new or empty --out folder, or move those out")
+                "overwrites or deletes files it did not write",
+                "pass a new or empty --out folder, or move those out",
+            )
         _write_owner(folder, kind, adopted="force")
         return folder
     raise NotOurFolder(
         f"{folder} is not empty ({_shown(names)}) and was not created by {command} (no {OWNER} in it)",
         f"pass a new or empty --out folder, or add --force to write next to these files ({command} never deletes "
-        "or overwrites files it did not write)")
+        "or overwrites files it did not write)",
+    )
 
 
 def is_kind(folder: Path, kind: str) -> bool:
@@ -146,14 +165,21 @@ def require_finished_data_run(path: Path, allow_incomplete: bool = False) -> Pat
     its documents; consumers refuse it unless `allow_incomplete`.
     """
     path = Path(path)
-    root = path if is_data_run(path) else path.parent if path.name == "docs" and is_data_run(path.parent) else None
+    root = (
+        path
+        if is_data_run(path)
+        else path.parent
+        if path.name == "docs" and is_data_run(path.parent)
+        else None
+    )
     if root is None:
         return path
     if not (root / "_SUCCESS").is_file() and not allow_incomplete:
         raise InputError(
             f"{root} is an oreline data run that has not finished (no _SUCCESS): its documents are a part of the corpus",
             f"finish it by running the same `oreline data INPUTS --out {root}` again, or pass --allow-incomplete "
-            "to use the documents written so far")
+            "to use the documents written so far",
+        )
     return root / "docs"
 
 
@@ -194,8 +220,13 @@ def _listing(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink())
 
 
-def publish_folder(tmp: Path, out: Path, kind: str, command: str,
-                   legacy_files: Callable[[Path], list[str] | None] | None = None) -> None:
+def publish_folder(
+    tmp: Path,
+    out: Path,
+    kind: str,
+    command: str,
+    legacy_files: Callable[[Path], list[str] | None] | None = None,
+) -> None:
     """Replace `out` by the finished folder `tmp` (a sibling), as one rename.
 
     `tmp` gets its marker listing every file in it. An existing `out` is replaced only when it is
@@ -215,15 +246,22 @@ def publish_folder(tmp: Path, out: Path, kind: str, command: str,
             out.rmdir()
         elif owner is None or owner.get("kind") != kind:
             shutil.rmtree(tmp)
-            what = "is a file" if not out.is_dir() else f"holds {_shown(sorted(p.name for p in out.iterdir()))}"
-            raise NotOurFolder(f"{out} {what}: it is not an earlier output of {command} (no {OWNER} of kind {kind!r})",
-                               "pass a new or empty --out folder")
+            what = (
+                "is a file" if not out.is_dir() else f"holds {_shown(sorted(p.name for p in out.iterdir()))}"
+            )
+            raise NotOurFolder(
+                f"{out} {what}: it is not an earlier output of {command} (no {OWNER} of kind {kind!r})",
+                "pass a new or empty --out folder",
+            )
         else:
             extra = sorted(set(_listing(out)) - set(owner.get("files") or []) - {OWNER})
             if extra:
                 shutil.rmtree(tmp)
-                raise NotOurFolder(f"{out} is an earlier {command} output, but also holds {_shown(extra)}, "
-                                   "which oreline did not write", "move those files out, or pass a new --out folder")
+                raise NotOurFolder(
+                    f"{out} is an earlier {command} output, but also holds {_shown(extra)}, "
+                    "which oreline did not write",
+                    "move those files out, or pass a new --out folder",
+                )
             shutil.rmtree(out)
     os.replace(tmp, out)
 
@@ -242,15 +280,21 @@ def safe_child(root: Path, name: Any, where: str) -> Path:
         bad = "is not a non-empty string"
     elif "\x00" in name:
         bad = "contains a NUL byte"
-    elif PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute() or PureWindowsPath(name).drive:
+    elif (
+        PurePosixPath(name).is_absolute()
+        or PureWindowsPath(name).is_absolute()
+        or PureWindowsPath(name).drive
+    ):
         bad = "is an absolute path"
     elif any(part == ".." for part in re.split(r"[\\/]", name)):
         bad = "climbs out of its folder with '..'"
     elif all(part in ("", ".") for part in re.split(r"[\\/]", name)):
         bad = "names the folder itself"
     if bad:
-        raise DataIntegrityError(f"{where}: the file name {str(name)[:120]!r} {bad}",
-                                 f"names there must stay inside {root}; rebuild that file with oreline")
+        raise DataIntegrityError(
+            f"{where}: the file name {str(name)[:120]!r} {bad}",
+            f"names there must stay inside {root}; rebuild that file with oreline",
+        )
     return Path(root) / name
 
 
@@ -290,9 +334,14 @@ class FolderLock:
         self._reentrant = False
 
     def _record(self) -> dict[str, Any]:
-        return {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": self.command,
-                "token": self.token}
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "proc_start": _proc_start(os.getpid()),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": self.command,
+            "token": self.token,
+        }
 
     def holder(self) -> dict[str, Any] | None:
         try:
@@ -324,18 +373,35 @@ class FolderLock:
             if rec is None:
                 continue  # released between our attempt and the read
             host, pid = rec.get("host"), rec.get("pid")
-            if host == socket.gethostname() and pid == os.getpid() and rec.get("proc_start") == _proc_start(os.getpid()):
+            if (
+                host == socket.gethostname()
+                and pid == os.getpid()
+                and rec.get("proc_start") == _proc_start(os.getpid())
+            ):
                 self.held, self._reentrant = True, True  # this process holds it already
                 return self
-            if host == socket.gethostname() and isinstance(pid, int) and not _alive(pid, rec.get("proc_start")):
+            if (
+                host == socket.gethostname()
+                and isinstance(pid, int)
+                and not _alive(pid, rec.get("proc_start"))
+            ):
                 self._take_over(rec)
                 continue
-            who = f"{rec.get('command', '?')} (pid {pid} on host {host}, since {rec.get('started', '?')})" if rec else "an unreadable lock"
+            who = (
+                f"{rec.get('command', '?')} (pid {pid} on host {host}, since {rec.get('started', '?')})"
+                if rec
+                else "an unreadable lock"
+            )
             local = host == socket.gethostname()
             raise FolderInUse(
                 f"{self.folder} is being written by {who}: lock {self.path}",
-                "wait for that process to finish, or stop it" + ("" if local else
-                f"; if it is no longer running on {host}, delete {self.path} and run again"))
+                "wait for that process to finish, or stop it"
+                + (
+                    ""
+                    if local
+                    else f"; if it is no longer running on {host}, delete {self.path} and run again"
+                ),
+            )
         raise FolderInUse(f"could not take the lock {self.path} (it changed hands three times)", "run again")
 
     def _take_over(self, rec: dict[str, Any]) -> None:
@@ -353,8 +419,11 @@ class FolderLock:
             with contextlib.suppress(FileExistsError):
                 os.link(aside, self.path)
         else:
-            warnings.warn(f"{self.path}: taking over the lock of {rec.get('command', '?')} (pid {rec.get('pid')} on "
-                          f"this host, since {rec.get('started', '?')}), which is no longer running", stacklevel=3)
+            warnings.warn(
+                f"{self.path}: taking over the lock of {rec.get('command', '?')} (pid {rec.get('pid')} on "
+                f"this host, since {rec.get('started', '?')}), which is no longer running",
+                stacklevel=3,
+            )
         aside.unlink(missing_ok=True)
 
     def release(self) -> None:

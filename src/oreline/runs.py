@@ -33,9 +33,10 @@ class RunDir:
         try:
             return cls(safe_child(Path(cfg.run.runs_dir), cfg.run.name, "run.name"))
         except OrelineError as exc:
-            raise ConfigError(f"run.name={cfg.run.name!r} does not name a folder inside run.runs_dir={cfg.run.runs_dir!r}",
-                              "use a plain name such as run.name=my-run (set run.runs_dir to choose where runs go)",
-                              ) from exc
+            raise ConfigError(
+                f"run.name={cfg.run.name!r} does not name a folder inside run.runs_dir={cfg.run.runs_dir!r}",
+                "use a plain name such as run.name=my-run (set run.runs_dir to choose where runs go)",
+            ) from exc
 
     @property
     def data(self) -> Path:

@@ -38,7 +38,18 @@ STAGES = ["data", "tokenizer", "tokenize", "train", "eval", "export", "report"]
 
 
 def stage_key(*parts: Any) -> str:
-    return fingerprint({"parts": [p if isinstance(p, str | int | float | type(None)) else to_dict(p) if hasattr(p, "model_dump") else p for p in parts]})
+    return fingerprint(
+        {
+            "parts": [
+                p
+                if isinstance(p, str | int | float | type(None))
+                else to_dict(p)
+                if hasattr(p, "model_dump")
+                else p
+                for p in parts
+            ]
+        }
+    )
 
 
 def _section(cfg: Config, *names: str, drop: tuple[str, ...] = ()) -> dict:
@@ -67,7 +78,7 @@ def _check_samples(cfg: Config) -> None:
             f"the sample data folder {samples_dir()} (ORELINE_SAMPLES) does not exist",
             "unset ORELINE_SAMPLES to use the embedded samples or point it at an existing folder, or point "
             "the run at your own WARC files with "
-            "data.inputs=[\"/path/to/warcs\"] (and data.extra_inputs=[] or your own clean text)",
+            'data.inputs=["/path/to/warcs"] (and data.extra_inputs=[] or your own clean text)',
         )
 
 
@@ -102,7 +113,9 @@ def _write_extra_documents(cfg: Config, rd: RunDir, console: Console) -> None:
         for path, _kind in files:
             for doc in iter_input_documents(path, cfg):
                 for k, piece in enumerate(split_paragraph_blocks(normalize_text(doc.text), 4000)):
-                    writer.write_doc(Document(id=f"{doc.id}#p{k}", text=piece, url=doc.url, metadata=dict(doc.metadata)))
+                    writer.write_doc(
+                        Document(id=f"{doc.id}#p{k}", text=piece, url=doc.url, metadata=dict(doc.metadata))
+                    )
                     n_docs += 1
                     n_chars += len(piece)
     console.print(f"extra text: {n_docs:,} documents, {n_chars:,} characters from {len(files)} files")
@@ -138,8 +151,9 @@ def stage_tokenizer(cfg: Config, rd: RunDir, console: Console) -> str:
 def stage_tokenize(cfg: Config, rd: RunDir, console: Console) -> str:
     from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus
 
-    manifest = tokenize_corpus([str(d) for d in _docs_dirs(rd)], rd.tokenizer, rd.tokens, cfg.tokenize,
-                               workers=cfg.tokenize.workers)
+    manifest = tokenize_corpus(
+        [str(d) for d in _docs_dirs(rd)], rd.tokenizer, rd.tokens, cfg.tokenize, workers=cfg.tokenize.workers
+    )
     print_manifest_summary(manifest, console)
     return files_fingerprint([rd.tokens / "manifest.json"])
 
@@ -157,7 +171,9 @@ def _latest_checkpoint_fingerprint(rd: RunDir) -> str:
     if not latest.is_file():
         return ""
     ckpt = rd.checkpoints / latest.read_text().strip()
-    return files_fingerprint([latest] + [p for p in (ckpt / "meta.json", ckpt / "checksums.json") if p.is_file()])
+    return files_fingerprint(
+        [latest] + [p for p in (ckpt / "meta.json", ckpt / "checksums.json") if p.is_file()]
+    )
 
 
 def stage_eval(cfg: Config, rd: RunDir, console: Console) -> str:
@@ -267,8 +283,16 @@ def _run_stages(cfg: Config, rd: RunDir, plan: list[tuple[str, str]], console: C
             out = STAGE_FUNCS[stage](cfg, rd, console)
         timings[stage] = time.perf_counter() - t0
         outputs[stage] = out
-        rd.record_stage(stage, {"key": key, "finished": True, "output": out, "seconds": timings[stage],
-                                "finished_at": time.time()})
+        rd.record_stage(
+            stage,
+            {
+                "key": key,
+                "finished": True,
+                "output": out,
+                "seconds": timings[stage],
+                "finished_at": time.time(),
+            },
+        )
     summary = summarize(rd)
     summary["plan"] = plan
     summary["seconds"] = timings
@@ -292,8 +316,14 @@ def _stage_key(stage: str, cfg: Config, outputs: dict[str, str]) -> str:
     return stage_key(outputs["eval"], outputs["export"])
 
 
-STAGE_FUNCS = {"data": stage_data, "tokenizer": stage_tokenizer, "tokenize": stage_tokenize,
-               "eval": stage_eval, "export": stage_export, "report": stage_report}
+STAGE_FUNCS = {
+    "data": stage_data,
+    "tokenizer": stage_tokenizer,
+    "tokenize": stage_tokenize,
+    "eval": stage_eval,
+    "export": stage_export,
+    "report": stage_report,
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,11 +376,18 @@ def summarize(rd: RunDir) -> dict:
 def print_summary(summary: dict, timings: dict[str, float], console: Console) -> None:
     table = Table(title="oreline run", show_header=False)
     rows = [
-        ("web documents kept", f"{summary.get('web_docs_kept', '?'):,} of {summary.get('web_docs_in', '?'):,}"
-         if isinstance(summary.get("web_docs_kept"), int) and isinstance(summary.get("web_docs_in"), int) else "?"),
+        (
+            "web documents kept",
+            f"{summary.get('web_docs_kept', '?'):,} of {summary.get('web_docs_in', '?'):,}"
+            if isinstance(summary.get("web_docs_kept"), int) and isinstance(summary.get("web_docs_in"), int)
+            else "?",
+        ),
         ("tokens (train / val)", f"{summary.get('train_tokens', 0):,} / {summary.get('val_tokens', 0):,}"),
         ("training steps", str(summary.get("train_steps", "?"))),
-        ("final validation loss", f"{summary['final_val_loss']:.4f}" if summary.get("final_val_loss") is not None else "?"),
+        (
+            "final validation loss",
+            f"{summary['final_val_loss']:.4f}" if summary.get("final_val_loss") is not None else "?",
+        ),
         ("throughput", f"{summary['tokens_per_s']:,.0f} tokens/s" if summary.get("tokens_per_s") else "?"),
         ("report", summary["report"]),
         ("exported model", summary["export"]),
@@ -362,4 +399,3 @@ def print_summary(summary: dict, timings: dict[str, float], console: Console) ->
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
-

@@ -21,10 +21,17 @@ from oreline.config import load_config
 from oreline.data.pipeline import run_data
 
 
-def warc_response(payload: bytes, uri: str, content_type: str = "text/html; charset=utf-8", status: int = 200,
-                  record_id: str | None = None) -> bytes:
+def warc_response(
+    payload: bytes,
+    uri: str,
+    content_type: str = "text/html; charset=utf-8",
+    status: int = 200,
+    record_id: str | None = None,
+) -> bytes:
     """One WARC/1.0 response record holding an HTTP response (what a crawler writes)."""
-    http = (f"HTTP/1.1 {status} OK\r\nContent-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + payload
+    http = (
+        f"HTTP/1.1 {status} OK\r\nContent-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
     rid = record_id or f"urn:uuid:{uuid.uuid4()}"
     head = (
         "WARC/1.0\r\nWARC-Type: response\r\n"
@@ -50,7 +57,7 @@ def prose_pages(samples, n: int) -> list[tuple[str, str]]:
     paras = [p.replace("\n", " ").strip() for p in text.split("\n\n") if len(p) > 300]
     pages = []
     for k in range(n):
-        body = "".join(f"<p>{p}</p>\n" for p in paras[k * 6:(k + 1) * 6])
+        body = "".join(f"<p>{p}</p>\n" for p in paras[k * 6 : (k + 1) * 6])
         html = f"<!doctype html><html><head><title>Emma {k}</title></head><body><article>{body}</article></body></html>"
         pages.append((f"urn:uuid:00000000-0000-0000-0000-{k:012d}", html))
     return pages
@@ -72,13 +79,22 @@ def bad_run(samples, tmp_path_factory):
     inputs = root / "in"
     inputs.mkdir()
     # the good pages alone: the reference for "other documents are unaffected"
-    write_warc(inputs / "good.warc.gz", [warc_response(h.encode(), f"https://good.example/{i}", record_id=rid)
-                                         for i, (rid, h) in enumerate(good)])
+    write_warc(
+        inputs / "good.warc.gz",
+        [
+            warc_response(h.encode(), f"https://good.example/{i}", record_id=rid)
+            for i, (rid, h) in enumerate(good)
+        ],
+    )
     # the same WARC twice (same record ids in two files): each document must come out once
     (inputs / "copy-of-good.warc.gz").write_bytes((inputs / "good.warc.gz").read_bytes())
     bad_ids = {
-        "invalid_utf8": "urn:uuid:bad-0001", "control_chars": "urn:uuid:bad-0002", "deep_html": "urn:uuid:bad-0003",
-        "huge": "urn:uuid:bad-0004", "not_found": "urn:uuid:bad-0005", "image": "urn:uuid:bad-0006",
+        "invalid_utf8": "urn:uuid:bad-0001",
+        "control_chars": "urn:uuid:bad-0002",
+        "deep_html": "urn:uuid:bad-0003",
+        "huge": "urn:uuid:bad-0004",
+        "not_found": "urn:uuid:bad-0005",
+        "image": "urn:uuid:bad-0006",
     }
     deep = b"<html><body>" + b"<div>" * 100_000 + b"deep" + b"</div>" * 100_000 + b"</body></html>"
     invalid = b"<html><body><p>" + bytes(range(0x80, 0x100)) * 40 + b"</p></body></html>"
@@ -86,11 +102,23 @@ def bad_run(samples, tmp_path_factory):
     mixed = [
         warc_response(good[0][1].encode(), "https://mixed.example/0", record_id="urn:uuid:mixed-good-0"),
         warc_response(invalid, "https://bad.example/utf8", record_id=bad_ids["invalid_utf8"]),
-        warc_response(controls, "https://bad.example/ctrl", "text/plain; charset=utf-8", record_id=bad_ids["control_chars"]),
+        warc_response(
+            controls,
+            "https://bad.example/ctrl",
+            "text/plain; charset=utf-8",
+            record_id=bad_ids["control_chars"],
+        ),
         warc_response(deep, "https://bad.example/deep", record_id=bad_ids["deep_html"]),
         warc_response(b"x" * 50_000_100, "https://bad.example/huge", "text/plain", record_id=bad_ids["huge"]),
-        warc_response(b"<html>gone</html>", "https://bad.example/404", status=404, record_id=bad_ids["not_found"]),
-        warc_response(b"\x89PNG\r\n\x1a\n" + os.urandom(500), "https://bad.example/png", "image/png", record_id=bad_ids["image"]),
+        warc_response(
+            b"<html>gone</html>", "https://bad.example/404", status=404, record_id=bad_ids["not_found"]
+        ),
+        warc_response(
+            b"\x89PNG\r\n\x1a\n" + os.urandom(500),
+            "https://bad.example/png",
+            "image/png",
+            record_id=bad_ids["image"],
+        ),
         warc_response(good[1][1].encode(), "https://mixed.example/1", record_id="urn:uuid:mixed-good-1"),
     ]
     write_warc(inputs / "mixed.warc.gz", mixed)
@@ -100,8 +128,12 @@ def bad_run(samples, tmp_path_factory):
     whole = gzip.compress(b"".join(mixed[:2]))
     (inputs / "truncated.warc.gz").write_bytes(whole[: len(whole) // 2])
     (inputs / "lines.jsonl").write_text(
-        json.dumps({"id": "j1", "text": "\x00\x01\x02"}) + "\n{not json\n" + json.dumps([1, 2]) + "\n"
-        + json.dumps({"id": "j2", "body": "no text key"}) + "\n"
+        json.dumps({"id": "j1", "text": "\x00\x01\x02"})
+        + "\n{not json\n"
+        + json.dumps([1, 2])
+        + "\n"
+        + json.dumps({"id": "j2", "body": "no text key"})
+        + "\n"
     )
     (inputs / "photo.jpeg").write_bytes(os.urandom(100))
 
@@ -133,7 +165,9 @@ def test_every_bad_record_is_rejected_with_a_reason(bad_run):
     assert rejects[bad_ids["not_found"]]["reason"] == "http:status_404"
     assert rejects[bad_ids["image"]]["reason"].startswith("http:content_type")
     assert rejects[bad_ids["control_chars"]]["reason"] == "normalize:empty"
-    assert bad_ids["deep_html"] in rejects  # 'deep' is no document: extraction fails, times out or leaves nothing
+    assert (
+        bad_ids["deep_html"] in rejects
+    )  # 'deep' is no document: extraction fails, times out or leaves nothing
     dropped = {r for st in stats["steps"] for r in st["dropped"]}
     assert {"read:bad_json", "read:not_an_object", "read:no_text", "normalize:empty"} <= dropped
 

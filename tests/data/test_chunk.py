@@ -57,7 +57,7 @@ def test_chunk_document_ids_and_metadata():
     assert [c.id for c in chunks] == [f"doc-1#c{k}" for k in range(len(chunks))]
     assert all(c.metadata["chunk_count"] == len(chunks) and c.url == "http://x" for c in chunks)
     assert [c.metadata["chunk_index"] for c in chunks] == list(range(len(chunks)))
-    assert all(doc.text[c.metadata["chunk_start"]:].startswith(c.text) for c in chunks)
+    assert all(doc.text[c.metadata["chunk_start"] :].startswith(c.text) for c in chunks)
     chunks[0].metadata["language"] = "fr"
     assert doc.metadata == {"language": "en"} and chunks[1].metadata["language"] == "en"
     whole = chunk_document(Document("short", "tiny"), Config())  # the whole config is accepted

@@ -54,7 +54,9 @@ def test_minhash_estimates_exact_jaccard():
         b = mutate(a, rng, frac=0.005 + 0.06 * (k % 12) / 11)  # exact Jaccard spread over ~0.3..1
         sa, sb = shingles(" ".join(a)), shingles(" ".join(b))
         exact = jaccard(sa, sb)
-        est = estimated_jaccard(minhash_signature(" ".join(a), num_perm=256), minhash_signature(" ".join(b), num_perm=256))
+        est = estimated_jaccard(
+            minhash_signature(" ".join(a), num_perm=256), minhash_signature(" ".join(b), num_perm=256)
+        )
         sd = np.sqrt(max(exact * (1 - exact), 0.01) / 256)
         assert abs(est - exact) < 5 * sd, (exact, est)
         errors.append(est - exact)
@@ -157,7 +159,9 @@ def test_cs336_fixtures_near_and_exact(full_samples, tmp_path):
     removals = pq.read_table(tmp_path / "plan" / "removals.parquet").to_pylist()
     near = next(r for r in removals if r["reason"] == "dedup:near_dup")
     assert near["similarity_method"] == "jaccard"
-    assert near["similarity"] == pytest.approx(jaccard(*(shingles(d.text) for d in fuzzy if "mit" in d.id)), abs=1e-6)
+    assert near["similarity"] == pytest.approx(
+        jaccard(*(shingles(d.text) for d in fuzzy if "mit" in d.id)), abs=1e-6
+    )
     assert 0.8 <= near["similarity"] <= 1.0
     assert source.asked == {rails, react}  # the exact duplicate is not bucketed, the license not a candidate
     stats = json.loads((tmp_path / "plan" / "dedup_stats.json").read_text())
@@ -207,7 +211,9 @@ def borderline_pair(exact_range: tuple[float, float], estimate_above: bool) -> t
             if not exact_range[0] <= exact < exact_range[1]:
                 continue
             sig, _ = minhash_signatures([ta, tb], CFG.num_perm, CFG.shingle_words, CFG.seed)
-            if (estimated_jaccard(sig[0], sig[1]) >= CFG.threshold) == estimate_above and len(lsh_candidates(sig, b, r)):
+            if (estimated_jaccard(sig[0], sig[1]) >= CFG.threshold) == estimate_above and len(
+                lsh_candidates(sig, b, r)
+            ):
                 return ta, tb, exact
     raise AssertionError("no borderline pair found")
 
@@ -218,10 +224,14 @@ def borderline_docs():
     fp_a, fp_b, fp_j = borderline_pair((0.7, CFG.threshold), estimate_above=True)
     fn_a, fn_b, fn_j = borderline_pair((CFG.threshold, 0.9), estimate_above=False)
     rng = random.Random(7)
-    docs = [Document(i, t, metadata={"source": "s.jsonl", "offset": n})
-            for n, (i, t) in enumerate([("fp-a", fp_a), ("fn-a", fn_a), ("fp-b", fp_b), ("fn-b", fn_b)])]
-    docs += [Document(f"u{n}", " ".join(random_doc(rng)), metadata={"source": "s.jsonl", "offset": 10 + n})
-             for n in range(20)]
+    docs = [
+        Document(i, t, metadata={"source": "s.jsonl", "offset": n})
+        for n, (i, t) in enumerate([("fp-a", fp_a), ("fn-a", fn_a), ("fp-b", fp_b), ("fn-b", fn_b)])
+    ]
+    docs += [
+        Document(f"u{n}", " ".join(random_doc(rng)), metadata={"source": "s.jsonl", "offset": 10 + n})
+        for n in range(20)
+    ]
     return docs, fp_j, fn_j
 
 
@@ -256,7 +266,10 @@ def test_exact_verification_decides_where_the_estimate_errs(borderline_docs, tmp
     assert source.asked == {"fp-a", "fp-b", "fn-a", "fn-b"}  # only candidates' texts are read
     stats = json.loads((tmp_path / "exact" / "dedup_stats.json").read_text())
     assert stats["verify"] == "exact" and (stats["bands"], stats["rows"]) == bands_rows(CFG)
-    assert stats["candidate_pairs"] == stats["exact_verified_pairs"] == 2 and stats["signature_verified_pairs"] == 0
+    assert (
+        stats["candidate_pairs"] == stats["exact_verified_pairs"] == 2
+        and stats["signature_verified_pairs"] == 0
+    )
     assert stats["verified_pairs"] == 1 and stats["rejected_pairs"] == 1
     assert stats["estimate_above_exact_below"] == 1 and stats["estimate_below_exact_above"] == 1
     assert stats["texts_read"] == stats["candidate_docs"] == 4 and stats["texts_missing"] == 0
@@ -268,7 +281,9 @@ def test_exact_verification_decides_where_the_estimate_errs(borderline_docs, tmp
     b, r = bands_rows(CFG)
     sig_cfg = CFG.model_copy(update={"verify": "signature", "bands": b, "rows": r})
     source = DictSource(docs)
-    assert dedup_plan(paths, tmp_path / "sig-plan", sig_cfg, text_source=source) == {"fp-b": ("dedup:near_dup", "fp-a")}
+    assert dedup_plan(paths, tmp_path / "sig-plan", sig_cfg, text_source=source) == {
+        "fp-b": ("dedup:near_dup", "fp-a")
+    }
     assert source.asked == set()  # signature verification never reads texts
     removal = pq.read_table(tmp_path / "sig-plan" / "removals.parquet").to_pylist()
     assert removal[0]["similarity_method"] == "minhash" and removal[0]["similarity"] >= CFG.threshold > fp_j

@@ -38,7 +38,10 @@ def real_pages(samples) -> list[str]:
     for rec in iter_records(samples / "web-archives/dolma-wget-2024/sample-0000.warc.gz", report=report):
         if rec.content_type == "text/html" and len(pages) < 6:
             pages.append(record_to_document(rec, report).text)
-    for rec in iter_records(samples / "web-archives/commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz", report=report):
+    for rec in iter_records(
+        samples / "web-archives/commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz",
+        report=report,
+    ):
         pages.append(record_to_document(rec, report).text)
     return pages
 
@@ -68,9 +71,12 @@ def test_script_and_style_never_leak_on_real_pages(real_pages, extractor):
 @pytest.mark.parametrize("extractor", EXTRACTORS)
 def test_synthetic_script_style_removed(extractor):
     _extractor_available(extractor)
-    html = ("<html><head><style>.zzstyle{color:red}</style><script>var zzsecret = 1;</script></head><body>"
-            "<article><h1>Title here</h1><p>" + "A real paragraph of article text that should survive. " * 8
-            + "</p><script type='text/javascript'>document.write('zzinline')</script></article></body></html>")
+    html = (
+        "<html><head><style>.zzstyle{color:red}</style><script>var zzsecret = 1;</script></head><body>"
+        "<article><h1>Title here</h1><p>"
+        + "A real paragraph of article text that should survive. " * 8
+        + "</p><script type='text/javascript'>document.write('zzinline')</script></article></body></html>"
+    )
     text = html_to_text(html, extractor)
     assert "real paragraph" in text
     for secret in ("zzstyle", "zzsecret", "zzinline", "color:red"):
@@ -128,7 +134,9 @@ def test_timeout_becomes_drop_reason():
 def test_extract_text_reasons():
     cfg = ExtractConfig()
     assert extract_text("<html><body><script>x()</script></body></html>", cfg) == ("", "extract:empty")
-    text, reason = extract_text("<html><body><p>Hello there, world.</p></body></html>", ExtractConfig(main_content=False))
+    text, reason = extract_text(
+        "<html><body><p>Hello there, world.</p></body></html>", ExtractConfig(main_content=False)
+    )
     assert reason is None and "Hello there" in text
     with pytest.raises(ConfigError):
         html_to_text("<p>x</p>", "no-such-extractor")

@@ -29,8 +29,15 @@ class Seeds(list):
 def seeds(samples) -> Seeds:
     edge = samples / "web-archives" / "warcio-edge-cases"
     plain = (edge / "example.warc").read_bytes()
-    return Seeds([plain, (edge / "example.warc.gz").read_bytes(), gzip.compress(plain), (edge / "example.arc").read_bytes(),
-                  (edge / "example-iana.org-chunked.warc").read_bytes()])
+    return Seeds(
+        [
+            plain,
+            (edge / "example.warc.gz").read_bytes(),
+            gzip.compress(plain),
+            (edge / "example.arc").read_bytes(),
+            (edge / "example-iana.org-chunked.warc").read_bytes(),
+        ]
+    )
 
 
 def read_all(data: bytes) -> ReadReport:
@@ -40,7 +47,9 @@ def read_all(data: bytes) -> ReadReport:
         path.write_bytes(data)
         report = ReadReport()
         records = list(iter_records(path, report=report, max_record_bytes=1_000_000, record_types=ALL_TYPES))
-        accounted = report.yielded + sum(report.skipped.values()) + report.dropped["read:too_large"] + report.damaged
+        accounted = (
+            report.yielded + sum(report.skipped.values()) + report.dropped["read:too_large"] + report.damaged
+        )
         assert accounted == report.records and report.yielded == len(records)
         for rec in records:
             doc = record_to_document(rec, report)
@@ -70,14 +79,35 @@ def test_mutated_real_warcs_never_raise(seeds, data):
         elif op == "insert":
             seed[pos:pos] = data.draw(st.binary(min_size=1, max_size=64))
         elif op == "delete":
-            del seed[pos:pos + data.draw(st.integers(1, 64))]
+            del seed[pos : pos + data.draw(st.integers(1, 64))]
     read_all(bytes(seed))
 
 
-_INVISIBLE = set("\x00\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064\ufeff")
+_INVISIBLE = set(
+    "\x00\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064\ufeff"
+)
 _INVISIBLE |= {chr(c) for c in range(0x20) if c not in (0x09, 0x0A)} | {chr(c) for c in range(0x7F, 0xA0)}
-_TRICKY = st.sampled_from(sorted(_INVISIBLE) + [" ", "\t", "\n", "\r", "\u00a0", "\u3000", "\u2028", "\u2029",
-                                               "e\u0301", "\ud800", "\udfff", "ﬁ", "a", "Z", "中", "\U0001f600"])
+_TRICKY = st.sampled_from(
+    sorted(_INVISIBLE)
+    + [
+        " ",
+        "\t",
+        "\n",
+        "\r",
+        "\u00a0",
+        "\u3000",
+        "\u2028",
+        "\u2029",
+        "e\u0301",
+        "\ud800",
+        "\udfff",
+        "ﬁ",
+        "a",
+        "Z",
+        "中",
+        "\U0001f600",
+    ]
+)
 TEXT = st.lists(st.one_of(_TRICKY, st.text(max_size=8)), max_size=60).map("".join)
 
 
@@ -90,4 +120,8 @@ def test_normalize_is_idempotent_and_clean(text, form):
     assert not (_INVISIBLE & set(out))
     assert "\r" not in out and "\n\n\n" not in out and out == out.strip()
     assert all(not line.endswith((" ", "\t")) for line in out.split("\n"))
-    assert set(counts) <= set(REMOVED_CATEGORIES) | {"carriage_return", "line_separator", "whitespace_collapsed"}
+    assert set(counts) <= set(REMOVED_CATEGORIES) | {
+        "carriage_return",
+        "line_separator",
+        "whitespace_collapsed",
+    }

@@ -53,5 +53,9 @@ def test_hostile_input_is_dropped_in_bounded_memory_and_time(name, tmp_path, chi
     result = hostile.run_case(case, tmp_path, CAP, timeout_s=3 * case.max_seconds, env=child_env)
     log = (tmp_path / "child.log").read_text(errors="replace")[-3000:]
     assert result.ok, f"{name}: {result.outcome}\n{log}"
-    assert result.seconds < case.max_seconds, f"{name} took {result.seconds:.1f} s (bound {case.max_seconds} s)"
-    assert result.peak_rss_mb < case.max_rss_mb, f"{name} peaked at {result.peak_rss_mb:.0f} MB (bound {case.max_rss_mb} MB)"
+    assert result.seconds < case.max_seconds, (
+        f"{name} took {result.seconds:.1f} s (bound {case.max_seconds} s)"
+    )
+    assert result.peak_rss_mb < case.max_rss_mb, (
+        f"{name} peaked at {result.peak_rss_mb:.0f} MB (bound {case.max_rss_mb} MB)"
+    )

@@ -13,7 +13,11 @@ from oreline.data.inputs import iter_input_documents
 def _read(path, limit: int):
     cfg = load_config(None, [f"data.read.max_record_bytes={limit}"])
     reported = []
-    docs = list(iter_input_documents(path, cfg, report=lambda reason, offset, preview: reported.append((reason, offset))))
+    docs = list(
+        iter_input_documents(
+            path, cfg, report=lambda reason, offset, preview: reported.append((reason, offset))
+        )
+    )
     return docs, reported
 
 
@@ -38,12 +42,17 @@ def test_zip_member_over_the_limit_is_dropped_and_the_others_read(tmp_path):
 
 
 def test_jsonl_line_over_the_limit_is_dropped_and_the_next_lines_read(tmp_path):
-    lines = [json.dumps({"id": "a", "text": "before"}), json.dumps({"id": "big", "text": "y" * 3_000_000}),
-             json.dumps({"id": "b", "text": "after"})]
+    lines = [
+        json.dumps({"id": "a", "text": "before"}),
+        json.dumps({"id": "big", "text": "y" * 3_000_000}),
+        json.dumps({"id": "b", "text": "after"}),
+    ]
     data = ("\n".join(lines) + "\n").encode()
     for name, raw in (("lines.jsonl", data), ("lines.jsonl.gz", gzip.compress(data))):
         (tmp_path / name).write_bytes(raw)
         docs, reported = _read(tmp_path / name, 1_000_000)
         assert [d.id for d in docs] == ["a", "b"], name
         assert reported == [("read:too_large", len(lines[0]) + 1)], name
-        assert docs[1].metadata["offset"] == len(lines[0]) + len(lines[1]) + 2  # offsets still count every byte
+        assert (
+            docs[1].metadata["offset"] == len(lines[0]) + len(lines[1]) + 2
+        )  # offsets still count every byte

@@ -35,8 +35,9 @@ def _command(inputs, out):
 
 def _run_and_kill(inputs, out, ready, timeout=60.0) -> bool:
     """Start the CLI in its own process group, SIGKILL the group once ready() holds; True if killed."""
-    proc = subprocess.Popen(_command(inputs, out), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _command(inputs, out), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -61,7 +62,9 @@ def test_sigkill_and_resume_match_an_uninterrupted_run(samples, tmp_path):
 
     # kill 1: in phase 1, after the first task finished and while others are being written
     phase1 = out / "work" / "phase1"
-    killed = _run_and_kill(inputs, out, lambda: phase1.is_dir() and any(p.name.startswith("task-") for p in phase1.iterdir()))
+    killed = _run_and_kill(
+        inputs, out, lambda: phase1.is_dir() and any(p.name.startswith("task-") for p in phase1.iterdir())
+    )
     assert killed, "the run finished before it could be killed in phase 1"
     assert not (out / "_SUCCESS").exists()
     done_after_kill = [p for p in phase1.iterdir() if p.name.startswith("task-")]

@@ -13,8 +13,14 @@ from oreline.data.normalize import normalize_reason, normalize_text, normalize_w
 
 def test_removes_each_category_and_counts_it():
     cases = {
-        "nul": "\x00", "zero_width": "\u200b", "bidi": "\u202e", "word_joiner": "\u2060", "bom": "\ufeff",
-        "c0_control": "\x07", "c1_control": "\x9b", "surrogate": "\udc80",
+        "nul": "\x00",
+        "zero_width": "\u200b",
+        "bidi": "\u202e",
+        "word_joiner": "\u2060",
+        "bom": "\ufeff",
+        "c0_control": "\x07",
+        "c1_control": "\x9b",
+        "surrogate": "\udc80",
     }
     for category, ch in cases.items():
         text, counts = normalize_with_counts(f"ab{ch}cd{ch}ef")
@@ -24,7 +30,9 @@ def test_removes_each_category_and_counts_it():
 
 def test_every_listed_invisible_range_is_removed():
     chars = [chr(c) for c in [*range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2060, 0x2065), 0xFEFF]]
-    chars += [chr(c) for c in range(0x20) if c not in (0x09, 0x0A, 0x0B, 0x0C, 0x0D)] + [chr(c) for c in range(0x80, 0xA0) if c != 0x85]
+    chars += [chr(c) for c in range(0x20) if c not in (0x09, 0x0A, 0x0B, 0x0C, 0x0D)] + [
+        chr(c) for c in range(0x80, 0xA0) if c != 0x85
+    ]
     assert normalize_text("x" + "".join(chars) + "y") == "xy"
 
 
@@ -63,7 +71,9 @@ def test_replacement_ratio_reason():
 
 
 def test_real_text_is_idempotent_and_clean(samples):
-    raw = gzip.decompress((samples / "english-prose" / "tinyshakespeare.txt.gz").read_bytes()).decode("utf-8")[:200_000]
+    raw = gzip.decompress((samples / "english-prose" / "tinyshakespeare.txt.gz").read_bytes()).decode(
+        "utf-8"
+    )[:200_000]
     once = normalize_text(raw)
     assert normalize_text(once) == once
     assert "\n\n" in once and "\n\n\n" not in once

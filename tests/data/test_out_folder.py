@@ -25,8 +25,13 @@ WARC = "web-archives/dolma-wget-2024/sample-0000.warc.gz"
 
 def user_folder(root: Path, with_docs: bool = True) -> dict[str, bytes]:
     """A folder of the user's own files (hidden ones included); returns {relative path: bytes}."""
-    files = {".git/HEAD": b"ref: refs/heads/main\n", ".git/objects/ab/cdef": b"\x00blob", ".env": b"TOKEN=secret\n",
-             "sub/.hidden": b"hidden", "notes.txt": b"my notes"}
+    files = {
+        ".git/HEAD": b"ref: refs/heads/main\n",
+        ".git/objects/ab/cdef": b"\x00blob",
+        ".env": b"TOKEN=secret\n",
+        "sub/.hidden": b"hidden",
+        "notes.txt": b"my notes",
+    }
     if with_docs:
         files["docs/part-00000-mine.parquet"] = b"PAR1 my own table"
     for rel, data in files.items():
@@ -42,8 +47,13 @@ def assert_intact(root: Path, files: dict[str, bytes]) -> None:
 
 def oreline(*args: str) -> tuple[int, str]:
     """Run the CLI; its exit code and stderr with rich's line wrapping undone."""
-    result = subprocess.run([sys.executable, "-m", "oreline", *args], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "COLUMNS": "400"})
+    result = subprocess.run(
+        [sys.executable, "-m", "oreline", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "400"},
+    )
     return result.returncode, " ".join(result.stderr.split())
 
 
@@ -55,7 +65,11 @@ def test_data_refuses_a_folder_of_user_files_and_deletes_nothing(samples, tmp_pa
     assert f"{out} is not empty" in err and "--force" in err and "not created by oreline data" in err
     # --force still never takes a folder that has names oreline writes (docs/): nothing is touched
     code, err = oreline("data", str(samples / WARC), "--out", str(out), "--force")
-    assert code == 2 and f"{out} holds docs, names oreline data writes" in err and "never overwrites or deletes" in err
+    assert (
+        code == 2
+        and f"{out} holds docs, names oreline data writes" in err
+        and "never overwrites or deletes" in err
+    )
     assert_intact(out, files)
     assert sorted(p.name for p in out.iterdir()) == [".env", ".git", "docs", "notes.txt", "sub"]
 
@@ -100,8 +114,12 @@ def test_a_folder_of_another_oreline_kind_is_refused(samples, tmp_path):
 
 def test_reject_rows_cap_id_url_and_metadata(tmp_path):
     big = "x" * (5 << 20)
-    doc = {"id": "id-" + big, "url": "https://example.com/" + big, "text": "too short",
-           "metadata": {"note": big, "lang_hint": "en"}}
+    doc = {
+        "id": "id-" + big,
+        "url": "https://example.com/" + big,
+        "text": "too short",
+        "metadata": {"note": big, "lang_hint": "en"},
+    }
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps(doc) + "\n", encoding="utf-8")
     stats = run_data([src], tmp_path / "out", load_config(), workers=1)

@@ -40,13 +40,17 @@ def test_content_encodings_and_already_decoded_bodies():
     html = b"<html><body><p>hello encoded world</p></body></html>"
     raw_deflate = zlib.compressobj(wbits=-15)
     bodies = {
-        "gzip": gzip.compress(html), "deflate": zlib.compress(html),
-        "br": brotli.compress(html), "zstd": zstandard.ZstdCompressor().compress(html),
+        "gzip": gzip.compress(html),
+        "deflate": zlib.compress(html),
+        "br": brotli.compress(html),
+        "zstd": zstandard.ZstdCompressor().compress(html),
     }
     bodies_raw_deflate = raw_deflate.compress(html) + raw_deflate.flush()
     for enc, body in [*bodies.items(), ("deflate", bodies_raw_deflate)]:
         counts = Counter()
-        block = f"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: {enc}\r\n\r\n".encode() + body
+        block = (
+            f"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: {enc}\r\n\r\n".encode() + body
+        )
         status, headers, payload = parse_http(block, counts)
         assert (status, payload) == (200, html), enc
         assert counts[f"content_encoding:{enc}"] == 1
@@ -72,7 +76,11 @@ def test_content_decoding_stops_at_the_limit():
     """A body that decodes past max_bytes raises PayloadTooLarge (the reader drops the record as
     read:too_large); before, br and zstd bodies were decoded whole and gzip silently cut."""
     html = b"<html><body><p>" + b"bounded " * 2_000 + b"</p></body></html>"
-    bodies = {"gzip": gzip.compress(html), "br": brotli.compress(html), "zstd": zstandard.ZstdCompressor().compress(html)}
+    bodies = {
+        "gzip": gzip.compress(html),
+        "br": brotli.compress(html),
+        "zstd": zstandard.ZstdCompressor().compress(html),
+    }
     for enc, body in bodies.items():
         assert decode_content(body, enc, len(html)) == html, enc
         with pytest.raises(PayloadTooLarge):
@@ -103,5 +111,7 @@ def test_http_head_is_bounded_and_repeated_headers_joined():
     status, headers, body = parse_http(flood, counts)
     assert time.perf_counter() - start < 2  # was quadratic: 2.6 MB of repeated headers took 20 s
     assert (status, body, counts["http_head_too_long"]) == (200, b"", 1)
-    status, headers, body = parse_http(b"HTTP/1.1 200 OK\r\nSet-Cookie: a\r\nset-cookie: b\r\n\r\nx", Counter())
+    status, headers, body = parse_http(
+        b"HTTP/1.1 200 OK\r\nSet-Cookie: a\r\nset-cookie: b\r\n\r\nx", Counter()
+    )
     assert headers["set-cookie"] == "a, b" and body == b"x"

@@ -102,7 +102,10 @@ def nav_menus(samples: Path) -> list[str]:
     truth = json.loads((samples / "article-extraction-dev" / "ground-truth.json").read_text())
     for key in sorted(truth)[:30]:
         html = gzip.decompress((samples / "article-extraction-dev" / "html" / f"{key}.html.gz").read_bytes())
-        links = [" ".join(t.split()) for t in re.findall(r"<a[^>]*>([^<]{2,40})</a>", html.decode("utf-8", "replace"))]
+        links = [
+            " ".join(t.split())
+            for t in re.findall(r"<a[^>]*>([^<]{2,40})</a>", html.decode("utf-8", "replace"))
+        ]
         links = [t for t in links if t]
         if len(links) >= 20:
             out.append("\n".join(links[:60]))
@@ -121,8 +124,13 @@ def garbage(samples: Path, prose: list[str]) -> dict[str, list[str]]:
         "shuffled": [shuffled(t) for t in prose[:20]],
         # keyword stuffing and loaders; repeated function words ("the the the") are the Gopher
         # repetition filter's job: an n-gram model scores them like prose
-        "repeated": [" ".join([p] * 150) for p in ("click here", "buy cheap watches", "loading", "free download", "home")],
-        "random_chars": ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz    ") for _ in range(2000)) for _ in range(5)],
+        "repeated": [
+            " ".join([p] * 150)
+            for p in ("click here", "buy cheap watches", "loading", "free download", "home")
+        ],
+        "random_chars": [
+            "".join(rng.choice("abcdefghijklmnopqrstuvwxyz    ") for _ in range(2000)) for _ in range(5)
+        ],
         "nav_menus": nav_menus(samples),
     }
 
@@ -139,7 +147,11 @@ def test_ranks_prose_below_web_below_garbage(full_samples, request, kind):
     folder = request.getfixturevalue("reference" if kind == "ngram" else "llama_reference")
     scorer = load_scorer(folder, backend="python")
     assert scorer.kind == kind
-    prose = [t[i : i + 3000] for t in (book(full_samples, b) for b in HELDOUT_BOOKS) for i in range(5000, 65000, 3000)]
+    prose = [
+        t[i : i + 3000]
+        for t in (book(full_samples, b) for b in HELDOUT_BOOKS)
+        for i in range(5000, 65000, 3000)
+    ]
     web = [t for t in articles(full_samples)[1::2] if len(t) > 500]
     bad = garbage(full_samples, prose)
     assert all(len(v) >= 5 for v in bad.values())
@@ -147,7 +159,11 @@ def test_ranks_prose_below_web_below_garbage(full_samples, request, kind):
     p_prose, p_web = ppl(prose), ppl(web)
     p_bad = {k: ppl(v) for k, v in bad.items()}
     pooled = [p for v in p_bad.values() for p in v]
-    medians = {"prose": np.median(p_prose), "web": np.median(p_web), **{k: np.median(v) for k, v in p_bad.items()}}
+    medians = {
+        "prose": np.median(p_prose),
+        "web": np.median(p_web),
+        **{k: np.median(v) for k, v in p_bad.items()},
+    }
     assert np.median(p_prose) < np.median(p_web) < np.median(pooled), medians
     assert auc(p_prose, pooled) >= 0.98, medians
     assert auc(p_prose, p_web) >= 0.8, medians
@@ -174,7 +190,11 @@ def test_llama_scores_paragraphs_and_batches_alike(llama_reference, full_samples
     assert tail[0] is not None and tail[-1] is None and batch[5]["words"] < 12 * batch[0]["words"]
     assert batch[5]["perplexity"] == pytest.approx(batch[0]["perplexity"], rel=0.5)
     ref = json.loads((llama_reference / "reference.json").read_text())
-    assert ref["kind"] == "llama" and len(ref["fingerprint"]) == 64 and (llama_reference / "tokenizer" / "tokenizer.json").is_file()
+    assert (
+        ref["kind"] == "llama"
+        and len(ref["fingerprint"]) == 64
+        and (llama_reference / "tokenizer" / "tokenizer.json").is_file()
+    )
     assert ref["tokenizer_fingerprint"] == scorer.tok.fingerprint
 
 
@@ -196,7 +216,9 @@ def test_arpa_query_matches_kenlm(full_samples, reference):
     fast = kenlm.Model(str(reference / "model.arpa"))
     ours = load_reference(reference, backend="python")
     for toks in sentences(book(full_samples, "austen-persuasion.txt")[:30000])[:300]:
-        assert ours.sentence_log10(toks) == pytest.approx(fast.score(" ".join(toks), bos=True, eos=True), abs=1e-3)
+        assert ours.sentence_log10(toks) == pytest.approx(
+            fast.score(" ".join(toks), bos=True, eos=True), abs=1e-3
+        )
 
 
 @pytest.mark.extended("article-extraction-dev")
@@ -205,9 +227,15 @@ def test_step_scores_and_cuts_by_threshold(full_samples, reference):
     menu = Document("m", nav_menus(full_samples)[0])
     step = perplexity_filter_factory(QualityConfig(perplexity_model=str(reference), perplexity_max=1000.0))
     assert step.name == "quality:perplexity" and step.batch_fn is not None
-    assert step.batch_fn([prose, menu, Document("e", "   ")]) == [None, "perplexity:>1000", "perplexity:no_tokens"]
+    assert step.batch_fn([prose, menu, Document("e", "   ")]) == [
+        None,
+        "perplexity:>1000",
+        "perplexity:no_tokens",
+    ]
     assert 50 < prose.metadata["perplexity"] < 1000 and menu.metadata["perplexity"] > 1000
-    assert len(prose.metadata["perplexity_paragraphs"]) == len([x for x in prose.text.split("\n") if x.strip()])
+    assert len(prose.metadata["perplexity_paragraphs"]) == len(
+        [x for x in prose.text.split("\n") if x.strip()]
+    )
     assert step.fn(Document("p2", prose.text)) is None  # one document at a time gives the same
     with pytest.raises(ConfigError, match="perplexity_model"):
         perplexity_filter_factory(QualityConfig())
@@ -224,19 +252,27 @@ def test_cutoffs_come_from_a_sample_of_the_run(reference, tmp_path):
     ppl = rng.lognormal(5.0, 0.5, 3000)
     files = []
     for k in range(3):  # three tasks' kept documents, one with unscored rows
-        part = ppl[k * 1000:(k + 1) * 1000].tolist() + ([None] * 5 if k == 1 else [])
+        part = ppl[k * 1000 : (k + 1) * 1000].tolist() + ([None] * 5 if k == 1 else [])
         path = tmp_path / f"kept-{k}.parquet"
         pq.write_table(pa.table({"id": [f"d{k}-{i}" for i in range(len(part))], "perplexity": part}), path)
         files.append(path)
-    cfg = Config.model_validate({"data": {"quality": {"perplexity_model": str(reference), "perplexity_sample_docs": 1000}}})
+    cfg = Config.model_validate(
+        {"data": {"quality": {"perplexity_model": str(reference), "perplexity_sample_docs": 1000}}}
+    )
     info = compute_cutoffs(files, tmp_path / "cutoffs.json", cfg)
     assert info["scored_docs"] == 3000 and info["sample_docs"] == 1000
     lo, hi = info["cutoffs"]
     assert abs(lo - np.percentile(ppl, 30)) < 0.1 * lo and abs(hi - np.percentile(ppl, 60)) < 0.1 * hi
-    assert compute_cutoffs(files[::-1], tmp_path / "other.json", cfg)["cutoffs"] == [lo, hi]  # order-free sample
+    assert compute_cutoffs(files[::-1], tmp_path / "other.json", cfg)["cutoffs"] == [
+        lo,
+        hi,
+    ]  # order-free sample
     step = bucket_step(tmp_path / "cutoffs.json", cfg)
-    docs = [Document("h", "", "", {"perplexity": lo * 0.9}), Document("m", "", "", {"perplexity": (lo + hi) / 2}),
-            Document("t", "", "", {"perplexity": hi * 1.1})]
+    docs = [
+        Document("h", "", "", {"perplexity": lo * 0.9}),
+        Document("m", "", "", {"perplexity": (lo + hi) / 2}),
+        Document("t", "", "", {"perplexity": hi * 1.1}),
+    ]
     assert [step.fn(d) for d in docs] == [None, None, "perplexity:tail"]
     assert [d.metadata["perplexity_bucket"] for d in docs] == ["head", "middle", "tail"]
     cfg.data.quality.perplexity_max = 500.0
@@ -246,8 +282,12 @@ def test_cutoffs_come_from_a_sample_of_the_run(reference, tmp_path):
 @pytest.mark.extended("article-extraction-dev")
 def test_score_cli_writes_per_document_scores(full_samples, reference, tmp_path):
     sample = tmp_path / "crawl.jsonl"
-    texts = [book(full_samples, "austen-persuasion.txt")[10000:14000]] + [t for t in articles(full_samples)[1::2] if len(t) > 500][:20] \
-        + nav_menus(full_samples)[:10] + [" "]
+    texts = (
+        [book(full_samples, "austen-persuasion.txt")[10000:14000]]
+        + [t for t in articles(full_samples)[1::2] if len(t) > 500][:20]
+        + nav_menus(full_samples)[:10]
+        + [" "]
+    )
     sample.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     summary = score_cli([str(sample)], reference, tmp_path / "scores.parquet", console=None)
     assert summary["documents"] == len(texts) and summary["scored"] == len(texts) - 1
@@ -259,7 +299,9 @@ def test_score_cli_writes_per_document_scores(full_samples, reference, tmp_path)
 
 
 def test_odd_characters_train_and_score(tmp_path):
-    text = "Plain words here.\nA \ud800 lone surrogate, a \x00 NUL and tabs\tin it.\n\nDigits 1984 map to 0000."
+    text = (
+        "Plain words here.\nA \ud800 lone surrogate, a \x00 NUL and tabs\tin it.\n\nDigits 1984 map to 0000."
+    )
     assert sentences(text)[1] == ["a", "lone", "surrogate", ",", "a", "nul", "and", "tabs", "in", "it", "."]
     assert ["digits", "0000", "map", "to", "0000", "."] in sentences(text)
     model = estimate_kneser_ney(sentences(text * 3), order=3)

@@ -110,7 +110,9 @@ def test_output_loads_with_datasets(sample_run, tmp_path, monkeypatch):
     files = [str(p) for p in sorted((out / "docs").glob("*.parquet"))]
     ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(tmp_path))
     assert len(ds) == stats["output"]["docs"]
-    assert {"id", "text", "url", "language", "crawl_date", "http_status", "entropy", "words"} <= set(ds.column_names)
+    assert {"id", "text", "url", "language", "crawl_date", "http_status", "entropy", "words"} <= set(
+        ds.column_names
+    )
 
 
 def test_rerun_of_a_finished_run_is_a_no_op(sample_run):
@@ -142,9 +144,19 @@ def test_funnel_lines_show_percentages(sample_run):
 
 def test_steps_switch_off_and_chunking_splits(samples, tmp_path):
     src = str(samples / "web-archives" / "dolma-wget-2024" / "sample-0000.warc.gz")
-    stats = run_data([src], tmp_path / "a", _cfg("data.quality.enabled=false", "data.dedup.exact=false",
-                                                 "data.dedup.minhash=false", "data.chunk.enabled=true",
-                                                 "data.chunk.size=400", "data.chunk.overlap=100"), workers=1)
+    stats = run_data(
+        [src],
+        tmp_path / "a",
+        _cfg(
+            "data.quality.enabled=false",
+            "data.dedup.exact=false",
+            "data.dedup.minhash=false",
+            "data.chunk.enabled=true",
+            "data.chunk.size=400",
+            "data.chunk.overlap=100",
+        ),
+        workers=1,
+    )
     names = [s["name"] for s in stats["steps"]]
     assert not any(n.startswith("quality") for n in names) and "dedup" not in names
     assert names[-1] == "chunk"
@@ -157,9 +169,12 @@ def test_steps_switch_off_and_chunking_splits(samples, tmp_path):
 
 
 def test_cli_prints_the_funnel(samples, tmp_path):
-    src = str(samples / "web-archives" / "commoncrawl-samples" / "resiliparse-CC-MAIN-2020-34-excerpt.warc.gz")
-    result = CliRunner().invoke(app, ["data", src, "--out", str(tmp_path / "o"), "--workers", "1",
-                                      "data.langid.languages=['en']"])
+    src = str(
+        samples / "web-archives" / "commoncrawl-samples" / "resiliparse-CC-MAIN-2020-34-excerpt.warc.gz"
+    )
+    result = CliRunner().invoke(
+        app, ["data", src, "--out", str(tmp_path / "o"), "--workers", "1", "data.langid.languages=['en']"]
+    )
     assert result.exit_code == 0, result.output
     assert "funnel" in result.output and "langid" in result.output and "%" in result.output
     assert (tmp_path / "o" / "stats.json").is_file()
@@ -174,8 +189,12 @@ def test_discovery_is_sorted_recursive_and_reports_unknown(tmp_path):
     for name in ("b/z.warc.gz", "a.jsonl.zst", "b/c.parquet", "notes.md", "b/x.txt.gz"):
         (tmp_path / name).write_bytes(b"")
     files, unknown = discover_inputs([str(tmp_path), str(tmp_path / "a.jsonl.zst")])
-    assert [(p.name, k) for p, k in files] == [("a.jsonl.zst", "jsonl"), ("c.parquet", "parquet"),
-                                              ("x.txt.gz", "txt"), ("z.warc.gz", "warc")]
+    assert [(p.name, k) for p, k in files] == [
+        ("a.jsonl.zst", "jsonl"),
+        ("c.parquet", "parquet"),
+        ("x.txt.gz", "txt"),
+        ("z.warc.gz", "warc"),
+    ]
     assert [p.name for p in unknown] == ["notes.md"]
     files, _ = discover_inputs([str(tmp_path / "b" / "*.gz")])
     assert [p.name for p, _ in files] == ["x.txt.gz", "z.warc.gz"]
@@ -215,8 +234,12 @@ def test_jsonl_and_parquet_inputs(tmp_path):
 
 def test_config_inputs_expand_samples(samples, tmp_path, monkeypatch):
     monkeypatch.delenv("ORELINE_SAMPLES", raising=False)  # {samples} is then the embedded set
-    stats = run_data(["{samples}/web-archives/commoncrawl-samples/whirlwind.warc.gz"], tmp_path / "o", _cfg(), workers=1)
-    assert list(stats["inputs"]["files"]) == [str(samples / "web-archives" / "commoncrawl-samples" / "whirlwind.warc.gz")]
+    stats = run_data(
+        ["{samples}/web-archives/commoncrawl-samples/whirlwind.warc.gz"], tmp_path / "o", _cfg(), workers=1
+    )
+    assert list(stats["inputs"]["files"]) == [
+        str(samples / "web-archives" / "commoncrawl-samples" / "whirlwind.warc.gz")
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,15 +74,18 @@ def test_gopher_quality_rules_fire(samples):
     assert gopher_quality(en("The cat sat on the mat with the hat."), CFG) == "gopher:short_doc"
     assert gopher_quality(en(" ".join(["x"] * 60 + ["the", "of"])), CFG) == "gopher:mean_word_length"
     assert gopher_quality(en(prose + " #tag" * 40), CFG) == "gopher:symbol_ratio"
-    bullets = "\n".join(f"- {' '.join(words[i * 8:(i + 1) * 8])}" for i in range(30))
+    bullets = "\n".join(f"- {' '.join(words[i * 8 : (i + 1) * 8])}" for i in range(30))
     assert gopher_quality(en(bullets), CFG) == "gopher:bullet_lines"
-    lines = [" ".join(words[i * 12:(i + 1) * 12]) for i in range(10)]
+    lines = [" ".join(words[i * 12 : (i + 1) * 12]) for i in range(10)]
     ellipsis = "\n".join(line + ("..." if i < 4 else ".") for i, line in enumerate(lines))
     assert gopher_quality(en(ellipsis), CFG) == "gopher:ellipsis_lines"
     numbers = prose + " " + " ".join(str(1000 + i) for i in range(100))
     assert gopher_quality(en(numbers), CFG) == "gopher:alpha_words"
-    no_stop = " ".join(w for w in words[:400] if w.lower().strip(".,;:!?\"'") not in
-                       {"the", "be", "to", "of", "and", "that", "have", "with"})
+    no_stop = " ".join(
+        w
+        for w in words[:400]
+        if w.lower().strip(".,;:!?\"'") not in {"the", "be", "to", "of", "and", "that", "have", "with"}
+    )
     assert gopher_quality(en(no_stop), CFG) == "gopher:stop_words"
     assert en(prose).metadata == {"language": "en"}  # a fresh doc; scores go into the filtered one
     doc = en(prose)
@@ -94,9 +97,9 @@ def test_gopher_repetition_rules_fire(samples):
     words = paragraph_words(samples)
     prose = " ".join(words[:400])
     assert gopher_repetition(en(prose), CFG) is None
-    lines = [" ".join(words[i * 10:(i + 1) * 10]) for i in range(10)]
+    lines = [" ".join(words[i * 10 : (i + 1) * 10]) for i in range(10)]
     assert gopher_repetition(en("\n".join(lines + lines[:5])), CFG) == "gopher_rep:dup_line_frac"
-    paras = [" ".join(words[i * 30:(i + 1) * 30]) for i in range(6)]
+    paras = [" ".join(words[i * 30 : (i + 1) * 30]) for i in range(6)]
     assert gopher_repetition(en("\n\n".join(paras + paras[:3])), CFG) == "gopher_rep:dup_para_frac"
     interleaved = " ".join(f"{w} hello world" for w in words[:100])
     assert gopher_repetition(en(interleaved), CFG) == "gopher_rep:top_2gram"
@@ -108,7 +111,7 @@ def test_gopher_repetition_rules_fire(samples):
 
 def test_c4_rules(samples):
     words = paragraph_words(samples)
-    lines = [" ".join(words[i * 12:(i + 1) * 12]).rstrip(".,;:") + "." for i in range(8)]
+    lines = [" ".join(words[i * 12 : (i + 1) * 12]).rstrip(".,;:") + "." for i in range(8)]
     clean = "\n".join(lines)
     assert c4(en(clean), CFG) is None
     assert c4(en("Only one sentence lives in this document here."), CFG) == "c4:too_few_sentences"
@@ -116,8 +119,17 @@ def test_c4_rules(samples):
     assert c4(en(lorem), CFG) == "c4:lorem_ipsum"
     code = "\n".join(lines + ["var config = { the: value, of: other, and: more };."])
     assert c4(en(code), CFG) == "c4:curly_bracket"
-    doc = en("\n".join(lines[:4] + ["Please enable JavaScript in your browser to view this page.", "Menu",
-                                    "This site uses cookies to improve the experience for you."] + lines[4:]))
+    doc = en(
+        "\n".join(
+            lines[:4]
+            + [
+                "Please enable JavaScript in your browser to view this page.",
+                "Menu",
+                "This site uses cookies to improve the experience for you.",
+            ]
+            + lines[4:]
+        )
+    )
     assert c4(doc, CFG) is None
     assert doc.text == clean  # line rules removed exactly the three bad lines
     assert doc.metadata["c4_removed_lines"] == {"javascript": 1, "no_end_mark": 1, "policy": 1}
@@ -128,7 +140,7 @@ def test_c4_rules(samples):
 
 def test_fineweb_rules(samples):
     words = paragraph_words(samples)
-    long_lines = [" ".join(words[i * 9:(i + 1) * 9]).rstrip(".,;:!?") for i in range(20)]
+    long_lines = [" ".join(words[i * 9 : (i + 1) * 9]).rstrip(".,;:!?") for i in range(20)]
     assert fineweb(en("\n".join(line + "." for line in long_lines)), CFG) is None
     assert fineweb(en("\n".join(long_lines)), CFG) == "fineweb:line_punct_ratio"
     short = "\n".join(f"{words[i]} is line {i}." for i in range(20))
@@ -146,15 +158,23 @@ def test_entropy_and_ascii(samples, full_samples):
     low = en("ab ab ab ab " * 100)
     assert QUALITY_FILTERS["entropy"](low, CFG) == "entropy:<3.2"
     assert low.metadata["entropy"] < 2
-    russian = gzip.decompress((full_samples / "langid/lingua-testdata/sentences/ru.txt.gz").read_bytes()).decode()
+    russian = gzip.decompress(
+        (full_samples / "langid/lingua-testdata/sentences/ru.txt.gz").read_bytes()
+    ).decode()
     assert QUALITY_FILTERS["ascii_ratio"](en(russian), CFG) == "ascii:<0.30"
     assert QUALITY_FILTERS["ascii_ratio"](Document("r", russian, metadata={"language": "ru"}), CFG) is None
-    assert QUALITY_FILTERS["ascii_ratio"](Document("u", prose), CFG) is None  # unknown language: checked, passes
+    assert (
+        QUALITY_FILTERS["ascii_ratio"](Document("u", prose), CFG) is None
+    )  # unknown language: checked, passes
 
 
 @pytest.mark.extended("langid/lingua-testdata/sentences/zh.txt.gz")
 def test_chinese_is_not_dropped_by_word_rules(full_samples):
-    lines = gzip.decompress((full_samples / "langid/lingua-testdata/sentences/zh.txt.gz").read_bytes()).decode().split("\n")
+    lines = (
+        gzip.decompress((full_samples / "langid/lingua-testdata/sentences/zh.txt.gz").read_bytes())
+        .decode()
+        .split("\n")
+    )
     text = "\n".join(lines[:40])
     zh = Document("z", text, metadata={"language": "zh"})
     assert gopher_quality(zh, CFG) is None
@@ -168,15 +188,22 @@ def test_chinese_is_not_dropped_by_word_rules(full_samples):
 def test_quality_filters_order_and_switches():
     assert [n for n, _ in quality_filters(CFG)] == list(QUALITY_FILTERS)
     cfg = CFG.model_copy(update={"c4": False, "entropy": False})
-    assert [n for n, _ in quality_filters(cfg)] == ["gopher_quality", "gopher_repetition", "fineweb", "ascii_ratio"]
+    assert [n for n, _ in quality_filters(cfg)] == [
+        "gopher_quality",
+        "gopher_repetition",
+        "fineweb",
+        "ascii_ratio",
+    ]
     assert quality_filters(CFG.model_copy(update={"enabled": False})) == []
     (_, fn), *_ = quality_filters(CFG)
     assert fn(en("too short")) == "gopher:short_doc"
 
 
 @settings(max_examples=150, deadline=None)
-@given(text=st.text(alphabet=st.sampled_from("ab Z.!?#…-•{}\n\t 0中\ud800é"), max_size=600),
-       lang=st.sampled_from(["en", "zh", "ru", "", "xx"]))
+@given(
+    text=st.text(alphabet=st.sampled_from("ab Z.!?#…-•{}\n\t 0中\ud800é"), max_size=600),
+    lang=st.sampled_from(["en", "zh", "ru", "", "xx"]),
+)
 def test_filters_never_crash(text, lang):
     doc = Document("f", text, metadata={"language": lang})
     for name, fn in quality_filters(CFG):

@@ -24,8 +24,15 @@ def _docs(n: int, size: int = 300) -> list[Document]:
             id=f"doc-{i}",
             text=f"document {i} " + "é word " * (size // 7),
             url=f"https://example.org/{i}",
-            metadata={"source_file": "a.warc.gz", "offset": i * 100, "language": "fr", "language_score": 0.91,
-                      "http_status": 200, "entropy": 4.2, "c4_removed_lines": {"javascript": 1}},
+            metadata={
+                "source_file": "a.warc.gz",
+                "offset": i * 100,
+                "language": "fr",
+                "language_score": 0.91,
+                "http_status": 200,
+                "entropy": 4.2,
+                "c4_removed_lines": {"javascript": 1},
+            },
         )
         for i in range(n)
     ]
@@ -58,8 +65,12 @@ def test_shards_are_bounded_by_max_bytes_and_lose_nothing(tmp_path):
 
 def test_schema_is_identical_whatever_the_metadata(tmp_path):
     write_documents([Document("a", "x", "", {})], tmp_path / "one", "p", 1 << 20)
-    write_documents([Document("b", "y", "u", {"language": "en", "weird": [1, 2], "http_status": "n/a"})],
-                    tmp_path / "two", "p", 1 << 20)
+    write_documents(
+        [Document("b", "y", "u", {"language": "en", "weird": [1, 2], "http_status": "n/a"})],
+        tmp_path / "two",
+        "p",
+        1 << 20,
+    )
     s1 = pq.read_schema(next((tmp_path / "one").glob("*.parquet")))
     s2 = pq.read_schema(next((tmp_path / "two").glob("*.parquet")))
     assert s1.equals(s2) and s1.equals(DOC_SCHEMA)
@@ -84,7 +95,12 @@ def test_zstd_compression_is_used(tmp_path):
 
 
 def test_reject_rows_truncate_text_and_keep_the_reason(tmp_path):
-    doc = Document("r1", "z" * (REJECT_TEXT_CHARS * 3), "https://x", {"source_file": "f.warc", "offset": 7, "language": "en"})
+    doc = Document(
+        "r1",
+        "z" * (REJECT_TEXT_CHARS * 3),
+        "https://x",
+        {"source_file": "f.warc", "offset": 7, "language": "en"},
+    )
     row = reject_row(doc, "quality:c4", "c4:too_few_sentences")
     assert row["text_chars"] == REJECT_TEXT_CHARS * 3 and len(row["text"]) == REJECT_TEXT_CHARS
     with ShardWriter(tmp_path, "part-00000", 1 << 30, REJECT_SCHEMA) as w:
@@ -100,8 +116,9 @@ def test_datasets_load_the_shards(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     paths = write_documents(_docs(50, size=3000), tmp_path / "docs", "part-00000", max_bytes=40_000)
     assert len(paths) > 1
-    ds = datasets.load_dataset("parquet", data_files=[str(p) for p in paths], split="train",
-                               cache_dir=str(tmp_path / "cache"))
+    ds = datasets.load_dataset(
+        "parquet", data_files=[str(p) for p in paths], split="train", cache_dir=str(tmp_path / "cache")
+    )
     assert len(ds) == 50
     assert {"id", "text", "url", "language", "language_score", "metadata"} <= set(ds.column_names)
     assert ds[10]["id"] == "doc-10" and ds[10]["language"] == "fr"

@@ -92,8 +92,8 @@ def test_per_record_gzip_offsets_are_member_offsets(edge):
     records, _ = read(path, record_types=("warcinfo", "response", "request", "revisit"))
     data = path.read_bytes()
     for rec in records:
-        assert data[rec.offset:rec.offset + 2] == b"\x1f\x8b"
-        head = gzip.GzipFile(fileobj=io.BytesIO(data[rec.offset:])).read(200)
+        assert data[rec.offset : rec.offset + 2] == b"\x1f\x8b"
+        head = gzip.GzipFile(fileobj=io.BytesIO(data[rec.offset :])).read(200)
         assert head.startswith(b"WARC/1.0") and rec.record_id.encode() in head
 
 
@@ -103,11 +103,13 @@ def test_plain_offsets_are_byte_offsets(edge):
     records, _ = read(path, record_types=("warcinfo", "response", "request", "revisit"))
     assert len(records) == 6
     for rec in records:
-        assert data[rec.offset:rec.offset + 5] == b"WARC/"
+        assert data[rec.offset : rec.offset + 5] == b"WARC/"
 
 
 def test_ia_warc_0_17(samples):
-    records, report = read(samples / "web-archives/ia-blackbook-2008/IAH-20080430204825-00000-blackbook.warc.gz")
+    records, report = read(
+        samples / "web-archives/ia-blackbook-2008/IAH-20080430204825-00000-blackbook.warc.gz"
+    )
     assert report.records == 822 and not report.errors
     assert report.by_type == {"warcinfo": 1, "response": 299, "request": 261, "metadata": 261}
     assert {r.warc_version for r in records} == {"0.17"}
@@ -134,12 +136,16 @@ def test_wet_conversion_records(samples):
     assert doc.url == "https://an.wikipedia.org/wiki/Escopete" and "Escopete" in doc.text
     assert not doc.metadata["is_html"] and doc.metadata["warc_language"] == "spa"
     assert protocol_reason(doc.metadata, ProtocolConfig()) is None  # no HTTP status, text/plain
-    records, report = read(cc / "eugeneware-CC-MAIN-20140820021334-00006-ip-10-180-136-8.ec2.internal.warc.wet")
+    records, report = read(
+        cc / "eugeneware-CC-MAIN-20140820021334-00006-ip-10-180-136-8.ec2.internal.warc.wet"
+    )
     assert len(records) == 3 and {r.record_type for r in records} == {"conversion"}
 
 
 def test_charset_decoding_of_cc_excerpt(samples):
-    records, report = read(samples / "web-archives/commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz")
+    records, report = read(
+        samples / "web-archives/commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz"
+    )
     assert len(records) == 16
     docs = [record_to_document(r, report) for r in records]
     by_declared = {}
@@ -173,7 +179,9 @@ def test_zstd_and_whole_file_gzip_match_plain(edge, tmp_path):
     for name in ("a.zst", "a.bin"):
         got, report = read(tmp_path / name)
         assert not report.errors and report.records == 6
-        assert [(r.record_id, r.payload, r.http_status) for r in got] == [(r.record_id, r.payload, r.http_status) for r in plain]
+        assert [(r.record_id, r.payload, r.http_status) for r in got] == [
+            (r.record_id, r.payload, r.http_status) for r in plain
+        ]
 
 
 def test_damaged_gzip_keeps_earlier_records(edge, tmp_path):
@@ -181,19 +189,26 @@ def test_damaged_gzip_keeps_earlier_records(edge, tmp_path):
     full, _ = read(edge / "example.warc.gz", record_types=("warcinfo", "response", "request", "revisit"))
     cut = full[-1].offset + 40  # inside the last member
     (tmp_path / "trunc.warc.gz").write_bytes(data[:cut])
-    got, report = read(tmp_path / "trunc.warc.gz", record_types=("warcinfo", "response", "request", "revisit"))
+    got, report = read(
+        tmp_path / "trunc.warc.gz", record_types=("warcinfo", "response", "request", "revisit")
+    )
     assert [r.record_id for r in got] == [r.record_id for r in full[:-1]]
     assert report.errors and report.errors[0]["offset"] == full[-1].offset
     corrupt = bytearray(data)
     mid = full[-1].offset + 20
-    corrupt[mid:mid + 8] = b"\xff" * 8
+    corrupt[mid : mid + 8] = b"\xff" * 8
     (tmp_path / "corrupt.warc.gz").write_bytes(bytes(corrupt))
-    got, report = read(tmp_path / "corrupt.warc.gz", record_types=("warcinfo", "response", "request", "revisit"))
+    got, report = read(
+        tmp_path / "corrupt.warc.gz", record_types=("warcinfo", "response", "request", "revisit")
+    )
     assert [r.record_id for r in got] == [r.record_id for r in full[:-1]]
     assert "gzip" in report.errors[0]["error"]
 
 
-@pytest.mark.parametrize("content", [b"", os.urandom(5000), b"just some text\nnot a warc\n", b"\x1f\x8b\x08garbage", b"\x28\xb5\x2f\xfdjunk"])
+@pytest.mark.parametrize(
+    "content",
+    [b"", os.urandom(5000), b"just some text\nnot a warc\n", b"\x1f\x8b\x08garbage", b"\x28\xb5\x2f\xfdjunk"],
+)
 def test_bad_files_give_an_error_entry(tmp_path, content):
     path = tmp_path / "bad.warc.gz"
     path.write_bytes(content)
@@ -208,8 +223,10 @@ def test_missing_file_is_an_error_entry(tmp_path):
 
 
 def _warc_record(rtype: str, block: bytes, rid: str) -> bytes:
-    head = (f"WARC/1.1\r\nWARC-Type: {rtype}\r\nWARC-Record-ID: <urn:uuid:{rid}>\r\n"
-            f"WARC-Target-URI: http://x.test/{rid}\r\nContent-Type: text/plain\r\nContent-Length: {len(block)}\r\n\r\n")
+    head = (
+        f"WARC/1.1\r\nWARC-Type: {rtype}\r\nWARC-Record-ID: <urn:uuid:{rid}>\r\n"
+        f"WARC-Target-URI: http://x.test/{rid}\r\nContent-Type: text/plain\r\nContent-Length: {len(block)}\r\n\r\n"
+    )
     return head.encode() + block + b"\r\n\r\n"
 
 
@@ -231,7 +248,16 @@ def test_record_to_document_metadata(edge):
     doc = record_to_document(rec, report)
     assert doc.id == "urn:uuid:a9c51e3e-0221-11e7-bf66-0242ac120005"
     meta = doc.metadata
-    for key in ("source_file", "offset", "record_id", "crawl_date", "http_status", "content_type", "charset", "is_html"):
+    for key in (
+        "source_file",
+        "offset",
+        "record_id",
+        "crawl_date",
+        "http_status",
+        "content_type",
+        "charset",
+        "is_html",
+    ):
         assert key in meta
     assert meta["is_html"] and meta["http_status"] == 200 and meta["crawl_date"].startswith("2017-")
     assert "Example Domain" in doc.text
@@ -241,7 +267,10 @@ def test_protocol_reason():
     cfg = ProtocolConfig()
     assert protocol_reason({"http_status": 200, "content_type": "text/html"}, cfg) is None
     assert protocol_reason({"http_status": 404, "content_type": "text/html"}, cfg) == "http:status_404"
-    assert protocol_reason({"http_status": 200, "content_type": "image/png"}, cfg) == "http:content_type_image/png"
+    assert (
+        protocol_reason({"http_status": 200, "content_type": "image/png"}, cfg)
+        == "http:content_type_image/png"
+    )
     assert protocol_reason({"http_status": None, "content_type": ""}, cfg) == "http:content_type_none"
     assert protocol_reason({"http_status": 500, "content_type": "x"}, ProtocolConfig(enabled=False)) is None
 
@@ -260,7 +289,12 @@ def test_blank_line_gaps_are_read_in_linear_time(tmp_path):
     """Blank separator lines are skipped in bulk: 1 MiB of them took 18.5 s (the gap was built
     with +=), here 16 MiB take well under a second; offsets still name the gzip member."""
     first, second = _warc_record("resource", b"one", "a"), _warc_record("resource", b"two", "b")
-    members = [gzip.compress(first), gzip.compress(b"\n" * (16 << 20)), gzip.compress(b" \r\n\t\n"), gzip.compress(second)]
+    members = [
+        gzip.compress(first),
+        gzip.compress(b"\n" * (16 << 20)),
+        gzip.compress(b" \r\n\t\n"),
+        gzip.compress(second),
+    ]
     (tmp_path / "gap.warc.gz").write_bytes(b"".join(members))
     start = time.perf_counter()
     records, report = read(tmp_path / "gap.warc.gz")
@@ -276,8 +310,10 @@ def test_blank_line_gaps_are_read_in_linear_time(tmp_path):
 
 def test_folded_header_lines_are_joined_once(tmp_path):
     folded = "".join(f" {'f' * 60_000}\r\n" for _ in range(1_000))
-    head = (f"WARC/1.1\r\nWARC-Type: resource\r\nWARC-Record-ID: <urn:uuid:f>\r\nX-Folded: start\r\n{folded}"
-            "Content-Type: text/plain\r\nContent-Length: 4\r\n\r\nbody\r\n\r\n")
+    head = (
+        f"WARC/1.1\r\nWARC-Type: resource\r\nWARC-Record-ID: <urn:uuid:f>\r\nX-Folded: start\r\n{folded}"
+        "Content-Type: text/plain\r\nContent-Length: 4\r\n\r\nbody\r\n\r\n"
+    )
     (tmp_path / "folded.warc").write_bytes(head.encode())
     start = time.perf_counter()
     (rec,), report = read(tmp_path / "folded.warc")
@@ -289,10 +325,16 @@ def test_decoded_body_over_the_limit_is_dropped_as_too_large(tmp_path):
     import zstandard
 
     html = b"<html><body>" + b"<p>zstd bomb" * 100_000 + b"</body></html>"
-    http = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: zstd\r\n\r\n" + zstandard.ZstdCompressor().compress(html)
+    http = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: zstd\r\n\r\n"
+        + zstandard.ZstdCompressor().compress(html)
+    )
     path = tmp_path / "bomb.warc"
-    path.write_bytes(_warc_record("resource", b"before", "a") + _warc_record("response", http, "bomb")
-                     + _warc_record("resource", b"after", "b"))
+    path.write_bytes(
+        _warc_record("resource", b"before", "a")
+        + _warc_record("response", http, "bomb")
+        + _warc_record("resource", b"after", "b")
+    )
     records, report = read(path, max_record_bytes=len(html) - 1)
     assert [r.payload for r in records] == [b"before", b"after"]
     assert report.dropped["read:too_large"] == 1 and report.decoding["content_encoding_too_large:zstd"] == 1

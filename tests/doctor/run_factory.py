@@ -22,9 +22,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-_EN = ("the model reads data from many sources and learns which word comes next in a sentence while "
-         "training runs on small machines with careful checks of every step so that numbers can be traced "
-         "back to bytes river mountain history science music garden city language people water light")
+_EN = (
+    "the model reads data from many sources and learns which word comes next in a sentence while "
+    "training runs on small machines with careful checks of every step so that numbers can be traced "
+    "back to bytes river mountain history science music garden city language people water light"
+)
 _DE = "der die das und ist nicht ein eine mit auf für von zu den im dem sich"
 _FR = "le la les et est pas un une avec sur pour de du dans qui que"
 WORDS, GERMAN, FRENCH = _EN.split(), _DE.split(), _FR.split()
@@ -32,10 +34,20 @@ WORDS, GERMAN, FRENCH = _EN.split(), _DE.split(), _FR.split()
 STEPS, LOG_EVERY, SEQ_LEN, MICRO, ACCUM = 200, 10, 128, 4, 2
 GLOBAL_TOKENS = SEQ_LEN * MICRO * ACCUM
 CONFIG_OVERRIDES = [
-    "run.name=factory", "model.preset=debug", f"train.seq_len={SEQ_LEN}", f"train.micro_batch={MICRO}",
-    f"train.grad_accum={ACCUM}", f"train.steps={STEPS}", f"train.log_every={LOG_EVERY}", "train.eval_every=100",
-    "train.optim.warmup_steps=10", "train.optim.lr=3e-3", "train.optim.min_lr=3e-4", "checkpoint.every=100",
-    "tokenizer.vocab_size=512", "tokenizer.heldout_docs=20",
+    "run.name=factory",
+    "model.preset=debug",
+    f"train.seq_len={SEQ_LEN}",
+    f"train.micro_batch={MICRO}",
+    f"train.grad_accum={ACCUM}",
+    f"train.steps={STEPS}",
+    f"train.log_every={LOG_EVERY}",
+    "train.eval_every=100",
+    "train.optim.warmup_steps=10",
+    "train.optim.lr=3e-3",
+    "train.optim.min_lr=3e-4",
+    "checkpoint.every=100",
+    "tokenizer.vocab_size=512",
+    "tokenizer.heldout_docs=20",
 ]
 
 
@@ -51,9 +63,18 @@ def _documents(n: int = 240, seed: int = 7) -> list[dict]:
         length = int(rng.lognormvariate(4.0, 0.7)) + 5
         sentences = []
         while sum(len(s.split()) for s in sentences) < length:
-            sentences.append(" ".join(rng.choice(words) for _ in range(rng.randint(5, 14))).capitalize() + ".")
-        docs.append({"id": f"doc-{i:05d}", "text": " ".join(sentences), "url": f"https://example.org/{lang}/{i}",
-                     "language": lang, "language_score": round(score, 4)})
+            sentences.append(
+                " ".join(rng.choice(words) for _ in range(rng.randint(5, 14))).capitalize() + "."
+            )
+        docs.append(
+            {
+                "id": f"doc-{i:05d}",
+                "text": " ".join(sentences),
+                "url": f"https://example.org/{lang}/{i}",
+                "language": lang,
+                "language_score": round(score, 4),
+            }
+        )
     return docs
 
 
@@ -71,13 +92,33 @@ def _data(root: Path, docs: list[dict]) -> Path:
         ("quality", 520, 300, 2.0, {"gopher:short_doc": 110, "c4:javascript": 40, "fineweb:line_punct": 70}),
         ("dedup", 300, len(docs), 1.2, {"dedup:exact": 25, "dedup:minhash": 300 - len(docs) - 25}),
     ]
-    steps = [{"name": name, "docs_in": a, "docs_out": b, "bytes_in": int(kept_bytes * s * a / b),
-              "bytes_out": int(kept_bytes * s), "seconds": round(0.1 + a / 900, 3), "dropped": dropped}
-             for name, a, b, s, dropped in funnel]
-    files = {f"crawl-{i}.warc.gz": {"records": 500, "bytes": steps[0]["bytes_in"] // 2, "by_type": {"response": 500}}
-             for i in range(2)}
-    stats = {"version": 1, "fingerprint": "d" * 64, "steps": steps, "errors": [],
-             "inputs": {"files": files, "unknown": [], "records": 1000, "bytes": steps[0]["bytes_in"]}}
+    steps = [
+        {
+            "name": name,
+            "docs_in": a,
+            "docs_out": b,
+            "bytes_in": int(kept_bytes * s * a / b),
+            "bytes_out": int(kept_bytes * s),
+            "seconds": round(0.1 + a / 900, 3),
+            "dropped": dropped,
+        }
+        for name, a, b, s, dropped in funnel
+    ]
+    files = {
+        f"crawl-{i}.warc.gz": {
+            "records": 500,
+            "bytes": steps[0]["bytes_in"] // 2,
+            "by_type": {"response": 500},
+        }
+        for i in range(2)
+    }
+    stats = {
+        "version": 1,
+        "fingerprint": "d" * 64,
+        "steps": steps,
+        "errors": [],
+        "inputs": {"files": files, "unknown": [], "records": 1000, "bytes": steps[0]["bytes_in"]},
+    }
     (out / "stats.json").write_text(json.dumps(stats, indent=2))
     return shard
 
@@ -92,40 +133,116 @@ def _lr(step: int) -> float:
 
 def _metrics(root: Path, cfg_fp: str, manifest: dict, seed: int = 3) -> None:
     rng = random.Random(seed)
-    recs: list[dict] = [{
-        "type": "start", "time": 1_760_000_000.0, "config_fingerprint": cfg_fp,
-        "tokenizer_fingerprint": manifest["tokenizer_fingerprint"], "data_fingerprint": manifest["data_fingerprint"],
-        "global_batch": {"micro": MICRO, "accum": ACCUM, "world": 1, "seq_len": SEQ_LEN, "sequences": MICRO * ACCUM,
-                         "tokens": GLOBAL_TOKENS, "configured_tokens": None},
-        "model": {"params": 123_456, "non_embedding_params": 90_000, "flops_per_token": 800_000, "max_seq_len": 256},
-        "device": "cpu", "peak_flops": 1.0e11, "peak_source": "measured fp32 matmul",
-        "schedule": [[s, _lr(s)] for s in range(0, STEPS + 1, 20)],
-    }]
+    recs: list[dict] = [
+        {
+            "type": "start",
+            "time": 1_760_000_000.0,
+            "config_fingerprint": cfg_fp,
+            "tokenizer_fingerprint": manifest["tokenizer_fingerprint"],
+            "data_fingerprint": manifest["data_fingerprint"],
+            "global_batch": {
+                "micro": MICRO,
+                "accum": ACCUM,
+                "world": 1,
+                "seq_len": SEQ_LEN,
+                "sequences": MICRO * ACCUM,
+                "tokens": GLOBAL_TOKENS,
+                "configured_tokens": None,
+            },
+            "model": {
+                "params": 123_456,
+                "non_embedding_params": 90_000,
+                "flops_per_token": 800_000,
+                "max_seq_len": 256,
+            },
+            "device": "cpu",
+            "peak_flops": 1.0e11,
+            "peak_source": "measured fp32 matmul",
+            "schedule": [[s, _lr(s)] for s in range(0, STEPS + 1, 20)],
+        }
+    ]
     for step in range(LOG_EVERY, STEPS + 1, LOG_EVERY):
         loss = 3.2 + 6.0 * math.exp(-step / 60) + rng.gauss(0, 0.03)
         tps = 2000 * rng.uniform(0.97, 1.03)
         step_ms = GLOBAL_TOKENS / tps * 1000
-        recs.append({
-            "type": "train", "step": step, "tokens_seen": step * GLOBAL_TOKENS, "tokens_in_step": GLOBAL_TOKENS,
-            "loss": loss, "loss_token": loss + 0.02, "loss_eos": loss + 1.1, "loss_bos": loss + 0.6,
-            "lr": _lr(step), "grad_norm": 0.4 + 1.2 * math.exp(-step / 50) + abs(rng.gauss(0, 0.02)),
-            "clipped": step < 30, "tokens_per_s": tps, "mfu": tps * 800_000 / 1.0e11, "step_ms": step_ms,
-            "data_ms": 0.03 * step_ms, "data_wait_frac": 0.03, "rss_mb": 900 + rng.uniform(-5, 5),
-            "cuda_alloc_mb": None, "cuda_reserved_mb": None, "cuda_peak_mb": None, "comm_ms": 0.0,
-        })
+        recs.append(
+            {
+                "type": "train",
+                "step": step,
+                "tokens_seen": step * GLOBAL_TOKENS,
+                "tokens_in_step": GLOBAL_TOKENS,
+                "loss": loss,
+                "loss_token": loss + 0.02,
+                "loss_eos": loss + 1.1,
+                "loss_bos": loss + 0.6,
+                "lr": _lr(step),
+                "grad_norm": 0.4 + 1.2 * math.exp(-step / 50) + abs(rng.gauss(0, 0.02)),
+                "clipped": step < 30,
+                "tokens_per_s": tps,
+                "mfu": tps * 800_000 / 1.0e11,
+                "step_ms": step_ms,
+                "data_ms": 0.03 * step_ms,
+                "data_wait_frac": 0.03,
+                "rss_mb": 900 + rng.uniform(-5, 5),
+                "cuda_alloc_mb": None,
+                "cuda_reserved_mb": None,
+                "cuda_peak_mb": None,
+                "comm_ms": 0.0,
+            }
+        )
         if step % 100 == 0:
-            recs.append({"type": "eval", "step": step, "val_loss": loss + 0.08, "val_ppl": math.exp(loss + 0.08),
-                         "val_bpb": (loss + 0.08) / math.log(2) / 4.1, "val_loss_token": loss + 0.1,
-                         "val_loss_eos": loss + 1.3, "val_loss_bos": loss + 0.7, "train_loss": loss})
-            recs.append({"type": "generation", "step": step, "prompt": "The model",
-                         "text": " reads data from <many> sources & learns", "mode": "greedy"})
-            recs.append({"type": "checkpoint", "step": step, "path": f"checkpoints/step-{step:08d}", "kind": "full",
-                         "seconds": 0.4, "bytes": 2_000_000})
+            recs.append(
+                {
+                    "type": "eval",
+                    "step": step,
+                    "val_loss": loss + 0.08,
+                    "val_ppl": math.exp(loss + 0.08),
+                    "val_bpb": (loss + 0.08) / math.log(2) / 4.1,
+                    "val_loss_token": loss + 0.1,
+                    "val_loss_eos": loss + 1.3,
+                    "val_loss_bos": loss + 0.7,
+                    "train_loss": loss,
+                }
+            )
+            recs.append(
+                {
+                    "type": "generation",
+                    "step": step,
+                    "prompt": "The model",
+                    "text": " reads data from <many> sources & learns",
+                    "mode": "greedy",
+                }
+            )
+            recs.append(
+                {
+                    "type": "checkpoint",
+                    "step": step,
+                    "path": f"checkpoints/step-{step:08d}",
+                    "kind": "full",
+                    "seconds": 0.4,
+                    "bytes": 2_000_000,
+                }
+            )
         if step == 150:
-            recs.append({"type": "event", "step": step, "kind": "loss_spike", "values": {"loss": 7.9, "z": 6.4},
-                         "action": "skip", "message": "loss 7.9 is 6.4σ above the window mean; batch skipped"})
-    recs.append({"type": "end", "step": STEPS, "tokens_seen": STEPS * GLOBAL_TOKENS, "seconds": 130.2,
-                 "final_val_loss": recs[-2]["val_loss"] if recs[-2]["type"] == "eval" else None})
+            recs.append(
+                {
+                    "type": "event",
+                    "step": step,
+                    "kind": "loss_spike",
+                    "values": {"loss": 7.9, "z": 6.4},
+                    "action": "skip",
+                    "message": "loss 7.9 is 6.4σ above the window mean; batch skipped",
+                }
+            )
+    recs.append(
+        {
+            "type": "end",
+            "step": STEPS,
+            "tokens_seen": STEPS * GLOBAL_TOKENS,
+            "seconds": 130.2,
+            "final_val_loss": recs[-2]["val_loss"] if recs[-2]["type"] == "eval" else None,
+        }
+    )
     with open(root / "metrics.jsonl", "w") as fh:
         for rec in recs:
             fh.write(json.dumps(rec) + "\n")
@@ -145,9 +262,15 @@ def _checkpoints(root: Path, cfg, cfg_fp: str, manifest: dict) -> None:
     model = Llama(args)
     optim = torch.optim.AdamW(model.parameters(), lr=_lr(0))
     for step in (100, 200):
-        meta = {"tokens_seen": step * GLOBAL_TOKENS, "config": to_dict(cfg), "config_fingerprint": cfg_fp,
-                "tokenizer_fingerprint": manifest["tokenizer_fingerprint"], "data_fingerprint": manifest["data_fingerprint"],
-                "model_args": args.to_dict(), "tokenizer_dir": str(root / "tokenizer")}
+        meta = {
+            "tokens_seen": step * GLOBAL_TOKENS,
+            "config": to_dict(cfg),
+            "config_fingerprint": cfg_fp,
+            "tokenizer_fingerprint": manifest["tokenizer_fingerprint"],
+            "data_fingerprint": manifest["data_fingerprint"],
+            "model_args": args.to_dict(),
+            "tokenizer_dir": str(root / "tokenizer"),
+        }
         save_checkpoint(root / "checkpoints", step, model, optim, meta, cfg=cfg.checkpoint)
 
 
@@ -162,19 +285,50 @@ def build_healthy_run(root: Path) -> Path:
     cfg_fp = write_resolved(cfg, root, section="run")
     shard = _data(root, _documents())
     train_tokenizer([shard], root / "tokenizer", cfg.tokenizer)
-    manifest = tokenize_corpus([shard], root / "tokenizer", root / "tokens", cfg.tokenize.model_copy(update={"val_fraction": 0.1}), workers=1)
+    manifest = tokenize_corpus(
+        [shard],
+        root / "tokenizer",
+        root / "tokens",
+        cfg.tokenize.model_copy(update={"val_fraction": 0.1}),
+        workers=1,
+    )
     _metrics(root, cfg_fp, manifest)
     _checkpoints(root, cfg, cfg_fp, manifest)
     from oreline.export.hf import export_hf
 
     export_hf(root, root / "export")  # the real export of the latest checkpoint (export_format check)
     (root / "eval").mkdir()
-    (root / "eval" / "eval-00000200.json").write_text(json.dumps({
-        "step": 200, "val_loss": 3.5, "val_ppl": math.exp(3.5), "val_bpb": 1.2,
-        "generations": [{"prompt": "Once upon a time", "text": " the river <b>ran</b> to the city", "mode": "sample"}]}))
-    (root / "lineage.json").write_text(json.dumps({
-        stage: {"key": f"{i:x}" * 16, "finished": True, "output": f"{i + 10:x}" * 16, "seconds": 1.0 + i}
-        for i, stage in enumerate(["data", "tokenizer", "tokenize", "train"])}, indent=2))
+    (root / "eval" / "eval-00000200.json").write_text(
+        json.dumps(
+            {
+                "step": 200,
+                "val_loss": 3.5,
+                "val_ppl": math.exp(3.5),
+                "val_bpb": 1.2,
+                "generations": [
+                    {
+                        "prompt": "Once upon a time",
+                        "text": " the river <b>ran</b> to the city",
+                        "mode": "sample",
+                    }
+                ],
+            }
+        )
+    )
+    (root / "lineage.json").write_text(
+        json.dumps(
+            {
+                stage: {
+                    "key": f"{i:x}" * 16,
+                    "finished": True,
+                    "output": f"{i + 10:x}" * 16,
+                    "seconds": 1.0 + i,
+                }
+                for i, stage in enumerate(["data", "tokenizer", "tokenize", "train"])
+            },
+            indent=2,
+        )
+    )
     return root
 
 

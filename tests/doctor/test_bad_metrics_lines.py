@@ -14,7 +14,9 @@ from oreline.doctor.run import diagnose_run
 
 DEEP = "[" * 100_000 + "]" * 100_000
 HUGE_INT = '{"type": "train", "step": 7, "loss": ' + "9" * 5_000 + "}"
-FLOAT_OVERFLOW = '{"type": "train", "step": 8, "loss": ' + "9" * 400 + "}"  # parses under the 4300 limit, overflows float()
+FLOAT_OVERFLOW = (
+    '{"type": "train", "step": 8, "loss": ' + "9" * 400 + "}"
+)  # parses under the 4300 limit, overflows float()
 
 
 def add_lines(run, *lines: str) -> list[int]:
@@ -28,21 +30,35 @@ def add_lines(run, *lines: str) -> list[int]:
 
 def test_doctor_cli_counts_deep_and_huge_lines_with_their_numbers(healthy_run):
     deep, huge, overflow = add_lines(healthy_run, DEEP, HUGE_INT, FLOAT_OVERFLOW)
-    proc = subprocess.run([sys.executable, "-m", "oreline", "doctor", "run", str(healthy_run)], capture_output=True,
-                          text=True, timeout=300, check=False, env={**os.environ, "COLUMNS": "10000"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "oreline", "doctor", "run", str(healthy_run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "COLUMNS": "10000"},
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out  # a warning, not a failure: the rest of the run is healthy
     assert "Traceback" not in out, out
     assert "metrics_unreadable" in out and "3 lines of metrics.jsonl skipped" in out
     assert f"line {deep}: nested too deeply" in out
-    assert f"line {huge}: integer with 5,000 digits" in out and f"line {overflow}: integer with 400 digits" in out
+    assert (
+        f"line {huge}: integer with 5,000 digits" in out
+        and f"line {overflow}: integer with 400 digits" in out
+    )
     assert {f.check for f in diagnose_run(healthy_run)} == {"metrics_unreadable"}
 
 
 @pytest.mark.parametrize("limit", [0, 4300, 10_000])
 def test_what_counts_as_bad_does_not_depend_on_the_int_digit_limit(healthy_run, limit):
     """sys.set_int_max_str_digits is process-wide (0 lifts it); the reader applies its own limit."""
-    add_lines(healthy_run, HUGE_INT, FLOAT_OVERFLOW, '{"type": "train", "step": 9, "tokens": ' + "1" * MAX_INT_DIGITS + "}")
+    add_lines(
+        healthy_run,
+        HUGE_INT,
+        FLOAT_OVERFLOW,
+        '{"type": "train", "step": 9, "tokens": ' + "1" * MAX_INT_DIGITS + "}",
+    )
     before = sys.get_int_max_str_digits()
     sys.set_int_max_str_digits(limit)
     try:

@@ -27,8 +27,20 @@ def by_check(findings: list[Finding]) -> dict[str, Finding]:
 
 def test_env_reports_every_check_with_real_values(tmp_path):
     findings = by_check(check_env(distributed=True, run_dir=tmp_path))
-    expected = {"torch", "cuda_driver", "cuda_tensor", "devices", "disk", "port",
-                "rendezvous", "backends", "nccl", "visible_devices", "clock", "shared_fs"}
+    expected = {
+        "torch",
+        "cuda_driver",
+        "cuda_tensor",
+        "devices",
+        "disk",
+        "port",
+        "rendezvous",
+        "backends",
+        "nccl",
+        "visible_devices",
+        "clock",
+        "shared_fs",
+    }
     assert expected <= set(findings)
     assert torch.__version__ in findings["torch"].evidence
     if not torch.cuda.is_available():
@@ -89,7 +101,9 @@ def test_disk_check_walks_up_to_an_existing_folder(tmp_path):
     assert finding.status in ("ok", "warn", "fail") and str(tmp_path) in finding.evidence
 
 
-@pytest.mark.skipif(shutil.which("chronyc") is not None, reason="chronyc is installed: the absent branch cannot run")
+@pytest.mark.skipif(
+    shutil.which("chronyc") is not None, reason="chronyc is installed: the absent branch cannot run"
+)
 def test_clock_without_chronyc_is_skipped():
     assert check_clock().status == "skip"
 
@@ -99,8 +113,9 @@ def test_cli_doctor_env_distributed(tmp_path):
 
     from oreline.cli import app
 
-    result = CliRunner().invoke(app, ["doctor", "env", "--distributed", "--run-dir", str(tmp_path)],
-                                env={"COLUMNS": "200"})
+    result = CliRunner().invoke(
+        app, ["doctor", "env", "--distributed", "--run-dir", str(tmp_path)], env={"COLUMNS": "200"}
+    )
     statuses = {f.status for f in check_env(True, tmp_path)}
     assert result.exit_code == (1 if "fail" in statuses else 0), result.output
     for check in ("rendezvous", "shared_fs", "clock", "nccl"):

@@ -31,6 +31,7 @@ def edit_train(run, fn):
         if rec["type"] == "train":
             fn(rec)
         return rec
+
     run_factory.rewrite_metrics(run, edit)
 
 
@@ -86,7 +87,9 @@ def test_eos_missing_from_shards(healthy_run):
     old = shards.open_shard(healthy_run / "tokens" / name)
     docs = [old.document(i)[1:-1].tolist() for i in range(old.header.documents)]
     del old
-    writer = shards.ShardWriter(healthy_run / "tokens" / name, tok.fingerprint, tok.vocab_size, tok.bos_id, tok.bos_id)
+    writer = shards.ShardWriter(
+        healthy_run / "tokens" / name, tok.fingerprint, tok.vocab_size, tok.bos_id, tok.bos_id
+    )
     writer.add_documents(docs)
     writer.close()
     f = finding(healthy_run, "eos_missing")
@@ -98,7 +101,11 @@ def test_fingerprint_mismatch_after_retraining_the_tokenizer(healthy_run):
     from oreline.config import TokenizerConfig
     from oreline.tokens.train_bpe import train_tokenizer
 
-    train_tokenizer([healthy_run / "data" / "docs"], healthy_run / "tokenizer", TokenizerConfig(vocab_size=384, heldout_docs=10))
+    train_tokenizer(
+        [healthy_run / "data" / "docs"],
+        healthy_run / "tokenizer",
+        TokenizerConfig(vocab_size=384, heldout_docs=10),
+    )
     f = finding(healthy_run, "fingerprint_mismatch")
     assert "tokens/manifest.json" in f.evidence and "shard" in f.evidence and "checkpoint" in f.evidence
     assert "re-run oreline tokenize" in f.fix
@@ -108,10 +115,18 @@ def test_fingerprint_mismatch_after_rebuilding_the_shards(healthy_run):
     from oreline.config import TokenizeConfig
     from oreline.tokens.tokenize import tokenize_corpus
 
-    tokenize_corpus([healthy_run / "data" / "docs"], healthy_run / "tokenizer", healthy_run / "tokens",
-                    TokenizeConfig(val_fraction=0.3), workers=1)
+    tokenize_corpus(
+        [healthy_run / "data" / "docs"],
+        healthy_run / "tokenizer",
+        healthy_run / "tokens",
+        TokenizeConfig(val_fraction=0.3),
+        workers=1,
+    )
     f = finding(healthy_run, "fingerprint_mismatch")
-    assert "tokens/manifest.json data fingerprint" in f.evidence and "rebuilt after training started" in f.evidence
+    assert (
+        "tokens/manifest.json data fingerprint" in f.evidence
+        and "rebuilt after training started" in f.evidence
+    )
 
 
 def test_seq_len_exceeds_model_maximum(healthy_run):
@@ -140,7 +155,9 @@ def test_data_wait_high(healthy_run):
 
 
 def test_throughput_falling(healthy_run):
-    edit_train(healthy_run, lambda r: r.update(tokens_per_s=2000 - 6 * r["step"], rss_mb=900 + 10 * r["step"]))
+    edit_train(
+        healthy_run, lambda r: r.update(tokens_per_s=2000 - 6 * r["step"], rss_mb=900 + 10 * r["step"])
+    )
     f = finding(healthy_run, "throughput_falling")
     assert "RSS grew" in f.evidence
     assert ids(healthy_run) == {"throughput_falling"}
@@ -151,6 +168,7 @@ def test_global_batch_configured_differently(healthy_run):
         if rec["type"] == "start":
             rec["global_batch"]["configured_tokens"] = 2048
         return rec
+
     run_factory.rewrite_metrics(healthy_run, edit)
     f = finding(healthy_run, "global_batch_mismatch")
     assert "1,024" in f.evidence and "2,048" in f.evidence
@@ -163,7 +181,10 @@ def test_global_batch_short_steps(healthy_run):
 
 
 def test_repeated_grad_spikes(healthy_run):
-    edit_train(healthy_run, lambda r: r.update(grad_norm=r["grad_norm"] * 12) if r["step"] in (120, 150, 180) else None)
+    edit_train(
+        healthy_run,
+        lambda r: r.update(grad_norm=r["grad_norm"] * 12) if r["step"] in (120, 150, 180) else None,
+    )
     f = finding(healthy_run, "grad_spikes")
     assert "3 grad norms" in f.evidence and "step 150" in f.evidence
     assert ids(healthy_run) == {"grad_spikes"}
@@ -198,6 +219,7 @@ def test_val_far_above_train(healthy_run):
         if rec["type"] == "eval":
             rec["val_loss"] = rec["train_loss"] + 2.0
         return rec
+
     run_factory.rewrite_metrics(healthy_run, edit)
     f = finding(healthy_run, "val_far_above_train")
     assert "step 200" in f.evidence and "epochs" in f.evidence
@@ -209,7 +231,9 @@ def test_torn_metrics_line_and_data_errors_are_reported(healthy_run):
         fh.write('{"type": "train", "step": 21')
     stats_path = healthy_run / "data" / "stats.json"
     stats = json.loads(stats_path.read_text())
-    stats["errors"] = [{"file": "crawl-00001.warc.gz", "offset": 48213, "error": "gzip: unexpected end of stream"}]
+    stats["errors"] = [
+        {"file": "crawl-00001.warc.gz", "offset": 48213, "error": "gzip: unexpected end of stream"}
+    ]
     stats_path.write_text(json.dumps(stats))
     assert ids(healthy_run) == {"metrics_unreadable", "data_errors"}
     assert "48213" in finding(healthy_run, "data_errors").evidence
@@ -235,12 +259,38 @@ def test_garbage_records_never_crash_a_check(healthy_run):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    junk = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True), st.text(max_size=5),
-                     st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
-    keys = ["step", "loss", "lr", "grad_norm", "tokens_per_s", "data_wait_frac", "data_ms", "step_ms", "tokens_in_step",
-            "val_loss", "train_loss", "kind", "global_batch", "model", "schedule", "rss_mb", "tokens_seen"]
-    record = st.fixed_dictionaries({"type": st.sampled_from(["start", "train", "eval", "event", "end", "generation"])},
-                                   optional={k: junk for k in keys})
+    junk = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-5, 10**6),
+        st.floats(allow_nan=True),
+        st.text(max_size=5),
+        st.lists(st.integers(), max_size=3),
+        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    )
+    keys = [
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "data_wait_frac",
+        "data_ms",
+        "step_ms",
+        "tokens_in_step",
+        "val_loss",
+        "train_loss",
+        "kind",
+        "global_batch",
+        "model",
+        "schedule",
+        "rss_mb",
+        "tokens_seen",
+    ]
+    record = st.fixed_dictionaries(
+        {"type": st.sampled_from(["start", "train", "eval", "event", "end", "generation"])},
+        optional={k: junk for k in keys},
+    )
 
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(st.lists(record, max_size=30))
@@ -275,6 +325,11 @@ def test_gguf_export_checked_against_the_training_format(healthy_run):
     export_gguf(healthy_run, healthy_run / "export" / "model.gguf")
     assert diagnose_run(healthy_run) == []
     sd, args, _ = load_model_state(healthy_run / "checkpoints" / "step-00000200")
-    export_state_dict_gguf(sd, args, healthy_run / "tokenizer", healthy_run / "export" / "model.gguf",
-                           context_len=run_factory.SEQ_LEN // 2)
+    export_state_dict_gguf(
+        sd,
+        args,
+        healthy_run / "tokenizer",
+        healthy_run / "export" / "model.gguf",
+        context_len=run_factory.SEQ_LEN // 2,
+    )
     assert "context_length=" in finding(healthy_run, "export_format").evidence

@@ -20,7 +20,11 @@ from oreline.tokens.loader import TokenLoader
 from oreline.tokens.train_bpe import load_tokenizer, train_tokenizer
 from oreline.train.loop import train
 
-TEXTS = ["Emma Woodhouse, handsome, clever, and rich.", "naïve café — “quoted” ½ 😀 中文", "  two  spaces\n\nand lines "]
+TEXTS = [
+    "Emma Woodhouse, handsome, clever, and rich.",
+    "naïve café — “quoted” ½ 😀 中文",
+    "  two  spaces\n\nand lines ",
+]
 
 
 def test_byte_lengths_add_up_to_the_utf8_bytes_byte_level(prose_tokens):
@@ -33,8 +37,11 @@ def test_byte_lengths_add_up_to_the_utf8_bytes_byte_level(prose_tokens):
 
 
 def test_byte_lengths_metaspace(prose_tokens, tmp_path):
-    train_tokenizer([prose_tokens["docs"]], tmp_path / "tok", TokenizerConfig(vocab_size=512, pre_tokenizer="metaspace",
-                                                                              heldout_docs=5))
+    train_tokenizer(
+        [prose_tokens["docs"]],
+        tmp_path / "tok",
+        TokenizerConfig(vocab_size=512, pre_tokenizer="metaspace", heldout_docs=5),
+    )
     tok = load_tokenizer(tmp_path / "tok")
     bpt = token_byte_lengths(tok)
     for text in TEXTS:
@@ -57,8 +64,11 @@ def test_validation_loss_matches_a_direct_computation(prose_tokens, one_thread):
     with torch.no_grad():
         for b in val.iter_eval_batches(3):
             logits = model(b.input_ids)
-            nats += float(F.cross_entropy(logits.view(-1, logits.shape[-1]), b.labels.view(-1), ignore_index=-100,
-                                          reduction="sum"))
+            nats += float(
+                F.cross_entropy(
+                    logits.view(-1, logits.shape[-1]), b.labels.view(-1), ignore_index=-100, reduction="sum"
+                )
+            )
             valid = b.labels[b.labels != -100]
             n += valid.numel()
             n_bytes += int(bpt[valid.numpy()].sum())
@@ -89,7 +99,9 @@ def test_oreline_eval_writes_json(tmp_path, train_config, one_thread):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Once upon a time\n\nMr. Knightley said\n")
     out = tmp_path / "eval.json"
-    res = CliRunner().invoke(app, ["eval", str(run), "--out", str(out), "--batches", "2", "--prompts", str(prompts)])
+    res = CliRunner().invoke(
+        app, ["eval", str(run), "--out", str(out), "--batches", "2", "--prompts", str(prompts)]
+    )
     assert res.exit_code == 0, res.output
     r = json.loads(out.read_text())
     assert r["step"] == 6 and r["checkpoint"].endswith("step-00000006")
@@ -97,11 +109,18 @@ def test_oreline_eval_writes_json(tmp_path, train_config, one_thread):
         assert key in r
     assert r["val_batches"] == 2 and r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
     assert [(g["prompt"], g["mode"]) for g in r["generations"]] == [
-        ("Once upon a time", "greedy"), ("Mr. Knightley said", "greedy"),
-        ("Once upon a time", "sampled"), ("Mr. Knightley said", "sampled")]
+        ("Once upon a time", "greedy"),
+        ("Mr. Knightley said", "greedy"),
+        ("Once upon a time", "sampled"),
+        ("Mr. Knightley said", "sampled"),
+    ]
     # the training format is stated, in the JSON and on screen, and generations carry their ids
-    assert r["training_format"]["document"] == "<s> text </s>" and r["training_format"]["prompt"] == "<s> prompt"
-    assert "trained on <s> text </s>" in res.output and all(len(g["ids"]) == g["tokens"] for g in r["generations"])
+    assert (
+        r["training_format"]["document"] == "<s> text </s>" and r["training_format"]["prompt"] == "<s> prompt"
+    )
+    assert "trained on <s> text </s>" in res.output and all(
+        len(g["ids"]) == g["tokens"] for g in r["generations"]
+    )
     # default prompts (cfg.eval.prompts) and the default path <run>/eval/eval-step-N.json
     res = CliRunner().invoke(app, ["eval", summary["checkpoint"], "--batches", "1"])
     assert res.exit_code == 0, res.output

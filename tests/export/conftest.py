@@ -21,7 +21,9 @@ def tokenizer_dir(samples, tmp_path_factory) -> Path:
     with open(root / "docs.jsonl", "w", encoding="utf-8") as fh:
         for i, para in enumerate(p for p in text.split("\n\n") if p.strip()):
             fh.write(json.dumps({"id": f"d{i}", "text": para}) + "\n")
-    train_tokenizer([root / "docs.jsonl"], root / "tokenizer", TokenizerConfig(vocab_size=512, heldout_docs=10))
+    train_tokenizer(
+        [root / "docs.jsonl"], root / "tokenizer", TokenizerConfig(vocab_size=512, heldout_docs=10)
+    )
     return root / "tokenizer"
 
 
@@ -38,8 +40,16 @@ def demo_model(samples, tokenizer_dir):
     with gzip.open(samples / "english-prose" / "tinyshakespeare.txt.gz", "rt", encoding="utf-8") as fh:
         paras = [p for p in fh.read(200_000).split("\n\n") if p.strip()]
     stream = torch.tensor([t for p in paras for t in [tok.bos_id, *tok.encode(p), tok.eos_id]])
-    args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=tok.vocab_size, ffn_dim=192,
-                     max_seq_len=256, tie_embeddings=True)
+    args = ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=tok.vocab_size,
+        ffn_dim=192,
+        max_seq_len=256,
+        tie_embeddings=True,
+    )
     torch.manual_seed(0)
     model = Llama(args)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -49,8 +59,8 @@ def demo_model(samples, tokenizer_dir):
     try:
         for _ in range(80):
             starts = torch.randint(0, len(stream) - 65, (8,), generator=gen)
-            x = torch.stack([stream[s:s + 64] for s in starts])
-            y = torch.stack([stream[s + 1:s + 65] for s in starts])
+            x = torch.stack([stream[s : s + 64] for s in starts])
+            y = torch.stack([stream[s + 1 : s + 65] for s in starts])
             y = y.masked_fill(y == tok.bos_id, -100)  # the loader's rule: BOS is never a target
             loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
             opt.zero_grad()

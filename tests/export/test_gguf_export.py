@@ -26,7 +26,12 @@ from oreline.train.checkpoint import save_checkpoint
 
 gguf = pytest.importorskip("gguf")
 
-SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
 def oreline_weights(sd: dict[str, torch.Tensor], args: ModelArgs, tensors: dict[str, np.ndarray]) -> dict:
@@ -44,8 +49,12 @@ def oreline_weights(sd: dict[str, torch.Tensor], args: ModelArgs, tensors: dict[
 
 def test_gguf_round_trip_f32_is_bit_identical(demo_model, tokenizer_dir, tmp_path):
     model, tok = demo_model
-    meta = {"model_args": model.args.to_dict(), "tokenizer_dir": str(tokenizer_dir), "tokens_seen": 0,
-            "config": {"train": {"seq_len": 128}}}
+    meta = {
+        "model_args": model.args.to_dict(),
+        "tokenizer_dir": str(tokenizer_dir),
+        "tokens_seen": 0,
+        "config": {"train": {"seq_len": 128}},
+    }
     save_checkpoint(tmp_path / "run" / "checkpoints", 5, model, None, meta, kind="model_only")
     out = tmp_path / "model-f32.gguf"
     result = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--format", "gguf", "--out", str(out)])
@@ -64,18 +73,28 @@ def test_gguf_round_trip_f32_is_bit_identical(demo_model, tokenizer_dir, tmp_pat
     tj = json.loads((tokenizer_dir / "tokenizer.json").read_text())
     vocab = sorted(tj["model"]["vocab"], key=tj["model"]["vocab"].get)
     assert info["tokenizer.ggml.model"] == "gpt2" and info["tokenizer.ggml.pre"] == "gpt-2"
-    assert info["tokenizer.ggml.tokens"][:len(vocab)] == vocab
+    assert info["tokenizer.ggml.tokens"][: len(vocab)] == vocab
     assert len(info["tokenizer.ggml.tokens"]) == model.args.vocab_size == info["llama.vocab_size"]
-    assert info["tokenizer.ggml.merges"] == [" ".join(m) if isinstance(m, list) else m for m in tj["model"]["merges"]]
+    assert info["tokenizer.ggml.merges"] == [
+        " ".join(m) if isinstance(m, list) else m for m in tj["model"]["merges"]
+    ]
     types = info["tokenizer.ggml.token_type"]
     assert types[:3] == [int(gguf.TokenType.CONTROL)] * 3 and types[3] == int(gguf.TokenType.NORMAL)
-    assert set(types[len(vocab):]) <= {int(gguf.TokenType.UNUSED)}
-    assert (info["tokenizer.ggml.bos_token_id"], info["tokenizer.ggml.eos_token_id"],
-            info["tokenizer.ggml.padding_token_id"]) == (tok.bos_id, tok.eos_id, tok.pad_id)
+    assert set(types[len(vocab) :]) <= {int(gguf.TokenType.UNUSED)}
+    assert (
+        info["tokenizer.ggml.bos_token_id"],
+        info["tokenizer.ggml.eos_token_id"],
+        info["tokenizer.ggml.padding_token_id"],
+    ) == (tok.bos_id, tok.eos_id, tok.pad_id)
     assert info["tokenizer.ggml.add_bos_token"] is True and info["tokenizer.ggml.add_eos_token"] is False
-    assert info["llama.context_length"] == 128 and info["general.file_type"] == int(gguf.LlamaFileType.ALL_F32)
-    assert (info["llama.attention.head_count"], info["llama.attention.head_count_kv"],
-            info["llama.rope.dimension_count"]) == (4, 2, 16)
+    assert info["llama.context_length"] == 128 and info["general.file_type"] == int(
+        gguf.LlamaFileType.ALL_F32
+    )
+    assert (
+        info["llama.attention.head_count"],
+        info["llama.attention.head_count_kv"],
+        info["llama.rope.dimension_count"],
+    ) == (4, 2, 16)
     assert json.loads(info["oreline.training_format"])["prompt"] == "<s> prompt"
 
 
@@ -105,8 +124,17 @@ def test_permuted_qk_give_llama_cpp_the_same_attention_scores():
     """llama.cpp's `llama` RoPE rotates adjacent pairs; with the permuted rows it scores q·k as oreline does."""
     from oreline.model.llama import apply_rope, rope_tables
 
-    args = ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_dim=64, max_seq_len=32,
-                     rope_theta=500_000.0, rope_scaling=SCALING)
+    args = ModelArgs(
+        dim=64,
+        n_layers=1,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=64,
+        ffn_dim=64,
+        max_seq_len=32,
+        rope_theta=500_000.0,
+        rope_scaling=SCALING,
+    )
     torch.manual_seed(0)
     wq, wk = torch.randn(64, 64), torch.randn(32, 64)
     x = torch.randn(32, 64)
@@ -140,11 +168,17 @@ def test_gguf_refuses_what_llama_cpp_would_tokenize_differently(samples, tmp_pat
 
     with gzip.open(samples / "english-prose" / "tinyshakespeare.txt.gz", "rt", encoding="utf-8") as fh:
         paras = [p for p in fh.read(50_000).split("\n\n") if p.strip()]
-    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"id": str(i), "text": p}) + "\n"
-                                                 for i, p in enumerate(paras)))
-    train_tokenizer([tmp_path / "docs.jsonl"], tmp_path / "sp", TokenizerConfig(vocab_size=400, heldout_docs=0,
-                                                                                pre_tokenizer="metaspace"))
-    model = Llama(ModelArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=2, vocab_size=448, ffn_dim=64, max_seq_len=64))
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"id": str(i), "text": p}) + "\n" for i, p in enumerate(paras))
+    )
+    train_tokenizer(
+        [tmp_path / "docs.jsonl"],
+        tmp_path / "sp",
+        TokenizerConfig(vocab_size=400, heldout_docs=0, pre_tokenizer="metaspace"),
+    )
+    model = Llama(
+        ModelArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=2, vocab_size=448, ffn_dim=64, max_seq_len=64)
+    )
     with pytest.raises(ConfigError, match="not a plain byte-level BPE"):
         export_state_dict_gguf(model.state_dict(), model.args, tmp_path / "sp", tmp_path / "m.gguf")
     assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".tmp-*"))
@@ -152,12 +186,24 @@ def test_gguf_refuses_what_llama_cpp_would_tokenize_differently(samples, tmp_pat
     with pytest.raises(InputError, match="does not end in .gguf"):
         export_state_dict_gguf(demo.state_dict(), demo.args, tokenizer_dir, tmp_path / "folder")
     with pytest.raises(ConfigError, match="context length 512"):
-        export_state_dict_gguf(demo.state_dict(), demo.args, tokenizer_dir, tmp_path / "m.gguf", context_len=512)
+        export_state_dict_gguf(
+            demo.state_dict(), demo.args, tokenizer_dir, tmp_path / "m.gguf", context_len=512
+        )
 
 
 def test_gguf_llama3_rope_factors(tokenizer_dir, tmp_path):
-    args = ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=4, vocab_size=512, ffn_dim=64, max_seq_len=256,
-                     rope_theta=500_000.0, rope_scaling=SCALING, tie_embeddings=False)
+    args = ModelArgs(
+        dim=64,
+        n_layers=1,
+        n_heads=4,
+        n_kv_heads=4,
+        vocab_size=512,
+        ffn_dim=64,
+        max_seq_len=256,
+        rope_theta=500_000.0,
+        rope_scaling=SCALING,
+        tie_embeddings=False,
+    )
     model = Llama(args)
     export_state_dict_gguf(model.state_dict(), args, tokenizer_dir, tmp_path / "m.gguf")
     _, tensors = read_gguf(tmp_path / "m.gguf")

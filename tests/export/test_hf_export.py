@@ -20,12 +20,30 @@ from oreline.train.checkpoint_files import verify_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
-SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
 def make_model(vocab: int, **kw) -> Llama:
-    args = ModelArgs(**(dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=vocab, ffn_dim=192,
-                             max_seq_len=256, tie_embeddings=True) | kw))
+    args = ModelArgs(
+        **(
+            dict(
+                dim=64,
+                n_layers=2,
+                n_heads=4,
+                n_kv_heads=2,
+                vocab_size=vocab,
+                ffn_dim=192,
+                max_seq_len=256,
+                tie_embeddings=True,
+            )
+            | kw
+        )
+    )
     torch.manual_seed(0)
     model = Llama(args).eval()
     with torch.no_grad():  # non-trivial norm weights, so a dropped or swapped norm would show
@@ -37,13 +55,19 @@ def make_model(vocab: int, **kw) -> Llama:
 
 def snapshot(model: Llama, root: Path, tokenizer_dir: Path | None) -> Path:
     """A model-only checkpoint written by the real checkpoint code, as training writes it."""
-    meta = {"model_args": model.args.to_dict(), "tokenizer_dir": str(tokenizer_dir) if tokenizer_dir else None,
-            "tokens_seen": 0}
+    meta = {
+        "model_args": model.args.to_dict(),
+        "tokenizer_dir": str(tokenizer_dir) if tokenizer_dir else None,
+        "tokens_seen": 0,
+    }
     return save_checkpoint(root, 7, model, None, meta, kind="model_only")
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(tie_embeddings=False, rope_theta=500_000.0, rope_scaling=SCALING)],
-                         ids=["tied", "untied-llama3-rope"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(), dict(tie_embeddings=False, rope_theta=500_000.0, rope_scaling=SCALING)],
+    ids=["tied", "untied-llama3-rope"],
+)
 def test_transformers_loads_export_and_agrees(kw, tokenizer_dir, tmp_path):
     tok = load_tokenizer(tokenizer_dir)
     model = make_model(tok.vocab_size, **kw)
@@ -51,7 +75,11 @@ def test_transformers_loads_export_and_agrees(kw, tokenizer_dir, tmp_path):
     out = tmp_path / "hf"
     summary = export_hf(ckpt, out)
     assert summary["shards"] == 1 and (out / "model.safetensors").is_file()
-    assert set(summary["tokenizer_files"]) == {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+    assert set(summary["tokenizer_files"]) == {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    }
     assert ("lm_head.weight" in load_file(str(out / "model.safetensors"))) is (not model.args.tie_embeddings)
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
@@ -67,8 +95,9 @@ def test_transformers_loads_export_and_agrees(kw, tokenizer_dir, tmp_path):
         diff = (hf(batch).logits - model(batch)).abs().max().item()
     assert diff < 1e-4
     ours = generate(model, [1] + ids[:5], max_new_tokens=24)
-    theirs = hf.generate(torch.tensor([[1] + ids[:5]]), max_new_tokens=24, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)[0, 6:].tolist()
+    theirs = hf.generate(
+        torch.tensor([[1] + ids[:5]]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, 6:].tolist()
     assert ours == theirs and len(ours) == 24
 
     record = json.loads((out / "oreline_export.json").read_text())
@@ -109,15 +138,25 @@ def test_export_import_round_trip_is_exact(tokenizer_dir, tmp_path):
     assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
     # and the import exports again to the same weights file
     export_hf(back, tmp_path / "hf2")
-    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == (tmp_path / "hf2" / "model.safetensors").read_bytes()
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == (
+        tmp_path / "hf2" / "model.safetensors"
+    ).read_bytes()
 
 
 def test_import_of_a_transformers_save(tmp_path):
     """A folder written by transformers itself (5.x `rope_parameters` config) imports and agrees."""
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=1, vocab_size=300, max_position_embeddings=128,
-                                   rms_norm_eps=1e-6, tie_word_embeddings=False,
-                                   rope_parameters={"rope_type": "llama3", "rope_theta": 500_000.0, **SCALING})
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        vocab_size=300,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500_000.0, **SCALING},
+    )
     torch.manual_seed(1)
     hf = transformers.LlamaForCausalLM(cfg).eval()
     hf.save_pretrained(tmp_path / "hf")
@@ -146,7 +185,9 @@ def test_import_refuses_what_it_cannot_represent(tmp_path):
     wrong = tmp_path / "wrong"
     export_state_dict_hf(model.state_dict(), model.args, None, wrong)
     (wrong / "config.json").write_text(json.dumps(config | {"intermediate_size": 200}))
-    with pytest.raises(ConfigError, match=r"model.layers.0.mlp.(gate|up|down)_proj.weight has shape .*expects .*200"):
+    with pytest.raises(
+        ConfigError, match=r"model.layers.0.mlp.(gate|up|down)_proj.weight has shape .*expects .*200"
+    ):
         import_hf(wrong, tmp_path / "x")
 
     pickled = tmp_path / "pickled"
@@ -161,7 +202,9 @@ def test_import_refuses_what_it_cannot_represent(tmp_path):
 def test_export_refuses_mismatch_and_foreign_out_dir(tmp_path):
     model = make_model(512)
     with pytest.raises(ConfigError, match="model.norm.weight has shape"):
-        export_state_dict_hf(model.state_dict() | {"model.norm.weight": torch.ones(65)}, model.args, None, tmp_path / "a")
+        export_state_dict_hf(
+            model.state_dict() | {"model.norm.weight": torch.ones(65)}, model.args, None, tmp_path / "a"
+        )
     foreign = tmp_path / "notes"
     foreign.mkdir()
     (foreign / "todo.txt").write_text("mine")
@@ -200,12 +243,25 @@ def test_export_refuses_non_finite_weights(tmp_path):
 def test_cli_bf16_sharded_export(tokenizer_dir, tmp_path):
     model = make_model(512)
     snapshot(model, tmp_path / "run" / "checkpoints", tokenizer_dir)
-    result = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"),
-                                      "--dtype", "bfloat16", "--max-shard-bytes", "40000"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "export",
+            str(tmp_path / "run"),
+            "--out",
+            str(tmp_path / "hf"),
+            "--dtype",
+            "bfloat16",
+            "--max-shard-bytes",
+            "40000",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     shards = sorted((tmp_path / "hf").glob("model-*-of-*.safetensors"))
-    assert len(shards) > 1 and all(t.dtype == torch.bfloat16 for f in shards for t in load_file(str(f)).values())
+    assert len(shards) > 1 and all(
+        t.dtype == torch.bfloat16 for f in shards for t in load_file(str(f)).values()
+    )
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     sd = import_hf(tmp_path / "hf", tmp_path / "back")  # back to fp32: the bf16-rounded weights exactly
     assert all(torch.equal(sd[k], v.to(torch.bfloat16).float()) for k, v in model.state_dict().items())
@@ -226,8 +282,14 @@ def test_cli_export_with_a_binary_tokenizer_json_names_the_file(tokenizer_dir, t
     shutil.copytree(tokenizer_dir, broken)
     (broken / "tokenizer.json").write_bytes(bytes(range(128, 256)) * 16)
     snapshot(make_model(512), tmp_path / "run" / "checkpoints", broken)
-    proc = subprocess.run([sys.executable, "-m", "oreline", "export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")],
-                          capture_output=True, text=True, timeout=300, check=False, env={**os.environ, "COLUMNS": "10000"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "oreline", "export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "COLUMNS": "10000"},
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "Traceback" not in out, out
     assert f"{broken / 'tokenizer.json'} is not UTF-8 text" in out and "oreline tokenizer train" in out
@@ -242,8 +304,12 @@ PROMPTS = ["First Citizen:", "Before we proceed", "ROMEO:\nO, she doth teach", "
 
 def trained_snapshot(model: Llama, root: Path, tokenizer_dir: Path, seq_len: int) -> Path:
     """A model-only checkpoint whose meta records the run's config, as oreline train writes it."""
-    meta = {"model_args": model.args.to_dict(), "tokenizer_dir": str(tokenizer_dir), "tokens_seen": 0,
-            "config": {"train": {"seq_len": seq_len}}}
+    meta = {
+        "model_args": model.args.to_dict(),
+        "tokenizer_dir": str(tokenizer_dir),
+        "tokens_seen": 0,
+        "config": {"train": {"seq_len": seq_len}},
+    }
     return save_checkpoint(root, 3, model, None, meta, kind="model_only")
 
 
@@ -285,7 +351,9 @@ def test_exported_tokenizer_adds_one_bos_and_no_eos(exported, tokenizer_dir):
     # the doctor's agreement check passes the export and names what is wrong with the training form
     assert check_inference_tokenizer(out, tok.bos_id, tok.eos_id, 128) == []
     problems = check_inference_tokenizer(tokenizer_dir, tok.bos_id, tok.eos_id, 128)
-    assert any("adds no BOS" in p for p in problems) and any("model_max_length=1000000000" in p for p in problems)
+    assert any("adds no BOS" in p for p in problems) and any(
+        "model_max_length=1000000000" in p for p in problems
+    )
 
 
 @pytest.mark.slow  # ~13 HF generate calls: 15-70 s on a shared 2-core machine
@@ -303,17 +371,24 @@ def test_default_generate_equals_oreline_eval(exported):
         n = enc["input_ids"].shape[1]
         theirs.append(hf.generate(**enc, max_new_tokens=20)[0, n:].tolist())
         bare = torch.tensor([tok.encode(prompt)])  # the pre-fix default: no BOS
-        unfed.append(hf.generate(bare, attention_mask=torch.ones_like(bare), max_new_tokens=20)[0, bare.shape[1]:].tolist())
+        unfed.append(
+            hf.generate(bare, attention_mask=torch.ones_like(bare), max_new_tokens=20)[
+                0, bare.shape[1] :
+            ].tolist()
+        )
     assert theirs == ours
     assert unfed != ours  # the test can tell: without BOS the model continues differently
     # batched, with the exported default (left) padding: the same tokens as one prompt at a time
     batch = hf_tok(PROMPTS, padding=True, return_tensors="pt")
-    rows = hf.generate(**batch, max_new_tokens=20)[:, batch["input_ids"].shape[1]:].tolist()
-    trimmed = [row[:row.index(tok.eos_id) + 1] if tok.eos_id in row else row for row in rows]
+    rows = hf.generate(**batch, max_new_tokens=20)[:, batch["input_ids"].shape[1] :].tolist()
+    trimmed = [row[: row.index(tok.eos_id) + 1] if tok.eos_id in row else row for row in rows]
     assert trimmed == ours
     # pipeline("text-generation") (which samples unless told otherwise) feeds the same [BOS] prompt
     pipe = transformers.pipeline("text-generation", model=hf, tokenizer=hf_tok)
-    texts = [pipe(p, max_new_tokens=20, do_sample=False, return_full_text=False)[0]["generated_text"] for p in PROMPTS]
+    texts = [
+        pipe(p, max_new_tokens=20, do_sample=False, return_full_text=False)[0]["generated_text"]
+        for p in PROMPTS
+    ]
     assert texts == [tok.decode(ids) for ids in ours]
 
 

@@ -16,8 +16,18 @@ from oreline.outdir import OWNER, NotOurFolder
 
 def small_model() -> Llama:
     torch.manual_seed(0)
-    return Llama(ModelArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=2, vocab_size=128, ffn_dim=64, max_seq_len=64,
-                           tie_embeddings=True)).eval()
+    return Llama(
+        ModelArgs(
+            dim=32,
+            n_layers=1,
+            n_heads=2,
+            n_kv_heads=2,
+            vocab_size=128,
+            ffn_dim=64,
+            max_seq_len=64,
+            tie_embeddings=True,
+        )
+    ).eval()
 
 
 def test_import_hf_refuses_a_folder_with_any_meta_json(tmp_path):
@@ -65,7 +75,9 @@ def test_hf_index_entries_that_leave_the_folder_are_refused(tmp_path, entry):
     export_state_dict_hf(model.state_dict(), model.args, None, out, max_shard_bytes=4096)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
-    (tmp_path / "outside.safetensors").write_bytes((out / next(iter(index["weight_map"].values()))).read_bytes())
+    (tmp_path / "outside.safetensors").write_bytes(
+        (out / next(iter(index["weight_map"].values()))).read_bytes()
+    )
     index["weight_map"][next(iter(index["weight_map"]))] = entry
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(DataIntegrityError, match="weight_map: the file name"):

@@ -13,12 +13,26 @@ from oreline.model.llama import LayerKV, Llama, ModelArgs, apply_rope_scaling, c
 
 transformers = pytest.importorskip("transformers")
 
-LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+LLAMA3_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 
 
 def tiny(**kw) -> ModelArgs:
-    base = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=301, ffn_dim=160, max_seq_len=128,
-                tie_embeddings=False, rope_theta=10_000.0)
+    base = dict(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=301,
+        ffn_dim=160,
+        max_seq_len=128,
+        tie_embeddings=False,
+        rope_theta=10_000.0,
+    )
     return ModelArgs(**(base | kw))
 
 
@@ -29,10 +43,20 @@ def hf_twin(model: Llama):
     if a.rope_scaling:
         rope = {"rope_type": "llama3", "rope_theta": a.rope_theta, **a.rope_scaling}
     cfg = transformers.LlamaConfig(
-        hidden_size=a.dim, intermediate_size=a.ffn_dim, num_hidden_layers=a.n_layers, num_attention_heads=a.n_heads,
-        num_key_value_heads=a.n_kv_heads, vocab_size=a.vocab_size, max_position_embeddings=a.max_seq_len,
-        rms_norm_eps=a.norm_eps, tie_word_embeddings=a.tie_embeddings, rope_parameters=rope,
-        attn_implementation="eager", bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        hidden_size=a.dim,
+        intermediate_size=a.ffn_dim,
+        num_hidden_layers=a.n_layers,
+        num_attention_heads=a.n_heads,
+        num_key_value_heads=a.n_kv_heads,
+        vocab_size=a.vocab_size,
+        max_position_embeddings=a.max_seq_len,
+        rms_norm_eps=a.norm_eps,
+        tie_word_embeddings=a.tie_embeddings,
+        rope_parameters=rope,
+        attn_implementation="eager",
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     hf = transformers.LlamaForCausalLM(cfg).eval()
     sd = model.state_dict()
@@ -42,11 +66,15 @@ def hf_twin(model: Llama):
     return hf
 
 
-@pytest.mark.parametrize("kw", [
-    dict(),  # GQA (4 query heads, 2 kv heads), untied
-    dict(n_kv_heads=4, tie_embeddings=True),  # plain multi-head, tied
-    dict(n_kv_heads=1, rope_theta=500_000.0, rope_scaling=LLAMA3_SCALING),  # MQA + Llama-3 RoPE scaling
-], ids=["gqa-untied", "mha-tied", "mqa-llama3-rope"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),  # GQA (4 query heads, 2 kv heads), untied
+        dict(n_kv_heads=4, tie_embeddings=True),  # plain multi-head, tied
+        dict(n_kv_heads=1, rope_theta=500_000.0, rope_scaling=LLAMA3_SCALING),  # MQA + Llama-3 RoPE scaling
+    ],
+    ids=["gqa-untied", "mha-tied", "mqa-llama3-rope"],
+)
 def test_logits_match_hf_llama(kw):
     torch.manual_seed(0)
     model = Llama(tiny(**kw)).eval()
@@ -71,8 +99,9 @@ def test_greedy_generation_matches_hf():
     hf = hf_twin(model)
     prompt = [5, 17, 42, 99, 3]
     ours = generate(model, prompt, max_new_tokens=20)
-    theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
-                         pad_token_id=0)[0, len(prompt):].tolist()
+    theirs = hf.generate(
+        torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(prompt) :].tolist()
     assert ours == theirs and len(ours) == 20
 
 
@@ -96,8 +125,16 @@ def test_doc_mask_isolates_documents():
 
 
 def test_init_std_and_depth_scaling():
-    args = ModelArgs(dim=256, n_layers=8, n_heads=4, n_kv_heads=4, vocab_size=1000, ffn_dim=512,
-                     depth_scaled_init=True, init_std=0.02)
+    args = ModelArgs(
+        dim=256,
+        n_layers=8,
+        n_heads=4,
+        n_kv_heads=4,
+        vocab_size=1000,
+        ffn_dim=512,
+        depth_scaled_init=True,
+        init_std=0.02,
+    )
     torch.manual_seed(0)
     model = Llama(args)
     layer = model.model.layers[3]
@@ -145,7 +182,9 @@ def test_check_shapes_names_the_offending_tensor():
         check_shapes(missing, args)
     with pytest.raises(ConfigError, match="unexpected tensor model.layers.2"):
         check_shapes(Llama(tiny(n_layers=3)).state_dict(), args)
-    with pytest.raises(ConfigError, match=r"model.embed_tokens.weight has shape \(301, 64\), the config expects \(302, 64\)"):
+    with pytest.raises(
+        ConfigError, match=r"model.embed_tokens.weight has shape \(301, 64\), the config expects \(302, 64\)"
+    ):
         check_shapes(sd, tiny(vocab_size=302))
     with pytest.raises(ConfigError, match="lm_head.weight differs from model.embed_tokens.weight"):
         check_shapes(sd, tiny(tie_embeddings=True))  # an untied head would be silently dropped
@@ -180,7 +219,10 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy():
     torch.manual_seed(4)
     model = Llama(tiny()).eval()
     prompt = [1, 2, 3]
-    draw = [generate(model, prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    draw = [
+        generate(model, prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(7))
+        for _ in range(2)
+    ]
     assert draw[0] == draw[1]
     greedy = generate(model, prompt, 8)
     assert generate(model, prompt, 8, temperature=1.0, top_k=1) == greedy
@@ -214,7 +256,7 @@ def test_kv_cache_matches_full_recompute():
     with torch.no_grad():
         full = model(ids)
         prefill = model(ids[:, :12], cache=cache)
-        steps = [model(ids[:, t:t + 1], cache=cache) for t in range(12, 20)]
+        steps = [model(ids[:, t : t + 1], cache=cache) for t in range(12, 20)]
     assert len(cache[0]) == 20
     assert torch.allclose(prefill, full[:, :12], atol=1e-5)
     assert torch.allclose(torch.cat(steps, dim=1), full[:, 12:], atol=1e-5)

@@ -7,8 +7,10 @@ import torch.nn.functional as F
 from oreline.errors import ConfigError
 from oreline.model import matmul
 
-needs_onednn = pytest.mark.skipif("onednn" not in matmul.available_backends(),
-                                  reason="this torch build has no oneDNN (torch.backends.mkldnn unavailable)")
+needs_onednn = pytest.mark.skipif(
+    "onednn" not in matmul.available_backends(),
+    reason="this torch build has no oneDNN (torch.backends.mkldnn unavailable)",
+)
 
 
 def _f64_reference(x, w, g):
@@ -49,7 +51,9 @@ def test_strided_inputs_and_no_grad_path():
     with matmul.forced_backend("onednn"), torch.no_grad():
         torch.testing.assert_close(matmul.mm_nt(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(matmul.mm_nn(g, w), g @ w, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(matmul.mm_tn(g, x), g.reshape(-1, 40).t() @ x.reshape(-1, 32), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(
+            matmul.mm_tn(g, x), g.reshape(-1, 40).t() @ x.reshape(-1, 32), rtol=1e-5, atol=1e-4
+        )
 
 
 @needs_onednn

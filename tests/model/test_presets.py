@@ -35,11 +35,14 @@ def test_mlp_width_rule_matches_meta():
     assert llama_ffn_dim(8192, multiple_of=4096, ffn_multiplier=1.3) == 28672  # Llama-3-70B
 
 
-@pytest.mark.parametrize("name,total", [
-    ("llama2-7b", 6_738_415_616),  # HF meta-llama/Llama-2-7b-hf
-    ("llama3-8b", 8_030_261_248),  # HF meta-llama/Meta-Llama-3-8B
-    ("1b", 1_235_814_400),  # HF meta-llama/Llama-3.2-1B (tied)
-])
+@pytest.mark.parametrize(
+    "name,total",
+    [
+        ("llama2-7b", 6_738_415_616),  # HF meta-llama/Llama-2-7b-hf
+        ("llama3-8b", 8_030_261_248),  # HF meta-llama/Meta-Llama-3-8B
+        ("1b", 1_235_814_400),  # HF meta-llama/Llama-3.2-1B (tied)
+    ],
+)
 def test_big_presets_have_the_published_parameter_counts(name, total):
     args = resolve_model_args(ModelConfig(preset=name))
     assert count_params(args)["total"] == total
@@ -49,9 +52,21 @@ def test_big_presets_have_the_published_parameter_counts(name, total):
 
 def test_llama2_7b_is_untied_and_llama3_8b_is_gqa():
     l2 = resolve_model_args(ModelConfig(preset="llama2-7b"))
-    assert (l2.tie_embeddings, l2.n_kv_heads, l2.vocab_size, l2.rope_theta, l2.max_seq_len) == (False, 32, 32000, 1e4, 4096)
+    assert (l2.tie_embeddings, l2.n_kv_heads, l2.vocab_size, l2.rope_theta, l2.max_seq_len) == (
+        False,
+        32,
+        32000,
+        1e4,
+        4096,
+    )
     l3 = resolve_model_args(ModelConfig(preset="llama3-8b"))
-    assert (l3.tie_embeddings, l3.n_kv_heads, l3.vocab_size, l3.rope_theta, l3.max_seq_len) == (False, 8, 128256, 5e5, 8192)
+    assert (l3.tie_embeddings, l3.n_kv_heads, l3.vocab_size, l3.rope_theta, l3.max_seq_len) == (
+        False,
+        8,
+        128256,
+        5e5,
+        8192,
+    )
 
 
 def test_every_preset_builds_and_counts_agree():
@@ -108,7 +123,9 @@ def test_model_info_for_a_preset_and_a_config(tmp_path):
     info = print_model_info("llama3-8b", seq_len=8192, console=Console(file=buf, width=200))
     text = buf.getvalue()
     assert "8,030,261,248" in text and "lm_head.weight" in text and "14336 × 4096" in text
-    assert info["flops_per_token"] == flops_per_token(resolve_model_args(ModelConfig(preset="llama3-8b")), 8192)
+    assert info["flops_per_token"] == flops_per_token(
+        resolve_model_args(ModelConfig(preset="llama3-8b")), 8192
+    )
     cfg = tmp_path / "small.toml"
     cfg.write_text('[model]\npreset = "debug"\nn_layers = 3\nvocab_size = 1000\n')
     buf = io.StringIO()
@@ -120,8 +137,14 @@ def test_model_info_for_a_preset_and_a_config(tmp_path):
     tok.mkdir()
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
-    bpe.train_from_iterator(["the cat sat on the mat"] * 20, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(
+        ["the cat sat on the mat"] * 20,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<pad>", "<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     bpe.save(str(tok / "tokenizer.json"))
     cfg.write_text(f'[model]\npreset = "debug"\n[train]\ntokenizer = "{tok}"\n')
     info = print_model_info(str(cfg), seq_len=64, console=Console(file=io.StringIO(), width=200))
@@ -179,7 +202,9 @@ def test_training_memory_refuses_a_huge_model_with_the_arithmetic():
 
 def test_training_memory_refuses_a_huge_micro_batch_and_accepts_the_demo():
     args = resolve_model_args(ModelConfig(preset="demo"))
-    with pytest.raises(ConfigError, match=r"64,000,000,000 tokens \(train.micro_batch=1000000000 × train.seq_len=64\)"):
+    with pytest.raises(
+        ConfigError, match=r"64,000,000,000 tokens \(train.micro_batch=1000000000 × train.seq_len=64\)"
+    ):
         check_training_memory(args, 10**9, 64, "fp32", False, 1, torch.device("cpu"))
     need = check_training_memory(args, 8, 256, "fp32", False, 1, torch.device("cpu"))
     assert need["total"] < 2**30

@@ -14,8 +14,14 @@ def test_report_cli_writes_the_report_and_names_the_bad_lines(healthy_run):
         fh.write('{"a": ' * 50_000 + "\n")  # objects nested 50k deep, cut short
         fh.write("[" * 100_000 + "]" * 100_000 + "\n")
         fh.write('{"type": "train", "step": 7, "loss": ' + "9" * 5_000 + "}\n")
-    proc = subprocess.run([sys.executable, "-m", "oreline", "report", str(healthy_run)], capture_output=True, text=True,
-                          timeout=300, check=False, env={**os.environ, "COLUMNS": "10000"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "oreline", "report", str(healthy_run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "COLUMNS": "10000"},
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Traceback" not in out, out
     html = (healthy_run / "report.html").read_text()

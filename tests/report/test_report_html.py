@@ -18,8 +18,16 @@ from oreline.report.html import SECTION_IDS, render_report, write_report
 
 run_factory = import_module("oreline_test_run_factory")  # registered by tests/report/conftest.py
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 class Sections(HTMLParser):
@@ -77,7 +85,9 @@ def test_report_is_self_contained(healthy_report):
     page = parse(text)
     assert "script" not in page.tags and "link" not in page.tags and "iframe" not in page.tags
     assert all(href.startswith("#") for href in page.links)
-    assert "http://" not in re.sub(r"<code>.*?</code>|<td>.*?</td>", "", text)  # only artifact values may hold URLs
+    assert "http://" not in re.sub(
+        r"<code>.*?</code>|<td>.*?</td>", "", text
+    )  # only artifact values may hold URLs
     assert len(page.images) == 9  # funnel, languages, lengths, loss ×2, lr, grad norm, throughput, memory
     for src in page.images:
         assert src.startswith("data:image/png;base64,")
@@ -105,6 +115,7 @@ def test_artifact_text_is_escaped(healthy_run):
         if rec["type"] == "generation":
             rec["text"] = evil
         return rec
+
     run_factory.rewrite_metrics(healthy_run, add_generation)
     stats_path = healthy_run / "data" / "stats.json"
     stats = json.loads(stats_path.read_text())
@@ -154,7 +165,9 @@ def test_cli_writes_the_report(healthy_run):
 def _chromium() -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        pytest.skip("chromium is not installed (scripts/test.sh installs Debian's chromium with apt-get when root)")
+        pytest.skip(
+            "chromium is not installed (scripts/test.sh installs Debian's chromium with apt-get when root)"
+        )
     return exe
 
 
@@ -165,8 +178,12 @@ def test_chromium_renders_a_non_blank_page_with_every_section(healthy_report, tm
     url = (healthy_report[0] / "report.html").resolve().as_uri()
     shot = tmp_path / "shot.png"
     common = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
-    subprocess.run([*common, f"--screenshot={shot}", "--window-size=1280,4000", url],
-                   capture_output=True, timeout=120, check=False)
+    subprocess.run(
+        [*common, f"--screenshot={shot}", "--window-size=1280,4000", url],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert shot.is_file(), "chromium wrote no screenshot"
     with Image.open(shot) as im:
         gray = im.convert("L")
@@ -178,7 +195,9 @@ def test_chromium_renders_a_non_blank_page_with_every_section(healthy_report, tm
     variance = sum(n * (i - mean) ** 2 for i, n in enumerate(hist)) / pixels
     assert non_white > 0.05 and variance > 100, (non_white, variance)
 
-    dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, timeout=120, check=False, text=True).stdout
+    dom = subprocess.run(
+        [*common, "--dump-dom", url], capture_output=True, timeout=120, check=False, text=True
+    ).stdout
     assert parse(dom).ids == SECTION_IDS
 
 

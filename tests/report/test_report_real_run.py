@@ -21,11 +21,24 @@ def test_report_and_doctor_read_a_real_training_run(healthy_template, tmp_path):
     run.mkdir(parents=True)
     for part in ("data", "tokenizer", "tokens"):
         shutil.copytree(healthy_template / part, run / part)
-    cfg = load_config(None, [
-        "run.name=tiny", f"run.runs_dir={tmp_path / 'runs'}", "model.preset=debug", "train.seq_len=32",
-        "train.micro_batch=2", "train.steps=10", "train.log_every=5", "train.eval_every=10", "train.eval_batches=1",
-        "train.optim.warmup_steps=2", "checkpoint.every=5", "eval.max_new_tokens=4", "eval.prompts=['Once upon']",
-    ])
+    cfg = load_config(
+        None,
+        [
+            "run.name=tiny",
+            f"run.runs_dir={tmp_path / 'runs'}",
+            "model.preset=debug",
+            "train.seq_len=32",
+            "train.micro_batch=2",
+            "train.steps=10",
+            "train.log_every=5",
+            "train.eval_every=10",
+            "train.eval_batches=1",
+            "train.optim.warmup_steps=2",
+            "checkpoint.every=5",
+            "eval.max_new_tokens=4",
+            "eval.prompts=['Once upon']",
+        ],
+    )
     train(cfg, resume="none", allow_config_change=[])
 
     assert diagnose_run(run) == []
@@ -35,8 +48,20 @@ def test_report_and_doctor_read_a_real_training_run(healthy_template, tmp_path):
     assert skipped <= {"loss_not_falling", "throughput_falling", "grad_spikes", "export_format"}, skipped
 
     text = render_report(run)
-    for sid in ("overview", "tokenizer", "tokens", "loss", "lr", "grad-norm", "throughput", "memory", "checkpoints",
-                "events", "generations", "fingerprints"):
+    for sid in (
+        "overview",
+        "tokenizer",
+        "tokens",
+        "loss",
+        "lr",
+        "grad-norm",
+        "throughput",
+        "memory",
+        "checkpoints",
+        "events",
+        "generations",
+        "fingerprints",
+    ):
         body = re.search(rf'<section id="{sid}">(.*?)</section>', text, re.S).group(1)
         assert "not available" not in body, (sid, body[:300])
     assert "step-00000010 (latest)" in text

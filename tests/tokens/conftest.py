@@ -60,7 +60,9 @@ def corpus(samples) -> dict[str, list[tuple[str, str]]]:
         shakespeare = _paragraphs(fh.read(250_000))
     with zipfile.ZipFile(prose / "nltk-gutenberg.zip") as zf:
         austen = _paragraphs(zf.read("gutenberg/austen-persuasion.txt").decode("utf-8", "replace")[:150_000])
-    web = _web_lines(samples / "web-archives/commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz", 150)
+    web = _web_lines(
+        samples / "web-archives/commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz", 150
+    )
     zh, ru = web["zh"], web["ru"]
     return {
         "shakespeare": [(f"shakespeare-{i}", t) for i, t in enumerate(shakespeare)],
@@ -73,13 +75,21 @@ def corpus(samples) -> dict[str, list[tuple[str, str]]]:
 
 def write_parquet(path: Path, docs: list[tuple[str, str]], row_group_size: int = 256) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.table({"id": [d[0] for d in docs], "text": [d[1] for d in docs], "url": [""] * len(docs),
-                      "language": ["xx"] * len(docs)})
+    table = pa.table(
+        {
+            "id": [d[0] for d in docs],
+            "text": [d[1] for d in docs],
+            "url": [""] * len(docs),
+            "language": ["xx"] * len(docs),
+        }
+    )
     pq.write_table(table, path, row_group_size=row_group_size)
     return path
 
 
-def write_jsonl(path: Path, docs: list[tuple[str, str]], gz: bool = True, extra_lines: list[str] = ()) -> Path:
+def write_jsonl(
+    path: Path, docs: list[tuple[str, str]], gz: bool = True, extra_lines: list[str] = ()
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"id": i, "text": t}, ensure_ascii=False) for i, t in docs] + list(extra_lines)
     data = ("\n".join(lines) + "\n").encode("utf-8")
@@ -122,5 +132,11 @@ def tokens_dir(corpus_files, byte_tokenizer_dir, tmp_path_factory) -> Path:
     from oreline.tokens.tokenize import tokenize_corpus
 
     out = tmp_path_factory.mktemp("tokens")
-    tokenize_corpus(corpus_files, byte_tokenizer_dir, out, TokenizeConfig(val_fraction=0.1, max_shard_tokens=20_000), workers=2)
+    tokenize_corpus(
+        corpus_files,
+        byte_tokenizer_dir,
+        out,
+        TokenizeConfig(val_fraction=0.1, max_shard_tokens=20_000),
+        workers=2,
+    )
     return out

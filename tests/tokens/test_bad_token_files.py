@@ -28,8 +28,14 @@ from oreline.tokens.train_bpe import load_tokenizer
 def oreline_cli(*args: str, timeout: float = 180) -> tuple[int, str]:
     """Run `python -m oreline ARGS` as a user would; (exit code, stdout + stderr)."""
     env = {**os.environ, "COLUMNS": "10000"}  # rich would wrap long messages (and paths) at 80 columns
-    proc = subprocess.run([sys.executable, "-m", "oreline", *args], capture_output=True, text=True, timeout=timeout,
-                          check=False, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "oreline", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -42,10 +48,22 @@ def assert_clean_error(code: int, out: str, *needles: str) -> None:
 
 def train_config(tmp_path: Path, tokens: Path, tokenizer: Path) -> Path:
     """A tiny training config (debug preset) over the given token folder; returns the TOML path."""
-    cfg = load_config(None, [f"run.runs_dir={json.dumps(str(tmp_path / 'runs'))}", "run.name=t", "model.preset=debug",
-                             f"train.tokens={json.dumps(str(tokens))}", f"train.tokenizer={json.dumps(str(tokenizer))}",
-                             "train.seq_len=64", "train.micro_batch=2", "train.steps=2", "train.optim.warmup_steps=1",
-                             "train.cpu_matmul=blas", "checkpoint.every=0"])
+    cfg = load_config(
+        None,
+        [
+            f"run.runs_dir={json.dumps(str(tmp_path / 'runs'))}",
+            "run.name=t",
+            "model.preset=debug",
+            f"train.tokens={json.dumps(str(tokens))}",
+            f"train.tokenizer={json.dumps(str(tokenizer))}",
+            "train.seq_len=64",
+            "train.micro_batch=2",
+            "train.steps=2",
+            "train.optim.warmup_steps=1",
+            "train.cpu_matmul=blas",
+            "checkpoint.every=0",
+        ],
+    )
     path = tmp_path / "train.toml"
     path.write_text(to_toml(cfg))
     return path
@@ -59,16 +77,24 @@ def _break_tokenizer(src: Path, dest: Path, how: str) -> Path:
     shutil.copytree(src, dest)
     file = dest / "tokenizer.json"
     data = file.read_bytes()
-    file.write_bytes({"empty": b"", "truncated": data[: len(data) // 2],
-                      "binary": bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8))}[how])
+    file.write_bytes(
+        {
+            "empty": b"",
+            "truncated": data[: len(data) // 2],
+            "binary": bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8)),
+        }[how]
+    )
     return file
 
 
 @pytest.mark.parametrize("how", ["empty", "truncated", "binary"])
-def test_tokenize_with_a_broken_tokenizer_json_names_the_file_and_the_rebuild(how, byte_tokenizer_dir, corpus_files,
-                                                                               tmp_path):
+def test_tokenize_with_a_broken_tokenizer_json_names_the_file_and_the_rebuild(
+    how, byte_tokenizer_dir, corpus_files, tmp_path
+):
     file = _break_tokenizer(byte_tokenizer_dir, tmp_path / "tok", how)
-    code, out = oreline_cli("tokenize", str(corpus_files[2]), "-t", str(file.parent), "-o", str(tmp_path / "out"))
+    code, out = oreline_cli(
+        "tokenize", str(corpus_files[2]), "-t", str(file.parent), "-o", str(tmp_path / "out")
+    )
     assert_clean_error(code, out, str(file), f"oreline tokenizer train DOCS --out {file.parent}")
     assert {"empty": "is empty", "truncated": "is not valid JSON", "binary": "is not UTF-8"}[how] in out
 
@@ -93,13 +119,22 @@ def _copy_tokens(tokens_dir: Path, dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda m: list(m["shards"]), "holds a JSON list, not a token manifest"),
-    (lambda m: {k: v for k, v in m.items() if k != "shards"}, "key 'shards' is missing"),
-    (lambda m: {**m, "shards": [{**m["shards"][0], "tokens": "many"}]}, "shards[0].tokens is a str, expected a int"),
-    (lambda m: {**m, "shards": [{**m["shards"][0], "name": "../../etc/passwd"}]}, "is not a file name in"),
-    (lambda m: {**m, "bos_id": None}, "key 'bos_id' is a NoneType"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: list(m["shards"]), "holds a JSON list, not a token manifest"),
+        (lambda m: {k: v for k, v in m.items() if k != "shards"}, "key 'shards' is missing"),
+        (
+            lambda m: {**m, "shards": [{**m["shards"][0], "tokens": "many"}]},
+            "shards[0].tokens is a str, expected a int",
+        ),
+        (
+            lambda m: {**m, "shards": [{**m["shards"][0], "name": "../../etc/passwd"}]},
+            "is not a file name in",
+        ),
+        (lambda m: {**m, "bos_id": None}, "key 'bos_id' is a NoneType"),
+    ],
+)
 def test_a_manifest_of_the_wrong_shape_is_named(edit, message, tokens_dir, tmp_path):
     tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
     manifest = tokens / "manifest.json"
@@ -157,7 +192,9 @@ def test_an_out_of_vocabulary_id_is_found_per_batch_with_header_only_verificatio
     assert str(path) in str(err.value)
 
 
-def test_train_on_a_shard_with_an_out_of_vocabulary_id_names_the_shard(tokens_dir, byte_tokenizer_dir, tmp_path):
+def test_train_on_a_shard_with_an_out_of_vocabulary_id_names_the_shard(
+    tokens_dir, byte_tokenizer_dir, tmp_path
+):
     tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
     path, bad = _plant_out_of_vocabulary_id(tokens)
     code, out = oreline_cli("train", "-c", str(train_config(tmp_path, tokens, byte_tokenizer_dir)))

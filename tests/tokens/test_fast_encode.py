@@ -17,11 +17,58 @@ from oreline.tokens.fast_encode import FastEncoder
 from oreline.tokens.train_bpe import load_tokenizer, train_tokenizer
 
 EDGE = [
-    "  a", "a  \n b", "it's", "IT'S", "'ll", "'s'll've", "don't we'll", "x'", "'", "''", " 's", "a'S",
-    "\ta", "a\t\tb", "\t", "a\r\nb", "\r\n", "\r\n\r\n  x", "a \r\n b", "\n", "\n\n", " \n", "\n ", "  ",
-    "a\u00a0b", "\u00a0", " \u00a0 ", "a\u3000b", "\u3000\u3000x", "a\u0085b", "\u0085", "a\u2028\u2029b",
-    "a\u200bb", "a\ufeffb", "\u000b\u000cx", "\x1c\x1d\x1e\x1fx", "a \t\n\u00a0\u3000 b", "end ", "end  ",
-    "1,000.5", "x1y2", "١٢٣ ٤", "Ⅻ ½²", "😀😀 😀", "👩‍👩‍👧", "a\u0301b", "<s>", " </s>x", "▁", "▁▁ ▁x", "", " ",
+    "  a",
+    "a  \n b",
+    "it's",
+    "IT'S",
+    "'ll",
+    "'s'll've",
+    "don't we'll",
+    "x'",
+    "'",
+    "''",
+    " 's",
+    "a'S",
+    "\ta",
+    "a\t\tb",
+    "\t",
+    "a\r\nb",
+    "\r\n",
+    "\r\n\r\n  x",
+    "a \r\n b",
+    "\n",
+    "\n\n",
+    " \n",
+    "\n ",
+    "  ",
+    "a\u00a0b",
+    "\u00a0",
+    " \u00a0 ",
+    "a\u3000b",
+    "\u3000\u3000x",
+    "a\u0085b",
+    "\u0085",
+    "a\u2028\u2029b",
+    "a\u200bb",
+    "a\ufeffb",
+    "\u000b\u000cx",
+    "\x1c\x1d\x1e\x1fx",
+    "a \t\n\u00a0\u3000 b",
+    "end ",
+    "end  ",
+    "1,000.5",
+    "x1y2",
+    "١٢٣ ٤",
+    "Ⅻ ½²",
+    "😀😀 😀",
+    "👩‍👩‍👧",
+    "a\u0301b",
+    "<s>",
+    " </s>x",
+    "▁",
+    "▁▁ ▁x",
+    "",
+    " ",
 ]
 
 
@@ -101,15 +148,19 @@ def test_every_code_point_in_context(byte_tokenizer_dir):
     every = _every_code_point().translate(dict.fromkeys(map(ord, table)))
     line = "a{0} {0} {0}\n".format
     for start in range(0, len(every), 128):  # HF's pre_tokenize_str slows down on long texts
-        chunk = every[start:start + 128]
+        chunk = every[start : start + 128]
         text = "".join(map(line, chunk))
         want = [p for p, _ in tok.hf.pre_tokenizer.pre_tokenize_str(text)]
         if want != list(map(_mapped, split(text))):  # name the code points
-            bad = [f"U+{ord(c):04X}" for c in chunk
-                   if [p for p, _ in tok.hf.pre_tokenizer.pre_tokenize_str(line(c))] != list(map(_mapped, split(line(c))))]
+            bad = [
+                f"U+{ord(c):04X}"
+                for c in chunk
+                if [p for p, _ in tok.hf.pre_tokenizer.pre_tokenize_str(line(c))]
+                != list(map(_mapped, split(line(c))))
+            ]
             pytest.fail(f"pieces differ for {bad[:20]}")
-    lines = list(map(line, every[:every.index("\U00010000")] + table))
-    texts = ["".join(lines[i:i + 256]) for i in range(0, len(lines), 256)]
+    lines = list(map(line, every[: every.index("\U00010000")] + table))
+    texts = ["".join(lines[i : i + 256]) for i in range(0, len(lines), 256)]
     assert _hf(tok, texts) == tok.fast.encode_batch(texts)
 
 
@@ -121,7 +172,9 @@ def test_onig_unassigned_table_is_exact():
     every = _every_code_point()
     differ = set()
     for cls in (r"\p{L}", r"\p{N}", r"\s"):
-        not_in_cls = "".join(p for p, _ in pre_tokenizers.Split(Regex(cls + "+"), "removed").pre_tokenize_str(every))
+        not_in_cls = "".join(
+            p for p, _ in pre_tokenizers.Split(Regex(cls + "+"), "removed").pre_tokenize_str(every)
+        )
         onig = set(map(ord, every)) - set(map(ord, not_in_cls))
         differ |= onig ^ set(map(ord, regex.findall(cls, every)))
     table = set(fast_encode._code_points(fast_encode.ONIG_UNASSIGNED))
@@ -131,7 +184,9 @@ def test_onig_unassigned_table_is_exact():
             ranges[-1][1] = c
         else:
             ranges.append([c, c])
-    assert differ == table, "regenerate ONIG_UNASSIGNED: " + " ".join(f"{a:X}" if a == b else f"{a:X}-{b:X}" for a, b in ranges)
+    assert differ == table, "regenerate ONIG_UNASSIGNED: " + " ".join(
+        f"{a:X}" if a == b else f"{a:X}-{b:X}" for a, b in ranges
+    )
     assert fast_encode.unicode_tables_agree() is None
 
 
@@ -159,7 +214,13 @@ def test_unsupported_configurations_use_hf(corpus_files, byte_tokenizer_dir, tmp
     tok = load_tokenizer(byte_tokenizer_dir)
     config = json.loads((byte_tokenizer_dir / "tokenizer.json").read_text())
     reasons = {
-        "added": {**config, "added_tokens": [*config["added_tokens"], {**config["added_tokens"][0], "content": "hi", "id": 5, "special": False}]},
+        "added": {
+            **config,
+            "added_tokens": [
+                *config["added_tokens"],
+                {**config["added_tokens"][0], "content": "hi", "id": 5, "special": False},
+            ],
+        },
         "normalizer": {**config, "normalizer": {"type": "NFC"}},
         "prefix space": {**config, "pre_tokenizer": {**config["pre_tokenizer"], "add_prefix_space": True}},
         "dropout": {**config, "model": {**config["model"], "dropout": 0.1}},
@@ -171,7 +232,9 @@ def test_unsupported_configurations_use_hf(corpus_files, byte_tokenizer_dir, tmp
 
 def test_self_check_failure_warns_and_falls_back(byte_tokenizer_dir, monkeypatch):
     # A pre-tokenizer that ignores contractions: wrong on "It's", which the self-check contains.
-    monkeypatch.setattr(fast_encode, "GPT2_PATTERN", r""" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+    monkeypatch.setattr(
+        fast_encode, "GPT2_PATTERN", r""" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    )
     with pytest.warns(RuntimeWarning, match="falling back"):
         tok = load_tokenizer(byte_tokenizer_dir)
     assert tok.fast is None

@@ -29,12 +29,16 @@ def inference_folder(training_dir: Path, out: Path, template: str | None = None)
         tok = Tokenizer.from_str(text)
         from tokenizers import processors
 
-        tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=[("<s>", 1), ("</s>", 2)])
+        tok.post_processor = processors.TemplateProcessing(
+            single=template, special_tokens=[("<s>", 1), ("</s>", 2)]
+        )
         obj["post_processor"] = json.loads(tok.to_str())["post_processor"]
         text = json.dumps(obj)
     (out / "tokenizer.json").write_text(text, encoding="utf-8")
     cfg = json.loads((training_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-    (out / "tokenizer_config.json").write_text(json.dumps(inference_tokenizer_config(cfg, 64)), encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(inference_tokenizer_config(cfg, 64)), encoding="utf-8"
+    )
     return out
 
 
@@ -53,11 +57,14 @@ def test_inference_form_encodes_bos_then_the_training_ids(kind, request, tmp_pat
     assert canonical_fingerprint(back) == tok.fingerprint
 
 
-@pytest.mark.parametrize(("template", "finding"), [
-    ("<s> <s> $A", "adds BOS twice"),
-    ("<s> $A </s>", "appends EOS"),
-    ("$A", "adds no BOS"),
-])
+@pytest.mark.parametrize(
+    ("template", "finding"),
+    [
+        ("<s> <s> $A", "adds BOS twice"),
+        ("<s> $A </s>", "appends EOS"),
+        ("$A", "adds no BOS"),
+    ],
+)
 def test_check_names_what_the_tokenizer_does_wrong(template, finding, byte_tokenizer_dir, tmp_path):
     folder = inference_folder(byte_tokenizer_dir, tmp_path / "inf", template)
     problems = check_inference_tokenizer(folder, 1, 2, 64)
@@ -71,7 +78,12 @@ def test_check_reads_the_client_settings(byte_tokenizer_dir, tmp_path):
     del cfg["model_input_names"]
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     problems = " | ".join(check_inference_tokenizer(folder, 1, 2, 64))
-    for what in ("add_bos_token=False", "add_eos_token=true", "token_type_ids", "model_max_length=1000000000"):
+    for what in (
+        "add_bos_token=False",
+        "add_eos_token=true",
+        "token_type_ids",
+        "model_max_length=1000000000",
+    ):
         assert what in problems
     shutil.rmtree(folder)
     assert "unreadable" in check_inference_tokenizer(folder, 1, 2)[0]

@@ -9,8 +9,11 @@ from oreline.tokens.inputs import Rejects, iter_batches, iter_texts
 
 
 def test_jsonl_line_over_the_limit_is_a_reject_and_reading_goes_on(tmp_path):
-    lines = [json.dumps({"id": "a", "text": "before"}), json.dumps({"id": "big", "text": "y" * 3_000_000}),
-             json.dumps({"id": "b", "text": "after"})]
+    lines = [
+        json.dumps({"id": "a", "text": "before"}),
+        json.dumps({"id": "big", "text": "y" * 3_000_000}),
+        json.dumps({"id": "b", "text": "after"}),
+    ]
     path = tmp_path / "docs.jsonl.gz"
     path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
     rejects = Rejects()

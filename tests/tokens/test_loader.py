@@ -19,7 +19,9 @@ T, B = 32, 4
 
 def stream(tokens_dir, split="train"):
     m = read_manifest(tokens_dir)
-    return np.concatenate([fmt.open_shard(tokens_dir / s["name"]).tokens for s in m["shards"] if s["split"] == split]).astype(np.int64)
+    return np.concatenate(
+        [fmt.open_shard(tokens_dir / s["name"]).tokens for s in m["shards"] if s["split"] == split]
+    ).astype(np.int64)
 
 
 def batches(loader, n):
@@ -27,7 +29,10 @@ def batches(loader, n):
 
 
 def same(a, b):
-    return all(torch.equal(x.input_ids, y.input_ids) and torch.equal(x.labels, y.labels) for x, y in zip(a, b, strict=True))
+    return all(
+        torch.equal(x.input_ids, y.input_ids) and torch.equal(x.labels, y.labels)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def test_sequences_are_stream_slices_with_shift_and_bos_masked(tokens_dir):
@@ -39,7 +44,7 @@ def test_sequences_are_stream_slices_with_shift_and_bos_masked(tokens_dir):
     assert batch.input_ids.shape == (B, T) and batch.input_ids.dtype == torch.int64
     assert batch.labels.dtype == torch.int64 and batch.doc_ids.dtype == torch.int32
     for row, seq in enumerate(loader.global_indices(0, B)):
-        window = torch.from_numpy(s[seq * T: seq * T + T + 1])
+        window = torch.from_numpy(s[seq * T : seq * T + T + 1])
         assert torch.equal(batch.input_ids[row], window[:-1])
         want = window[1:].clone()
         want[want == loader.bos_id] = IGNORE_INDEX
@@ -87,7 +92,10 @@ def test_resume_mid_epoch_equals_uninterrupted(tokens_dir):
 
 def _union(tokens_dir, world, micro, steps, state=None):
     """Per step, the concatenation over ranks of each rank's batch."""
-    loaders = [TokenLoader(tokens_dir, seq_len=T, micro_batch=micro, seed=2, rank=r, world_size=world) for r in range(world)]
+    loaders = [
+        TokenLoader(tokens_dir, seq_len=T, micro_batch=micro, seed=2, rank=r, world_size=world)
+        for r in range(world)
+    ]
     if state is not None:
         for loader in loaders:
             loader.load_state_dict(state)
@@ -120,9 +128,19 @@ def test_eval_batches_are_fixed_and_unshuffled(tokens_dir):
     second = list(loader.iter_eval_batches(3))
     assert len(first) == 3 and same(first, second)
     s = stream(tokens_dir, "val")
-    assert torch.equal(first[0].input_ids[1], torch.from_numpy(s[T:2 * T]))
-    halves = [list(TokenLoader(tokens_dir, split="val", seq_len=T, micro_batch=B // 2, rank=r, world_size=2).iter_eval_batches(3)) for r in (0, 1)]
-    assert all(torch.equal(torch.cat([h0.input_ids, h1.input_ids]), f.input_ids) for h0, h1, f in zip(*halves, first, strict=True))
+    assert torch.equal(first[0].input_ids[1], torch.from_numpy(s[T : 2 * T]))
+    halves = [
+        list(
+            TokenLoader(
+                tokens_dir, split="val", seq_len=T, micro_batch=B // 2, rank=r, world_size=2
+            ).iter_eval_batches(3)
+        )
+        for r in (0, 1)
+    ]
+    assert all(
+        torch.equal(torch.cat([h0.input_ids, h1.input_ids]), f.input_ids)
+        for h0, h1, f in zip(*halves, first, strict=True)
+    )
 
 
 def test_refuses_other_tokenizer(tokens_dir):
@@ -169,8 +187,10 @@ def test_refuses_shard_swapped_from_another_tokenizer(damaged):
     copy, shard = damaged
     data = bytearray(shard.read_bytes())
     header = fmt.read_header(shard)
-    forged = fmt.ShardHeader(header.dtype_code, header.tokens, header.documents, header.vocab_size, header.index_offset, "ab" * 32)
-    data[:fmt.HEADER_SIZE] = forged.pack()
+    forged = fmt.ShardHeader(
+        header.dtype_code, header.tokens, header.documents, header.vocab_size, header.index_offset, "ab" * 32
+    )
+    data[: fmt.HEADER_SIZE] = forged.pack()
     shard.write_bytes(bytes(data))
     with pytest.raises(FingerprintMismatch, match=shard.name):
         TokenLoader(copy, seq_len=T, verify="header")
@@ -192,19 +212,26 @@ def test_too_little_data_and_bad_rank(tokens_dir):
         TokenLoader(tokens_dir, rank=2, world_size=2)
     val = TokenLoader(tokens_dir, split="val", seq_len=T, micro_batch=B)
     with pytest.raises(InputError, match="fewer than one batch"):
-        next(TokenLoader(tokens_dir, split="val", seq_len=T, micro_batch=val.num_sequences + 1).iter_eval_batches())
+        next(
+            TokenLoader(
+                tokens_dir, split="val", seq_len=T, micro_batch=val.num_sequences + 1
+            ).iter_eval_batches()
+        )
 
 
 def test_whole_stream_is_served_across_shard_boundaries(tokens_dir):
     loader = TokenLoader(tokens_dir, seq_len=T, micro_batch=64)
     rows = torch.cat([b.input_ids for b in loader.iter_eval_batches()]).reshape(-1)
-    assert torch.equal(rows, torch.from_numpy(stream(tokens_dir)[:len(rows)]))
+    assert torch.equal(rows, torch.from_numpy(stream(tokens_dir)[: len(rows)]))
     assert len(rows) > read_manifest(tokens_dir)["shards"][0]["tokens"] * 2
 
 
 def test_rank_union_holds_across_the_epoch_boundary(tokens_dir):
     n = TokenLoader(tokens_dir, seq_len=T, micro_batch=B).num_sequences
-    state = {**TokenLoader(tokens_dir, seq_len=T, micro_batch=B, seed=2).state_dict(), "consumed_sequences": n - 5}
+    state = {
+        **TokenLoader(tokens_dir, seq_len=T, micro_batch=B, seed=2).state_dict(),
+        "consumed_sequences": n - 5,
+    }
     one, _ = _union(tokens_dir, 1, 8, 2, state=state)
     four, end = _union(tokens_dir, 4, 2, 2, state=state)
     assert all(torch.equal(a, b) for a, b in zip(one, four, strict=True))

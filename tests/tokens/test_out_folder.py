@@ -27,8 +27,13 @@ from .conftest import write_parquet
 
 def oreline(*args: str) -> tuple[int, str]:
     """Run the CLI; its exit code and stderr with rich's line wrapping undone."""
-    result = subprocess.run([sys.executable, "-m", "oreline", *args], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "COLUMNS": "400"})
+    result = subprocess.run(
+        [sys.executable, "-m", "oreline", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "400"},
+    )
     return result.returncode, " ".join(result.stderr.split())
 
 
@@ -41,7 +46,9 @@ def test_tokenize_keeps_a_users_tok_file(corpus, byte_tokenizer_dir, tmp_path):
     assert code == 2 and f"{out} is not empty (my-notes.tok)" in err and "--force" in err
     assert sorted(p.name for p in out.iterdir()) == ["my-notes.tok"]
     # --force: written next to it; a re-run with other settings replaces oreline's shards, only those
-    first = tokenize_corpus([docs], byte_tokenizer_dir, out, TokenizeConfig(val_fraction=0.0), workers=1, force=True)
+    first = tokenize_corpus(
+        [docs], byte_tokenizer_dir, out, TokenizeConfig(val_fraction=0.0), workers=1, force=True
+    )
     second = tokenize_corpus([docs], byte_tokenizer_dir, out, TokenizeConfig(val_fraction=0.2), workers=1)
     names = {p.name for p in out.glob("*.tok")}
     assert names == {s["name"] for s in second["shards"]} | {"my-notes.tok"}
@@ -65,7 +72,9 @@ def test_a_second_tokenize_on_a_held_folder_is_refused(corpus, byte_tokenizer_di
 
 def test_manifest_shard_names_that_leave_the_folder_are_refused(tokens_dir, tmp_path):
     secret = tmp_path / "secret.txt"
-    secret.write_text("TOP-SECRET-CONTENT of a file outside the token folder\n" * 8)  # longer than a shard header
+    secret.write_text(
+        "TOP-SECRET-CONTENT of a file outside the token folder\n" * 8
+    )  # longer than a shard header
     for name in ("../secret.txt", str(secret)):
         copy = tmp_path / "tokens"
         shutil.rmtree(copy, ignore_errors=True)
@@ -83,14 +92,28 @@ def test_manifest_shard_names_that_leave_the_folder_are_refused(tokens_dir, tmp_
 def test_an_unfinished_data_run_is_not_consumed(samples, byte_tokenizer_dir, tmp_path):
     """`oreline data` killed as soon as its first shard is in docs/: tokenize and tokenizer train refuse
     the folder (and its docs/), naming it and the command that finishes it; --allow-incomplete reads it."""
-    inputs = [str(samples / "web-archives" / p) for p in (
-        "dolma-wget-2024/sample-0000.warc.gz", "dolma-wget-2024/sample-0001.warc.gz",
-        "commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz", "ia-blackbook-2008/IAH-20080430204825-00000-blackbook.warc.gz")]
+    inputs = [
+        str(samples / "web-archives" / p)
+        for p in (
+            "dolma-wget-2024/sample-0000.warc.gz",
+            "dolma-wget-2024/sample-0001.warc.gz",
+            "commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz",
+            "ia-blackbook-2008/IAH-20080430204825-00000-blackbook.warc.gz",
+        )
+    ]
     data = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, "-m", "oreline", "data", *inputs, "--out", str(data), "--workers", "1"],
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oreline", "data", *inputs, "--out", str(data), "--workers", "1"],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
-    while proc.poll() is None and not list((data / "docs").glob("part-*.parquet")) and time.monotonic() < deadline:
+    while (
+        proc.poll() is None
+        and not list((data / "docs").glob("part-*.parquet"))
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.01)
     assert proc.poll() is None, "the data run finished before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
@@ -98,7 +121,9 @@ def test_an_unfinished_data_run_is_not_consumed(samples, byte_tokenizer_dir, tmp
     assert not (data / "_SUCCESS").exists()
 
     for target in (data, data / "docs"):
-        code, err = oreline("tokenize", str(target), "--tokenizer", str(byte_tokenizer_dir), "--out", str(tmp_path / "t"))
+        code, err = oreline(
+            "tokenize", str(target), "--tokenizer", str(byte_tokenizer_dir), "--out", str(tmp_path / "t")
+        )
         assert code == 2 and f"{data} is an oreline data run that has not finished (no _SUCCESS)" in err, err
         assert f"--out {data}` again" in err and "--allow-incomplete" in err
         code, err = oreline("tokenizer", "train", str(target), "--out", str(tmp_path / "tok"))
@@ -108,12 +133,24 @@ def test_an_unfinished_data_run_is_not_consumed(samples, byte_tokenizer_dir, tmp
     with pytest.raises(InputError, match="has not finished"):
         tokenize_corpus([data], byte_tokenizer_dir, tmp_path / "t", TokenizeConfig(), workers=1)
 
-    manifest = tokenize_corpus([data], byte_tokenizer_dir, tmp_path / "t", TokenizeConfig(val_fraction=0.0), workers=1,
-                               allow_incomplete=True)
+    manifest = tokenize_corpus(
+        [data],
+        byte_tokenizer_dir,
+        tmp_path / "t",
+        TokenizeConfig(val_fraction=0.0),
+        workers=1,
+        allow_incomplete=True,
+    )
     assert manifest["splits"]["train"]["documents"] > 0
     assert all("/docs/" in i["path"] for i in manifest["inputs"])  # docs only: not work/ nor rejects/
-    stats = train_tokenizer([data / "docs"], tmp_path / "tok", TokenizerConfig(vocab_size=300, heldout_docs=0),
-                            allow_incomplete=True)
+    stats = train_tokenizer(
+        [data / "docs"],
+        tmp_path / "tok",
+        TokenizerConfig(vocab_size=300, heldout_docs=0),
+        allow_incomplete=True,
+    )
     assert stats["train_docs"] > 0
     plain = sorted((data / "docs").glob("part-*.parquet"))  # files named one by one are taken as they are
-    assert tokenize_corpus(plain, byte_tokenizer_dir, tmp_path / "t2", TokenizeConfig(val_fraction=0.0), workers=1)
+    assert tokenize_corpus(
+        plain, byte_tokenizer_dir, tmp_path / "t2", TokenizeConfig(val_fraction=0.0), workers=1
+    )

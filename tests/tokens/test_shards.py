@@ -18,11 +18,13 @@ OTHER_FP = hashlib.sha256(b"another tokenizer").hexdigest()
 def _write(path, docs, vocab_size=1024):
     w = fmt.ShardWriter(path, FP, vocab_size, bos_id=1, eos_id=2)
     for i in range(0, len(docs), 2):  # several add calls: offsets must continue across calls
-        w.add_documents(docs[i:i + 2])
+        w.add_documents(docs[i : i + 2])
     return w.close()
 
 
-@pytest.mark.parametrize("vocab_size, dtype", [(1024, np.uint16), (65_536, np.uint16), (65_537, np.uint32), (128_256, np.uint32)])
+@pytest.mark.parametrize(
+    "vocab_size, dtype", [(1024, np.uint16), (65_536, np.uint16), (65_537, np.uint32), (128_256, np.uint32)]
+)
 def test_round_trip_and_dtype(tmp_path, vocab_size, dtype):
     rng = np.random.default_rng(0)
     docs = [rng.integers(3, vocab_size, size=n).tolist() for n in (5, 0, 17, 1, 300)]

@@ -94,7 +94,10 @@ def test_rerun_is_a_noop_and_changes_rebuild(corpus_files, byte_tokenizer_dir, t
     other = tmp_path / "tok2"
     train_tokenizer(corpus_files[:1], other, TokenizerConfig(vocab_size=512, heldout_docs=10))
     rebuilt = tokenize_corpus(corpus_files[:2], other, out, cfg, workers=1)
-    assert rebuilt["up_to_date"] is False and rebuilt["tokenizer_fingerprint"] == load_tokenizer(other).fingerprint
+    assert (
+        rebuilt["up_to_date"] is False
+        and rebuilt["tokenizer_fingerprint"] == load_tokenizer(other).fingerprint
+    )
     names = {s["name"] for s in rebuilt["shards"]}
     assert names.isdisjoint({s["name"] for s in first["shards"]})
     assert {p.name for p in out.glob("*.tok")} == names
@@ -122,14 +125,22 @@ def test_split_is_stable_when_the_corpus_grows(corpus, byte_tokenizer_dir, tmp_p
         small = {tok.decode(d) for d in split_documents(tmp_path / "small", split)}
         big = {tok.decode(d) for d in split_documents(tmp_path / "big", split)}
         assert small and small <= big  # no old document changed sides
-    share = len(split_documents(tmp_path / "big", "val")) / len(corpus["shakespeare"] + corpus["austen"] + corpus["ru"])
+    share = len(split_documents(tmp_path / "big", "val")) / len(
+        corpus["shakespeare"] + corpus["austen"] + corpus["ru"]
+    )
     assert 0.12 < share < 0.28
 
 
 def test_bad_rows_are_counted_and_kept(corpus, byte_tokenizer_dir, tmp_path):
-    bad = write_jsonl(tmp_path / "bad.jsonl", corpus["edge"][:2], gz=False,
-                      extra_lines=['{"id": "e1", "text": ""}', "not json at all", '{"id": "e2"}', "[1, 2]"])
-    manifest = tokenize_corpus([bad], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1)
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl",
+        corpus["edge"][:2],
+        gz=False,
+        extra_lines=['{"id": "e1", "text": ""}', "not json at all", '{"id": "e2"}', "[1, 2]"],
+    )
+    manifest = tokenize_corpus(
+        [bad], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1
+    )
     assert manifest["rejected"] == {"empty_text": 1, "bad_json": 2, "no_text": 1}
     rows = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert sorted(r["reason"] for r in rows) == ["bad_json", "bad_json", "empty_text", "no_text"]
@@ -152,8 +163,18 @@ def test_cli_tokenize(corpus_files, byte_tokenizer_dir, tmp_path):
 
     docs = tmp_path / "docs"
     shutil.copytree(corpus_files[0].parent, docs)
-    args = ["tokenize", str(docs), "--tokenizer", str(byte_tokenizer_dir), "--out", str(tmp_path / "t"), "--workers", "1",
-            "--val-fraction", "0.05"]
+    args = [
+        "tokenize",
+        str(docs),
+        "--tokenizer",
+        str(byte_tokenizer_dir),
+        "--out",
+        str(tmp_path / "t"),
+        "--workers",
+        "1",
+        "--val-fraction",
+        "0.05",
+    ]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     manifest = read_manifest(tmp_path / "t")
@@ -176,11 +197,15 @@ def test_unreadable_files_are_counted_not_fatal(corpus, byte_tokenizer_dir, tmp_
     whole = write_jsonl(tmp_path / "cut.jsonl.gz", corpus["shakespeare"])
     cut = tmp_path / "cut-short.jsonl.gz"
     cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
-    manifest = tokenize_corpus([good, broken, cut], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1)
+    manifest = tokenize_corpus(
+        [good, broken, cut], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1
+    )
     assert manifest["rejected"]["unreadable_file"] == 2
     assert manifest["rejected"].get("bad_json", 0) <= 1  # the line cut in half, if it was delivered
     docs = manifest["splits"]["train"]["documents"]
-    assert len(corpus["ru"]) < docs < len(corpus["ru"]) + len(corpus["shakespeare"])  # the readable half is kept
+    assert (
+        len(corpus["ru"]) < docs < len(corpus["ru"]) + len(corpus["shakespeare"])
+    )  # the readable half is kept
     rows = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert {r["source"] for r in rows if r["reason"] == "unreadable_file"} == {str(broken), str(cut)}
 
@@ -200,8 +225,15 @@ def test_data_output_folder_means_its_kept_documents(corpus, tmp_path):
 
 
 def test_lone_surrogates_are_rejected_not_fatal(corpus, byte_tokenizer_dir, tmp_path):
-    bad = write_jsonl(tmp_path / "s.jsonl", corpus["ru"][:3], gz=False, extra_lines=['{"id": "sur", "text": "broken \\ud800 text"}'])
-    manifest = tokenize_corpus([bad], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1)
+    bad = write_jsonl(
+        tmp_path / "s.jsonl",
+        corpus["ru"][:3],
+        gz=False,
+        extra_lines=['{"id": "sur", "text": "broken \\ud800 text"}'],
+    )
+    manifest = tokenize_corpus(
+        [bad], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1
+    )
     assert manifest["rejected"] == {"encode_error": 1}
     assert manifest["splits"]["train"]["documents"] == 3
     assert '"sur"' in (tmp_path / "out" / "rejects.jsonl").read_text(encoding="utf-8")
@@ -213,7 +245,9 @@ def test_metaspace_shards_round_trip(corpus, metaspace_tokenizer_dir, tmp_path):
     tok = load_tokenizer(metaspace_tokenizer_dir)
     docs = corpus["edge"] + corpus["zh"][:40] + corpus["ru"][:40]
     src = write_parquet(tmp_path / "m.parquet", docs)
-    tokenize_corpus([src], metaspace_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1)
+    tokenize_corpus(
+        [src], metaspace_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1
+    )
     got = split_documents(tmp_path / "out", "train")
     assert [tok.decode(ids) for ids in got] == [t for _, t in docs]
     assert all(ids[0] == 1 and ids[-1] == 2 and 1 not in ids[1:] and 3 not in ids for ids in got)

@@ -98,7 +98,11 @@ def test_fingerprint_is_canonical(byte_tokenizer_dir, tmp_path):
 
 
 def test_continuing_subword_prefix_round_trips(corpus_files, tmp_path):
-    stats = train_tokenizer(corpus_files[:1], tmp_path, TokenizerConfig(vocab_size=512, continuing_subword_prefix="##", heldout_docs=50))
+    stats = train_tokenizer(
+        corpus_files[:1],
+        tmp_path,
+        TokenizerConfig(vocab_size=512, continuing_subword_prefix="##", heldout_docs=50),
+    )
     tok = load_tokenizer(tmp_path)
     assert any(t.startswith("##") for t in tok.hf.get_vocab())
     text = "Wherefore art thou Romeo? Deny thy father and refuse thy name."
@@ -111,8 +115,20 @@ def test_cli_tokenizer_train(corpus_files, tmp_path):
 
     from oreline.cli import app
 
-    result = CliRunner().invoke(app, ["tokenizer", "train", str(corpus_files[2]), str(corpus_files[0]), "--out", str(tmp_path),
-                                      "--vocab-size", "300", "tokenizer.heldout_docs=10"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "tokenizer",
+            "train",
+            str(corpus_files[2]),
+            str(corpus_files[0]),
+            "--out",
+            str(tmp_path),
+            "--vocab-size",
+            "300",
+            "tokenizer.heldout_docs=10",
+        ],
+    )
     assert result.exit_code == 0, result.output
     stats = json.loads((tmp_path / "tokenizer_stats.json").read_text())
     assert stats["target_vocab_size"] == 300 and stats["padded_vocab_size"] == 320
@@ -124,7 +140,9 @@ def test_round_trip_any_text(byte_tokenizer_dir, metaspace_tokenizer_dir):
     from hypothesis import strategies as st
 
     byte_tok, meta_tok = load_tokenizer(byte_tokenizer_dir), load_tokenizer(metaspace_tokenizer_dir)
-    chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="▁")  # ▁ is metaspace's own symbol
+    chars = st.characters(
+        blacklist_categories=("Cs",), blacklist_characters="▁"
+    )  # ▁ is metaspace's own symbol
     texts = st.text(alphabet=chars, max_size=80) | st.sampled_from(PROBES)
 
     @settings(max_examples=150, deadline=None, database=None)

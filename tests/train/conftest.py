@@ -63,13 +63,23 @@ def make_config(run_root: Path, prose: dict[str, Path], **dotted) -> Config:
     """A small debug-preset training config on the prose fixture; keyword keys use __ for dots."""
     tree = to_dict(load_config())
     base = {
-        "run.runs_dir": str(run_root), "run.name": "t",
+        "run.runs_dir": str(run_root),
+        "run.name": "t",
         "model.preset": "debug",
-        "train.tokens": str(prose["tokens"]), "train.tokenizer": str(prose["tokenizer"]),
-        "train.seq_len": 64, "train.micro_batch": 4, "train.grad_accum": 2, "train.steps": 20,
-        "train.log_every": 5, "train.eval_every": 10, "train.eval_batches": 4,
-        "train.optim.warmup_steps": 4, "train.optim.lr": 3e-3, "train.optim.min_lr": 3e-4,
-        "checkpoint.every": 0, "eval.max_new_tokens": 8,
+        "train.tokens": str(prose["tokens"]),
+        "train.tokenizer": str(prose["tokenizer"]),
+        "train.seq_len": 64,
+        "train.micro_batch": 4,
+        "train.grad_accum": 2,
+        "train.steps": 20,
+        "train.log_every": 5,
+        "train.eval_every": 10,
+        "train.eval_batches": 4,
+        "train.optim.warmup_steps": 4,
+        "train.optim.lr": 3e-3,
+        "train.optim.min_lr": 3e-4,
+        "checkpoint.every": 0,
+        "eval.max_new_tokens": 8,
         "eval.prompts": ["The capital of France is", "Emma"],
     }
     base.update({k.replace("__", "."): v for k, v in dotted.items()})

@@ -67,13 +67,16 @@ def build(unused: bool, checkpointing: str | None) -> Llama:
 def two_steps(model: Llama, info: dist.DistInfo, find_unused: bool, tokens: str) -> dict:
     cfg = TrainConfig(parallel="ddp", find_unused_parameters=find_unused)
     ddp = dist.wrap_model(model, cfg, info)
-    loader = TokenLoader(tokens, seq_len=32, micro_batch=2, seed=1, rank=info.rank, world_size=info.world_size)
+    loader = TokenLoader(
+        tokens, seq_len=32, micro_batch=2, seed=1, rank=info.rank, world_size=info.world_size
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(2):
         batches = [to_device(loader.next_batch(), info.device) for _ in range(2)]
         n = torch.tensor([float(sum(int((b.labels != -100).sum()) for b in batches))], dtype=torch.float64)
-        forward_backward(ddp, batches, float(dist.all_reduce_sum(n)[0]), info, _nullcontext, loader.bos_id,
-                         loader.eos_id)
+        forward_backward(
+            ddp, batches, float(dist.all_reduce_sum(n)[0]), info, _nullcontext, loader.bos_id, loader.eos_id
+        )
         if step == 0:
             dist.check_unused_parameters(model, ddp)
         grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
@@ -82,13 +85,18 @@ def two_steps(model: Llama, info: dist.DistInfo, find_unused: bool, tokens: str)
     return {"ok": True, "q_grad_sum": float(grad.double().sum())}
 
 
-def scenario(name: str, info: dist.DistInfo, tokens: str, unused: bool, find_unused: bool,
-             checkpointing: str | None) -> dict:
+def scenario(
+    name: str, info: dist.DistInfo, tokens: str, unused: bool, find_unused: bool, checkpointing: str | None
+) -> dict:
     try:
         out = two_steps(build(unused, checkpointing), info, find_unused, tokens)
     except Exception as exc:  # the error IS the result of the failing scenarios
-        out = {"ok": False, "error": type(exc).__name__, "message": str(exc)[:600],
-               "where": traceback.format_exc(limit=2)[-300:]}
+        out = {
+            "ok": False,
+            "error": type(exc).__name__,
+            "message": str(exc)[:600],
+            "where": traceback.format_exc(limit=2)[-300:],
+        }
     if info.is_main:
         print("RESULT " + json.dumps({"scenario": name, **out}), flush=True)
     return out
@@ -107,8 +115,17 @@ def main() -> None:
     scenario("reentrant_no_unused", info, tokens, unused=False, find_unused=False, checkpointing="reentrant")
     nan_on_one = dist.agree_on_step(2.5, math.nan if info.rank == 1 else 1.0)
     differ = dist.agree_on_step(2.5, 1.0 + 1e-12 * info.rank)
-    print("AGREE " + json.dumps({"rank": info.rank, "nan_on_one": [repr(v) for v in nan_on_one],
-                                 "differ": [repr(v) for v in differ]}), flush=True)
+    print(
+        "AGREE "
+        + json.dumps(
+            {
+                "rank": info.rank,
+                "nan_on_one": [repr(v) for v in nan_on_one],
+                "differ": [repr(v) for v in differ],
+            }
+        ),
+        flush=True,
+    )
     scenario("reentrant_unused", info, tokens, unused=True, find_unused=True, checkpointing="reentrant")
     dist.cleanup()
 

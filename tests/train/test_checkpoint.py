@@ -24,8 +24,10 @@ from oreline.train import checkpoint_resume as ck_resume
 from oreline.train import checkpoint_views as ck_views
 
 # raw tensor files need DCP records with transform_descriptors (torch >= 2.7; oreline.compat)
-needs_raw_files = pytest.mark.skipif(compat.dcp_raw_writer_internals() is None,
-                                     reason="this torch writes checkpoints with DCP's stock writer (oreline.compat)")
+needs_raw_files = pytest.mark.skipif(
+    compat.dcp_raw_writer_internals() is None,
+    reason="this torch writes checkpoints with DCP's stock writer (oreline.compat)",
+)
 
 ARGS = resolve_model_args(ModelConfig(preset="debug"))
 
@@ -48,7 +50,12 @@ def train_step(model, opt, gen: torch.Generator) -> float:
 
 
 def meta_for(step: int, **extra) -> dict:
-    return {"tokens_seen": step * 64, "model_args": ARGS.to_dict(), "config": {"train": {"steps": 10}}, **extra}
+    return {
+        "tokens_seen": step * 64,
+        "model_args": ARGS.to_dict(),
+        "config": {"train": {"steps": 10}},
+        **extra,
+    }
 
 
 @pytest.mark.parametrize("route", ["single_process", "generic"])
@@ -216,7 +223,9 @@ def test_resume_compatibility_rules():
         ck_resume.check_resume_compatible(meta, changed, [])
     assert "--allow-config-change" in str(err.value)
     assert ck_resume.check_resume_compatible(meta, changed, ["train.optim.lr", "train.steps"]) == [
-        "train.optim.lr", "train.steps"]
+        "train.optim.lr",
+        "train.steps",
+    ]
     assert ck_resume.check_resume_compatible(meta, changed, ["train"]) == ["train.optim.lr", "train.steps"]
 
     shape = json.loads(json.dumps(saved))
@@ -264,7 +273,9 @@ def test_async_save_completes_in_the_background(tmp_path, monkeypatch):
     assert "blocking_s" in ck.last_save_stats()
     train_step(model, opt, gen)  # training goes on while the save is written: it holds a staged copy
     assert ck.wait_for_pending_save() == path and ck.wait_for_pending_save() is None
-    assert ck_files.verify_checkpoint(path) == (True, []) and ck_files.read_latest(tmp_path) == "step-00000001"
+    assert (
+        ck_files.verify_checkpoint(path) == (True, []) and ck_files.read_latest(tmp_path) == "step-00000001"
+    )
     sd, _, _ = ck.load_model_state(path)
     assert all(torch.equal(sd[k], want[k]) for k in want)
     second = ck.save_checkpoint(tmp_path, 2, model, opt, meta_for(2), cfg=cfg)
@@ -281,15 +292,24 @@ def test_async_save_completes_in_the_background(tmp_path, monkeypatch):
 def _odd_tensors() -> dict:
     """Dtypes numpy lacks, 0-dim, empty and non-contiguous tensors: every case _as_bytes handles."""
     g = torch.Generator().manual_seed(3)
-    return {"bf16": torch.randn(5, 7, generator=g).to(torch.bfloat16), "scalar": torch.tensor(12.5),
-            "empty": torch.empty(0, 4), "int": torch.randint(-9, 9, (6,), generator=g),
-            "transposed": torch.randn(4, 3, generator=g).t(), "f64": torch.randn(3, 2, 2, generator=g).double()}
+    return {
+        "bf16": torch.randn(5, 7, generator=g).to(torch.bfloat16),
+        "scalar": torch.tensor(12.5),
+        "empty": torch.empty(0, 4),
+        "int": torch.randint(-9, 9, (6,), generator=g),
+        "transposed": torch.randn(4, 3, generator=g).t(),
+        "f64": torch.randn(3, 2, 2, generator=g).double(),
+    }
 
 
 def _holder_like(state: dict, contiguous: bool = True) -> dict:
     out = {}
     for k, v in state.items():
-        out[k] = torch.full_like(v, 0) if contiguous or v.dim() != 2 else torch.zeros(v.shape[::-1], dtype=v.dtype).t()
+        out[k] = (
+            torch.full_like(v, 0)
+            if contiguous or v.dim() != 2
+            else torch.zeros(v.shape[::-1], dtype=v.dtype).t()
+        )
     return out
 
 
@@ -319,8 +339,10 @@ def test_raw_tensor_files_round_trip_bit_exactly(tmp_path, threads):
     payload = sum(v.numel() * v.element_size() for v in state["t"].values())
     assert sum(p.stat().st_size for p in tmp_path.glob("*.distcp")) == payload
     # the digests computed while writing are those of the files as they lie on disk
-    assert writer.file_digests == {p.name: {"bytes": p.stat().st_size, "hash": ck_files.file_digest(p)}
-                                   for p in tmp_path.glob("*.distcp")}
+    assert writer.file_digests == {
+        p.name: {"bytes": p.stat().st_size, "hash": ck_files.file_digest(p)}
+        for p in tmp_path.glob("*.distcp")
+    }
 
 
 def test_raw_reader_loads_checkpoints_of_dcps_stock_writer(tmp_path, monkeypatch):
@@ -337,7 +359,8 @@ def test_raw_reader_loads_checkpoints_of_dcps_stock_writer(tmp_path, monkeypatch
         assert torch.equal(a, b), n
     # the optimizer state came back too: the next step is the same step
     assert train_step(model, opt, torch.Generator().manual_seed(9)) == train_step(
-        model2, opt2, torch.Generator().manual_seed(9))
+        model2, opt2, torch.Generator().manual_seed(9)
+    )
 
 
 @needs_raw_files
@@ -357,5 +380,11 @@ def test_raw_files_are_refused_by_dcps_stock_reader_and_truncation_is_an_error(t
         (f,) = tmp_path.glob("*.distcp")
         f.write_bytes(f.read_bytes()[:-8])
         # a CheckpointError naming the file, before any byte of the short tensor is read
-        with pytest.raises(CheckpointException, match=r"CheckpointError: \S+/__0_0.distcp is 258 bytes, but t.f64"):
-            dcp.load({"t": _holder_like(state["t"])}, storage_reader=RawTensorReader(str(tmp_path)), **compat.dcp_no_dist(True))
+        with pytest.raises(
+            CheckpointException, match=r"CheckpointError: \S+/__0_0.distcp is 258 bytes, but t.f64"
+        ):
+            dcp.load(
+                {"t": _holder_like(state["t"])},
+                storage_reader=RawTensorReader(str(tmp_path)),
+                **compat.dcp_no_dist(True),
+            )

@@ -60,11 +60,26 @@ def quiet() -> Console:
 
 
 def _overrides(runs_dir: Path, prose: dict, steps: int) -> list[str]:
-    return [f"run.runs_dir={runs_dir}", "run.name=t", "model.preset=debug", f"train.tokens={prose['tokens']}",
-            f"train.tokenizer={prose['tokenizer']}", "train.seq_len=64", "train.micro_batch=4", "train.grad_accum=2",
-            f"train.steps={steps}", "train.log_every=1", "train.eval_every=0", "train.optim.warmup_steps=4",
-            "checkpoint.every=4", "checkpoint.keep_last=3", "checkpoint.model_only_every=6",
-            "eval.batches=2", "eval.prompts=[]", "eval.max_new_tokens=4"]
+    return [
+        f"run.runs_dir={runs_dir}",
+        "run.name=t",
+        "model.preset=debug",
+        f"train.tokens={prose['tokens']}",
+        f"train.tokenizer={prose['tokenizer']}",
+        "train.seq_len=64",
+        "train.micro_batch=4",
+        "train.grad_accum=2",
+        f"train.steps={steps}",
+        "train.log_every=1",
+        "train.eval_every=0",
+        "train.optim.warmup_steps=4",
+        "checkpoint.every=4",
+        "checkpoint.keep_last=3",
+        "checkpoint.model_only_every=6",
+        "eval.batches=2",
+        "eval.prompts=[]",
+        "eval.max_new_tokens=4",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +106,12 @@ def run(trained, tmp_path, prose_tokens, monkeypatch):
     shutil.copytree(trained, runs)
     marker = tmp_path / "MARKER-code-ran"
     torch.set_num_threads(1)
-    return runs, runs / "t" / "checkpoints", lambda steps=8: load_config(None, _overrides(runs, prose_tokens, steps)), marker
+    return (
+        runs,
+        runs / "t" / "checkpoints",
+        lambda steps=8: load_config(None, _overrides(runs, prose_tokens, steps)),
+        marker,
+    )
 
 
 def _real_metadata(folder: Path):
@@ -168,8 +188,13 @@ def plant_safetensors(folder: Path, marker: Path) -> str:
     return "model.safetensors"
 
 
-FULL_PLANTERS = [plant_metadata_pickle, plant_metadata_inner_object, plant_byte_item, plant_stock_tensor_item,
-                 plant_meta_json]
+FULL_PLANTERS = [
+    plant_metadata_pickle,
+    plant_metadata_inner_object,
+    plant_byte_item,
+    plant_stock_tensor_item,
+    plant_meta_json,
+]
 
 
 def _outcome(marker: Path, fn) -> str:
@@ -204,7 +229,9 @@ def test_planted_full_checkpoint_runs_nothing_in_verify_inspect_eval_export(run,
 
     verify = _outcome(marker, lambda: _cli("checkpoint", "verify", str(target)))
     inspect = _outcome(marker, lambda: _cli("checkpoint", "inspect", str(target)))
-    evaluated = _outcome(marker, lambda: evaluate_cli(target, out=runs / "e.json", batches=1, console=quiet()))
+    evaluated = _outcome(
+        marker, lambda: evaluate_cli(target, out=runs / "e.json", batches=1, console=quiet())
+    )
     exported = _outcome(marker, lambda: export_hf(target, runs / "hf", console=quiet()))
     if planter is plant_stock_tensor_item:
         # the index is sound and the data file covered: verify cannot tell, loading refuses the archive
@@ -225,13 +252,17 @@ def test_planted_checkpoint_runs_nothing_on_resume_path(run, planter):
     target = ckpts / STEP8
     name = planter(target, marker)
     _resign(target)
-    text = _outcome(marker, lambda: train(config(12), resume=str(target), allow_config_change=ALLOW,
-                                          console=quiet()))
+    text = _outcome(
+        marker, lambda: train(config(12), resume=str(target), allow_config_change=ALLOW, console=quiet())
+    )
     assert name in text and str(target) in text, text
 
 
-@pytest.mark.parametrize("planter", [plant_metadata_pickle, plant_byte_item, plant_meta_json],
-                         ids=lambda f: f.__name__.removeprefix("plant_"))
+@pytest.mark.parametrize(
+    "planter",
+    [plant_metadata_pickle, plant_byte_item, plant_meta_json],
+    ids=lambda f: f.__name__.removeprefix("plant_"),
+)
 def test_resume_auto_passes_over_a_planted_checkpoint_and_says_which_file(run, planter):
     runs, ckpts, config, marker = run
     name = planter(ckpts / STEP8, marker)
@@ -271,8 +302,9 @@ def test_planted_rng_state_runs_nothing_on_resume(run, where):
         (target / where).write_bytes(evil)
     (target / "meta.json").write_text(json.dumps(meta))
     _resign(target)
-    text = _outcome(marker, lambda: train(config(12), resume=str(target), allow_config_change=ALLOW,
-                                          console=quiet()))
+    text = _outcome(
+        marker, lambda: train(config(12), resume=str(target), allow_config_change=ALLOW, console=quiet())
+    )
     assert f"{target / where}: the RNG state is unreadable" in text, text
 
 
@@ -285,9 +317,11 @@ def test_planted_model_only_snapshot_runs_nothing(run):
     plant_safetensors(target, marker)
     _resign(target)
     assert "exit=0" in _cli("checkpoint", "verify", str(target))  # covered and intact: loading decides
-    for fn in (lambda: evaluate_cli(target, out=runs / "e.json", batches=1, console=quiet()),
-               lambda: export_hf(target, runs / "hf", console=quiet()),
-               lambda: _cli("checkpoint", "inspect", str(target))):
+    for fn in (
+        lambda: evaluate_cli(target, out=runs / "e.json", batches=1, console=quiet()),
+        lambda: export_hf(target, runs / "hf", console=quiet()),
+        lambda: _cli("checkpoint", "inspect", str(target)),
+    ):
         text = _outcome(marker, fn)
         assert "model.safetensors" in text, text
 
@@ -299,22 +333,36 @@ def test_cli_subprocess_refuses_a_metadata_pickle(run):
     target = ckpts / STEP8
     plant_metadata_pickle(target, marker)
     _resign(target)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(ck.__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-m", "oreline", "export", str(target), "--out", str(target.parent / "hf")],
-                         capture_output=True, text=True, env=env, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(ck.__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "oreline", "export", str(target), "--out", str(target.parent / "hf")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert not marker.exists()
     text = " ".join((out.stdout + out.stderr).split())
     assert out.returncode == 2 and "Traceback" not in text, text
     assert "refused to unpickle posix.system" in text and ".metadata" in text, text
 
 
-@pytest.mark.parametrize("payload, what", [
-    # BUILD applied to an allowed class itself: setattr(Metadata, "__init__", torch.Size)
-    (b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\nN}X\x08\x00\x00\x00__init__ctorch\nSize\ns\x86b.",
-     "Metadata.__init__"),
-    # BUILD on an allowed function: its lookup table swapped for the pickle's own
-    (b"\x80\x02ctorch.serialization\n_get_layout\n}X\x05\x00\x00\x00cache}sb.", "_get_layout.cache"),
-], ids=["class-attribute", "function-attribute"])
+@pytest.mark.parametrize(
+    "payload, what",
+    [
+        # BUILD applied to an allowed class itself: setattr(Metadata, "__init__", torch.Size)
+        (
+            b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\nN}X\x08\x00\x00\x00__init__ctorch\nSize\ns\x86b.",
+            "Metadata.__init__",
+        ),
+        # BUILD on an allowed function: its lookup table swapped for the pickle's own
+        (b"\x80\x02ctorch.serialization\n_get_layout\n}X\x05\x00\x00\x00cache}sb.", "_get_layout.cache"),
+    ],
+    ids=["class-attribute", "function-attribute"],
+)
 def test_metadata_pickle_cannot_alter_the_allowed_classes(payload, what):
     from torch.distributed.checkpoint.metadata import Metadata
 
@@ -338,8 +386,9 @@ def test_data_file_replaced_by_another_format_is_a_clear_error(run):
     (target / "__0_0.distcp").write_bytes(blob.getvalue())
     _resign(target)
     ok, problems = ck_files.verify_checkpoint(target)
-    assert not ok and any(p.startswith("__0_0.distcp has ") and "replaced by a file of another format" in p
-                          for p in problems), problems
+    assert not ok and any(
+        p.startswith("__0_0.distcp has ") and "replaced by a file of another format" in p for p in problems
+    ), problems
     with pytest.raises(CheckpointError, match=r"__0_0\.distcp has \d+ bytes, but \.metadata places tensors"):
         train(config(12), resume=str(target), allow_config_change=ALLOW, console=quiet())
 
@@ -350,10 +399,18 @@ def test_reader_names_the_file_when_a_data_file_is_short(run):
     target = ckpts / STEP8
     data = target / "__0_0.distcp"
     data.write_bytes(data.read_bytes()[:1000])
-    model_state = {"model": {k.removeprefix("model."): torch.empty(v.size, dtype=v.properties.dtype) for k, v in
-                             ck.read_dcp_metadata(target).state_dict_metadata.items() if k.startswith("model.")}}
-    with (pytest.raises(CheckpointError, match=r"__0_0\.distcp is 1000 bytes, but model\.\S+ lies at bytes"),
-          ck._quiet_single_process(), ck._load_errors(target)):
+    model_state = {
+        "model": {
+            k.removeprefix("model."): torch.empty(v.size, dtype=v.properties.dtype)
+            for k, v in ck.read_dcp_metadata(target).state_dict_metadata.items()
+            if k.startswith("model.")
+        }
+    }
+    with (
+        pytest.raises(CheckpointError, match=r"__0_0\.distcp is 1000 bytes, but model\.\S+ lies at bytes"),
+        ck._quiet_single_process(),
+        ck._load_errors(target),
+    ):
         ck.dcp.load(model_state, storage_reader=ck._reader(target), **compat.dcp_no_dist(True))
 
 
@@ -361,7 +418,9 @@ def test_ls_with_a_binary_latest_file_says_so(run):
     runs, ckpts, _, _ = run
     (ckpts / "latest").write_bytes(bytes(range(256)))
     text = _cli("checkpoint", "ls", str(runs / "t"))
-    assert "exit=0" in text and "latest is not text (256 bytes of binary data)" in " ".join(text.split()), text
+    assert "exit=0" in text and "latest is not text (256 bytes of binary data)" in " ".join(text.split()), (
+        text
+    )
     assert STEP8 in text
 
 
@@ -371,7 +430,10 @@ def test_resume_says_latest_names_a_missing_folder_before_falling_back(run):
     console = quiet()
     summary = train(config(12), resume="auto", allow_config_change=ALLOW, console=console)
     said = " ".join(console.export_text().split())
-    assert "latest names step-00000012, which no longer exists: falling back to the newest valid checkpoint" in said
+    assert (
+        "latest names step-00000012, which no longer exists: falling back to the newest valid checkpoint"
+        in said
+    )
     assert said.index("no longer exists") < said.index("resumed from")
     assert summary["resumed_from"].endswith(STEP8)
 
@@ -385,7 +447,9 @@ def test_signed_checkpoints_verify_and_load(run, monkeypatch):
 
     _, ckpts, config, _ = run
     monkeypatch.setenv(KEY_ENV, "a shared secret")
-    train(config(5), resume="none", console=quiet())  # a fresh run: its checkpoints (4 and final 5) are signed
+    train(
+        config(5), resume="none", console=quiet()
+    )  # a fresh run: its checkpoints (4 and final 5) are signed
     signed = ckpts / "step-00000005"
     assert json.loads((signed / "checksums.json").read_text())["algo"] == "sha256"
     assert json.loads((signed / "signature.json").read_text())["algo"] == "hmac-sha256"
@@ -401,8 +465,9 @@ def test_unsigned_checkpoint_is_refused_when_a_key_is_set(run, monkeypatch):
     _, ckpts, config, _ = run
     monkeypatch.setenv(KEY_ENV, "a shared secret")
     ok, problems = ck_files.verify_checkpoint(ckpts / STEP8)
-    assert not ok and problems == [f"not signed (signature.json is missing) while {KEY_ENV} is set: "
-                                   "unsigned checkpoints are refused"]
+    assert not ok and problems == [
+        f"not signed (signature.json is missing) while {KEY_ENV} is set: unsigned checkpoints are refused"
+    ]
     with pytest.raises(CheckpointError, match="not signed"):
         train(config(12), resume=str(ckpts / STEP8), allow_config_change=ALLOW, console=quiet())
 
@@ -422,8 +487,10 @@ def test_tampered_or_foreign_signed_checkpoint_is_refused(run, monkeypatch):
     monkeypatch.setenv(KEY_ENV, "a shared secret")
     forget_verified()
     ok, problems = ck_files.verify_checkpoint(target)
-    assert not ok and problems == ["signature.json does not match checksums.json under the key in "
-                                   f"{KEY_ENV} (forged or modified, or signed with another key)"]
+    assert not ok and problems == [
+        "signature.json does not match checksums.json under the key in "
+        f"{KEY_ENV} (forged or modified, or signed with another key)"
+    ]
     text = _outcome(marker, lambda: _cli("checkpoint", "inspect", str(target)))
     assert "exit=1" in text and "does not match" in text
     # a checkpoint signed with another key is refused the same way
@@ -433,7 +500,9 @@ def test_tampered_or_foreign_signed_checkpoint_is_refused(run, monkeypatch):
 
 def test_sign_command_signs_intact_checkpoints_only(run, monkeypatch):
     runs, ckpts, config, marker = run
-    assert "ORELINE_CHECKPOINT_KEY is not set" in " ".join(_cli("checkpoint", "sign", str(runs / "t")).split())
+    assert "ORELINE_CHECKPOINT_KEY is not set" in " ".join(
+        _cli("checkpoint", "sign", str(runs / "t")).split()
+    )
     plant_metadata_pickle(ckpts / STEP4, marker)
     _resign(ckpts / STEP4)  # a planted checkpoint with a recomputed (unkeyed) manifest
     monkeypatch.setenv(KEY_ENV, "a shared secret")
@@ -473,8 +542,19 @@ def test_no_unpickling_loader_in_the_source():
     import ast
 
     src = Path(ck.__file__).parents[1]
-    unpicklers = ("pickle.load", "pickle.loads", "torch.load", "FileSystemReader", "joblib.load", "dill.load",
-                  "cloudpickle.load", "marshal.load", "marshal.loads", "shelve.open", "pd.read_pickle")
+    unpicklers = (
+        "pickle.load",
+        "pickle.loads",
+        "torch.load",
+        "FileSystemReader",
+        "joblib.load",
+        "dill.load",
+        "cloudpickle.load",
+        "marshal.load",
+        "marshal.loads",
+        "shelve.open",
+        "pd.read_pickle",
+    )
     hits = []
     for path in sorted(src.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -483,9 +563,13 @@ def test_no_unpickling_loader_in_the_source():
             name = _dotted(node.func)
             keywords = {k.arg: k.value for k in node.keywords}
             allow_pickle = keywords.get("allow_pickle")
-            if (name.endswith(unpicklers)
-                    or (name.endswith(("np.load", "numpy.load")) and not (
-                        isinstance(allow_pickle, ast.Constant) and allow_pickle.value is False))
-                    or (name in ("dcp.load", "dcp.async_load") and "storage_reader" not in keywords)):
+            if (
+                name.endswith(unpicklers)
+                or (
+                    name.endswith(("np.load", "numpy.load"))
+                    and not (isinstance(allow_pickle, ast.Constant) and allow_pickle.value is False)
+                )
+                or (name in ("dcp.load", "dcp.async_load") and "storage_reader" not in keywords)
+            ):
                 hits.append(f"{path.relative_to(src)}:{node.lineno} {name}")
     assert hits == []

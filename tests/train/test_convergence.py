@@ -40,10 +40,21 @@ def _losses(run_dir) -> list[tuple[str, int, float]]:
     return out
 
 
-def test_debug_model_beats_unigram_entropy_deterministically(tmp_path, prose_tokens, train_config, one_thread):
-    settings = dict(train__steps=STEPS, train__micro_batch=8, train__grad_accum=1, train__log_every=10,
-                    train__eval_every=50, train__eval_batches=EVAL_BATCHES, train__optim__lr=1e-2,
-                    train__optim__min_lr=1e-3, train__optim__warmup_steps=10, eval__prompts=[])
+def test_debug_model_beats_unigram_entropy_deterministically(
+    tmp_path, prose_tokens, train_config, one_thread
+):
+    settings = dict(
+        train__steps=STEPS,
+        train__micro_batch=8,
+        train__grad_accum=1,
+        train__log_every=10,
+        train__eval_every=50,
+        train__eval_batches=EVAL_BATCHES,
+        train__optim__lr=1e-2,
+        train__optim__min_lr=1e-3,
+        train__optim__warmup_steps=10,
+        eval__prompts=[],
+    )
     runs = []
     for name in ("a", "b"):
         summary = train(train_config(run__name=name, **settings), resume="none", console=Console(quiet=True))

@@ -23,8 +23,9 @@ from oreline.model import matmul
 from oreline.train.checkpoint_files import read_meta
 from oreline.train.loop import train
 
-needs_onednn = pytest.mark.skipif("onednn" not in matmul.available_backends(),
-                                  reason="this torch build has no oneDNN: auto is always blas")
+needs_onednn = pytest.mark.skipif(
+    "onednn" not in matmul.available_backends(), reason="this torch build has no oneDNN: auto is always blas"
+)
 
 
 def start_record(run_dir: str | Path) -> dict:
@@ -47,13 +48,20 @@ def overrule(path: Path) -> str:
 
 
 @needs_onednn
-def test_fresh_runs_take_this_machines_decision_whatever_the_load(train_config, tmp_path, monkeypatch, one_thread):
+def test_fresh_runs_take_this_machines_decision_whatever_the_load(
+    train_config, tmp_path, monkeypatch, one_thread
+):
     cache = tmp_path / "cache"
     monkeypatch.setenv("ORELINE_CACHE_DIR", str(cache))
 
     def run(name: str) -> dict:
-        cfg = train_config(run__name=name, train__steps=2, train__eval_every=0, train__eval_batches=1,
-                           train__optim__warmup_steps=1)
+        cfg = train_config(
+            run__name=name,
+            train__steps=2,
+            train__eval_every=0,
+            train__eval_batches=1,
+            train__optim__warmup_steps=1,
+        )
         return start_record(train(cfg, console=Console(file=io.StringIO()))["run_dir"])
 
     first = run("a")
@@ -80,8 +88,14 @@ def test_resume_keeps_the_recorded_backend(train_config, tmp_path, monkeypatch, 
     monkeypatch.setenv("ORELINE_CACHE_DIR", str(cache))
 
     def cfg(steps: int, **more):
-        return train_config(train__steps=steps, checkpoint__every=4, train__eval_every=0, train__eval_batches=1,
-                            train__optim__warmup_steps=1, **more)
+        return train_config(
+            train__steps=steps,
+            checkpoint__every=4,
+            train__eval_every=0,
+            train__eval_batches=1,
+            train__optim__warmup_steps=1,
+            **more,
+        )
 
     run_dir = Path(train(cfg(4), console=Console(file=io.StringIO()))["run_dir"])
     recorded = read_meta(run_dir / "checkpoints" / "step-00000004")["cpu_matmul"]
@@ -93,11 +107,16 @@ def test_resume_keeps_the_recorded_backend(train_config, tmp_path, monkeypatch, 
     resumed = start_record(run_dir)
     assert resumed["step"] == 4 and resumed["cpu_matmul_backend"] == recorded != other
     assert "recorded in the checkpoint" in resumed["cpu_matmul"]
-    assert f"instead of {other}" in out.getvalue() and "keeps the backend it was trained with" in out.getvalue()
+    assert (
+        f"instead of {other}" in out.getvalue() and "keeps the backend it was trained with" in out.getvalue()
+    )
     assert read_meta(run_dir / "checkpoints" / "step-00000006")["cpu_matmul"] == recorded
 
     out = io.StringIO()  # a config naming the other backend explicitly wins, and says what it costs
-    train(cfg(8, train__cpu_matmul=other), allow_config_change=["train.steps", "train.cpu_matmul"],
-          console=Console(file=out, width=300))
+    train(
+        cfg(8, train__cpu_matmul=other),
+        allow_config_change=["train.steps", "train.cpu_matmul"],
+        console=Console(file=out, width=300),
+    )
     assert start_record(run_dir)["cpu_matmul_backend"] == other
     assert f'train.cpu_matmul = "{other}" names another backend' in out.getvalue()

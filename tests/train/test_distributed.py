@@ -43,11 +43,21 @@ from oreline.train.checkpoint import load_model_state
 STEPS, EVERY, TOL = 20, 10, 1e-5
 NAN_STEP = 7  # every run makes step 7's loss NaN: all ranks must skip it together
 HELPER = Path(__file__).with_name("dist_helpers.py")
-ALLOW = ["--allow-config-change", "run", "--allow-config-change", "train.grad_accum",
-         "--allow-config-change", "train.parallel", "--allow-config-change", "train.activation_checkpointing"]
+ALLOW = [
+    "--allow-config-change",
+    "run",
+    "--allow-config-change",
+    "train.grad_accum",
+    "--allow-config-change",
+    "train.parallel",
+    "--allow-config-change",
+    "train.activation_checkpointing",
+]
 
 
-def write_config(path: Path, runs: Path, corpus: dict[str, Path], accum: int, extra: str = "", debug: str = "") -> Path:
+def write_config(
+    path: Path, runs: Path, corpus: dict[str, Path], accum: int, extra: str = "", debug: str = ""
+) -> Path:
     path.write_text(f"""
 [run]
 name = "r"
@@ -55,8 +65,8 @@ runs_dir = "{runs}"
 [model]
 preset = "debug"
 [train]
-tokens = "{corpus['tokens']}"
-tokenizer = "{corpus['tokenizer']}"
+tokens = "{corpus["tokens"]}"
+tokenizer = "{corpus["tokenizer"]}"
 seq_len = 64
 micro_batch = 2
 grad_accum = {accum}
@@ -147,7 +157,9 @@ def worker_pid(agent: int, rank: int) -> int | None:
     return None
 
 
-def kill_rank_after_checkpoint(job: Job, run: Path, rank: int, step: int, result: dict, relaunch: Any) -> None:
+def kill_rank_after_checkpoint(
+    job: Job, run: Path, rank: int, step: int, result: dict, relaunch: Any
+) -> None:
     """Background: once checkpoint `step` is logged, SIGKILL worker `rank`, record how long the rest
     took to exit, and relaunch the same command (`relaunch()` → Job) at once."""
     end = time.monotonic() + 400
@@ -189,18 +201,30 @@ def runs(prose_tokens, tmp_path_factory):
         "ddp": Job(oreline("train", "-c", str(c["ddp"]), "--nproc", "2"), root / "ddp.log"),
         "fsdp": Job(torchrun(2, "-m", "oreline", "train", "-c", str(c["fsdp"])), root / "fsdp.log"),
         "kill": Job(torchrun(2, "-m", "oreline", "train", "-c", str(c["kill"])), root / "kill.log"),
-        "wrongworld": Job(torchrun(2, "-m", "oreline", "train", "-c", str(c["wrongworld"])), root / "wrongworld.log"),
+        "wrongworld": Job(
+            torchrun(2, "-m", "oreline", "train", "-c", str(c["wrongworld"])), root / "wrongworld.log"
+        ),
         "helper": Job(torchrun(2, str(HELPER), str(prose_tokens["tokens"])), root / "helper.log"),
     }
     kill_result: dict = {}
     relaunch = lambda: Job(torchrun(2, "-m", "oreline", "train", "-c", str(c["kill"])), root / "kill2.log")  # noqa: E731
-    killer = threading.Thread(target=kill_rank_after_checkpoint,
-                              args=(jobs["kill"], root / "kill" / "r", 1, EVERY, kill_result, relaunch), daemon=True)
+    killer = threading.Thread(
+        target=kill_rank_after_checkpoint,
+        args=(jobs["kill"], root / "kill" / "r", 1, EVERY, kill_result, relaunch),
+        daemon=True,
+    )
     resumes = threading.Thread(target=start_resumes, args=(jobs, root, c), daemon=True)
     killer.start()
     resumes.start()
-    yield {"root": root, "configs": c, "jobs": jobs, "killer": killer, "kill_result": kill_result,
-           "resumes": resumes, "run": {k: root / k / "r" for k in c}}
+    yield {
+        "root": root,
+        "configs": c,
+        "jobs": jobs,
+        "killer": killer,
+        "kill_result": kill_result,
+        "resumes": resumes,
+        "run": {k: root / k / "r" for k in c},
+    }
     killer.join(timeout=60)
     resumes.join(timeout=60)
     for job in [*jobs.values(), *([kill_result["again"]] if "again" in kill_result else [])]:
@@ -222,7 +246,9 @@ def test_ddp_and_fsdp_equal_one_process(runs):
         assert start["world_size"] == 2 and start["global_batch"]["world"] == 2
         assert start["global_batch"]["tokens"] == 8 * 64 == records(run["ref"])[0]["global_batch"]["tokens"]
         train = [r for r in recs if r["type"] == "train"]
-        assert all(r["comm_ms"] > 0 and 0 < r["comm_frac"] < 1 for r in train), [(r["comm_ms"], r["comm_frac"]) for r in train]
+        assert all(r["comm_ms"] > 0 and 0 < r["comm_frac"] < 1 for r in train), [
+            (r["comm_ms"], r["comm_frac"]) for r in train
+        ]
         assert all(r["tokens_in_step"] == 8 * 64 for r in train)
         skips = [r for r in recs if r["type"] == "event" and r["action"] == "skip"]
         assert [(r["step"], r["kind"]) for r in skips] == [(NAN_STEP, "nonfinite")], skips
@@ -233,7 +259,9 @@ def test_ddp_and_fsdp_equal_one_process(runs):
         sd, _, meta = load_model_state(run[name])
         assert meta["world_size"] == 2 and sd.keys() == sd_ref.keys()
         for k in sd:
-            assert torch.allclose(sd[k], sd_ref[k], rtol=1e-4, atol=1e-5), f"{name}: {k} differs from the 1-rank run"
+            assert torch.allclose(sd[k], sd_ref[k], rtol=1e-4, atol=1e-5), (
+                f"{name}: {k} differs from the 1-rank run"
+            )
     ddp_cfg = (run["ddp"] / "config.toml").read_text()
     assert 'parallel = "ddp"' in ddp_cfg  # `oreline train --nproc 2` chose DDP
 
@@ -248,12 +276,30 @@ def start_resumes(jobs: dict, root: Path, c: dict) -> None:
         return
     fsdp_ckpt = root / "fsdp" / "r" / "checkpoints" / "step-00000010"
     ddp_ckpt = root / "ddp" / "r" / "checkpoints" / "step-00000010"
-    jobs["one"] = Job(oreline("train", "-c", str(c["ref"]), "run.name=from-fsdp", "--resume", str(fsdp_ckpt), *ALLOW),
-                      root / "one.log")
-    jobs["two"] = Job(torchrun(2, "-m", "oreline", "train", "-c", str(c["ddp"]), "train.parallel=ddp",
-                               "run.name=from-ddp", "--resume", str(ddp_ckpt), *ALLOW), root / "two.log")
-    jobs["half"] = Job(oreline("train", "-c", str(c["ddp"]), "run.name=half", "--resume", str(ddp_ckpt), *ALLOW),
-                       root / "half.log")
+    jobs["one"] = Job(
+        oreline("train", "-c", str(c["ref"]), "run.name=from-fsdp", "--resume", str(fsdp_ckpt), *ALLOW),
+        root / "one.log",
+    )
+    jobs["two"] = Job(
+        torchrun(
+            2,
+            "-m",
+            "oreline",
+            "train",
+            "-c",
+            str(c["ddp"]),
+            "train.parallel=ddp",
+            "run.name=from-ddp",
+            "--resume",
+            str(ddp_ckpt),
+            *ALLOW,
+        ),
+        root / "two.log",
+    )
+    jobs["half"] = Job(
+        oreline("train", "-c", str(c["ddp"]), "run.name=half", "--resume", str(ddp_ckpt), *ALLOW),
+        root / "half.log",
+    )
 
 
 def test_resume_on_one_and_two_ranks(runs):
@@ -267,7 +313,9 @@ def test_resume_on_one_and_two_ranks(runs):
     assert half.wait() != 0
     got = half.text()
     assert "global batch = micro 2 × accum 2 × world 2 × seq_len 64 = 512 tokens" in got, got[-2000:]
-    assert "micro 2 × accum 2 × world 1 × seq_len 64 = 256 tokens" in got and "train.grad_accum=4" in got, got[-2000:]
+    assert "micro 2 × accum 2 × world 1 × seq_len 64 = 256 tokens" in got and "train.grad_accum=4" in got, (
+        got[-2000:]
+    )
     rest = range(EVERY + 1, STEPS + 1)
     ref_runs = root / "ref" / "from-fsdp", root / "ddp" / "from-ddp"
     for resumed, original in zip(ref_runs, (run["fsdp"], run["ddp"]), strict=True):
@@ -286,7 +334,9 @@ def test_killed_rank_ends_the_run_and_relaunch_resumes(runs):
     assert res["rc"] not in (0, None), res
     assert res["exit_s"] < 60, f"the surviving rank took {res['exit_s']:.1f} s to go"
     text = job.text()
-    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)", text) and re.search(r"exitcode\s*:\s*-9", text), text[-3000:]
+    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)", text) and re.search(r"exitcode\s*:\s*-9", text), text[
+        -3000:
+    ]
     assert res["killed_after_step"] < STEPS
     run = runs["run"]["kill"]
     res["again"].ok()  # the same command, relaunched as soon as the first one ended
@@ -300,8 +350,10 @@ def test_global_batch_for_another_world_size_refuses(runs):
     job = runs["jobs"]["wrongworld"]
     assert job.wait() != 0
     text = job.text()
-    assert ("global batch = micro 2 × accum 4 × world 2 × seq_len 64 = 1,024 tokens, but "
-            "train.global_batch_tokens = 512") in text, text[-3000:]
+    assert (
+        "global batch = micro 2 × accum 4 × world 2 × seq_len 64 = 1,024 tokens, but "
+        "train.global_batch_tokens = 512"
+    ) in text, text[-3000:]
     assert "set train.grad_accum=2" in text
     assert not (runs["run"]["wrongworld"] / "metrics.jsonl").exists()
 
@@ -312,23 +364,38 @@ def test_ddp_checkpointing_and_unused_parameters(runs):
     results = {}
     for line in job.log.read_text().splitlines():
         if line.startswith("RESULT "):
-            r = json.loads(line[len("RESULT "):])
+            r = json.loads(line[len("RESULT ") :])
             results[r["scenario"]] = r
-    assert set(results) == {"unused_detected", "unused_allowed", "ours_checkpointing", "reentrant_no_unused",
-                            "reentrant_unused"}, results
+    assert set(results) == {
+        "unused_detected",
+        "unused_allowed",
+        "ours_checkpointing",
+        "reentrant_no_unused",
+        "reentrant_unused",
+    }, results
     det = results["unused_detected"]
     assert det["error"] == "DistributedError" and "unused_head.weight, unused_head.bias" in det["message"]
     assert "train.find_unused_parameters=true" in det["message"]
     assert results["unused_allowed"]["ok"] and results["ours_checkpointing"]["ok"]
     # checkpointing recomputes the same forward: the same gradients as without it
-    assert results["ours_checkpointing"]["q_grad_sum"] == pytest.approx(results["unused_allowed"]["q_grad_sum"], rel=1e-6)
+    assert results["ours_checkpointing"]["q_grad_sum"] == pytest.approx(
+        results["unused_allowed"]["q_grad_sum"], rel=1e-6
+    )
     assert results["reentrant_no_unused"]["ok"]  # torch 2.13: reentrant is fine while every parameter is used
     bad = results["reentrant_unused"]
     assert not bad["ok"] and "mark a variable ready only once" in bad["message"], bad
-    timeout = [json.loads(line[len("TIMEOUT "):]) for line in job.log.read_text().splitlines() if line.startswith("TIMEOUT ")]
+    timeout = [
+        json.loads(line[len("TIMEOUT ") :])
+        for line in job.log.read_text().splitlines()
+        if line.startswith("TIMEOUT ")
+    ]
     assert timeout == [{"seconds": 321.0}]  # a dead peer fails a collective after train.dist_timeout_s
     # the stability decision's inputs are the same on every rank, whatever one rank saw
-    agree = [json.loads(line[len("AGREE "):]) for line in job.log.read_text().splitlines() if line.startswith("AGREE ")]
+    agree = [
+        json.loads(line[len("AGREE ") :])
+        for line in job.log.read_text().splitlines()
+        if line.startswith("AGREE ")
+    ]
     assert sorted(r["rank"] for r in agree) == [0, 1], agree
     for r in agree:
         assert r["nan_on_one"] == ["2.5", "nan"] and r["differ"] == ["2.5", repr(1.0 + 1e-12)], agree

@@ -35,8 +35,8 @@ runs_dir = "{runs}"
 [model]
 preset = "debug"
 [train]
-tokens = "{corpus['tokens']}"
-tokenizer = "{corpus['tokenizer']}"
+tokens = "{corpus["tokens"]}"
+tokenizer = "{corpus["tokenizer"]}"
 seq_len = 64
 micro_batch = 4
 steps = {STEPS}
@@ -66,8 +66,12 @@ def env() -> dict[str, str]:
 
 def launch(config: Path, log: Path) -> subprocess.Popen:
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-m", "oreline", "train", "-c", str(config)], env=env(),
-                                stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "oreline", "train", "-c", str(config)],
+            env=env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def records(run: Path) -> list[dict]:
@@ -98,7 +102,9 @@ def wait_for(proc: subprocess.Popen, cond, timeout: float = 120.0) -> bool:
     return False
 
 
-def kill_at(proc: subprocess.Popen, run: Path, kind: str, step: int, rng: random.Random, launched: float) -> str:
+def kill_at(
+    proc: subprocess.Popen, run: Path, kind: str, step: int, rng: random.Random, launched: float
+) -> str:
     """SIGKILL the run at `kind` ("step", "save", "eval") of `step`; returns what was hit."""
     ckpts = run / "checkpoints"
     if kind == "step":
@@ -108,10 +114,15 @@ def kill_at(proc: subprocess.Popen, run: Path, kind: str, step: int, rng: random
         hit = f"during step {step}"
     elif kind == "save":  # this launch's temporary folder, not one an earlier kill left behind
         tmp = ckpts / f".tmp-step-{step:08d}"
-        if not wait_for(proc, lambda: (tmp.exists() and tmp.stat().st_ctime >= launched) or has(run, "checkpoint", step)):
+        if not wait_for(
+            proc, lambda: (tmp.exists() and tmp.stat().st_ctime >= launched) or has(run, "checkpoint", step)
+        ):
             return "finished"
-        hit = (f"during the save of step {step}" if tmp.exists() and not has(run, "checkpoint", step)
-               else f"after the save of step {step}")
+        hit = (
+            f"during the save of step {step}"
+            if tmp.exists() and not has(run, "checkpoint", step)
+            else f"after the save of step {step}"
+        )
     else:
         if not wait_for(proc, lambda: has(run, "checkpoint", step)):
             return "finished"
@@ -123,8 +134,9 @@ def kill_at(proc: subprocess.Popen, run: Path, kind: str, step: int, rng: random
     return hit
 
 
-def run_with_kills(config: Path, run: Path, plan: list[tuple[str, int]], seed: int = 0,
-                   log: Path | None = None) -> list[str]:
+def run_with_kills(
+    config: Path, run: Path, plan: list[tuple[str, int]], seed: int = 0, log: Path | None = None
+) -> list[str]:
     """Run to the end, killing per plan and resuming with the same command after each kill."""
     rng = random.Random(seed)
     log = log or run.parent / "kills.log"
@@ -134,8 +146,10 @@ def run_with_kills(config: Path, run: Path, plan: list[tuple[str, int]], seed: i
         proc = launch(config, log)
         hit = kill_at(proc, run, kind, step, rng, launched)
         if hit == "finished":
-            raise AssertionError(f"the run ended (rc {proc.returncode}) before the {kind} kill at {step}: "
-                                 + log.read_text()[-3000:])
+            raise AssertionError(
+                f"the run ended (rc {proc.returncode}) before the {kind} kill at {step}: "
+                + log.read_text()[-3000:]
+            )
         hits.append(hit)
     proc = launch(config, log)
     assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
@@ -153,7 +167,8 @@ def assert_identical(ref: Path, got: Path) -> None:
     for key in ("loss", "grad_norm", "lr", "tokens_seen"):
         a, b = per_step(ref, key), per_step(got, key)
         assert list(a) == list(range(1, STEPS + 1)) and a == b, f"{key} differs: " + str(
-            [(s, a.get(s), b.get(s)) for s in a if a.get(s) != b.get(s)][:5])
+            [(s, a.get(s), b.get(s)) for s in a if a.get(s) != b.get(s)][:5]
+        )
     sd_a, _, meta_a = load_model_state(ref)
     sd_b, _, meta_b = load_model_state(got)
     assert meta_a["step"] == meta_b["step"] == STEPS

@@ -39,6 +39,23 @@ def test_torchrun_commands_one_per_node():
 
 def test_cli_writes_script(tmp_path):
     out = tmp_path / "run.sbatch"
-    subprocess.run([sys.executable, "-m", "oreline", "launch", "slurm", "-c", str(DEMO), "--nodes", "2",
-                    "--gpus-per-node", "8", "--out", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "oreline",
+            "launch",
+            "slurm",
+            "-c",
+            str(DEMO),
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
     subprocess.run(["bash", "-n", str(out)], check=True)

@@ -20,10 +20,39 @@ from oreline.train.optim import lr_at
 from oreline.train.session import enable_activation_checkpointing, global_batch, to_device
 
 CPU1 = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None, is_main=True)
-TRAIN_KEYS = {"step", "tokens_seen", "tokens_in_step", "loss", "loss_token", "loss_eos", "loss_bos", "lr", "grad_norm",
-              "clipped", "tokens_per_s", "mfu", "step_ms", "cpu_ms", "data_ms", "data_wait_frac", "rss_mb", "cuda_alloc_mb",
-              "cuda_reserved_mb", "cuda_peak_mb", "comm_ms"}
-EVAL_KEYS = {"step", "val_loss", "val_ppl", "val_bpb", "val_loss_token", "val_loss_eos", "val_loss_bos", "train_loss"}
+TRAIN_KEYS = {
+    "step",
+    "tokens_seen",
+    "tokens_in_step",
+    "loss",
+    "loss_token",
+    "loss_eos",
+    "loss_bos",
+    "lr",
+    "grad_norm",
+    "clipped",
+    "tokens_per_s",
+    "mfu",
+    "step_ms",
+    "cpu_ms",
+    "data_ms",
+    "data_wait_frac",
+    "rss_mb",
+    "cuda_alloc_mb",
+    "cuda_reserved_mb",
+    "cuda_peak_mb",
+    "comm_ms",
+}
+EVAL_KEYS = {
+    "step",
+    "val_loss",
+    "val_ppl",
+    "val_bpb",
+    "val_loss_token",
+    "val_loss_eos",
+    "val_loss_bos",
+    "train_loss",
+}
 
 
 def read_metrics(path) -> list[dict]:
@@ -51,7 +80,10 @@ def _uneven_batch(prose_tokens):
 
 
 def _split(b, size: int):
-    return [type(b)(b.input_ids[i:i + size], b.labels[i:i + size], None) for i in range(0, b.input_ids.shape[0], size)]
+    return [
+        type(b)(b.input_ids[i : i + size], b.labels[i : i + size], None)
+        for i in range(0, b.input_ids.shape[0], size)
+    ]
 
 
 def test_accumulation_equals_one_big_batch_even_with_uneven_targets(prose_tokens, one_thread):
@@ -66,7 +98,9 @@ def test_accumulation_equals_one_big_batch_even_with_uneven_targets(prose_tokens
     assert float(sums[1] + sums[3] + sums[5]) == n_targets  # the breakdown counts every target once
     # the naive mean of per-micro-batch means weights the 10-target micro-batch like a full one: different
     for micro in _split(batch, 2):
-        forward_backward(naive, [micro], float((micro.labels != -100).sum()) * 4, CPU1, contextlib.nullcontext, bos, eos)
+        forward_backward(
+            naive, [micro], float((micro.labels != -100).sum()) * 4, CPU1, contextlib.nullcontext, bos, eos
+        )
     g_naive = _grads(naive)
     assert max(float((g_naive[n] - g_big[n]).abs().max()) for n in g_big) > 1e-4
 
@@ -102,8 +136,15 @@ def test_short_run_writes_every_metric_and_tensorboard(tmp_path, train_config, o
     kinds = [r["type"] for r in recs]
     assert kinds[0] == "start" and kinds[-1] == "end"
     start = recs[0]
-    assert start["global_batch"] == {"micro": 4, "accum": 2, "world": 1, "seq_len": 64, "sequences": 8, "tokens": 512,
-                                     "configured_tokens": None}
+    assert start["global_batch"] == {
+        "micro": 4,
+        "accum": 2,
+        "world": 1,
+        "seq_len": 64,
+        "sequences": 8,
+        "tokens": 512,
+        "configured_tokens": None,
+    }
     assert start["model"]["params"] > start["model"]["non_embedding_params"] > 0
     assert start["peak_flops"] > 0 and "measured" in start["peak_source"]
     assert start["schedule"][0][0] == 1 and start["schedule"][-1][0] == 12
@@ -120,9 +161,13 @@ def test_short_run_writes_every_metric_and_tensorboard(tmp_path, train_config, o
     for r in evals:
         assert set(r) >= EVAL_KEYS
         assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
-        assert 0 < r["val_bpb"] < r["val_loss"]  # ~3-4 bytes per token: bits per byte are well below nats per token
+        assert (
+            0 < r["val_bpb"] < r["val_loss"]
+        )  # ~3-4 bytes per token: bits per byte are well below nats per token
     gens = [r for r in recs if r["type"] == "generation"]
-    assert sorted((g["step"], g["prompt"]) for g in gens) == [(s, p) for s in (6, 12) for p in sorted(cfg.eval.prompts)]
+    assert sorted((g["step"], g["prompt"]) for g in gens) == [
+        (s, p) for s in (6, 12) for p in sorted(cfg.eval.prompts)
+    ]
     assert recs[-1]["tokens_seen"] == 12 * 512 and summary["final_val_loss"] == evals[-1]["val_loss"]
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert (run / "config.toml").is_file()
@@ -132,8 +177,14 @@ def test_short_run_writes_every_metric_and_tensorboard(tmp_path, train_config, o
 def test_nan_step_is_skipped_and_never_reaches_the_weights(tmp_path, train_config, one_thread):
     from oreline.train.checkpoint import load_model_state
 
-    cfg = train_config(train__steps=5, train__log_every=1, train__eval_every=0,
-                      train__debug__inject_nan_at_step=3, checkpoint__every=5, eval__prompts=[])
+    cfg = train_config(
+        train__steps=5,
+        train__log_every=1,
+        train__eval_every=0,
+        train__debug__inject_nan_at_step=3,
+        checkpoint__every=5,
+        eval__prompts=[],
+    )
     summary = train(cfg, resume="none")
     recs = read_metrics(tmp_path / "t" / "metrics.jsonl")
     events = [r for r in recs if r["type"] == "event"]
@@ -146,8 +197,9 @@ def test_nan_step_is_skipped_and_never_reaches_the_weights(tmp_path, train_confi
 
 
 def test_resume_continues_exactly_and_metrics_read_as_one_run(tmp_path, train_config, one_thread):
-    cfg = train_config(train__steps=8, train__log_every=1, train__eval_every=0,
-                      checkpoint__every=4, eval__prompts=[])
+    cfg = train_config(
+        train__steps=8, train__log_every=1, train__eval_every=0, checkpoint__every=4, eval__prompts=[]
+    )
     first = train(cfg, resume="none")
     run = tmp_path / "t"
     losses = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if r["type"] == "train"}
@@ -162,10 +214,21 @@ def test_resume_continues_exactly_and_metrics_read_as_one_run(tmp_path, train_co
     assert [r["kind"] for r in recs if r["type"] == "event"] == ["resume"]
 
 
-def test_rollback_reloads_this_runs_checkpoint_lowers_lr_and_moves_the_data_on(tmp_path, train_config, one_thread):
-    cfg = train_config(train__steps=8, train__log_every=1, train__eval_every=0, checkpoint__every=3,
-                       train__debug__inject_nan_at_step=5, train__stability__action="rollback", eval__prompts=[])
-    stale = tmp_path / "t" / "checkpoints" / "step-00000030"  # an earlier run's leftovers: never a rollback target
+def test_rollback_reloads_this_runs_checkpoint_lowers_lr_and_moves_the_data_on(
+    tmp_path, train_config, one_thread
+):
+    cfg = train_config(
+        train__steps=8,
+        train__log_every=1,
+        train__eval_every=0,
+        checkpoint__every=3,
+        train__debug__inject_nan_at_step=5,
+        train__stability__action="rollback",
+        eval__prompts=[],
+    )
+    stale = (
+        tmp_path / "t" / "checkpoints" / "step-00000030"
+    )  # an earlier run's leftovers: never a rollback target
     stale.mkdir(parents=True)
     summary = train(cfg, resume="none")
     assert summary["rollbacks"] == 1 and summary["step"] == 8
@@ -178,7 +241,9 @@ def test_rollback_reloads_this_runs_checkpoint_lowers_lr_and_moves_the_data_on(t
     first4, again4 = trains[3], trains[4]
     assert again4["lr"] == pytest.approx(0.8 * lr_at(3, cfg.train))  # lr × lr_factor from now on
     assert again4["loss"] != first4["loss"]  # other batches: the data moved on past the failed step
-    assert all(math.isfinite(r["loss"]) for r in trains)  # the NaN was injected once, not again after the rollback
+    assert all(
+        math.isfinite(r["loss"]) for r in trains
+    )  # the NaN was injected once, not again after the rollback
 
 
 def test_cli_train_with_dotted_overrides(tmp_path, prose_tokens, one_thread):
@@ -186,11 +251,20 @@ def test_cli_train_with_dotted_overrides(tmp_path, prose_tokens, one_thread):
 
     from oreline.cli import app
 
-    overrides = [f"run.runs_dir={json.dumps(str(tmp_path))}", 'run.name="cli"', 'model.preset="debug"',
-                 f"train.tokens={json.dumps(str(prose_tokens['tokens']))}",
-                 f"train.tokenizer={json.dumps(str(prose_tokens['tokenizer']))}",
-                 "train.seq_len=64", "train.micro_batch=2", "train.steps=3", "train.eval_batches=1",
-                 "train.optim.warmup_steps=1", "checkpoint.every=0", "eval.prompts=[]"]
+    overrides = [
+        f"run.runs_dir={json.dumps(str(tmp_path))}",
+        'run.name="cli"',
+        'model.preset="debug"',
+        f"train.tokens={json.dumps(str(prose_tokens['tokens']))}",
+        f"train.tokenizer={json.dumps(str(prose_tokens['tokenizer']))}",
+        "train.seq_len=64",
+        "train.micro_batch=2",
+        "train.steps=3",
+        "train.eval_batches=1",
+        "train.optim.warmup_steps=1",
+        "checkpoint.every=0",
+        "eval.prompts=[]",
+    ]
     res = CliRunner().invoke(app, ["train", *overrides, "--resume", "none"])
     assert res.exit_code == 0, (res.output, res.exception)
     recs = read_metrics(tmp_path / "cli" / "metrics.jsonl")

@@ -17,16 +17,25 @@ import pytest
 from oreline.config import to_toml
 
 
-@pytest.mark.parametrize(("override", "needles"), [
-    ("model.dim=1000000", ["model.dim=1000000", "parameters × 16 bytes"]),
-    ("train.micro_batch=1000000000", ["train.micro_batch=1000000000 × train.seq_len=64"]),
-])
+@pytest.mark.parametrize(
+    ("override", "needles"),
+    [
+        ("model.dim=1000000", ["model.dim=1000000", "parameters × 16 bytes"]),
+        ("train.micro_batch=1000000000", ["train.micro_batch=1000000000 × train.seq_len=64"]),
+    ],
+)
 def test_train_refuses_before_allocating(override, needles, tmp_path, train_config):
     config = tmp_path / "train.toml"
     config.write_text(to_toml(train_config(train__cpu_matmul="blas")))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "oreline", "train", "-c", str(config), override], capture_output=True,
-                          text=True, timeout=300, check=False, env={**os.environ, "COLUMNS": "10000"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "oreline", "train", "-c", str(config), override],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "COLUMNS": "10000"},
+    )
     seconds = time.perf_counter() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out

@@ -52,7 +52,9 @@ def test_logger_writes_jsonl_tensorboard_and_nulls_for_nan(tmp_path):
     log = MetricsLogger(tmp_path / "metrics.jsonl", tmp_path / "tb")
     log.log({"type": "start", "step": 0, "device": "cpu"})
     for step in (1, 2, 3):
-        log.log({"type": "train", "step": step, "loss": 5.0 - step, "grad_norm": math.nan if step == 2 else 1.0})
+        log.log(
+            {"type": "train", "step": step, "loss": 5.0 - step, "grad_norm": math.nan if step == 2 else 1.0}
+        )
     log.log({"type": "generation", "step": 3, "prompt": "The", "text": " end", "mode": "greedy"})
     log.close()
     recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -38,9 +38,16 @@ def quiet() -> Console:
 
 
 def test_skipped_nan_step_leaves_weights_and_optimizer_untouched(tmp_path, train_config, one_thread):
-    cfg = train_config(train__steps=6, train__log_every=1, train__eval_every=0, train__grad_accum=1,
-                       train__debug__inject_nan_at_step=4, checkpoint__every=1, checkpoint__keep_last=1000,
-                       eval__prompts=[])
+    cfg = train_config(
+        train__steps=6,
+        train__log_every=1,
+        train__eval_every=0,
+        train__grad_accum=1,
+        train__debug__inject_nan_at_step=4,
+        checkpoint__every=1,
+        checkpoint__keep_last=1000,
+        eval__prompts=[],
+    )
     summary = train(cfg, resume="none", console=quiet())
     root = tmp_path / "t" / "checkpoints"
     before, at, after = (weights(root / ck_files.step_name(s)) for s in (3, 4, 5))
@@ -72,9 +79,16 @@ def _fresh_model_and_optimizer(cfg):
 def test_rollback_after_a_spike_recovers_the_run(tmp_path, train_config, one_thread):
     # z 10: the injected spike scores ~1000σ; a grad-norm blip of the changed trajectory (~8σ over a
     # short window, seen once here) must not add a second rollback to the one under test
-    common = dict(train__steps=24, train__log_every=1, train__eval_every=0, checkpoint__every=4,
-                  train__stability__min_history=8, train__stability__z_threshold=10.0,
-                  train__stability__action="rollback", eval__prompts=[])
+    common = dict(
+        train__steps=24,
+        train__log_every=1,
+        train__eval_every=0,
+        checkpoint__every=4,
+        train__stability__min_history=8,
+        train__stability__z_threshold=10.0,
+        train__stability__action="rollback",
+        eval__prompts=[],
+    )
     ref = train(train_config(run__name="ref", **common), resume="none", console=quiet())
     got = train(train_config(train__debug__inject_spike_at_step=15, **common), resume="none", console=quiet())
     recs = metrics(tmp_path / "t")
@@ -90,27 +104,45 @@ def test_rollback_after_a_spike_recovers_the_run(tmp_path, train_config, one_thr
     lrs = {r["step"]: r["lr"] for r in recs if r["type"] == "train"}
     ref_lrs = {r["step"]: r["lr"] for r in metrics(tmp_path / "ref") if r["type"] == "train"}
     assert lrs[20] == pytest.approx(0.8 * ref_lrs[20])  # lr × lr_factor after the rollback
-    assert ck_files.read_meta(tmp_path / "t" / "checkpoints" / "step-00000024")["lr_multiplier"] == pytest.approx(0.8)
+    assert ck_files.read_meta(tmp_path / "t" / "checkpoints" / "step-00000024")[
+        "lr_multiplier"
+    ] == pytest.approx(0.8)
 
 
 def test_retries_are_bounded_and_the_error_says_what_and_where(tmp_path, train_config, one_thread):
     # a negative threshold makes every judged step a "spike": rollbacks cannot help
-    cfg = train_config(train__steps=20, train__log_every=1, train__eval_every=0, checkpoint__every=2,
-                       train__stability__min_history=4, train__stability__z_threshold=-1e9,
-                       train__stability__loss_spike_min_ratio=0.0,
-                       train__stability__action="rollback", train__stability__max_retries=2, eval__prompts=[])
+    cfg = train_config(
+        train__steps=20,
+        train__log_every=1,
+        train__eval_every=0,
+        checkpoint__every=2,
+        train__stability__min_history=4,
+        train__stability__z_threshold=-1e9,
+        train__stability__loss_spike_min_ratio=0.0,
+        train__stability__action="rollback",
+        train__stability__max_retries=2,
+        eval__prompts=[],
+    )
     with pytest.raises(TrainingError) as err:
         train(cfg, resume="none", console=quiet())
     msg = str(err.value)
     assert "loss_spike" in msg and "step " in msg and "step-0000000" in msg and "max_retries" in msg
-    rollbacks = [r for r in metrics(tmp_path / "t") if r.get("type") == "event" and r.get("kind") == "rollback"]
+    rollbacks = [
+        r for r in metrics(tmp_path / "t") if r.get("type") == "event" and r.get("kind") == "rollback"
+    ]
     assert len(rollbacks) == 2
 
 
 @pytest.fixture
 def eight_steps(tmp_path, train_config, one_thread):
     """A run of 8 steps with checkpoints at 4 and 8; returns a factory for its continuation config."""
-    kw = dict(train__log_every=1, train__eval_every=0, checkpoint__every=4, checkpoint__keep_last=3, eval__prompts=[])
+    kw = dict(
+        train__log_every=1,
+        train__eval_every=0,
+        checkpoint__every=4,
+        checkpoint__keep_last=3,
+        eval__prompts=[],
+    )
     train(train_config(train__steps=8, **kw), resume="none", console=quiet())
     return lambda **more: train_config(**{**kw, "train__steps": 12, **more})
 
@@ -139,14 +171,17 @@ def test_corrupted_checkpoint_is_skipped_for_the_previous_one(tmp_path, how):
     model(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
     opt.step()
     for step in (4, 8):
-        ck.save_checkpoint(root, step, model, opt, {"model_args": _debug_args().to_dict()},
-                           cfg=CheckpointConfig(keep_last=3))
+        ck.save_checkpoint(
+            root, step, model, opt, {"model_args": _debug_args().to_dict()}, cfg=CheckpointConfig(keep_last=3)
+        )
     corrupt(root / "step-00000008", how)
     console = Console(record=True, width=200)
     assert ck.find_resumable(root, console=console) == root / "step-00000004"
     text = console.export_text()
     assert "skipping checkpoint step-00000008" in text
-    assert {"delete": ".metadata is missing", "flip": "checksum mismatch", "truncate": "truncated"}[how] in text
+    assert {"delete": ".metadata is missing", "flip": "checksum mismatch", "truncate": "truncated"}[
+        how
+    ] in text
     with pytest.raises(CheckpointError, match="invalid"):
         ck.load_checkpoint(root / "step-00000008", model, opt)
 
@@ -173,11 +208,24 @@ def test_config_changes_are_refused_unless_named(tmp_path, eight_steps):
         train(eight_steps(), resume="auto", console=quiet())
     assert "--allow-config-change train.steps" in str(err.value)
     with pytest.raises(CheckpointError, match="train.optim.lr"):
-        train(eight_steps(train__optim__lr=1e-3), resume="auto", allow_config_change=["train.steps"], console=quiet())
+        train(
+            eight_steps(train__optim__lr=1e-3),
+            resume="auto",
+            allow_config_change=["train.steps"],
+            console=quiet(),
+        )
     with pytest.raises(CheckpointError, match="model shape"):
-        train(eight_steps(model__n_layers=3), resume="auto",
-              allow_config_change=["train.steps", "model.n_layers"], console=quiet())
-    summary = train(eight_steps(train__optim__lr=1e-3), resume="auto",
-                    allow_config_change=["train.steps", "train.optim.lr"], console=quiet())
+        train(
+            eight_steps(model__n_layers=3),
+            resume="auto",
+            allow_config_change=["train.steps", "model.n_layers"],
+            console=quiet(),
+        )
+    summary = train(
+        eight_steps(train__optim__lr=1e-3),
+        resume="auto",
+        allow_config_change=["train.steps", "train.optim.lr"],
+        console=quiet(),
+    )
     assert summary["resumed_from"].endswith("step-00000008") and summary["step"] == 12
     assert math.isfinite(summary["final_val_loss"])

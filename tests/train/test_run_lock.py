@@ -26,8 +26,12 @@ def test_a_second_train_on_a_run_in_use_is_refused(train_config, tmp_path, one_t
     cfg = train_config(train__steps=400, train__debug__sleep_per_step_s=0.2)
     run = tmp_path / "t"
     (tmp_path / "cfg.toml").write_text(to_toml(cfg))
-    proc = subprocess.Popen([sys.executable, "-m", "oreline", "train", "-c", str(tmp_path / "cfg.toml")],
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oreline", "train", "-c", str(tmp_path / "cfg.toml")],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (run / LOCK).is_file() and proc.poll() is None and time.monotonic() < deadline:
@@ -36,7 +40,9 @@ def test_a_second_train_on_a_run_in_use_is_refused(train_config, tmp_path, one_t
         with pytest.raises(FolderInUse) as err:
             train(cfg)
         msg = str(err.value)
-        assert f"oreline train (pid {proc.pid} on host {socket.gethostname()}" in msg and str(run / LOCK) in msg
+        assert (
+            f"oreline train (pid {proc.pid} on host {socket.gethostname()}" in msg and str(run / LOCK) in msg
+        )
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -32,7 +32,9 @@ from rich.console import Console
 
 from oreline.train.loop import train
 
-_spec = importlib.util.spec_from_file_location("oreline_test_kill_resume", Path(__file__).parent / "test_kill_resume_train.py")
+_spec = importlib.util.spec_from_file_location(
+    "oreline_test_kill_resume", Path(__file__).parent / "test_kill_resume_train.py"
+)
 kr = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(kr)
 
@@ -52,7 +54,7 @@ def _ppids() -> dict[int, int]:
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
             stat = Path(f"/proc/{entry}/stat").read_text()
-            out[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            out[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
     return out
 
 
@@ -89,7 +91,9 @@ def oreline(*args: str) -> list[str]:
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen(cmd, env=kr.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            cmd, env=kr.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,24 +107,47 @@ def test_ranks_die_with_their_launcher(prose_tokens, tmp_path, launcher):
     cfg = cfg.replace(f"steps = {kr.STEPS}", "steps = 400").replace("[train]", '[train]\nparallel = "ddp"')
     (tmp_path / "c.toml").write_text(cfg)
     run = tmp_path / "runs" / "r"
-    cmd = (oreline("train", "-c", str(tmp_path / "c.toml"), "--nproc", "2") if launcher != "torchrun" else
-           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            "-m", "oreline", "train", "-c", str(tmp_path / "c.toml")])
+    cmd = (
+        oreline("train", "-c", str(tmp_path / "c.toml"), "--nproc", "2")
+        if launcher != "torchrun"
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "oreline",
+            "train",
+            "-c",
+            str(tmp_path / "c.toml"),
+        ]
+    )
     proc = start(cmd, tmp_path / "log")
     ranks: list[int] = []
     try:
-        assert kr.wait_for(proc, lambda: kr.has(run, "train", 3), timeout=300), (tmp_path / "log").read_text()[-3000:]
+        assert kr.wait_for(proc, lambda: kr.has(run, "train", 3), timeout=300), (
+            tmp_path / "log"
+        ).read_text()[-3000:]
         family = descendants(proc.pid)
-        ranks = [p for p in family if "torch.distributed.run" not in cmdline(p) and "-m oreline" in cmdline(p)]
+        ranks = [
+            p for p in family if "torch.distributed.run" not in cmdline(p) and "-m oreline" in cmdline(p)
+        ]
         assert len(ranks) == 2, [(p, cmdline(p)) for p in family]
         t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's process group: what a terminal or a CI runner kills
+        os.killpg(
+            proc.pid, signal.SIGKILL
+        )  # the launcher's process group: what a terminal or a CI runner kills
         proc.wait()
         while any(alive(p) for p in ranks) and time.monotonic() - t0 < 30:
             time.sleep(0.01)
         gone_after = time.monotonic() - t0
-        print(f"{launcher}: ranks {ranks} gone {gone_after:.2f} s after the SIGKILL of the launcher's process group")
-        assert not any(alive(p) for p in ranks), f"ranks still alive {gone_after:.1f} s after the launcher died"
+        print(
+            f"{launcher}: ranks {ranks} gone {gone_after:.2f} s after the SIGKILL of the launcher's process group"
+        )
+        assert not any(alive(p) for p in ranks), (
+            f"ranks still alive {gone_after:.1f} s after the launcher died"
+        )
         assert gone_after < 5.0
         last = max(r["step"] for r in kr.records(run) if r.get("type") == "train")
         time.sleep(1.0)
@@ -156,7 +183,9 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_is_bit_identical(prose
     text = log.read_text()
     assert rc == 143, text[-3000:]
     assert at % kr.EVERY, "the stop landed on a periodic checkpoint step: the test would prove nothing"
-    assert (run / "checkpoints" / f"step-{at:08d}").is_dir(), sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert (run / "checkpoints" / f"step-{at:08d}").is_dir(), sorted(
+        p.name for p in (run / "checkpoints").iterdir()
+    )
     assert f"stopped by SIGTERM after step {at}" in text and f"resume with: oreline train -c {cfg}" in text
     # the resumed run is SIGKILLed once its final checkpoint is written (item 2: the final evaluation,
     # generations and end record are then what the next relaunch completes)
@@ -170,8 +199,18 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_is_bit_identical(prose
     kr.assert_identical(tmp_path / "ref" / "r", run)
 
     def outcome(recs: list[dict]) -> list:
-        return [(r["type"], r["step"], r.get("val_loss"), r.get("train_loss"), r.get("text"), r.get("final_val_loss"))
-                for r in recs if r["type"] in ("eval", "generation", "end")]
+        return [
+            (
+                r["type"],
+                r["step"],
+                r.get("val_loss"),
+                r.get("train_loss"),
+                r.get("text"),
+                r.get("final_val_loss"),
+            )
+            for r in recs
+            if r["type"] in ("eval", "generation", "end")
+        ]
 
     assert outcome(kr.records(run)) == outcome(kr.records(tmp_path / "ref" / "r")), hit
 
@@ -229,10 +268,14 @@ def test_repeated_sigterm_is_one_request_and_a_second_ctrl_c_acts_at_once():
 def test_resume_command_drops_resume_and_keeps_the_launch():
     from oreline.train.shutdown import resume_command
 
-    assert resume_command(["train", "-c", "a b.toml", "--resume", "/x/step-4", "train.steps=9"], {}) == \
-        "oreline train -c 'a b.toml' train.steps=9"
-    assert resume_command(["train", "-c", "c.toml"], {"ORELINE_LAUNCHED_NPROC": "2", "WORLD_SIZE": "2"}) == \
-        "oreline train -c c.toml --nproc 2"
+    assert (
+        resume_command(["train", "-c", "a b.toml", "--resume", "/x/step-4", "train.steps=9"], {})
+        == "oreline train -c 'a b.toml' train.steps=9"
+    )
+    assert (
+        resume_command(["train", "-c", "c.toml"], {"ORELINE_LAUNCHED_NPROC": "2", "WORLD_SIZE": "2"})
+        == "oreline train -c c.toml --nproc 2"
+    )
     assert resume_command(["train", "--resume=none"], {"WORLD_SIZE": "4"}).startswith("torchrun ")
 
 
@@ -260,9 +303,14 @@ def test_relaunch_completes_the_final_evaluation(train_config, tmp_path, one_thr
     assert "nothing to do" not in out.getvalue()
     recs = kr.records(metrics.parent)
     redone = [r for r in recs if r.get("step") == 8 and r["type"] in ("eval", "generation", "end")]
-    key = {"eval": ("val_loss", "val_bpb", "train_loss"), "generation": ("prompt", "text"), "end": ("final_val_loss",)}
-    assert [(r["type"], [r[k] for k in key[r["type"]]]) for r in redone] == \
-        [(r["type"], [r[k] for k in key[r["type"]]]) for r in lost]
+    key = {
+        "eval": ("val_loss", "val_bpb", "train_loss"),
+        "generation": ("prompt", "text"),
+        "end": ("final_val_loss",),
+    }
+    assert [(r["type"], [r[k] for k in key[r["type"]]]) for r in redone] == [
+        (r["type"], [r[k] for k in key[r["type"]]]) for r in lost
+    ]
     assert again["final_val_loss"] == lost[0]["val_loss"] is not None
 
     # a kill after the evaluation but before the end record: only the end record is written

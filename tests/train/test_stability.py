@@ -16,7 +16,9 @@ from oreline.train.stability import StabilityMonitor
 def noisy_losses(n: int, seed: int = 0, start: float = 6.0) -> list[tuple[float, float]]:
     """A falling loss with 1% noise and a grad norm around 1, like early training."""
     rng = random.Random(seed)
-    return [(start * (0.995**i) * (1 + 0.01 * rng.gauss(0, 1)), 1.0 + 0.05 * rng.gauss(0, 1)) for i in range(n)]
+    return [
+        (start * (0.995**i) * (1 + 0.01 * rng.gauss(0, 1)), 1.0 + 0.05 * rng.gauss(0, 1)) for i in range(n)
+    ]
 
 
 def warmed(cfg: StabilityConfig | None = None, n: int = 64) -> StabilityMonitor:

@@ -246,7 +246,9 @@ def lsh_candidates(
     return np.unique(np.concatenate(out).astype(np.int64), axis=0)
 
 
-def verify_pairs(pairs: np.ndarray, signatures: np.ndarray, threshold: float, chunk: int = 65536) -> np.ndarray:
+def verify_pairs(
+    pairs: np.ndarray, signatures: np.ndarray, threshold: float, chunk: int = 65536
+) -> np.ndarray:
     """Estimated Jaccard of each candidate pair (float32, P), computed in chunks."""
     sims = np.empty(len(pairs), dtype=np.float32)
     for s in range(0, len(pairs), chunk):
@@ -280,7 +282,9 @@ class UnionFind:
         return ra
 
     def roots(self) -> np.ndarray:
-        return np.fromiter((self.find(i) for i in range(len(self.parent))), dtype=np.int64, count=len(self.parent))
+        return np.fromiter(
+            (self.find(i) for i in range(len(self.parent))), dtype=np.int64, count=len(self.parent)
+        )
 
 
 def near_duplicate_clusters(n: int, edges: np.ndarray, rank: np.ndarray) -> dict[int, int]:
@@ -314,7 +318,9 @@ def _sort_fields(doc: Document, position: int) -> tuple[str, int]:
     return source, int(offset) if isinstance(offset, int | np.integer) else position
 
 
-def dedup_stage_signatures(docs: Iterable[Document], out_path: str | Path, cfg: Any, batch: int = 512) -> dict:
+def dedup_stage_signatures(
+    docs: Iterable[Document], out_path: str | Path, cfg: Any, batch: int = 512
+) -> dict:
     """Stage 1: write the exact key and MinHash signature of every document to one Parquet file.
 
     Returns {"docs": n, "path": str}. The file is written atomically (temp name, then rename).
@@ -355,7 +361,12 @@ def dedup_stage_signatures(docs: Iterable[Document], out_path: str | Path, cfg: 
     }
     if num_perm:
         arrays["signature"] = pa.FixedSizeListArray.from_arrays(pa.array(sig.ravel()), num_perm)
-    meta = {"format": FORMAT, "num_perm": str(num_perm), "shingle_words": str(dc.shingle_words), "seed": str(dc.seed)}
+    meta = {
+        "format": FORMAT,
+        "num_perm": str(num_perm),
+        "shingle_words": str(dc.shingle_words),
+        "seed": str(dc.seed),
+    }
     table = pa.table(arrays).replace_schema_metadata(meta)
     _atomic_write_table(table, out_path)
     return {"docs": table.num_rows, "path": str(out_path)}
@@ -386,7 +397,10 @@ def read_signatures(paths: Iterable[str | Path], cfg: Any) -> Signatures:
         table = pq.read_table(f)
         meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
         if meta.get("format") != FORMAT:
-            raise DataIntegrityError(f"{f} is not an oreline signature file ({meta.get('format')})", "re-run the dedup signature stage")
+            raise DataIntegrityError(
+                f"{f} is not an oreline signature file ({meta.get('format')})",
+                "re-run the dedup signature stage",
+            )
         got = (int(meta["num_perm"]), int(meta["shingle_words"]), int(meta["seed"]))
         if got != (want, dc.shingle_words, dc.seed):
             raise DataIntegrityError(
@@ -395,8 +409,12 @@ def read_signatures(paths: Iterable[str | Path], cfg: Any) -> Signatures:
             )
         tid = table.column("doc_id").to_pylist()
         ids.extend(tid)
-        keys.extend(zip(table.column("source").to_pylist(), table.column("offset").to_pylist(), tid, strict=True))
-        exact.append(np.stack([table.column("exact_hi").to_numpy(), table.column("exact_lo").to_numpy()], axis=1))
+        keys.extend(
+            zip(table.column("source").to_pylist(), table.column("offset").to_pylist(), tid, strict=True)
+        )
+        exact.append(
+            np.stack([table.column("exact_hi").to_numpy(), table.column("exact_lo").to_numpy()], axis=1)
+        )
         shingle_counts.append(table.column("n_shingles").to_numpy())
         if want:
             flat = table.column("signature").combine_chunks().flatten().to_numpy()
@@ -433,7 +451,10 @@ def _active_rows(s: Signatures, exact_dups: dict[int, int]) -> np.ndarray:
 
 
 def bucket_bands(
-    signature_files: Sequence[str | Path], out_dir: str | Path, cfg: Any, band_range: tuple[int, int] | None = None
+    signature_files: Sequence[str | Path],
+    out_dir: str | Path,
+    cfg: Any,
+    band_range: tuple[int, int] | None = None,
 ) -> Path:
     """Stage 2: candidate pairs of one band range (default all bands) → candidates-bLO-HI.npy."""
     dc = dedup_config(cfg)
@@ -469,11 +490,16 @@ def _near_dups(s: Signatures, pairs: np.ndarray, dc: DedupConfig, text_source: T
         stats.update(v.stats)
     elif mode == "exact":
         stats["verify"] = "signature"
-        stats["verify_note"] = "exact verification asked for, but no text source was given: MinHash estimate used"
+        stats["verify_note"] = (
+            "exact verification asked for, but no text source was given: MinHash estimate used"
+        )
     edges = pairs if mode == "none" else pairs[sims >= dc.threshold]
     removed = near_duplicate_clusters(len(s.ids), edges, s.rank)
-    stats.update(candidate_pairs=int(len(pairs)), verified_pairs=int(len(edges)),
-                 rejected_pairs=int(len(pairs) - len(edges)))
+    stats.update(
+        candidate_pairs=int(len(pairs)),
+        verified_pairs=int(len(edges)),
+        rejected_pairs=int(len(pairs) - len(edges)),
+    )
     return NearDups(removed, stats, sets)
 
 
@@ -506,7 +532,10 @@ def _removal_similarity(s: Signatures, near: NearDups) -> tuple[list[float], lis
 
 
 def dedup_plan(
-    signature_paths: Sequence[str | Path], out_dir: str | Path, cfg: Any, text_source: TextSource | None = None
+    signature_paths: Sequence[str | Path],
+    out_dir: str | Path,
+    cfg: Any,
+    text_source: TextSource | None = None,
 ) -> dict[str, tuple[str, str]]:
     """Exact and near-duplicate removals across all signature files: {doc_id: (reason, survivor_id)}.
 
@@ -522,7 +551,11 @@ def dedup_plan(
     out_dir.mkdir(parents=True, exist_ok=True)
     s = read_signatures(signature_paths, dc)
     exact = exact_duplicates(s.exact, s.rank) if dc.exact else {}
-    stats: dict[str, Any] = {"docs": len(s.ids), "signature_files": len(s.files), "exact_duplicates": len(exact)}
+    stats: dict[str, Any] = {
+        "docs": len(s.ids),
+        "signature_files": len(s.files),
+        "exact_duplicates": len(exact),
+    }
     near = NearDups({}, {}, {})
     if dc.minhash and dc.num_perm:
         bands, rows = bands_rows(dc)
@@ -535,13 +568,17 @@ def dedup_plan(
     plan.update({s.ids[r]: ("dedup:near_dup", s.ids[k]) for r, k in near.removed.items()})
     rows_removed = list(exact.items()) + list(near.removed.items())
     near_sims, near_methods = _removal_similarity(s, near)
-    table = pa.table({
-        "doc_id": pa.array([s.ids[r] for r, _ in rows_removed], pa.string()),
-        "reason": pa.array(["dedup:exact"] * len(exact) + ["dedup:near_dup"] * len(near.removed), pa.string()),
-        "survivor_id": pa.array([s.ids[k] for _, k in rows_removed], pa.string()),
-        "similarity": pa.array([1.0] * len(exact) + near_sims, pa.float32()),
-        "similarity_method": pa.array(["exact_text"] * len(exact) + near_methods, pa.string()),
-    })
+    table = pa.table(
+        {
+            "doc_id": pa.array([s.ids[r] for r, _ in rows_removed], pa.string()),
+            "reason": pa.array(
+                ["dedup:exact"] * len(exact) + ["dedup:near_dup"] * len(near.removed), pa.string()
+            ),
+            "survivor_id": pa.array([s.ids[k] for _, k in rows_removed], pa.string()),
+            "similarity": pa.array([1.0] * len(exact) + near_sims, pa.float32()),
+            "similarity_method": pa.array(["exact_text"] * len(exact) + near_methods, pa.string()),
+        }
+    )
     _atomic_write_table(table, out_dir / "removals.parquet")
     write_json_atomic(out_dir / "dedup_stats.json", stats)
     return plan

@@ -120,7 +120,9 @@ def verify_exact(
     return Verified(sims=sims, exact=is_exact, sets=sets, stats=stats)
 
 
-def parquet_text_source(paths: Sequence[str | Path], id_column: str = "id", text_column: str = "text") -> TextSource:
+def parquet_text_source(
+    paths: Sequence[str | Path], id_column: str = "id", text_column: str = "text"
+) -> TextSource:
     """A text source over Parquet document files (the pipeline's phase-1 `kept-*.parquet`).
 
     Files are read in the given order, one row group at a time: the id column first, and the text

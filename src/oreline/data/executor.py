@@ -34,9 +34,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from oreline.data import tasks as tasks_mod
 
 PRELOAD = [
-    "oreline.data.tasks", "oreline.data.runner", "oreline.data.steps", "oreline.data.shards", "oreline.data.warc", "oreline.data.extract",
-    "oreline.data.normalize", "oreline.data.langid", "oreline.data.quality", "oreline.data.dedup",
-    "oreline.data.chunk", "resiliparse.extract.html2text", "fasttext",
+    "oreline.data.tasks",
+    "oreline.data.runner",
+    "oreline.data.steps",
+    "oreline.data.shards",
+    "oreline.data.warc",
+    "oreline.data.extract",
+    "oreline.data.normalize",
+    "oreline.data.langid",
+    "oreline.data.quality",
+    "oreline.data.dedup",
+    "oreline.data.chunk",
+    "resiliparse.extract.html2text",
+    "fasttext",
     "pandas",  # pyarrow imports it on first pa.array() when installed (0.6 s); missing ones are skipped
 ]
 
@@ -73,7 +83,9 @@ class _Rates:
         if not self.records:  # phases that do not read records show the task count only
             return ""
         dt = max(time.monotonic() - self.t0, 1e-9)
-        return f"{self.records:,} records · {self.records / dt:,.0f} rec/s · {self.bytes / dt / 1e6:,.1f} MB/s"
+        return (
+            f"{self.records:,} records · {self.records / dt:,.0f} rec/s · {self.bytes / dt / 1e6:,.1f} MB/s"
+        )
 
 
 def _worker_init(progress_queue) -> None:
@@ -100,8 +112,14 @@ def run_tasks(
     console = console or Console(stderr=True)
     rates = _Rates()
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(), console=console, disable=not console.is_terminal, transient=False,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+        transient=False,
     ) as bar:
         tid = bar.add_task(label, total=len(jobs), rate="")
         if workers <= 1 or len(jobs) == 1:
@@ -120,7 +138,9 @@ def run_tasks(
             return results
         ctx = _context()
         progress_queue = ctx.Queue()
-        crashed = _run_pool(fn, jobs, list(range(len(jobs))), workers, ctx, progress_queue, results, bar, tid, rates)
+        crashed = _run_pool(
+            fn, jobs, list(range(len(jobs))), workers, ctx, progress_queue, results, bar, tid, rates
+        )
         for i in crashed:  # retry alone, so the culprit cannot take a neighbour down with it
             again = _run_pool(fn, jobs, [i], 1, ctx, progress_queue, results, bar, tid, rates)
             if again:
@@ -141,8 +161,12 @@ def _drain(progress_queue, rates: _Rates) -> None:
 def _run_pool(fn, jobs, indices, workers, ctx, progress_queue, results, bar, tid, rates) -> list[int]:
     """Run jobs[indices] in one pool; return the indices lost to a broken pool."""
     crashed: list[int] = []
-    with ProcessPoolExecutor(max_workers=min(workers, len(indices)), mp_context=ctx,
-                             initializer=_worker_init, initargs=(progress_queue,)) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(indices)),
+        mp_context=ctx,
+        initializer=_worker_init,
+        initargs=(progress_queue,),
+    ) as pool:
         pending = {pool.submit(fn, *jobs[i]): i for i in indices}
         while pending:
             done, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)

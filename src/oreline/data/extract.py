@@ -68,6 +68,7 @@ def time_limit(seconds: float | None) -> Iterator[None]:
     use_alarm = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
     start = time.perf_counter()
     if use_alarm:
+
         def _on_alarm(signum, frame):
             raise ExtractTimeout(f"extraction took longer than {seconds:g} s")
 
@@ -96,8 +97,15 @@ def _resiliparse(html: str, main_content: bool) -> str:
     if main_content and too_deep_for_main_content(tree):
         main_content = False
     return extract_plain_text(
-        tree, preserve_formatting=True, main_content=main_content, alt_texts=False,
-        links=False, form_fields=False, noscript=False, comments=False, post_meta=False,
+        tree,
+        preserve_formatting=True,
+        main_content=main_content,
+        alt_texts=False,
+        links=False,
+        form_fields=False,
+        noscript=False,
+        comments=False,
+        post_meta=False,
     )
 
 
@@ -105,20 +113,23 @@ def _trafilatura(html: str, main_content: bool) -> str:
     try:
         import trafilatura
     except ImportError as exc:
-        raise ConfigError("extractor 'trafilatura' is not installed",
-                          "pip install 'oreline[extract]' or set data.extract.extractor=resiliparse") from exc
+        raise ConfigError(
+            "extractor 'trafilatura' is not installed",
+            "pip install 'oreline[extract]' or set data.extract.extractor=resiliparse",
+        ) from exc
     if main_content:
         return trafilatura.extract(html, include_comments=False, include_tables=True) or ""
     return trafilatura.html2txt(html) or ""
-
 
 
 def _html2text(html: str, main_content: bool) -> str:
     try:
         import html2text
     except ImportError as exc:
-        raise ConfigError("extractor 'html2text' is not installed",
-                          "pip install 'oreline[extract]' or set data.extract.extractor=resiliparse") from exc
+        raise ConfigError(
+            "extractor 'html2text' is not installed",
+            "pip install 'oreline[extract]' or set data.extract.extractor=resiliparse",
+        ) from exc
     parser = html2text.HTML2Text()
     parser.body_width = 0
     parser.ignore_links = True
@@ -135,7 +146,9 @@ EXTRACTORS: dict[str, Callable[[str, bool], str]] = {
 }
 
 
-def html_to_text(html: str, extractor: str = "default", main_content: bool = True, timeout_s: float | None = None) -> str:
+def html_to_text(
+    html: str, extractor: str = "default", main_content: bool = True, timeout_s: float | None = None
+) -> str:
     """Plain text of an HTML page; raises ExtractTimeout past timeout_s (None: no limit)."""
     try:
         fn = EXTRACTORS[extractor]

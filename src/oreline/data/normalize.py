@@ -67,8 +67,10 @@ def normalize_with_counts(text: str, form: str = "NFC", use_ftfy: bool = False) 
         except ImportError as exc:
             from oreline.errors import ConfigError
 
-            raise ConfigError("data.normalize.ftfy is on but ftfy is not installed",
-                              "pip install 'oreline[extract]' or set data.normalize.ftfy=false") from exc
+            raise ConfigError(
+                "data.normalize.ftfy is on but ftfy is not installed",
+                "pip install 'oreline[extract]' or set data.normalize.ftfy=false",
+            ) from exc
         fixed = ftfy.fix_text(text)
         if fixed != text:
             counts["ftfy_fixed"] += 1

@@ -52,10 +52,14 @@ def parse_http(block: bytes, counts: Counter, max_bytes: int = DEFAULT_MAX_BYTES
     """(status, lowercased headers, decoded body) of an HTTP response block; decoding events are
     counted in `counts` (a ReadReport's `decoding` Counter). Raises PayloadTooLarge when a
     Content-Encoding decodes to more than max_bytes."""
-    ends = [i for i in (block.find(b"\r\n\r\n", 0, MAX_HTTP_HEAD), block.find(b"\n\n", 0, MAX_HTTP_HEAD)) if i >= 0]
+    ends = [
+        i
+        for i in (block.find(b"\r\n\r\n", 0, MAX_HTTP_HEAD), block.find(b"\n\n", 0, MAX_HTTP_HEAD))
+        if i >= 0
+    ]
     if ends:
         cut = min(ends)
-        head, body = block[:cut], block[cut + (4 if block[cut:cut + 4] == b"\r\n\r\n" else 2):]
+        head, body = block[:cut], block[cut + (4 if block[cut : cut + 4] == b"\r\n\r\n" else 2) :]
     else:
         if len(block) > MAX_HTTP_HEAD:  # no end of head where one can be: no body either
             counts["http_head_too_long"] += 1
@@ -119,11 +123,11 @@ def dechunk(body: bytes) -> bytes | None:
             return b"".join(out) if out and not size_text else None
         if size == 0:
             return b"".join(out)
-        out.append(body[nl + 1:nl + 1 + size])
+        out.append(body[nl + 1 : nl + 1 + size])
         pos = nl + 1 + size
-        if body[pos:pos + 2] == b"\r\n":
+        if body[pos : pos + 2] == b"\r\n":
             pos += 2
-        elif body[pos:pos + 1] == b"\n":
+        elif body[pos : pos + 1] == b"\n":
             pos += 1
 
 
@@ -149,7 +153,7 @@ def decode_content(body: bytes, encoding: str, max_bytes: int = DEFAULT_MAX_BYTE
 def _decode_content(body: bytes, encoding: str, limit: int) -> bytes | None:
     """At most about `limit` bytes of decoded output (more means: too large)."""
     if encoding in ("gzip", "x-gzip", "deflate"):
-        for wbits in ((47,) if encoding != "deflate" else (15, -15, 47)):
+        for wbits in (47,) if encoding != "deflate" else (15, -15, 47):
             try:
                 return zlib.decompressobj(wbits).decompress(body, limit)
             except zlib.error:
@@ -179,21 +183,71 @@ def _decode_content(body: bytes, encoding: str, limit: int) -> bytes | None:
 # text decoding
 
 _CHARSET_ALIASES = {
-    "gb2312": "gb18030", "gbk": "gb18030", "x-gbk": "gb18030", "gb_2312-80": "gb18030", "csgb2312": "gb18030",
-    "chinese": "gb18030", "iso-8859-1": "cp1252", "iso8859-1": "cp1252", "latin1": "cp1252", "latin-1": "cp1252",
-    "l1": "cp1252", "us-ascii": "cp1252", "ascii": "cp1252", "windows-1252": "cp1252", "utf8": "utf-8",
-    "unicode-1-1-utf-8": "utf-8", "shift_jis": "cp932", "shift-jis": "cp932", "sjis": "cp932", "x-sjis": "cp932",
-    "windows-31j": "cp932", "euc-kr": "cp949", "ks_c_5601-1987": "cp949", "big5": "big5hkscs",
-    "tis-620": "cp874", "iso-8859-11": "cp874", "iso-8859-9": "cp1254", "x-user-defined": "cp1252",
+    "gb2312": "gb18030",
+    "gbk": "gb18030",
+    "x-gbk": "gb18030",
+    "gb_2312-80": "gb18030",
+    "csgb2312": "gb18030",
+    "chinese": "gb18030",
+    "iso-8859-1": "cp1252",
+    "iso8859-1": "cp1252",
+    "latin1": "cp1252",
+    "latin-1": "cp1252",
+    "l1": "cp1252",
+    "us-ascii": "cp1252",
+    "ascii": "cp1252",
+    "windows-1252": "cp1252",
+    "utf8": "utf-8",
+    "unicode-1-1-utf-8": "utf-8",
+    "shift_jis": "cp932",
+    "shift-jis": "cp932",
+    "sjis": "cp932",
+    "x-sjis": "cp932",
+    "windows-31j": "cp932",
+    "euc-kr": "cp949",
+    "ks_c_5601-1987": "cp949",
+    "big5": "big5hkscs",
+    "tis-620": "cp874",
+    "iso-8859-11": "cp874",
+    "iso-8859-9": "cp1254",
+    "x-user-defined": "cp1252",
 }
 _META_CHARSET = re.compile(rb"""<meta[^>]{0,200}?charset\s*=\s*["']?\s*([a-zA-Z0-9_.:-]{2,40})""", re.I)
 _ERRORS = "oreline_count"
 _ASCII = bytes(range(128))
-_DETECTABLE = frozenset({
-    "utf-8", "gb18030", "big5hkscs", "big5", "cp932", "shift_jis", "euc_jp", "iso2022_jp", "cp949", "euc_kr",
-    "cp1250", "cp1251", "cp1253", "cp1254", "cp1255", "cp1256", "cp1257", "cp1258", "koi8-r", "koi8-u",
-    "cp874", "iso8859-2", "iso8859-5", "iso8859-7", "iso8859-8", "iso8859-9", "utf-16", "utf-16-le", "utf-16-be",
-})
+_DETECTABLE = frozenset(
+    {
+        "utf-8",
+        "gb18030",
+        "big5hkscs",
+        "big5",
+        "cp932",
+        "shift_jis",
+        "euc_jp",
+        "iso2022_jp",
+        "cp949",
+        "euc_kr",
+        "cp1250",
+        "cp1251",
+        "cp1253",
+        "cp1254",
+        "cp1255",
+        "cp1256",
+        "cp1257",
+        "cp1258",
+        "koi8-r",
+        "koi8-u",
+        "cp874",
+        "iso8859-2",
+        "iso8859-5",
+        "iso8859-7",
+        "iso8859-8",
+        "iso8859-9",
+        "utf-16",
+        "utf-16-le",
+        "utf-16-be",
+    }
+)
 _error_count = [0, 0]  # errors in the last _decode call, start of the first one
 
 
@@ -257,7 +311,11 @@ def _is_single_byte(codec: str) -> bool:
 
 def decode_payload(payload: bytes, http_charset: str | None, content_type: str = "") -> tuple[str, str, int]:
     """(text, encoding used, replacement characters in the text) for an HTTP/WARC payload."""
-    for bom, codec in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
+    for bom, codec in (
+        (codecs.BOM_UTF8, "utf-8-sig"),
+        (codecs.BOM_UTF16_LE, "utf-16"),
+        (codecs.BOM_UTF16_BE, "utf-16"),
+    ):
         if payload.startswith(bom):
             text, _ = _decode(payload, codec)
             return text, codec.replace("-sig", ""), text.count("\ufffd")
@@ -302,5 +360,3 @@ def _detect_charset(payload: bytes) -> str | None:
     # on short or mostly-ASCII input charset_normalizer likes exotic code pages (cp775, cp1006
     # for French); trust it for the encodings the web actually uses, else fall back to cp1252
     return codec if codec in _DETECTABLE else None
-
-

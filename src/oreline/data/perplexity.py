@@ -106,10 +106,14 @@ def estimate_kneser_ney(sents: Iterable[list[str]], order: int = 3) -> dict[str,
     """
     words, seq, sid = _encode(sents)
     if len(words) <= 2:
-        raise InputError("no text to train the reference model on", "pass trusted .txt/.zip/JSONL/Parquet text")
+        raise InputError(
+            "no text to train the reference model on", "pass trusted .txt/.zip/JSONL/Parquet text"
+        )
     bits = max(1, int(len(words) - 1).bit_length())
     if bits * order > 63:
-        raise ConfigError(f"a {order}-gram model over {len(words):,} words does not fit 64-bit keys", "lower the order")
+        raise ConfigError(
+            f"a {order}-gram model over {len(words):,} words does not fit 64-bit keys", "lower the order"
+        )
     keys, raw = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     key = np.zeros(len(seq), dtype=np.int64)
     for n in range(1, order + 1):
@@ -162,8 +166,16 @@ def estimate_kneser_ney(sents: Iterable[list[str]], order: int = 3) -> dict[str,
             b[hit] = np.log10(gamma[pos[hit]])
         log10b[n] = b
     unk = float(np.log10(gammas[1][1][0] * uniform))
-    return {"order": order, "words": words, "bits": bits, "discounts": discounts, "keys": keys,
-            "log10p": log10p, "log10b": log10b, "unk_log10p": unk}
+    return {
+        "order": order,
+        "words": words,
+        "bits": bits,
+        "discounts": discounts,
+        "keys": keys,
+        "log10p": log10p,
+        "log10b": log10b,
+        "unk_log10p": unk,
+    }
 
 
 def write_arpa(model: dict[str, Any], path: str | Path) -> None:
@@ -181,7 +193,9 @@ def write_arpa(model: dict[str, Any], path: str | Path) -> None:
             grams = cols[0] if n == 1 else [" ".join(t) for t in zip(*cols, strict=True)]
             if n == 1:
                 fh.write(f"{model['unk_log10p']:.6f}\t{UNK}\n")
-            for gram, p, b in zip(grams, model["log10p"][n].tolist(), model["log10b"][n].tolist(), strict=True):
+            for gram, p, b in zip(
+                grams, model["log10p"][n].tolist(), model["log10b"][n].tolist(), strict=True
+            ):
                 fh.write(f"{p:.6f}\t{gram}\t{b:.6f}\n" if b != 0.0 else f"{p:.6f}\t{gram}\n")
         fh.write("\n\\end\\\n")
 
@@ -214,7 +228,9 @@ class ArpaModel:
                 if len(parts) > 2:
                     self.backoff[parts[1]] = float(parts[2])
         if UNK not in self.prob:
-            raise InputError(f"{path} has no <unk> unigram", "train the model with oreline quality train-reference")
+            raise InputError(
+                f"{path} has no <unk> unigram", "train the model with oreline quality train-reference"
+            )
 
     def word_log10(self, context: list[str], w: str) -> float:
         """log10 p(w | context) by ARPA backoff: the longest seen (h, w), plus the backoffs of longer h."""
@@ -261,13 +277,17 @@ def load_reference(folder: str | Path, backend: str = "auto") -> ArpaModel | Ken
     """The reference model in folder (model.arpa): kenlm when importable (auto), else ArpaModel."""
     arpa = Path(folder) / "model.arpa"
     if not arpa.is_file():
-        raise InputError(f"no reference model at {arpa}", "train one with `oreline quality train-reference TEXT -o FOLDER`")
+        raise InputError(
+            f"no reference model at {arpa}", "train one with `oreline quality train-reference TEXT -o FOLDER`"
+        )
     if backend in ("auto", "kenlm"):
         try:
             return KenlmModel(arpa)
         except ImportError:
             if backend == "kenlm":
-                raise InputError("the kenlm package is not installed", "pip install 'oreline[ngram]'") from None
+                raise InputError(
+                    "the kenlm package is not installed", "pip install 'oreline[ngram]'"
+                ) from None
     return ArpaModel(arpa)
 
 
@@ -305,8 +325,14 @@ class NgramScorer:
                     pn += len(toks) + 1
                 per.append(10 ** (-pl / pn) if pn else None)
                 log10, n = log10 + pl, n + pn
-            out.append({"perplexity": 10 ** (-log10 / n) if n else math.inf, "words": n,
-                        "nll": -log10 * math.log(10), "paragraphs": per})
+            out.append(
+                {
+                    "perplexity": 10 ** (-log10 / n) if n else math.inf,
+                    "words": n,
+                    "nll": -log10 * math.log(10),
+                    "paragraphs": per,
+                }
+            )
         return out
 
 
@@ -321,7 +347,10 @@ def load_scorer(folder: str | Path, backend: str = "auto") -> NgramScorer | Any:
         from oreline.data.llama_scorer import LlamaScorer  # imports torch: only when asked for
 
         return LlamaScorer(folder)
-    raise InputError(f"{ref_file} names an unknown reference kind {kind!r}", "retrain it with oreline quality train-reference")
+    raise InputError(
+        f"{ref_file} names an unknown reference kind {kind!r}",
+        "retrain it with oreline quality train-reference",
+    )
 
 
 _SCORERS: dict[tuple, Any] = {}
@@ -332,8 +361,10 @@ def _cached_scorer(folder: str) -> Any:
     model for every file (seconds for a large ARPA file). Keyed by the files' mtimes, so a
     retrained model is reloaded."""
     path = Path(folder)
-    stamp = tuple((path / n).stat().st_mtime_ns if (path / n).exists() else None
-                  for n in ("reference.json", "model.arpa", "model.safetensors"))
+    stamp = tuple(
+        (path / n).stat().st_mtime_ns if (path / n).exists() else None
+        for n in ("reference.json", "model.arpa", "model.safetensors")
+    )
     key = (str(path.resolve()), stamp)
     if key not in _SCORERS:
         _SCORERS.clear()
@@ -366,7 +397,10 @@ def perplexity_filter_factory(cfg: QualityConfig):
     from oreline.data.runner import Step
 
     if not cfg.perplexity_model:
-        raise ConfigError("data.quality.perplexity_model is not set", "train a model with oreline quality train-reference and set its folder")
+        raise ConfigError(
+            "data.quality.perplexity_model is not set",
+            "train a model with oreline quality train-reference and set its folder",
+        )
     from oreline.config import expand
 
     scorer = _cached_scorer(expand(cfg.perplexity_model))
@@ -384,8 +418,12 @@ def perplexity_filter_factory(cfg: QualityConfig):
     def batch(docs: list[Document]) -> list[str | None]:
         return [judge(d, s) for d, s in zip(docs, scorer.score_texts([d.text for d in docs]), strict=True)]
 
-    return Step("quality:perplexity", lambda doc: batch([doc])[0], batch_fn=batch,
-                batch_size=getattr(scorer, "batch_docs", 32))
+    return Step(
+        "quality:perplexity",
+        lambda doc: batch([doc])[0],
+        batch_fn=batch,
+        batch_size=getattr(scorer, "batch_docs", 32),
+    )
 
 
 def bucket_mode(cfg) -> bool:
@@ -404,14 +442,20 @@ def perplexity_phase(work: Path, task_dirs: list[Path], cfg) -> dict[str, Any] |
     if not (q.enabled and q.perplexity_model):
         return None
     if not bucket_mode(cfg):
-        return {"mode": "max", "perplexity_max": q.perplexity_max, "model": q.perplexity_model,
-                "model_fingerprint": reference_fingerprint(_expand(q.perplexity_model))}
+        return {
+            "mode": "max",
+            "perplexity_max": q.perplexity_max,
+            "model": q.perplexity_model,
+            "model_fingerprint": reference_fingerprint(_expand(q.perplexity_model)),
+        }
     kept = [p for d in task_dirs for p in sorted(Path(d).glob("kept-*.parquet"))]
     return compute_cutoffs(kept, cutoffs_path(work), cfg)
 
 
 def _sample_key(doc_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+    return int.from_bytes(
+        hashlib.blake2b(doc_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big"
+    )
 
 
 def compute_cutoffs(kept_files: list[Path], out_file: Path, cfg) -> dict[str, Any]:
@@ -433,7 +477,9 @@ def compute_cutoffs(kept_files: list[Path], out_file: Path, cfg) -> dict[str, An
     seen = 0
     for path in kept_files:
         table = pq.read_table(path, columns=["id", "perplexity"])
-        for doc_id, ppl in zip(table.column("id").to_pylist(), table.column("perplexity").to_pylist(), strict=True):
+        for doc_id, ppl in zip(
+            table.column("id").to_pylist(), table.column("perplexity").to_pylist(), strict=True
+        ):
             if ppl is None or not math.isfinite(ppl):
                 continue
             seen += 1
@@ -445,8 +491,13 @@ def compute_cutoffs(kept_files: list[Path], out_file: Path, cfg) -> dict[str, An
     values = np.array([p for _, p in heap])
     lo, hi = BUCKET_PERCENTILES
     result = {
-        "mode": "buckets", "percentiles": [lo, hi], "scored_docs": seen, "sample_docs": int(values.size),
-        "cutoffs": [float(np.percentile(values, lo)), float(np.percentile(values, hi))] if values.size else None,
+        "mode": "buckets",
+        "percentiles": [lo, hi],
+        "scored_docs": seen,
+        "sample_docs": int(values.size),
+        "cutoffs": [float(np.percentile(values, lo)), float(np.percentile(values, hi))]
+        if values.size
+        else None,
         "sample_median": float(np.median(values)) if values.size else None,
         "keep": list(cfg.data.quality.perplexity_keep_buckets),
         "model": cfg.data.quality.perplexity_model,
@@ -498,8 +549,10 @@ def cutoff_line(info: dict[str, Any]) -> str:
         return f"perplexity buckets: no scored documents in the sample ({info.get('scored_docs', 0)} scored)"
     a, b = info["cutoffs"]
     lo, hi = info["percentiles"]
-    return (f"perplexity buckets (CCNet, p{lo}/p{hi} of a sample of {info['sample_docs']:,} of this run's "
-            f"{info['scored_docs']:,} scored docs): head ≤ {a:,.1f} < middle ≤ {b:,.1f} < tail; kept: {', '.join(info['keep'])}")
+    return (
+        f"perplexity buckets (CCNet, p{lo}/p{hi} of a sample of {info['sample_docs']:,} of this run's "
+        f"{info['scored_docs']:,} scored docs): head ≤ {a:,.1f} < middle ≤ {b:,.1f} < tail; kept: {', '.join(info['keep'])}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,15 +564,19 @@ def iter_docs(paths: Iterable[str | Path]) -> Iterator[Document]:
 
     found, unknown = discover_inputs([str(p) for p in paths])
     if unknown:
-        raise InputError(f"{len(unknown)} input files of unknown kind, e.g. {unknown[0]}", "pass .txt/.txt.gz/.zip/.jsonl/.parquet files")
+        raise InputError(
+            f"{len(unknown)} input files of unknown kind, e.g. {unknown[0]}",
+            "pass .txt/.txt.gz/.zip/.jsonl/.parquet files",
+        )
     for path, kind in found:
         if kind == "warc":
             raise InputError(f"{path} is a WARC file", "run oreline data first and score its Parquet shards")
         yield from iter_input_documents(path, DataConfig())
 
 
-def score_cli(docs: list[str], model: str | Path, out: str | Path | None, console: Any = None,
-              batch_docs: int = 32) -> dict[str, Any]:
+def score_cli(
+    docs: list[str], model: str | Path, out: str | Path | None, console: Any = None, batch_docs: int = 32
+) -> dict[str, Any]:
     """Score documents, print the perplexity distribution, write per-document scores.
 
     out (Parquet): id, source_file, words, perplexity. The summary names the percentiles a user
@@ -549,18 +606,30 @@ def score_cli(docs: list[str], model: str | Path, out: str | Path | None, consol
     if finite.size == 0:
         raise InputError("no document had any word to score", "pass text documents")
     pct = {q: float(np.percentile(finite, q)) for q in (10, 30, 50, 60, 90)}
-    summary = {"documents": len(ppls), "scored": int(finite.size), "percentiles": pct, "kind": scorer.kind,
-               "bucket_cutoffs": [pct[BUCKET_PERCENTILES[0]], pct[BUCKET_PERCENTILES[1]]],
-               "seconds": round(seconds, 3), "docs_per_s": len(ppls) / seconds if seconds else None}
+    summary = {
+        "documents": len(ppls),
+        "scored": int(finite.size),
+        "percentiles": pct,
+        "kind": scorer.kind,
+        "bucket_cutoffs": [pct[BUCKET_PERCENTILES[0]], pct[BUCKET_PERCENTILES[1]]],
+        "seconds": round(seconds, 3),
+        "docs_per_s": len(ppls) / seconds if seconds else None,
+    }
     if out is not None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({"id": ids, "source_file": sources, "words": words, "perplexity": ppls}), str(out))
+        pq.write_table(
+            pa.table({"id": ids, "source_file": sources, "words": words, "perplexity": ppls}), str(out)
+        )
     if console is not None:
-        console.print(f"{len(ppls)} documents scored with the {scorer.kind} reference in {seconds:.1f} s; perplexity per word "
-                      f"p10 {pct[10]:.1f}, p30 {pct[30]:.1f}, median {pct[50]:.1f}, p60 {pct[60]:.1f}, p90 {pct[90]:.1f}"
-                      + (f"; scores → {out}" if out else ""))
-        console.print("set data.quality.perplexity_max to one of these to cut absolutely, or leave it unset for CCNet "
-                      "buckets (head/middle/tail at p30/p60 of each run's own documents)")
+        console.print(
+            f"{len(ppls)} documents scored with the {scorer.kind} reference in {seconds:.1f} s; perplexity per word "
+            f"p10 {pct[10]:.1f}, p30 {pct[30]:.1f}, median {pct[50]:.1f}, p60 {pct[60]:.1f}, p90 {pct[90]:.1f}"
+            + (f"; scores → {out}" if out else "")
+        )
+        console.print(
+            "set data.quality.perplexity_max to one of these to cut absolutely, or leave it unset for CCNet "
+            "buckets (head/middle/tail at p30/p60 of each run's own documents)"
+        )
     return summary

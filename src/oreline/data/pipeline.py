@@ -65,8 +65,12 @@ from oreline.outdir import LOCK, OWNER, FolderLock, claim_folder, is_data_run, i
 
 STATS_VERSION = 1
 # every top-level name `oreline data` writes, and the shard names of docs/ and rejects/
-DATA_NAMES = re.compile(r"docs|rejects|work|stats\.json|_SUCCESS|fingerprint\.json|config\.toml|"
-                        + re.escape(OWNER) + "|" + re.escape(LOCK))
+DATA_NAMES = re.compile(
+    r"docs|rejects|work|stats\.json|_SUCCESS|fingerprint\.json|config\.toml|"
+    + re.escape(OWNER)
+    + "|"
+    + re.escape(LOCK)
+)
 SHARD_NAME = re.compile(r"part-\d{5}-\d{3}\.parquet")
 
 
@@ -79,7 +83,9 @@ def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
     if cfg.data.quality.perplexity_model:  # a retrained reference model is another run
         from oreline.data.perplexity import reference_fingerprint
 
-        data["quality"]["perplexity_model_fingerprint"] = reference_fingerprint(expand(cfg.data.quality.perplexity_model))
+        data["quality"]["perplexity_model_fingerprint"] = reference_fingerprint(
+            expand(cfg.data.quality.perplexity_model)
+        )
     return fingerprint({"data": data, "inputs": listed})
 
 
@@ -98,16 +104,23 @@ def _check_or_write_fingerprint(out: Path, cfg: Config, fp: str, files: list[tup
         )
     out.mkdir(parents=True, exist_ok=True)
     config_fp = write_resolved(cfg, out, section="data")
-    write_json_atomic(fp_path, {"config": config_fp, "section": "data", "data": fp,
-                                "inputs": [str(p) for p, _ in files]})
+    write_json_atomic(
+        fp_path, {"config": config_fp, "section": "data", "data": fp, "inputs": [str(p) for p, _ in files]}
+    )
 
 
 def _jobs_left(tasks: list[tuple[int, Path, str]], done) -> list[int]:
     return [i for i, _, _ in tasks if not done(i)]
 
 
-def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, workers: int | None = None,
-             console: Console | None = None, force: bool = False) -> dict[str, Any]:
+def run_data(
+    inputs: list[str] | list[Path],
+    out_dir: str | Path,
+    cfg: Config,
+    workers: int | None = None,
+    console: Console | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
     """Run the data pipeline over `inputs` into `out_dir`; returns the stats (also in stats.json).
 
     With workers > 1 the tasks run in forkserver processes, which import the caller's main
@@ -119,7 +132,9 @@ def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, w
     console = console or Console(stderr=True)
     workers = max(1, int(workers or cfg.data.workers))
     unreadable: list[dict[str, Any]] = []
-    files, unknown = discover_inputs([expand(str(i)) for i in inputs], errors=unreadable)  # {samples} in config inputs
+    files, unknown = discover_inputs(
+        [expand(str(i)) for i in inputs], errors=unreadable
+    )  # {samples} in config inputs
     if not files:
         raise InputError(
             f"no readable input among {len(unknown)} file(s) given ({', '.join(str(u) for u in unknown[:3])})",
@@ -130,8 +145,9 @@ def run_data(inputs: list[str] | list[Path], out_dir: str | Path, cfg: Config, w
         return _run_data(files, unknown, unreadable, out, cfg, workers, console, t_start)
 
 
-def _run_data(files, unknown, unreadable, out: Path, cfg: Config, workers: int, console: Console,
-              t_start: float) -> dict[str, Any]:
+def _run_data(
+    files, unknown, unreadable, out: Path, cfg: Config, workers: int, console: Console, t_start: float
+) -> dict[str, Any]:
     work = out / "work"
     fp = data_fingerprint(cfg, files)
     _check_or_write_fingerprint(out, cfg, fp, files)
@@ -142,9 +158,13 @@ def _run_data(files, unknown, unreadable, out: Path, cfg: Config, workers: int, 
     # phase 1: read → filters → signatures, one task per file
     left = _jobs_left(tasks, lambda i: (phase1_dir(work, i) / "DONE").is_file())
     jobs = [(i, str(tasks[i][1]), tasks[i][2], str(work), cfg) for i in left]
-    crashes = [r for r in run_tasks(run_phase1, jobs, workers, "filter", console) if isinstance(r, TaskCrashed)]
+    crashes = [
+        r for r in run_tasks(run_phase1, jobs, workers, "filter", console) if isinstance(r, TaskCrashed)
+    ]
     for stale in (work / "phase1").iterdir() if (work / "phase1").is_dir() else []:
-        if re.fullmatch(r"\.task-\d{5}\.tmp-\d+", stale.name):  # wrecks of killed attempts (the tasks are done now)
+        if re.fullmatch(
+            r"\.task-\d{5}\.tmp-\d+", stale.name
+        ):  # wrecks of killed attempts (the tasks are done now)
             shutil.rmtree(stale, ignore_errors=True)
     finished = [t for t in tasks if (phase1_dir(work, t[0]) / "DONE").is_file()]
 
@@ -159,7 +179,9 @@ def _run_data(files, unknown, unreadable, out: Path, cfg: Config, workers: int, 
     # phase 3: drop removals, chunk, write the shards
     left = _jobs_left(finished, lambda i: phase3_marker(work, i).is_file())
     jobs = [(i, str(work), str(out), cfg) for i in left]
-    crashes += [r for r in run_tasks(run_phase3, jobs, workers, "write", console) if isinstance(r, TaskCrashed)]
+    crashes += [
+        r for r in run_tasks(run_phase3, jobs, workers, "write", console) if isinstance(r, TaskCrashed)
+    ]
 
     stats = _merge_stats(work, tasks, finished, unknown, crashes, dedup_stats, workers, fp)
     stats["errors"] = unreadable + stats["errors"]  # input folders that could not be listed
@@ -181,6 +203,7 @@ def _remove_wrecks(out: Path) -> None:
     """Delete the temporary files killed attempts left: each output is written under a temporary
     form of its final name and renamed, so such a name in a finished run is garbage. Only those
     exact forms, of the names this command writes, are deleted (see the module docstring)."""
+
     def wrecks(folder: Path, final) -> list[str]:
         return [p.name for p in folder.iterdir() if is_temp_of(p.name, final)] if folder.is_dir() else []
 
@@ -188,7 +211,9 @@ def _remove_wrecks(out: Path) -> None:
     for sub in ("docs", "rejects"):
         remove_listed(out / sub, wrecks(out / sub, SHARD_NAME))
     work = out / "work"  # oreline's own folder (never adopted: --force refuses a folder that has one)
-    for folder in sorted((p for p in work.rglob("*") if p.is_dir()), reverse=True) + [work] if work.is_dir() else []:
+    for folder in (
+        sorted((p for p in work.rglob("*") if p.is_dir()), reverse=True) + [work] if work.is_dir() else []
+    ):
         if folder.exists():
             remove_listed(folder, wrecks(folder, lambda name: not name.startswith(".")))
 
@@ -214,7 +239,9 @@ def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config)
     keeper: dict[str, int] = {}  # the task that keeps a document id found in several files
     for i, _path, _ in sorted(finished, key=lambda t: str(t[1])):  # dedup's survivor order: source first
         sig = phase1_dir(work, i) / "signatures.parquet"
-        ids_of[i] = pq.read_table(sig, columns=["doc_id"]).column("doc_id").to_pylist() if sig.is_file() else []
+        ids_of[i] = (
+            pq.read_table(sig, columns=["doc_id"]).column("doc_id").to_pylist() if sig.is_file() else []
+        )
         for d in ids_of[i]:
             keeper.setdefault(d, i)
     for i, _, _ in finished:
@@ -235,11 +262,17 @@ def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config)
 
 def _merge_stats(work: Path, tasks, finished, unknown, crashes, dedup_stats, workers, fp) -> dict[str, Any]:
     p1 = [json.loads((phase1_dir(work, i) / "stats.json").read_text()) for i, _, _ in finished]
-    p3 = [json.loads(phase3_marker(work, i).read_text()) for i, _, _ in finished if phase3_marker(work, i).is_file()]
+    p3 = [
+        json.loads(phase3_marker(work, i).read_text())
+        for i, _, _ in finished
+        if phase3_marker(work, i).is_file()
+    ]
     steps = merge_step_stats([s["steps"] for s in p1]) + merge_step_stats([s["steps"] for s in p3])
     for st in steps:
         if st["name"] == "dedup":  # signatures (phase 1) and the plan (phase 2) are dedup's work too
-            st["seconds"] = round(st["seconds"] + sum(s["signature_seconds"] for s in p1) + dedup_stats.get("seconds", 0.0), 6)
+            st["seconds"] = round(
+                st["seconds"] + sum(s["signature_seconds"] for s in p1) + dedup_stats.get("seconds", 0.0), 6
+            )
     normalize_removed: Counter = Counter()
     errors: list[dict[str, Any]] = []
     files: dict[str, Any] = {}
@@ -249,9 +282,12 @@ def _merge_stats(work: Path, tasks, finished, unknown, crashes, dedup_stats, wor
         files[s["file"]] = s["input"]
     for c in crashes:
         errors.append({"file": str(c.args[1]) if len(c.args) > 1 else "?", "offset": None, "error": c.error})
-    output = {"docs": sum(s["output"]["docs"] for s in p3), "bytes": sum(s["output"]["bytes"] for s in p3),
-              "shards": sorted(f"docs/{n}" for s in p3 for n in s["output"]["shards"]),
-              "reject_shards": sorted(f"rejects/{n}" for s in p3 for n in s["output"]["reject_shards"])}
+    output = {
+        "docs": sum(s["output"]["docs"] for s in p3),
+        "bytes": sum(s["output"]["bytes"] for s in p3),
+        "shards": sorted(f"docs/{n}" for s in p3 for n in s["output"]["shards"]),
+        "reject_shards": sorted(f"rejects/{n}" for s in p3 for n in s["output"]["reject_shards"]),
+    }
     by_type: Counter = Counter()
     for info in files.values():
         by_type.update(info.get("by_type", {}))
@@ -262,7 +298,8 @@ def _merge_stats(work: Path, tasks, finished, unknown, crashes, dedup_stats, wor
         "inputs": {
             "files": files,
             "unknown": [{"file": str(u), "reason": "unknown kind (suffix)"} for u in unknown],
-            "tasks": len(tasks), "tasks_finished": len(p3),
+            "tasks": len(tasks),
+            "tasks_finished": len(p3),
             "records": sum(i.get("records", 0) for i in files.values()),
             "bytes": sum(i.get("bytes", 0) for i in files.values()),
             "record_types": dict(by_type),
@@ -296,22 +333,39 @@ def funnel_lines(stats: dict[str, Any], top: int = 4) -> list[str]:
         shown = " · ".join(f"{r} {n:,}" for r, n in reasons[:top])
         if len(reasons) > top:
             shown += f" · {len(reasons) - top} more"
-        lines.append(f"{st['name']}: {_pct(st['docs_in'], st['docs_out'])}" + (f" ({shown})" if shown else ""))
+        lines.append(
+            f"{st['name']}: {_pct(st['docs_in'], st['docs_out'])}" + (f" ({shown})" if shown else "")
+        )
     return lines
 
 
 def print_funnel(stats: dict[str, Any], console: Console) -> None:
     """The funnel as a table: documents and bytes per step, change in percent and top drop reasons."""
     table = Table(title="oreline data: funnel", show_lines=False)
-    for col, just in (("step", "left"), ("docs in", "right"), ("docs out", "right"), ("change", "right"),
-                      ("MB out", "right"), ("s", "right")):
+    for col, just in (
+        ("step", "left"),
+        ("docs in", "right"),
+        ("docs out", "right"),
+        ("change", "right"),
+        ("MB out", "right"),
+        ("s", "right"),
+    ):
         table.add_column(col, justify=just, no_wrap=True)
     table.add_column("dropped (top reasons)", justify="left", overflow="fold", min_width=30)
     for st in stats["steps"]:
         reasons = sorted(st["dropped"].items(), key=lambda kv: -kv[1])
-        shown = " · ".join(f"{r} {n:,}" for r, n in reasons[:4]) + (f" · +{len(reasons) - 4} more" if len(reasons) > 4 else "")
-        table.add_row(st["name"], f"{st['docs_in']:,}", f"{st['docs_out']:,}", _pct(st["docs_in"], st["docs_out"]),
-                      f"{st['bytes_out'] / 1e6:,.2f}", f"{st['seconds']:.2f}", shown)
+        shown = " · ".join(f"{r} {n:,}" for r, n in reasons[:4]) + (
+            f" · +{len(reasons) - 4} more" if len(reasons) > 4 else ""
+        )
+        table.add_row(
+            st["name"],
+            f"{st['docs_in']:,}",
+            f"{st['docs_out']:,}",
+            _pct(st["docs_in"], st["docs_out"]),
+            f"{st['bytes_out'] / 1e6:,.2f}",
+            f"{st['seconds']:.2f}",
+            shown,
+        )
     # a pipe or log file gets a readable width instead of rich's 80-column default
     console.print(table, width=None if console.is_terminal else 160, crop=console.is_terminal)
     inp, out = stats["inputs"], stats["output"]
@@ -319,15 +373,23 @@ def print_funnel(stats: dict[str, Any], console: Console) -> None:
     console.print(
         f"{inp['tasks']} input files ({inp['bytes'] / 1e6:,.1f} MB, {inp['records']:,} records, {inp['revisits']:,} revisits)"
         f" → {out['docs']:,} documents ({out['bytes'] / 1e6:,.2f} MB) in {len(out['shards'])} shard(s)"
-        + (f" in {secs:.1f} s ({inp['records'] / secs:,.0f} records/s, {inp['bytes'] / secs / 1e6:,.2f} MB/s,"
-           f" {stats.get('workers', 1)} worker(s))" if secs else "")
+        + (
+            f" in {secs:.1f} s ({inp['records'] / secs:,.0f} records/s, {inp['bytes'] / secs / 1e6:,.2f} MB/s,"
+            f" {stats.get('workers', 1)} worker(s))"
+            if secs
+            else ""
+        )
     )
     if inp["unknown"]:
         names = ", ".join(Path(u["file"]).name for u in inp["unknown"][:5])
-        console.print(f"[yellow]{len(inp['unknown'])} file(s) of unknown kind not read:[/] {names}"
-                      + (" …" if len(inp["unknown"]) > 5 else ""))
+        console.print(
+            f"[yellow]{len(inp['unknown'])} file(s) of unknown kind not read:[/] {names}"
+            + (" …" if len(inp["unknown"]) > 5 else "")
+        )
     if stats["errors"]:
-        console.print(f"[yellow]{len(stats['errors'])} input error(s)[/] (damage that ended a file early; see stats.json errors):")
+        console.print(
+            f"[yellow]{len(stats['errors'])} input error(s)[/] (damage that ended a file early; see stats.json errors):"
+        )
         for e in stats["errors"][:5]:
             console.print(f"  {Path(str(e['file'])).name} @ {e['offset']}: {str(e['error'])[:120]}")
     if stats.get("perplexity"):
@@ -335,5 +397,7 @@ def print_funnel(stats: dict[str, Any], console: Console) -> None:
 
         console.print(cutoff_line(stats["perplexity"]))
     if stats["normalize_removed"]:
-        removed = " · ".join(f"{k} {v:,}" for k, v in sorted(stats["normalize_removed"].items(), key=lambda kv: -kv[1]))
+        removed = " · ".join(
+            f"{k} {v:,}" for k, v in sorted(stats["normalize_removed"].items(), key=lambda kv: -kv[1])
+        )
         console.print(f"normalize changed: {removed}")

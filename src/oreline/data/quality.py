@@ -73,9 +73,36 @@ BULLETS = ("•", "-", "*", "‣", "◦", "⁃", "▪", "●")
 ELLIPSES = ("...", "…")
 # C4 keeps lines ending in these (tfds c4_utils._END_MARKS, plus CJK full stops)
 C4_END_MARKS = (".", "?", "!", '"', "。", "！", "？")
-C4_POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
+C4_POLICY = (
+    "terms of use",
+    "privacy policy",
+    "cookie policy",
+    "uses cookies",
+    "use of cookies",
+    "use cookies",
+)
 # FineWeb's "line ends with punctuation" (a subset of datatrove's TERMINAL_PUNCTUATION)
-TERMINAL_PUNCT = (".", "!", "?", '"', "'", ":", ";", ")", "…", "。", "！", "？", "」", "』", "”", "’", "؟", "।", "۔")
+TERMINAL_PUNCT = (
+    ".",
+    "!",
+    "?",
+    '"',
+    "'",
+    ":",
+    ";",
+    ")",
+    "…",
+    "。",
+    "！",
+    "？",
+    "」",
+    "』",
+    "”",
+    "’",
+    "؟",
+    "।",
+    "۔",
+)
 SENTENCE_END = re.compile(r"[.!?。！？]+(?:[\"'”’)\]]*)(?=\s|$)")
 _DELETE_PUNCT = str.maketrans("", "", PUNCT)
 _PUNCT_RUN = re.compile(f"[{re.escape(PUNCT)}]+")

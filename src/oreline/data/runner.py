@@ -57,13 +57,26 @@ class StepStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "docs_in": self.docs_in, "docs_out": self.docs_out, "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out, "seconds": round(self.seconds, 6), "dropped": dict(self.dropped),
+            "name": self.name,
+            "docs_in": self.docs_in,
+            "docs_out": self.docs_out,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "seconds": round(self.seconds, 6),
+            "dropped": dict(self.dropped),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepStats:
-        return cls(d["name"], d["docs_in"], d["docs_out"], d["bytes_in"], d["bytes_out"], d["seconds"], Counter(d["dropped"]))
+        return cls(
+            d["name"],
+            d["docs_in"],
+            d["docs_out"],
+            d["bytes_in"],
+            d["bytes_out"],
+            d["seconds"],
+            Counter(d["dropped"]),
+        )
 
     def add(self, other: StepStats) -> None:
         self.docs_in += other.docs_in
@@ -85,7 +98,9 @@ def run_steps(
     for k, step in enumerate(steps):  # a batched step splits the chain: per-document steps around it
         if step.batch_fn is not None:
             head = run_steps(docs, steps[:k], stats[:k], reject)
-            yield from run_steps(run_batch_step(head, step, stats[k], reject), steps[k + 1:], stats[k + 1:], reject)
+            yield from run_steps(
+                run_batch_step(head, step, stats[k], reject), steps[k + 1 :], stats[k + 1 :], reject
+            )
             return
     clock = time.perf_counter
     for doc in docs:
@@ -121,7 +136,9 @@ def run_steps(
             yield doc
 
 
-def run_batch_step(docs: Iterable[Document], step: Step, st: StepStats, reject: RejectFn) -> Iterator[Document]:
+def run_batch_step(
+    docs: Iterable[Document], step: Step, st: StepStats, reject: RejectFn
+) -> Iterator[Document]:
     """The counting of run_steps for a batched step: batches of step.batch_size documents.
 
     A batch whose batch_fn raises is retried one document at a time with step.fn, so only the

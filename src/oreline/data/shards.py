@@ -143,9 +143,12 @@ def reject_row(doc: Document, step: str, reason: str) -> dict[str, Any]:
     text = doc.text if isinstance(doc.text, str) else repr(doc.text)
     rest = {k: v for k, v in md.items() if k not in ("source_file", "record_id", "offset")}
     cut: dict[str, int] = {}
-    fields = {"id": (str(doc.id), REJECT_ID_BYTES), "url": (doc.url or "", REJECT_URL_BYTES),
-              "source_file": (_coerce(md.get("source_file"), pa.string()), REJECT_URL_BYTES),
-              "record_id": (_coerce(md.get("record_id"), pa.string()), REJECT_ID_BYTES)}
+    fields = {
+        "id": (str(doc.id), REJECT_ID_BYTES),
+        "url": (doc.url or "", REJECT_URL_BYTES),
+        "source_file": (_coerce(md.get("source_file"), pa.string()), REJECT_URL_BYTES),
+        "record_id": (_coerce(md.get("record_id"), pa.string()), REJECT_ID_BYTES),
+    }
     short: dict[str, Any] = {}
     for name, (value, limit) in fields.items():
         short[name], size = _cut(value, limit) if isinstance(value, str) else (value, None)
@@ -215,7 +218,9 @@ class ShardWriter:
 
     def write_row(self, row: dict[str, Any]) -> None:
         size = row_bytes(row)
-        if self._file_bytes + self._buffer_bytes + size > self.max_bytes and (self._file_bytes or self._buffer):
+        if self._file_bytes + self._buffer_bytes + size > self.max_bytes and (
+            self._file_bytes or self._buffer
+        ):
             self._finish_file()
         self._buffer.append(row)
         self._buffer_bytes += size

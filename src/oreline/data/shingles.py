@@ -37,7 +37,9 @@ def shingles(text: str, n: int = 5) -> np.ndarray:
     if not words:
         return np.empty(0, dtype=np.uint64)
     wh = np.fromiter(
-        (xxhash.xxh3_64_intdigest(w.encode("utf-8", "surrogatepass")) for w in words), dtype=np.uint64, count=len(words)
+        (xxhash.xxh3_64_intdigest(w.encode("utf-8", "surrogatepass")) for w in words),
+        dtype=np.uint64,
+        count=len(words),
     )
     m = max(1, len(words) - n + 1)
     h = wh[:m].copy()

@@ -40,7 +40,9 @@ def extract_text(html: str, cfg) -> tuple[str, str | None]:
         if not html:
             text, reason = "", None
         else:
-            text, reason = extract_isolated(html, cfg.extractor, cfg.main_content, cfg.timeout_s, cfg.max_memory_mb)
+            text, reason = extract_isolated(
+                html, cfg.extractor, cfg.main_content, cfg.timeout_s, cfg.max_memory_mb
+            )
         if reason is not None:
             return "", reason
     else:
@@ -103,7 +105,11 @@ def quality_steps(cfg) -> list[Step]:
 
     qcfg = cfg.data.quality
     steps = [Step(f"quality:{name}", fn) for name, fn in quality_filters(qcfg)]
-    if qcfg.enabled and qcfg.perplexity_model and importlib.util.find_spec("oreline.data.perplexity") is not None:
+    if (
+        qcfg.enabled
+        and qcfg.perplexity_model
+        and importlib.util.find_spec("oreline.data.perplexity") is not None
+    ):
         from oreline.data.perplexity import perplexity_filter_factory
 
         made = perplexity_filter_factory(qcfg)

@@ -113,7 +113,9 @@ class Reader:
             except StopIteration:
                 break
             except Exception as exc:  # an unexpected reader failure ends this file, not the run
-                self.errors.append({"file": str(self.path), "offset": None, "error": f"{type(exc).__name__}: {exc}"})
+                self.errors.append(
+                    {"file": str(self.path), "offset": None, "error": f"{type(exc).__name__}: {exc}"}
+                )
                 break
             self.stats.seconds += time.perf_counter() - t0
             yield doc
@@ -132,7 +134,12 @@ class Reader:
         def oversized() -> None:
             nonlocal seen_oversized
             for o in report.oversized[seen_oversized:]:
-                meta = {"source_file": name, "offset": o["offset"], "record_id": o.get("record_id"), "bytes": o["bytes"]}
+                meta = {
+                    "source_file": name,
+                    "offset": o["offset"],
+                    "record_id": o.get("record_id"),
+                    "bytes": o["bytes"],
+                }
                 if o.get("content_encoding"):  # the block fit, its decoded body did not
                     meta["content_encoding"] = o["content_encoding"]
                 doc = Document(o.get("record_id") or f"{name}:{o['offset']}", "", "", meta)
@@ -140,8 +147,12 @@ class Reader:
             seen_oversized = len(report.oversized)
 
         try:
-            records = iter_records(self.path, max_record_bytes=rcfg.max_record_bytes, report=report,
-                                   record_types=tuple(rcfg.record_types))
+            records = iter_records(
+                self.path,
+                max_record_bytes=rcfg.max_record_bytes,
+                report=report,
+                record_types=tuple(rcfg.record_types),
+            )
             for rec in records:
                 oversized()
                 nbytes = len(rec.payload)
@@ -154,9 +165,18 @@ class Reader:
                     doc, error = None, f"{type(exc).__name__}: {str(exc)[:500]}"
                 if doc is None:
                     changed = [k for k, v in report.dropped.items() if v > before.get(k, 0)]
-                    stub = Document(rec.record_id or f"{name}:{rec.offset}", rec.payload[:4000].decode("utf-8", "replace"), rec.url, {
-                        "source_file": name, "offset": rec.offset, "record_id": rec.record_id,
-                        "content_type": rec.content_type, "http_status": rec.http_status})
+                    stub = Document(
+                        rec.record_id or f"{name}:{rec.offset}",
+                        rec.payload[:4000].decode("utf-8", "replace"),
+                        rec.url,
+                        {
+                            "source_file": name,
+                            "offset": rec.offset,
+                            "record_id": rec.record_id,
+                            "content_type": rec.content_type,
+                            "http_status": rec.http_status,
+                        },
+                    )
                     if error:
                         stub.metadata["error"] = error
                         reason = f"read:error:{error.split(':', 1)[0]}"
@@ -168,9 +188,14 @@ class Reader:
             oversized()
         finally:
             self.errors.extend(report.errors)
-            self.info.update(records=report.records, by_type=dict(report.by_type), revisits=report.revisits,
-                             documents=self.stats.docs_out, decoding=dict(report.decoding),
-                             replacement_chars=report.replacement_chars)
+            self.info.update(
+                records=report.records,
+                by_type=dict(report.by_type),
+                revisits=report.revisits,
+                documents=self.stats.docs_out,
+                decoding=dict(report.decoding),
+                replacement_chars=report.replacement_chars,
+            )
 
     def _other(self) -> Iterator[Document]:
         from oreline.data.inputs import iter_input_documents
@@ -191,7 +216,9 @@ class Reader:
                 self.progress.add(1, nbytes)
                 yield self._keep(doc, nbytes)
         finally:
-            self.info.update(records=records + sum(self.stats.dropped.values()), documents=self.stats.docs_out)
+            self.info.update(
+                records=records + sum(self.stats.dropped.values()), documents=self.stats.docs_out
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +246,11 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
     steps = filter_steps(cfg, normalize_removed)
     step_stats = [StepStats(s.name) for s in steps]
     progress = Progress(index)
-    with ShardWriter(tmp, "kept", NO_LIMIT) as kept, ShardWriter(tmp, "rejects", NO_LIMIT, REJECT_SCHEMA) as rejects:
+    with (
+        ShardWriter(tmp, "kept", NO_LIMIT) as kept,
+        ShardWriter(tmp, "rejects", NO_LIMIT, REJECT_SCHEMA) as rejects,
+    ):
+
         def reject(doc: Document, step: str, reason: str) -> None:
             rejects.write_row(reject_row(doc, step, reason))
 
@@ -250,10 +281,15 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
     kept_docs = kept.rows_written
 
     stats = {
-        "task": index, "file": path, "kind": kind,
+        "task": index,
+        "file": path,
+        "kind": kind,
         "steps": [reader.stats.as_dict()] + [s.as_dict() for s in step_stats],
-        "kept": kept_docs, "signature_seconds": round(signature_seconds, 6),
-        "normalize_removed": dict(normalize_removed), "input": reader.info, "errors": reader.errors,
+        "kept": kept_docs,
+        "signature_seconds": round(signature_seconds, 6),
+        "normalize_removed": dict(normalize_removed),
+        "input": reader.info,
+        "errors": reader.errors,
         "seconds": round(time.perf_counter() - t_start, 6),
     }
     write_json_atomic(tmp / "stats.json", stats)
@@ -275,7 +311,10 @@ def _clear_task_outputs(out_dir: Path, index: int) -> None:
     for sub in ("docs", "rejects"):
         folder = out_dir / sub
         if folder.is_dir():
-            remove_listed(folder, [p.name for p in folder.iterdir() if mine.fullmatch(p.name) or is_temp_of(p.name, mine)])
+            remove_listed(
+                folder,
+                [p.name for p in folder.iterdir() if mine.fullmatch(p.name) or is_temp_of(p.name, mine)],
+            )
 
 
 def chunk_docs(doc: Document, cfg) -> list[Document]:
@@ -314,8 +353,10 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
     chunk = StepStats("chunk")
     chunking = cfg.data.chunk.enabled
     out_docs = out_bytes = 0
-    with ShardWriter(out_dir / "docs", prefix, cfg.data.max_shard_bytes) as docs_w, \
-            ShardWriter(out_dir / "rejects", prefix, cfg.data.max_shard_bytes, REJECT_SCHEMA) as rej_w:
+    with (
+        ShardWriter(out_dir / "docs", prefix, cfg.data.max_shard_bytes) as docs_w,
+        ShardWriter(out_dir / "rejects", prefix, cfg.data.max_shard_bytes, REJECT_SCHEMA) as rej_w,
+    ):
         for path in sorted(src.glob("rejects-*.parquet")):  # phase-1 rejects, in their order
             import pyarrow.parquet as pq
 
@@ -324,7 +365,12 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
                     rej_w.write_row(row)
         docs = read_documents(kept_files)
         if buckets is not None:  # before dedup: it continues phase 1's quality:perplexity
-            docs = run_steps(docs, [buckets], [bucket_stats], lambda d, step, why: rej_w.write_row(reject_row(d, step, why)))
+            docs = run_steps(
+                docs,
+                [buckets],
+                [bucket_stats],
+                lambda d, step, why: rej_w.write_row(reject_row(d, step, why)),
+            )
         for doc in docs:
             size = text_bytes(doc.text)
             dedup.docs_in += 1
@@ -365,10 +411,15 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
                 out_bytes += text_bytes(piece.text)
     stats = {
         "task": index,
-        "steps": ([bucket_stats.as_dict()] if buckets else []) + ([dedup.as_dict()] if dedup_enabled(cfg) else [])
+        "steps": ([bucket_stats.as_dict()] if buckets else [])
+        + ([dedup.as_dict()] if dedup_enabled(cfg) else [])
         + ([chunk.as_dict()] if chunking else []),
-        "output": {"docs": out_docs, "bytes": out_bytes, "shards": [p.name for p in docs_w.paths],
-                   "reject_shards": [p.name for p in rej_w.paths]},
+        "output": {
+            "docs": out_docs,
+            "bytes": out_bytes,
+            "shards": [p.name for p in docs_w.paths],
+            "reject_shards": [p.name for p in rej_w.paths],
+        },
         "seconds": round(time.perf_counter() - t_start, 6),
     }
     write_json_atomic(marker, stats)

@@ -116,10 +116,17 @@ class ReadReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "files": self.files, "records": self.records, "by_type": dict(self.by_type),
-            "yielded": self.yielded, "revisits": self.revisits, "damaged": self.damaged, "skipped": dict(self.skipped),
-            "dropped": dict(self.dropped), "decoding": dict(self.decoding),
-            "replacement_chars": self.replacement_chars, "errors": list(self.errors),
+            "files": self.files,
+            "records": self.records,
+            "by_type": dict(self.by_type),
+            "yielded": self.yielded,
+            "revisits": self.revisits,
+            "damaged": self.damaged,
+            "skipped": dict(self.skipped),
+            "dropped": dict(self.dropped),
+            "decoding": dict(self.decoding),
+            "replacement_chars": self.replacement_chars,
+            "errors": list(self.errors),
             "oversized": list(self.oversized),
         }
 
@@ -221,7 +228,7 @@ class _Stream:
             out = self._more()
             if not out:
                 return False
-            self.buf = self.buf[self.start:] + out
+            self.buf = self.buf[self.start :] + out
             self.start = 0
         return True
 
@@ -269,11 +276,11 @@ class _Stream:
         return done
 
     def _take(self, n: int) -> bytes:
-        out = self.buf[self.start:self.start + n]
+        out = self.buf[self.start : self.start + n]
         self.start += n
         self.pos += n
         if self.start > _CHUNK:  # drop consumed bytes so the buffer stays small
-            self.buf, self.start = self.buf[self.start:], 0
+            self.buf, self.start = self.buf[self.start :], 0
         return out
 
     def skip_blank_lines(self) -> int:
@@ -285,7 +292,7 @@ class _Stream:
         blanks (and is still reported as malformed). Linear in the gap, a window at a time."""
         skipped = 0
         while self._fill(1):
-            window = self.buf[self.start:self.start + _CHUNK]
+            window = self.buf[self.start : self.start + _CHUNK]
             rest = window.lstrip(_BLANK)
             nl = window.rfind(b"\n", 0, len(window) - len(rest))
             if rest:  # the run ends in this window: take its whole lines, keep the line it ends in
@@ -420,7 +427,11 @@ def _iter_stream(src: _Stream, name: str, max_bytes: int, report: ReadReport, wa
         first = False
         if not line.startswith(b"WARC/"):
             if src.damage is None:
-                report.error(name, offset, f"expected a WARC/<version> line, found {line[:40]!r} (not a WARC file or corrupt)")
+                report.error(
+                    name,
+                    offset,
+                    f"expected a WARC/<version> line, found {line[:40]!r} (not a WARC file or corrupt)",
+                )
             return
         version = line[5:].strip().decode("ascii", "replace")
         headers, problem = _parse_headers(src)
@@ -445,7 +456,9 @@ def _iter_stream(src: _Stream, name: str, max_bytes: int, report: ReadReport, wa
             if src.skip(length) < length:
                 report.damaged += 1
                 if src.damage is None:
-                    report.error(name, offset, f"truncated {rtype} record: file ends inside its {length}-byte block")
+                    report.error(
+                        name, offset, f"truncated {rtype} record: file ends inside its {length}-byte block"
+                    )
                 return
             if rtype not in wanted:
                 report.skipped[rtype] += 1
@@ -457,7 +470,9 @@ def _iter_stream(src: _Stream, name: str, max_bytes: int, report: ReadReport, wa
         if len(block) < length:
             report.damaged += 1
             if src.damage is None:
-                report.error(name, offset, f"truncated {rtype} record: {len(block)} of {length} bytes present")
+                report.error(
+                    name, offset, f"truncated {rtype} record: {len(block)} of {length} bytes present"
+                )
             return
         try:
             rec = _make_record(headers, block, rtype, rid, offset, name, version, report, max_bytes)
@@ -468,13 +483,16 @@ def _iter_stream(src: _Stream, name: str, max_bytes: int, report: ReadReport, wa
         yield rec
 
 
-def _too_large(report: ReadReport, name: str, offset: int, rid: str, length: int, exc: PayloadTooLarge) -> None:
+def _too_large(
+    report: ReadReport, name: str, offset: int, rid: str, length: int, exc: PayloadTooLarge
+) -> None:
     """A record whose content decoding stopped at the limit: dropped and listed like one whose
     block alone is too large."""
     report.dropped["read:too_large"] += 1
     report.decoding[f"content_encoding_too_large:{exc.encoding}"] += 1
-    report.oversized.append({"file": name, "offset": offset, "record_id": rid, "bytes": length,
-                             "content_encoding": exc.encoding})
+    report.oversized.append(
+        {"file": name, "offset": offset, "record_id": rid, "bytes": length, "content_encoding": exc.encoding}
+    )
 
 
 def _make_record(headers, block, rtype, rid, offset, name, version, report, max_bytes) -> Record:
@@ -487,10 +505,19 @@ def _make_record(headers, block, rtype, rid, offset, name, version, report, max_
         payload = block
         mime, charset = _mime_and_charset(wct)
     return Record(
-        record_id=rid, record_type=rtype, url=headers.get("warc-target-uri", "").strip("<>"),
-        date=headers.get("warc-date", ""), http_status=status, content_type=mime, charset=charset,
-        offset=offset, payload=payload, source_file=name, warc_version=version,
-        language=headers.get("warc-identified-content-language"), truncated=headers.get("warc-truncated"),
+        record_id=rid,
+        record_type=rtype,
+        url=headers.get("warc-target-uri", "").strip("<>"),
+        date=headers.get("warc-date", ""),
+        http_status=status,
+        content_type=mime,
+        charset=charset,
+        offset=offset,
+        payload=payload,
+        source_file=name,
+        warc_version=version,
+        language=headers.get("warc-identified-content-language"),
+        truncated=headers.get("warc-truncated"),
     )
 
 
@@ -567,7 +594,10 @@ def _is_textual(content_type: str) -> bool:
 
 def _looks_like_html(payload: bytes) -> bool:
     head = payload[:1024].lstrip().lower()
-    return head.startswith((b"<!doctype html", b"<html", b"<head", b"<?xml")) and b"<html" in payload[:4096].lower()
+    return (
+        head.startswith((b"<!doctype html", b"<html", b"<head", b"<?xml"))
+        and b"<html" in payload[:4096].lower()
+    )
 
 
 def record_to_document(record: Record, report: ReadReport) -> Document | None:
@@ -582,14 +612,21 @@ def record_to_document(record: Record, report: ReadReport) -> Document | None:
     else:  # images, fonts, video: no charset detection; the protocol step drops them by type
         text, encoding, n_repl = record.payload.decode("utf-8", "replace"), "binary", 0
     is_html = record.content_type in HTML_TYPES or (
-        record.content_type in ("", "text/plain", "application/octet-stream", "unk") and _looks_like_html(record.payload)
+        record.content_type in ("", "text/plain", "application/octet-stream", "unk")
+        and _looks_like_html(record.payload)
     )
     meta: dict[str, Any] = {
-        "source_file": record.source_file, "offset": record.offset, "record_id": record.record_id,
-        "record_type": record.record_type, "crawl_date": record.date, "http_status": record.http_status,
-        "content_type": record.content_type, "charset": encoding,
+        "source_file": record.source_file,
+        "offset": record.offset,
+        "record_id": record.record_id,
+        "record_type": record.record_type,
+        "crawl_date": record.date,
+        "http_status": record.http_status,
+        "content_type": record.content_type,
+        "charset": encoding,
         "declared_charset": record.charset or (meta_charset(record.payload) if is_html else None),
-        "replacement_chars": n_repl, "is_html": is_html,
+        "replacement_chars": n_repl,
+        "is_html": is_html,
     }
     if record.language:
         meta["warc_language"] = record.language

@@ -14,6 +14,7 @@ TOKEN = re.compile(r"\w+|[^\w\s]")
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
 DIGIT = re.compile(r"\d")
 
+
 def sentences(text: str) -> list[list[str]]:
     """Token lists of the sentences of text (empty sentences dropped)."""
     out = []

@@ -64,7 +64,9 @@ def parse_json(text: str) -> Any:
             return json.loads(text)  # NaN / Infinity are accepted, as json.dumps writes them
         return json.loads(text, parse_int=_parse_int)  # a long digit run: a long integer, or one in a string
     except RecursionError:
-        raise ValueError("nested too deeply (more levels of arrays/objects than Python's json can parse)") from None
+        raise ValueError(
+            "nested too deeply (more levels of arrays/objects than Python's json can parse)"
+        ) from None
 
 
 def read_json(path: Path) -> tuple[Any, str | None]:
@@ -73,7 +75,10 @@ def read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"{path.name} absent"
     try:
         return parse_json(path.read_text(encoding="utf-8")), None
-    except (OSError, ValueError) as exc:  # ValueError: UnicodeDecodeError, JSONDecodeError and parse_json's own
+    except (
+        OSError,
+        ValueError,
+    ) as exc:  # ValueError: UnicodeDecodeError, JSONDecodeError and parse_json's own
         return None, f"{path} unreadable ({exc})"
 
 
@@ -143,12 +148,18 @@ class RunArtifacts:
 
     @property
     def tokenizer_dir(self) -> Path:
-        configured = self.config.get("train", {}).get("tokenizer") if isinstance(self.config.get("train"), dict) else None
+        configured = (
+            self.config.get("train", {}).get("tokenizer")
+            if isinstance(self.config.get("train"), dict)
+            else None
+        )
         return Path(expand(configured)) if configured else self.root / "tokenizer"
 
     @property
     def tokens_dir(self) -> Path:
-        configured = self.config.get("train", {}).get("tokens") if isinstance(self.config.get("train"), dict) else None
+        configured = (
+            self.config.get("train", {}).get("tokens") if isinstance(self.config.get("train"), dict) else None
+        )
         return Path(expand(configured)) if configured else self.root / "tokens"
 
     def checkpoint_dirs(self) -> list[Path]:
@@ -311,8 +322,11 @@ def quick_verify_checkpoint(ckpt: Path) -> tuple[bool, list[str]]:
     if not isinstance(sums, dict):
         return False, [problem or "checksums.json is not an object"]
     files = sums.get("files") or {}
-    bad = [rel for rel, want in files.items()
-           if not (ckpt / rel).is_file() or (ckpt / rel).stat().st_size != (want or {}).get("bytes")]
+    bad = [
+        rel
+        for rel, want in files.items()
+        if not (ckpt / rel).is_file() or (ckpt / rel).stat().st_size != (want or {}).get("bytes")
+    ]
     return (False, [f"missing or resized: {', '.join(bad[:3])}"]) if bad else (True, [])
 
 
@@ -345,5 +359,3 @@ def verify_checkpoint_dir(ckpt: Path, hash_files: bool = True) -> tuple[bool, li
     if missing:
         return False, [f"missing files listed in meta.json: {', '.join(missing[:5])}"]
     return True, []
-
-

@@ -107,23 +107,46 @@ def check_torch() -> list[Finding]:
     driver_version = (driver or "?").strip().splitlines()[0] if (driver or "").strip() else "?"
     if torch.version.cuda is None:
         if smi is not None:
-            findings.append(Finding("cuda_driver", "warn", "nvidia-smi sees GPUs but torch is a CPU-only build",
-                                    "install a CUDA build of torch==" + torch.__version__.split("+")[0]))
+            findings.append(
+                Finding(
+                    "cuda_driver",
+                    "warn",
+                    "nvidia-smi sees GPUs but torch is a CPU-only build",
+                    "install a CUDA build of torch==" + torch.__version__.split("+")[0],
+                )
+            )
         else:
-            findings.append(Finding("cuda_driver", "skip", "CPU-only torch and no nvidia-smi: training runs on CPU"))
+            findings.append(
+                Finding("cuda_driver", "skip", "CPU-only torch and no nvidia-smi: training runs on CPU")
+            )
     elif smi is None:
-        findings.append(Finding("cuda_driver", "fail" if not claimed else "warn",
-                                f"torch built with CUDA {torch.version.cuda} but nvidia-smi is absent or fails",
-                                "install the NVIDIA driver (or run on a GPU node)"))
+        findings.append(
+            Finding(
+                "cuda_driver",
+                "fail" if not claimed else "warn",
+                f"torch built with CUDA {torch.version.cuda} but nvidia-smi is absent or fails",
+                "install the NVIDIA driver (or run on a GPU node)",
+            )
+        )
     elif driver_cuda and _version_tuple(driver_cuda.group(1)) < _version_tuple(torch.version.cuda):
-        findings.append(Finding("cuda_driver", "fail",
-                                f"driver {driver_version} supports CUDA {driver_cuda.group(1)}, "
-                                f"torch needs CUDA {torch.version.cuda}",
-                                "upgrade the NVIDIA driver or install a torch built for an older CUDA"))
+        findings.append(
+            Finding(
+                "cuda_driver",
+                "fail",
+                f"driver {driver_version} supports CUDA {driver_cuda.group(1)}, "
+                f"torch needs CUDA {torch.version.cuda}",
+                "upgrade the NVIDIA driver or install a torch built for an older CUDA",
+            )
+        )
     else:
         supported = driver_cuda.group(1) if driver_cuda else "?"
-        findings.append(Finding("cuda_driver", "ok", f"driver {driver_version} "
-                                f"(supports CUDA {supported}) >= torch CUDA {torch.version.cuda}"))
+        findings.append(
+            Finding(
+                "cuda_driver",
+                "ok",
+                f"driver {driver_version} (supports CUDA {supported}) >= torch CUDA {torch.version.cuda}",
+            )
+        )
 
     if claimed:
         try:
@@ -131,8 +154,14 @@ def check_torch() -> list[Finding]:
             torch.cuda.synchronize()
             findings.append(Finding("cuda_tensor", "ok", f"torch.ones(1).cuda() -> {value.device}"))
         except Exception as exc:  # any CUDA failure is the finding itself
-            findings.append(Finding("cuda_tensor", "fail", f"torch.ones(1).cuda() raised {type(exc).__name__}: {exc}",
-                                    "check nvidia-smi for busy/exclusive GPUs and that the driver matches torch"))
+            findings.append(
+                Finding(
+                    "cuda_tensor",
+                    "fail",
+                    f"torch.ones(1).cuda() raised {type(exc).__name__}: {exc}",
+                    "check nvidia-smi for busy/exclusive GPUs and that the driver matches torch",
+                )
+            )
     else:
         findings.append(Finding("cuda_tensor", "skip", "CUDA not available to torch"))
     findings.append(check_devices())
@@ -147,9 +176,15 @@ def check_devices() -> Finding:
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
             names.append(f"cuda:{i} {props.name} {props.total_memory / 2**30:.0f} GiB")
-        return Finding("devices", "ok" if names else "fail", "; ".join(names) or "CUDA available but 0 devices",
-                       "" if names else "check CUDA_VISIBLE_DEVICES")
-    return Finding("devices", "ok", f"cpu: {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}")
+        return Finding(
+            "devices",
+            "ok" if names else "fail",
+            "; ".join(names) or "CUDA available but 0 devices",
+            "" if names else "check CUDA_VISIBLE_DEVICES",
+        )
+    return Finding(
+        "devices", "ok", f"cpu: {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}"
+    )
 
 
 def check_disk(path: Path) -> Finding:
@@ -200,8 +235,12 @@ def check_port() -> Finding:
     ok, evidence = _bind("", port)
     if ok:
         return Finding("port", "ok", f"rendezvous port {port} is free ({evidence})")
-    return Finding("port", "warn", f"{evidence} (another job or a stale torchrun holds it)",
-                   f"pick another port: MASTER_PORT={free_port()} (or --rdzv-endpoint host:port)")
+    return Finding(
+        "port",
+        "warn",
+        f"{evidence} (another job or a stale torchrun holds it)",
+        f"pick another port: MASTER_PORT={free_port()} (or --rdzv-endpoint host:port)",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,34 +268,57 @@ def check_rendezvous(timeout: float = 3.0) -> Finding:
     if not addr or not port_text:
         port = free_port()
         ok, evidence = _bind("127.0.0.1", port)
-        return Finding("rendezvous", "ok" if ok else "fail",
-                       f"MASTER_ADDR/MASTER_PORT unset; local bind test: {evidence}",
-                       "" if ok else "the loopback interface is unusable: check the network namespace")
+        return Finding(
+            "rendezvous",
+            "ok" if ok else "fail",
+            f"MASTER_ADDR/MASTER_PORT unset; local bind test: {evidence}",
+            "" if ok else "the loopback interface is unusable: check the network namespace",
+        )
     try:
         port = int(port_text)
     except ValueError:
-        return Finding("rendezvous", "fail", f"MASTER_PORT={port_text!r} is not an integer",
-                       "set MASTER_PORT to a port number, e.g. 29500")
+        return Finding(
+            "rendezvous",
+            "fail",
+            f"MASTER_PORT={port_text!r} is not an integer",
+            "set MASTER_PORT to a port number, e.g. 29500",
+        )
     if _is_local(addr):
         ok, evidence = _bind("", port)
-        return Finding("rendezvous", "ok" if ok else "fail", f"MASTER_ADDR={addr} is this host; {evidence}",
-                       "" if ok else f"the port is taken: set MASTER_PORT={free_port()}")
+        return Finding(
+            "rendezvous",
+            "ok" if ok else "fail",
+            f"MASTER_ADDR={addr} is this host; {evidence}",
+            "" if ok else f"the port is taken: set MASTER_PORT={free_port()}",
+        )
     try:
         ip = socket.gethostbyname(addr)
     except OSError as exc:
-        return Finding("rendezvous", "fail", f"MASTER_ADDR={addr} does not resolve ({exc})",
-                       "set MASTER_ADDR to the first node's hostname or IP as seen from this node")
+        return Finding(
+            "rendezvous",
+            "fail",
+            f"MASTER_ADDR={addr} does not resolve ({exc})",
+            "set MASTER_ADDR to the first node's hostname or IP as seen from this node",
+        )
     start = time.perf_counter()
     try:
         with socket.create_connection((ip, port), timeout=timeout):
             ms = (time.perf_counter() - start) * 1000
         return Finding("rendezvous", "ok", f"connected to {addr} ({ip}):{port} in {ms:.1f} ms")
     except ConnectionRefusedError:
-        return Finding("rendezvous", "warn", f"{addr} ({ip}) answers but nothing listens on port {port}",
-                       "normal before rank 0 starts; otherwise check MASTER_PORT matches rank 0's")
+        return Finding(
+            "rendezvous",
+            "warn",
+            f"{addr} ({ip}) answers but nothing listens on port {port}",
+            "normal before rank 0 starts; otherwise check MASTER_PORT matches rank 0's",
+        )
     except OSError as exc:
-        return Finding("rendezvous", "fail", f"no answer from {addr} ({ip}):{port} within {timeout:.0f} s ({exc})",
-                       "open the port between nodes (firewall / security group) or use the right interface")
+        return Finding(
+            "rendezvous",
+            "fail",
+            f"no answer from {addr} ({ip}):{port} within {timeout:.0f} s ({exc})",
+            "open the port between nodes (firewall / security group) or use the right interface",
+        )
 
 
 def check_backends() -> list[Finding]:
@@ -264,20 +326,37 @@ def check_backends() -> list[Finding]:
     import torch.distributed as dist
 
     if not dist.is_available():
-        return [Finding("backends", "fail", "torch.distributed is not available in this build",
-                        "install a torch build with distributed support")]
+        return [
+            Finding(
+                "backends",
+                "fail",
+                "torch.distributed is not available in this build",
+                "install a torch build with distributed support",
+            )
+        ]
     names = [n for n, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available())) if ok]
-    findings = [Finding("backends", "ok" if "gloo" in names or "nccl" in names else "fail",
-                        f"available backends: {', '.join(names) or 'none'}",
-                        "" if names else "install a torch build with gloo or NCCL")]
+    findings = [
+        Finding(
+            "backends",
+            "ok" if "gloo" in names or "nccl" in names else "fail",
+            f"available backends: {', '.join(names) or 'none'}",
+            "" if names else "install a torch build with gloo or NCCL",
+        )
+    ]
     if torch.cuda.is_available():
         try:
             version = torch.cuda.nccl.version()
             text = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
             findings.append(Finding("nccl", "ok", f"NCCL {text} with torch CUDA {torch.version.cuda}"))
         except Exception as exc:  # a broken NCCL is the finding
-            findings.append(Finding("nccl", "fail", f"torch.cuda.nccl.version() raised {exc}",
-                                    "reinstall torch (it bundles its NCCL); unset LD_LIBRARY_PATH overrides"))
+            findings.append(
+                Finding(
+                    "nccl",
+                    "fail",
+                    f"torch.cuda.nccl.version() raised {exc}",
+                    "reinstall torch (it bundles its NCCL); unset LD_LIBRARY_PATH overrides",
+                )
+            )
     else:
         findings.append(Finding("nccl", "skip", "CUDA not available: NCCL unused (gloo on CPU)"))
     return findings
@@ -294,11 +373,19 @@ def check_visible_devices() -> Finding:
         return Finding("visible_devices", "fail", str(exc), "unset LOCAL_WORLD_SIZE (torchrun sets it)")
     evidence = f"CUDA_VISIBLE_DEVICES={visible!r}, torch sees {count} CUDA device(s)"
     if visible is not None and visible.strip() in ("", "-1", "NoDevFiles"):
-        return Finding("visible_devices", "warn" if count == 0 else "ok", evidence + " (GPUs hidden on purpose?)",
-                       "unset CUDA_VISIBLE_DEVICES to use the GPUs")
+        return Finding(
+            "visible_devices",
+            "warn" if count == 0 else "ok",
+            evidence + " (GPUs hidden on purpose?)",
+            "unset CUDA_VISIBLE_DEVICES to use the GPUs",
+        )
     if local_world and count and local_world > count:
-        return Finding("visible_devices", "fail", evidence + f", LOCAL_WORLD_SIZE={local_world}",
-                       "run at most one process per visible GPU (--nproc-per-node)")
+        return Finding(
+            "visible_devices",
+            "fail",
+            evidence + f", LOCAL_WORLD_SIZE={local_world}",
+            "run at most one process per visible GPU (--nproc-per-node)",
+        )
     return Finding("visible_devices", "ok", evidence)
 
 
@@ -309,7 +396,9 @@ def check_clock() -> Finding:
         return Finding("clock", "skip", f"not checked: {reason}", "compare `date +%s.%N` across nodes")
     match = re.search(r"System time\s*:\s*([\d.]+) seconds (fast|slow)", out)
     if not match:
-        return Finding("clock", "warn", "chronyc tracking gave no 'System time' line", "check chronyd is running")
+        return Finding(
+            "clock", "warn", "chronyc tracking gave no 'System time' line", "check chronyd is running"
+        )
     offset = float(match.group(1))
     evidence = f"system clock {offset:.6f} s {match.group(2)} of NTP time"
     if offset > CLOCK_FAIL_S:
@@ -334,13 +423,25 @@ def check_shared_fs(run_dir: Path) -> Finding:
         probe.unlink()
         ms = (time.perf_counter() - start) * 1000
     except OSError as exc:
-        return Finding("shared_fs", "fail", f"probe in {run_dir} failed: {exc}",
-                       "make the run directory writable from every node (a shared filesystem)")
+        return Finding(
+            "shared_fs",
+            "fail",
+            f"probe in {run_dir} failed: {exc}",
+            "make the run directory writable from every node (a shared filesystem)",
+        )
     if back != payload:
-        return Finding("shared_fs", "fail", f"probe in {run_dir} read back different bytes",
-                       "the filesystem does not give read-after-write consistency: use another one")
-    return Finding("shared_fs", "ok", f"write+fsync+read+delete of 4 KiB in {run_dir} took {ms:.1f} ms "
-                   "(run this on every node to confirm the path is shared)")
+        return Finding(
+            "shared_fs",
+            "fail",
+            f"probe in {run_dir} read back different bytes",
+            "the filesystem does not give read-after-write consistency: use another one",
+        )
+    return Finding(
+        "shared_fs",
+        "ok",
+        f"write+fsync+read+delete of 4 KiB in {run_dir} took {ms:.1f} ms "
+        "(run this on every node to confirm the path is shared)",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,7 +451,11 @@ def _guarded(name: str, fn, *args) -> list[Finding]:
     try:
         out = fn(*args)
     except Exception as exc:  # a check that crashes is a failed check, never a crashed doctor
-        return [Finding(name, "fail", f"check raised {type(exc).__name__}: {exc}", "report this as an oreline bug")]
+        return [
+            Finding(
+                name, "fail", f"check raised {type(exc).__name__}: {exc}", "report this as an oreline bug"
+            )
+        ]
     return out if isinstance(out, list) else [out]
 
 
@@ -368,7 +473,11 @@ def check_env(distributed: bool = False, run_dir: Path | None = None) -> list[Fi
     return findings
 
 
-def doctor_env_cli(distributed: bool = False, run_dir: Path | None = None, console: Console | None = None) -> int:
+def doctor_env_cli(
+    distributed: bool = False, run_dir: Path | None = None, console: Console | None = None
+) -> int:
     findings = check_env(distributed=distributed, run_dir=run_dir)
-    print_findings(findings, console or Console(), "oreline doctor env" + (" --distributed" if distributed else ""))
+    print_findings(
+        findings, console or Console(), "oreline doctor env" + (" --distributed" if distributed else "")
+    )
     return 1 if any(f.status == "fail" for f in findings) else 0

@@ -62,7 +62,16 @@ from oreline.doctor.artifacts import (
 )
 from oreline.doctor.env import Finding, print_findings
 
-__all__ = ["CHECKS", "Finding", "NotAvailable", "RunArtifacts", "diagnose_run", "doctor_run_cli", "load_run", "run_checks"]
+__all__ = [
+    "CHECKS",
+    "Finding",
+    "NotAvailable",
+    "RunArtifacts",
+    "diagnose_run",
+    "doctor_run_cli",
+    "load_run",
+    "run_checks",
+]
 
 LR_MIN_RECORDS = 3
 LOSS_MIN_RECORDS = 8
@@ -99,8 +108,11 @@ def check_nan_loss(run: RunArtifacts) -> list[Finding]:
     if not train and not evals:
         raise NotAvailable("no train or eval records in metrics.jsonl")
     bad = [step_of(r) for r in train if "loss" in r and not is_finite(r["loss"])]
-    bad_eval = [step_of(r) for r in evals if "val_loss" in r and not is_finite(r["val_loss"])
-                and r.get("val_targets") != 0]  # an empty validation split has no loss, which is not NaN
+    bad_eval = [
+        step_of(r)
+        for r in evals
+        if "val_loss" in r and not is_finite(r["val_loss"]) and r.get("val_targets") != 0
+    ]  # an empty validation split has no loss, which is not NaN
     events = [e for e in run.records("event") if e.get("kind") == "nonfinite"]
     if not (bad or bad_eval or events):
         return []
@@ -113,20 +125,30 @@ def check_nan_loss(run: RunArtifacts) -> list[Finding]:
     if bad_eval:
         parts.append(f"validation loss non-finite at steps {_steps(bad_eval)}")
     if events:
-        parts.append(f"{len(events)} nonfinite event(s) at steps {_steps([step_of(e) for e in events])}"
-                     f" (action: {', '.join(sorted({str(e.get('action')) for e in events}))})")
+        parts.append(
+            f"{len(events)} nonfinite event(s) at steps {_steps([step_of(e) for e in events])}"
+            f" (action: {', '.join(sorted({str(e.get('action')) for e in events}))})"
+        )
     last = next((r for r in reversed(train) if "loss" in r), None)
     recovered = last is not None and is_finite(last["loss"])
     status = "warn" if recovered else "fail"
     if recovered:
         parts.append("later steps are finite again (the run recovered)")
     first_bad = min(bad + bad_eval + [step_of(e) for e in events])
-    before = [c for c in run.checkpoint_dirs() if c.name.startswith("step-") and _checkpoint_step(c) < first_bad]
+    before = [
+        c for c in run.checkpoint_dirs() if c.name.startswith("step-") and _checkpoint_step(c) < first_bad
+    ]
     where = f" ({before[-1].name})" if before else ""
-    return [Finding("nan_loss", status, "; ".join(parts),
-                    f"resume from the last checkpoint before step {first_bad}{where} with a lower train.optim.lr "
-                    "and train.optim.grad_clip=1.0; use train.precision=fp32 if bf16; "
-                    "train.stability.action=rollback recovers automatically")]
+    return [
+        Finding(
+            "nan_loss",
+            status,
+            "; ".join(parts),
+            f"resume from the last checkpoint before step {first_bad}{where} with a lower train.optim.lr "
+            "and train.optim.grad_clip=1.0; use train.precision=fp32 if bf16; "
+            "train.stability.action=rollback recovers automatically",
+        )
+    ]
 
 
 def _checkpoint_step(ckpt: Path) -> int:
@@ -141,18 +163,37 @@ def check_lr_constant(run: RunArtifacts) -> list[Finding]:
     values = [v for _, v in lrs]
     lo, hi = min(values), max(values)
     if hi == 0:
-        return [Finding("lr_constant", "fail", f"lr is 0 at every logged step ({lrs[0][0]}–{lrs[-1][0]}, {len(lrs)} records)",
-                        "set train.optim.lr > 0; check the warmup is not longer than train.steps")]
+        return [
+            Finding(
+                "lr_constant",
+                "fail",
+                f"lr is 0 at every logged step ({lrs[0][0]}–{lrs[-1][0]}, {len(lrs)} records)",
+                "set train.optim.lr > 0; check the warmup is not longer than train.steps",
+            )
+        ]
     if schedule == "constant" or hi - lo > 1e-9 * hi:
         return []
     planned = run.start_list("schedule")
-    planned_lrs = {round(float(p[1]), 12) for p in planned if isinstance(p, list | tuple) and len(p) == 2 and is_finite(p[1])}
-    hint = f"; the start record's schedule has {len(planned_lrs)} distinct values" if len(planned_lrs) > 1 else ""
-    return [Finding("lr_constant", "fail",
-                    f"lr stayed at {hi:.3g} from step {lrs[0][0]} to {lrs[-1][0]} ({len(lrs)} records) "
-                    f"though train.optim.schedule = {schedule}{hint}",
-                    "the scheduler is not applied to the optimizer: check that the loop sets each param group's lr "
-                    "every step (and that warmup/decay steps fit inside train.steps)")]
+    planned_lrs = {
+        round(float(p[1]), 12)
+        for p in planned
+        if isinstance(p, list | tuple) and len(p) == 2 and is_finite(p[1])
+    }
+    hint = (
+        f"; the start record's schedule has {len(planned_lrs)} distinct values"
+        if len(planned_lrs) > 1
+        else ""
+    )
+    return [
+        Finding(
+            "lr_constant",
+            "fail",
+            f"lr stayed at {hi:.3g} from step {lrs[0][0]} to {lrs[-1][0]} ({len(lrs)} records) "
+            f"though train.optim.schedule = {schedule}{hint}",
+            "the scheduler is not applied to the optimizer: check that the loop sets each param group's lr "
+            "every step (and that warmup/decay steps fit inside train.steps)",
+        )
+    ]
 
 
 def check_loss_not_falling(run: RunArtifacts) -> list[Finding]:
@@ -165,11 +206,16 @@ def check_loss_not_falling(run: RunArtifacts) -> list[Finding]:
         return []
     q = len(first)
     trend = "rose" if b > a else "fell only"
-    return [Finding("loss_not_falling", "fail",
-                    f"mean train loss {trend} from {a:.4g} (steps {losses[0][0]}–{losses[q - 1][0]}) to {b:.4g} "
-                    f"(steps {losses[-q][0]}–{losses[-1][0]}): {100 * (a - b) / a:+.1f}% (need ≥ {100 * LOSS_MIN_DROP:.0f}%)",
-                    "check the learning rate (lr_constant, too low or too high), that targets are the inputs shifted "
-                    "by one, and that batches are not the same data repeated")]
+    return [
+        Finding(
+            "loss_not_falling",
+            "fail",
+            f"mean train loss {trend} from {a:.4g} (steps {losses[0][0]}–{losses[q - 1][0]}) to {b:.4g} "
+            f"(steps {losses[-q][0]}–{losses[-1][0]}): {100 * (a - b) / a:+.1f}% (need ≥ {100 * LOSS_MIN_DROP:.0f}%)",
+            "check the learning rate (lr_constant, too low or too high), that targets are the inputs shifted "
+            "by one, and that batches are not the same data repeated",
+        )
+    ]
 
 
 def check_val_far_above_train(run: RunArtifacts) -> list[Finding]:
@@ -188,15 +234,28 @@ def check_val_far_above_train(run: RunArtifacts) -> list[Finding]:
     val = float(last["val_loss"])
     if not (val - train_loss > VAL_GAP_NATS and val > VAL_GAP_RATIO * train_loss):
         return []
-    evidence = (f"at step {step} val_loss {val:.4g} vs train loss {train_loss:.4g} ({source}): "
-                f"{val - train_loss:+.3g} nats, ×{val / train_loss:.2f}")
-    train_tokens = sum(int(s.get("tokens", 0)) for s in (run.manifest or {}).get("shards", []) if s.get("split") == "train")
-    seen = next((r.get("tokens_seen") for r in reversed(run.records("train")) if is_finite(r.get("tokens_seen"))), None)
+    evidence = (
+        f"at step {step} val_loss {val:.4g} vs train loss {train_loss:.4g} ({source}): "
+        f"{val - train_loss:+.3g} nats, ×{val / train_loss:.2f}"
+    )
+    train_tokens = sum(
+        int(s.get("tokens", 0)) for s in (run.manifest or {}).get("shards", []) if s.get("split") == "train"
+    )
+    seen = next(
+        (r.get("tokens_seen") for r in reversed(run.records("train")) if is_finite(r.get("tokens_seen"))),
+        None,
+    )
     if train_tokens and seen:
         evidence += f"; {seen / train_tokens:.1f} epochs over {train_tokens:,} training tokens"
-    return [Finding("val_far_above_train", "warn", evidence,
-                    "the model memorizes its training data: add data (or repeat it fewer times), stop earlier, "
-                    "or raise weight decay; check the validation split comes from the same documents' distribution")]
+    return [
+        Finding(
+            "val_far_above_train",
+            "warn",
+            evidence,
+            "the model memorizes its training data: add data (or repeat it fewer times), stop earlier, "
+            "or raise weight decay; check the validation split comes from the same documents' distribution",
+        )
+    ]
 
 
 def check_grad_spikes(run: RunArtifacts) -> list[Finding]:
@@ -206,7 +265,7 @@ def check_grad_spikes(run: RunArtifacts) -> list[Finding]:
         raise NotAvailable(f"{len(grads)} train records with grad_norm (need {GRAD_MIN_HISTORY + 1})")
     spikes = []
     for i in range(GRAD_MIN_HISTORY, len(grads)):
-        ref = statistics.median(v for _, v in grads[max(0, i - GRAD_WINDOW):i])
+        ref = statistics.median(v for _, v in grads[max(0, i - GRAD_WINDOW) : i])
         if ref > 0 and grads[i][1] > GRAD_SPIKE_FACTOR * ref:
             spikes.append((grads[i][0], grads[i][1], ref))
     if len(spikes) < GRAD_MIN_SPIKES and len(events) < GRAD_MIN_SPIKES:
@@ -214,12 +273,20 @@ def check_grad_spikes(run: RunArtifacts) -> list[Finding]:
     parts = []
     if spikes:
         shown = ", ".join(f"step {s} ({v:.3g} vs median {m:.3g})" for s, v, m in spikes[:MAX_LISTED])
-        parts.append(f"{len(spikes)} grad norms above {GRAD_SPIKE_FACTOR:g}× the median of the {GRAD_WINDOW} before: {shown}")
+        parts.append(
+            f"{len(spikes)} grad norms above {GRAD_SPIKE_FACTOR:g}× the median of the {GRAD_WINDOW} before: {shown}"
+        )
     if events:
         parts.append(f"{len(events)} grad_spike events at steps {_steps([step_of(e) for e in events])}")
-    return [Finding("grad_spikes", "warn", "; ".join(parts),
-                    "lower train.optim.lr or lengthen warmup, keep train.optim.grad_clip=1.0, consider betas=(0.9, 0.95); "
-                    "inspect the batches at those steps for repeated or garbage documents")]
+    return [
+        Finding(
+            "grad_spikes",
+            "warn",
+            "; ".join(parts),
+            "lower train.optim.lr or lengthen warmup, keep train.optim.grad_clip=1.0, consider betas=(0.9, 0.95); "
+            "inspect the batches at those steps for repeated or garbage documents",
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,8 +298,11 @@ def check_data_wait_high(run: RunArtifacts) -> list[Finding]:
     fracs = [(step_of(r), float(r["data_wait_frac"])) for r in train if is_finite(r.get("data_wait_frac"))]
     source = "data_wait_frac"
     if not fracs:
-        fracs = [(step_of(r), r["data_ms"] / r["step_ms"]) for r in train
-                 if is_finite(r.get("data_ms")) and is_finite(r.get("step_ms")) and r["step_ms"] > 0]
+        fracs = [
+            (step_of(r), r["data_ms"] / r["step_ms"])
+            for r in train
+            if is_finite(r.get("data_ms")) and is_finite(r.get("step_ms")) and r["step_ms"] > 0
+        ]
         source = "data_ms / step_ms"
     if not fracs:
         raise NotAvailable("no data_wait_frac or data_ms/step_ms in train records")
@@ -241,31 +311,46 @@ def check_data_wait_high(run: RunArtifacts) -> list[Finding]:
         return []
     status = "fail" if med > DATA_WAIT_FAIL else "warn"
     worst = max(fracs, key=lambda sv: sv[1])
-    return [Finding("data_wait_high", status,
-                    f"median {source} {100 * med:.0f}% over {len(fracs)} records (worst {100 * worst[1]:.0f}% at step "
-                    f"{worst[0]}); the model waits for batches",
-                    "keep token shards on local disk, raise loader prefetch/workers, and check nothing else "
-                    "competes for the CPU cores")]
+    return [
+        Finding(
+            "data_wait_high",
+            status,
+            f"median {source} {100 * med:.0f}% over {len(fracs)} records (worst {100 * worst[1]:.0f}% at step "
+            f"{worst[0]}); the model waits for batches",
+            "keep token shards on local disk, raise loader prefetch/workers, and check nothing else "
+            "competes for the CPU cores",
+        )
+    ]
 
 
 def check_throughput_falling(run: RunArtifacts) -> list[Finding]:
     train = run.records("train")[1:]
     tps = series(train, "tokens_per_s")
     if len(tps) < THROUGHPUT_MIN_RECORDS:
-        raise NotAvailable(f"{len(tps)} train records with tokens_per_s after the first (need {THROUGHPUT_MIN_RECORDS})")
+        raise NotAvailable(
+            f"{len(tps)} train records with tokens_per_s after the first (need {THROUGHPUT_MIN_RECORDS})"
+        )
     first, last = _quarters([v for _, v in tps])
     a, b = statistics.median(first), statistics.median(last)
     if b >= THROUGHPUT_MIN_RATIO * a:
         return []
     q = len(first)
-    evidence = (f"median tokens/s fell from {a:,.0f} (steps {tps[0][0]}–{tps[q - 1][0]}) to {b:,.0f} "
-                f"(steps {tps[-q][0]}–{tps[-1][0]}): ×{b / a:.2f}")
+    evidence = (
+        f"median tokens/s fell from {a:,.0f} (steps {tps[0][0]}–{tps[q - 1][0]}) to {b:,.0f} "
+        f"(steps {tps[-q][0]}–{tps[-1][0]}): ×{b / a:.2f}"
+    )
     rss = series(train, "rss_mb")
     if len(rss) >= 2 and rss[-1][1] > 1.2 * rss[0][1]:
         evidence += f"; RSS grew {rss[0][1]:,.0f} → {rss[-1][1]:,.0f} MB"
-    return [Finding("throughput_falling", "warn", evidence,
-                    "look for growing memory (a tensor kept across steps, e.g. loss without .item()), "
-                    "synchronous checkpoint saves, thermal throttling, or other jobs on the machine")]
+    return [
+        Finding(
+            "throughput_falling",
+            "warn",
+            evidence,
+            "look for growing memory (a tensor kept across steps, e.g. loss without .item()), "
+            "synchronous checkpoint saves, thermal throttling, or other jobs on the machine",
+        )
+    ]
 
 
 def check_global_batch_mismatch(run: RunArtifacts) -> list[Finding]:
@@ -278,8 +363,10 @@ def check_global_batch_mismatch(run: RunArtifacts) -> list[Finding]:
     if all(is_finite(d) for d in dims) and is_finite(tokens):
         product = math.prod(int(d) for d in dims)
         if product != tokens:
-            problems.append(f"start record: tokens {tokens:,} ≠ micro {dims[0]} × accum {dims[1]} × world {dims[2]} "
-                            f"× seq_len {dims[3]} = {product:,}")
+            problems.append(
+                f"start record: tokens {tokens:,} ≠ micro {dims[0]} × accum {dims[1]} × world {dims[2]} "
+                f"× seq_len {dims[3]} = {product:,}"
+            )
     configured = gb.get("configured_tokens")
     if is_finite(configured) and is_finite(tokens) and configured != tokens:
         problems.append(f"global batch {tokens:,} tokens ≠ configured {configured:,}")
@@ -287,17 +374,28 @@ def check_global_batch_mismatch(run: RunArtifacts) -> list[Finding]:
     if is_finite(cfg_tokens) and is_finite(tokens) and cfg_tokens != tokens and cfg_tokens != configured:
         problems.append(f"config train.global_batch_tokens = {cfg_tokens:,} but the run used {tokens:,}")
     if is_finite(tokens):
-        short = [(step_of(r), r["tokens_in_step"]) for r in run.records("train")
-                 if is_finite(r.get("tokens_in_step")) and r["tokens_in_step"] < tokens]
+        short = [
+            (step_of(r), r["tokens_in_step"])
+            for r in run.records("train")
+            if is_finite(r.get("tokens_in_step")) and r["tokens_in_step"] < tokens
+        ]
         if short:
             worst = min(short, key=lambda sv: sv[1])
-            problems.append(f"{len(short)} steps had fewer tokens than the global batch {tokens:,} "
-                            f"(steps {_steps([s for s, _ in short])}; fewest {worst[1]:,} at step {worst[0]})")
+            problems.append(
+                f"{len(short)} steps had fewer tokens than the global batch {tokens:,} "
+                f"(steps {_steps([s for s, _ in short])}; fewest {worst[1]:,} at step {worst[0]})"
+            )
     if not problems:
         return []
-    return [Finding("global_batch_mismatch", "fail", "; ".join(problems),
-                    "make train.micro_batch × grad_accum × world size × seq_len equal train.global_batch_tokens "
-                    "(or unset it); a short step means a rank ran out of data or dropped a micro-batch")]
+    return [
+        Finding(
+            "global_batch_mismatch",
+            "fail",
+            "; ".join(problems),
+            "make train.micro_batch × grad_accum × world size × seq_len equal train.global_batch_tokens "
+            "(or unset it); a short step means a rank ran out of data or dropped a micro-batch",
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,15 +425,25 @@ def _model_max_seq_len(run: RunArtifacts) -> tuple[int | None, str]:
 def check_seq_len_exceeds_max(run: RunArtifacts) -> list[Finding]:
     max_len, source = _model_max_seq_len(run)
     if max_len is None:
-        raise NotAvailable("model max_seq_len unknown (no start record, checkpoint meta or resolvable preset)")
-    candidates = [("config train.seq_len", run.cfg("train.seq_len")),
-                  ("start record global_batch.seq_len", run.start_dict("global_batch").get("seq_len"))]
+        raise NotAvailable(
+            "model max_seq_len unknown (no start record, checkpoint meta or resolvable preset)"
+        )
+    candidates = [
+        ("config train.seq_len", run.cfg("train.seq_len")),
+        ("start record global_batch.seq_len", run.start_dict("global_batch").get("seq_len")),
+    ]
     over = [f"{name} = {value:,}" for name, value in candidates if is_finite(value) and value > max_len]
     if not over:
         return []
-    return [Finding("seq_len_exceeds_max", "fail", f"{'; '.join(over)} > model max_seq_len {max_len:,} ({source})",
-                    f"set train.seq_len ≤ {max_len} or raise model.max_seq_len (RoPE positions beyond the "
-                    "trained range need rope_scaling)")]
+    return [
+        Finding(
+            "seq_len_exceeds_max",
+            "fail",
+            f"{'; '.join(over)} > model max_seq_len {max_len:,} ({source})",
+            f"set train.seq_len ≤ {max_len} or raise model.max_seq_len (RoPE positions beyond the "
+            "trained range need rope_scaling)",
+        )
+    ]
 
 
 def check_fingerprint_mismatch(run: RunArtifacts) -> list[Finding]:
@@ -345,8 +453,14 @@ def check_fingerprint_mismatch(run: RunArtifacts) -> list[Finding]:
     try:
         actual = tokenizer_fingerprint(tok_json)
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
-        return [Finding("fingerprint_mismatch", "fail", f"{tok_json} unreadable ({type(exc).__name__}: {exc})",
-                        "re-run oreline tokenizer train")]
+        return [
+            Finding(
+                "fingerprint_mismatch",
+                "fail",
+                f"{tok_json} unreadable ({type(exc).__name__}: {exc})",
+                "re-run oreline tokenizer train",
+            )
+        ]
     claims: list[tuple[str, str]] = []
     if run.manifest and run.manifest.get("tokenizer_fingerprint"):
         claims.append(("tokens/manifest.json", run.manifest["tokenizer_fingerprint"]))
@@ -354,28 +468,49 @@ def check_fingerprint_mismatch(run: RunArtifacts) -> list[Finding]:
     if run.start.get("tokenizer_fingerprint"):
         claims.append(("metrics.jsonl start record", run.start["tokenizer_fingerprint"]))
     metas = [(c.name, read_json(c / "meta.json")[0] or {}) for c in run.checkpoint_dirs()]
-    claims += [(f"checkpoint {name}", m["tokenizer_fingerprint"]) for name, m in metas if m.get("tokenizer_fingerprint")]
-    evals = [(p.name, read_json(p)[0]) for p in sorted((run.root / "eval").glob("*.json"))] if (run.root / "eval").is_dir() else []
-    claims += [(f"eval/{name}", e["tokenizer_fingerprint"]) for name, e in evals
-               if isinstance(e, dict) and e.get("tokenizer_fingerprint")]
+    claims += [
+        (f"checkpoint {name}", m["tokenizer_fingerprint"])
+        for name, m in metas
+        if m.get("tokenizer_fingerprint")
+    ]
+    evals = (
+        [(p.name, read_json(p)[0]) for p in sorted((run.root / "eval").glob("*.json"))]
+        if (run.root / "eval").is_dir()
+        else []
+    )
+    claims += [
+        (f"eval/{name}", e["tokenizer_fingerprint"])
+        for name, e in evals
+        if isinstance(e, dict) and e.get("tokenizer_fingerprint")
+    ]
     if not claims:
         raise NotAvailable("no manifest, shard, start record or checkpoint records a tokenizer fingerprint")
     wrong = [f"{where} has {str(fp)[:12]}" for where, fp in claims if not same_fingerprint(fp, actual)]
     start_data = run.start.get("data_fingerprint")
     manifest_data = (run.manifest or {}).get("data_fingerprint")
     if start_data and manifest_data and not same_fingerprint(start_data, manifest_data):
-        wrong.append(f"tokens/manifest.json data fingerprint {str(manifest_data)[:12]} ≠ the start record's "
-                     f"{str(start_data)[:12]} (the shards were rebuilt after training started)")
+        wrong.append(
+            f"tokens/manifest.json data fingerprint {str(manifest_data)[:12]} ≠ the start record's "
+            f"{str(start_data)[:12]} (the shards were rebuilt after training started)"
+        )
     if start_data:
-        wrong += [f"checkpoint {name} data fingerprint {str(m['data_fingerprint'])[:12]} ≠ start record's {str(start_data)[:12]}"
-                  for name, m in metas if m.get("data_fingerprint") and not same_fingerprint(m["data_fingerprint"], start_data)]
+        wrong += [
+            f"checkpoint {name} data fingerprint {str(m['data_fingerprint'])[:12]} ≠ start record's {str(start_data)[:12]}"
+            for name, m in metas
+            if m.get("data_fingerprint") and not same_fingerprint(m["data_fingerprint"], start_data)
+        ]
     if not wrong:
         return []
     shown = tok_json.relative_to(run.root) if tok_json.is_relative_to(run.root) else tok_json
-    return [Finding("fingerprint_mismatch", "fail",
-                    f"{shown} is {actual[:12]}; disagreeing: {'; '.join(wrong[:MAX_LISTED])}",
-                    "the token shards (or checkpoint) were made with another tokenizer: re-run oreline tokenize "
-                    "with this tokenizer, or point train.tokenizer at the one the shards were built with")]
+    return [
+        Finding(
+            "fingerprint_mismatch",
+            "fail",
+            f"{shown} is {actual[:12]}; disagreeing: {'; '.join(wrong[:MAX_LISTED])}",
+            "the token shards (or checkpoint) were made with another tokenizer: re-run oreline tokenize "
+            "with this tokenizer, or point train.tokenizer at the one the shards were built with",
+        )
+    ]
 
 
 def check_eos_missing(run: RunArtifacts) -> list[Finding]:
@@ -396,13 +531,25 @@ def check_eos_missing(run: RunArtifacts) -> list[Finding]:
         docs_total += n
         if missing:
             docs_bad += len(missing)
-            problems.append(f"{name}: {len(missing):,} of {n:,} documents (e.g. #{', #'.join(map(str, missing[:5]))})")
+            problems.append(
+                f"{name}: {len(missing):,} of {n:,} documents (e.g. #{', #'.join(map(str, missing[:5]))})"
+            )
     if not problems:
         return []
-    head = f"{docs_bad:,} of {docs_total:,} documents do not end with {EOS_TOKEN} (id {eos}): " if docs_bad else ""
-    return [Finding("eos_missing", "fail", head + "; ".join(problems[:MAX_LISTED]),
-                    "re-run oreline tokenize (it appends EOS to every document); without EOS the model never "
-                    "learns where a document ends and generations run on")]
+    head = (
+        f"{docs_bad:,} of {docs_total:,} documents do not end with {EOS_TOKEN} (id {eos}): "
+        if docs_bad
+        else ""
+    )
+    return [
+        Finding(
+            "eos_missing",
+            "fail",
+            head + "; ".join(problems[:MAX_LISTED]),
+            "re-run oreline tokenize (it appends EOS to every document); without EOS the model never "
+            "learns where a document ends and generations run on",
+        )
+    ]
 
 
 def check_checkpoints(run: RunArtifacts) -> list[Finding]:
@@ -423,8 +570,12 @@ def check_checkpoints(run: RunArtifacts) -> list[Finding]:
             bad.append(f"checkpoints/latest points to {target or 'nothing'}, which does not exist")
     if not bad:
         return []
-    fix = (f"resume from {good[-1]} (oreline train --resume {run.root / 'checkpoints' / good[-1]}) and delete the "
-           "broken folder" if good else "no valid full checkpoint is left: retrain from scratch (--resume none)")
+    fix = (
+        f"resume from {good[-1]} (oreline train --resume {run.root / 'checkpoints' / good[-1]}) and delete the "
+        "broken folder"
+        if good
+        else "no valid full checkpoint is left: retrain from scratch (--resume none)"
+    )
     return [Finding("checkpoint_unloadable", "fail", " | ".join(bad[:MAX_LISTED]), fix)]
 
 
@@ -432,11 +583,18 @@ def check_metrics_unreadable(run: RunArtifacts) -> list[Finding]:
     if not run.metrics_bad_lines:
         return []
     bad = run.metrics_bad_lines
-    listed = "; ".join(f"line {n}: {why[:120]}" for n, why in bad[:MAX_LISTED]) + ("; …" if len(bad) > MAX_LISTED else "")
-    return [Finding("metrics_unreadable", "warn",
-                    f"{len(bad)} line{'s' if len(bad) != 1 else ''} of metrics.jsonl skipped, not readable JSON objects ({listed})",
-                    "a crash mid-write leaves a torn last line (harmless); torn lines elsewhere mean two writers, and "
-                    "lines nested thousands deep or with 100-digit numbers were not written by oreline: look at who wrote them")]
+    listed = "; ".join(f"line {n}: {why[:120]}" for n, why in bad[:MAX_LISTED]) + (
+        "; …" if len(bad) > MAX_LISTED else ""
+    )
+    return [
+        Finding(
+            "metrics_unreadable",
+            "warn",
+            f"{len(bad)} line{'s' if len(bad) != 1 else ''} of metrics.jsonl skipped, not readable JSON objects ({listed})",
+            "a crash mid-write leaves a torn last line (harmless); torn lines elsewhere mean two writers, and "
+            "lines nested thousands deep or with 100-digit numbers were not written by oreline: look at who wrote them",
+        )
+    ]
 
 
 def check_data_errors(run: RunArtifacts) -> list[Finding]:
@@ -446,10 +604,15 @@ def check_data_errors(run: RunArtifacts) -> list[Finding]:
     if not errors:
         return []
     first = errors[0] if isinstance(errors[0], dict) else {"error": errors[0]}
-    return [Finding("data_errors", "warn",
-                    f"{len(errors)} input errors in data/stats.json (first: {first.get('file')} at offset "
-                    f"{first.get('offset')}: {first.get('error')})",
-                    "inspect the files named; a truncated download re-fetched fixes most of them")]
+    return [
+        Finding(
+            "data_errors",
+            "warn",
+            f"{len(errors)} input errors in data/stats.json (first: {first.get('file')} at offset "
+            f"{first.get('offset')}: {first.get('error')})",
+            "inspect the files named; a truncated download re-fetched fixes most of them",
+        )
+    ]
 
 
 def check_export_format(run: RunArtifacts) -> list[Finding]:
@@ -471,16 +634,23 @@ def check_export_format(run: RunArtifacts) -> list[Finding]:
         if config is None:
             problems.append(f"export/config.json: {why}")
         elif context is not None and config.get("max_position_embeddings") != context:
-            problems.append(f"export/config.json max_position_embeddings={config.get('max_position_embeddings')!r}, "
-                            f"trained context {context}")
+            problems.append(
+                f"export/config.json max_position_embeddings={config.get('max_position_embeddings')!r}, "
+                f"trained context {context}"
+            )
     for path in ggufs:
         problems += [f"export/{path.name}: {p}" for p in _gguf_format_problems(path, bos, eos, context)]
     if not problems:
         return []
-    return [Finding("export_format", "fail", "; ".join(problems[:MAX_LISTED]) + f" — the model was "
-                    f"{describe(convention(bos, eos))}",
-                    "re-export with this oreline (oreline export RUN --out DIR, --format gguf --out FILE.gguf): "
-                    "clients fed another format continue and score text differently")]
+    return [
+        Finding(
+            "export_format",
+            "fail",
+            "; ".join(problems[:MAX_LISTED]) + f" — the model was {describe(convention(bos, eos))}",
+            "re-export with this oreline (oreline export RUN --out DIR, --format gguf --out FILE.gguf): "
+            "clients fed another format continue and score text differently",
+        )
+    ]
 
 
 def _gguf_format_problems(path: Path, bos: int, eos: int, context: int | None) -> list[str]:
@@ -489,8 +659,13 @@ def _gguf_format_problems(path: Path, bos: int, eos: int, context: int | None) -
     except ImportError:
         return []  # reading GGUF needs the optional `gguf` package; the HF folder is still checked
     try:
-        fields = {k: f.contents() for k, f in GGUFReader(str(path)).fields.items()
-                  if k.startswith(("tokenizer.ggml.add_", "tokenizer.ggml.bos", "tokenizer.ggml.eos", "llama.context"))}
+        fields = {
+            k: f.contents()
+            for k, f in GGUFReader(str(path)).fields.items()
+            if k.startswith(
+                ("tokenizer.ggml.add_", "tokenizer.ggml.bos", "tokenizer.ggml.eos", "llama.context")
+            )
+        }
     except Exception as exc:  # an unreadable file is the finding
         return [f"unreadable ({type(exc).__name__}: {exc})"]
     problems = []
@@ -499,8 +674,10 @@ def _gguf_format_problems(path: Path, bos: int, eos: int, context: int | None) -
     if fields.get("tokenizer.ggml.add_eos_token"):
         problems.append("add_eos_token=True")
     if fields.get("tokenizer.ggml.bos_token_id") != bos or fields.get("tokenizer.ggml.eos_token_id") != eos:
-        problems.append(f"bos/eos ids {fields.get('tokenizer.ggml.bos_token_id')}/{fields.get('tokenizer.ggml.eos_token_id')}"
-                        f" (shards use {bos}/{eos})")
+        problems.append(
+            f"bos/eos ids {fields.get('tokenizer.ggml.bos_token_id')}/{fields.get('tokenizer.ggml.eos_token_id')}"
+            f" (shards use {bos}/{eos})"
+        )
     if context is not None and fields.get("llama.context_length") != context:
         problems.append(f"context_length={fields.get('llama.context_length')!r}, trained context {context}")
     return problems
@@ -535,8 +712,14 @@ def run_checks(run: RunArtifacts | str | Path) -> list[Finding]:
         except NotAvailable as exc:
             findings.append(Finding(check_id, "skip", f"not checked: {exc}"))
         except Exception as exc:  # one broken check must not hide the others
-            findings.append(Finding(check_id, "warn", f"check raised {type(exc).__name__}: {exc}",
-                                    "report this as an oreline bug; the other checks still ran"))
+            findings.append(
+                Finding(
+                    check_id,
+                    "warn",
+                    f"check raised {type(exc).__name__}: {exc}",
+                    "report this as an oreline bug; the other checks still ran",
+                )
+            )
     return findings
 
 
@@ -549,11 +732,15 @@ def doctor_run_cli(run_dir: Path, console: Console | None = None) -> int:
     from oreline.errors import InputError
 
     if not Path(run_dir).is_dir():
-        raise InputError(f"run directory {run_dir} not found", "pass the folder holding metrics.jsonl (runs/NAME)")
+        raise InputError(
+            f"run directory {run_dir} not found", "pass the folder holding metrics.jsonl (runs/NAME)"
+        )
     findings = run_checks(run_dir)
     console = console or Console()
     problems = [f for f in findings if f.status != "skip"]
-    print_findings(problems + [f for f in findings if f.status == "skip"], console, f"oreline doctor run {run_dir}")
+    print_findings(
+        problems + [f for f in findings if f.status == "skip"], console, f"oreline doctor run {run_dir}"
+    )
     if not problems:
         console.print("[green]no known failure signature found[/]")
     return 1 if any(f.status == "fail" for f in findings) else 0

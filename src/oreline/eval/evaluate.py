@@ -38,8 +38,14 @@ def _run_dir_of(ckpt: Path) -> Path:
     return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
 
 
-def evaluate_cli(checkpoint: Path, data: Path | None = None, prompts: Path | None = None, out: Path | None = None,
-                 batches: int | None = None, console: Any = None) -> dict[str, Any]:
+def evaluate_cli(
+    checkpoint: Path,
+    data: Path | None = None,
+    prompts: Path | None = None,
+    out: Path | None = None,
+    batches: int | None = None,
+    console: Any = None,
+) -> dict[str, Any]:
     """`oreline eval`: validation metrics and generations of one checkpoint, written as JSON."""
     from oreline.config import config_from_dict
     from oreline.model.llama import Llama, ModelArgs
@@ -59,32 +65,62 @@ def evaluate_cli(checkpoint: Path, data: Path | None = None, prompts: Path | Non
     tok_dir = Path(meta.get("tokenizer_dir") or (_run_dir_of(ckpt) / "tokenizer"))
     tokenizer = load_tokenizer(tok_dir)
     if meta.get("tokenizer_fingerprint") and meta["tokenizer_fingerprint"] != tokenizer.fingerprint:
-        raise CheckpointError(f"{ckpt} was trained with tokenizer {meta['tokenizer_fingerprint'][:12]}…, "
-                              f"{tok_dir} holds {tokenizer.fingerprint[:12]}…",
-                              "restore the tokenizer folder the run was trained with")
-    tokens_dir = Path(data) if data is not None else Path(meta.get("tokens_dir") or (_run_dir_of(ckpt) / "tokens"))
+        raise CheckpointError(
+            f"{ckpt} was trained with tokenizer {meta['tokenizer_fingerprint'][:12]}…, "
+            f"{tok_dir} holds {tokenizer.fingerprint[:12]}…",
+            "restore the tokenizer folder the run was trained with",
+        )
+    tokens_dir = (
+        Path(data) if data is not None else Path(meta.get("tokens_dir") or (_run_dir_of(ckpt) / "tokens"))
+    )
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     model = Llama(args)
     model.load_state_dict(state_dict, strict=True)
     model.to(device)
 
     n_batches = batches if batches is not None else cfg.eval.batches
-    val = TokenLoader(tokens_dir, split="val", seq_len=cfg.train.seq_len, micro_batch=cfg.train.micro_batch,
-                      seed=cfg.train.seed, tokenizer_fingerprint=tokenizer.fingerprint, doc_mask=cfg.train.doc_mask)
-    metrics = validation_loss(model, val, tokenizer.bos_id, tokenizer.eos_id, n_batches, token_byte_lengths(tokenizer))
+    val = TokenLoader(
+        tokens_dir,
+        split="val",
+        seq_len=cfg.train.seq_len,
+        micro_batch=cfg.train.micro_batch,
+        seed=cfg.train.seed,
+        tokenizer_fingerprint=tokenizer.fingerprint,
+        doc_mask=cfg.train.doc_mask,
+    )
+    metrics = validation_loss(
+        model, val, tokenizer.bos_id, tokenizer.eos_id, n_batches, token_byte_lengths(tokenizer)
+    )
     prompt_list = _read_prompts(prompts, cfg.eval.prompts)
     gens = generate_samples(model, tokenizer, prompt_list, cfg.eval.max_new_tokens, greedy=True)
-    gens += generate_samples(model, tokenizer, prompt_list, cfg.eval.max_new_tokens, greedy=False,
-                             temperature=cfg.eval.temperature, top_k=cfg.eval.top_k, seed=cfg.train.seed)
+    gens += generate_samples(
+        model,
+        tokenizer,
+        prompt_list,
+        cfg.eval.max_new_tokens,
+        greedy=False,
+        temperature=cfg.eval.temperature,
+        top_k=cfg.eval.top_k,
+        seed=cfg.train.seed,
+    )
     step = int(meta.get("step", 0))
     result = {
-        "checkpoint": str(ckpt), "step": step, "tokens_seen": meta.get("tokens_seen"),
-        "tokens_dir": str(tokens_dir), "tokenizer_fingerprint": tokenizer.fingerprint,
+        "checkpoint": str(ckpt),
+        "step": step,
+        "tokens_seen": meta.get("tokens_seen"),
+        "tokens_dir": str(tokens_dir),
+        "tokenizer_fingerprint": tokenizer.fingerprint,
         "data_fingerprint": getattr(val, "data_fingerprint", None),
-        "val_loss": metrics["loss"], "val_ppl": metrics["ppl"], "val_bpb": metrics["bpb"],
-        "val_loss_token": metrics["loss_token"], "val_loss_eos": metrics["loss_eos"],
-        "val_loss_bos": metrics["loss_bos"], "val_targets": metrics["targets"], "val_bytes": metrics["bytes"],
-        "val_batches": metrics["batches"], "generations": gens,
+        "val_loss": metrics["loss"],
+        "val_ppl": metrics["ppl"],
+        "val_bpb": metrics["bpb"],
+        "val_loss_token": metrics["loss_token"],
+        "val_loss_eos": metrics["loss_eos"],
+        "val_loss_bos": metrics["loss_bos"],
+        "val_targets": metrics["targets"],
+        "val_bytes": metrics["bytes"],
+        "val_batches": metrics["batches"],
+        "generations": gens,
         "training_format": convention(tokenizer.bos_id, tokenizer.eos_id),
     }
     out_path = Path(out) if out is not None else _run_dir_of(ckpt) / "eval" / f"eval-step-{step}.json"
@@ -104,14 +140,19 @@ def _print_result(r: dict[str, Any], path: Path, console: Any) -> None:
     def f(v: Any, spec: str) -> str:
         return "—" if v is None else format(v, spec)
 
-    console.print(f"[bold]eval[/] {escape(r['checkpoint'])} (step {r['step']}): val loss {f(r['val_loss'], '.4f')} | "
-                  f"ppl {f(r['val_ppl'], ',.2f')} | bpb {f(r['val_bpb'], '.4f')} | token {f(r['val_loss_token'], '.3f')} "
-                  f"eos {f(r['val_loss_eos'], '.3f')} after-BOS {f(r['val_loss_bos'], '.3f')} "
-                  f"over {r['val_targets']:,} targets in {r['val_batches']} batches", highlight=False)
+    console.print(
+        f"[bold]eval[/] {escape(r['checkpoint'])} (step {r['step']}): val loss {f(r['val_loss'], '.4f')} | "
+        f"ppl {f(r['val_ppl'], ',.2f')} | bpb {f(r['val_bpb'], '.4f')} | token {f(r['val_loss_token'], '.3f')} "
+        f"eos {f(r['val_loss_eos'], '.3f')} after-BOS {f(r['val_loss_bos'], '.3f')} "
+        f"over {r['val_targets']:,} targets in {r['val_batches']} batches",
+        highlight=False,
+    )
     if r.get("training_format"):
         console.print(f"  format: {escape(describe(r['training_format']))}", highlight=False)
     for g in r["generations"]:
-        console.print(f"  [dim]{g['mode']}[/] {escape(repr(g['prompt']))} → {escape(repr(g['text']))}", highlight=False)
+        console.print(
+            f"  [dim]{g['mode']}[/] {escape(repr(g['prompt']))} → {escape(repr(g['text']))}", highlight=False
+        )
     console.print(f"written to {escape(str(path))}")
 
 

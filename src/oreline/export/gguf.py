@@ -60,16 +60,21 @@ LAYER_NAMES = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
-TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
+TOP_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 
 
 def _gguf():
     try:
         import gguf
     except ImportError as exc:
-        raise ConfigError("GGUF export needs the `gguf` package (llama.cpp's writer)",
-                          "pip install 'oreline[gguf]' (gguf>=0.19)") from exc
+        raise ConfigError(
+            "GGUF export needs the `gguf` package (llama.cpp's writer)",
+            "pip install 'oreline[gguf]' (gguf>=0.19)",
+        ) from exc
     return gguf
 
 
@@ -108,17 +113,27 @@ def gguf_tokenizer(tokenizer_dir: Path, n_vocab: int) -> dict[str, Any]:
     path = Path(tokenizer_dir) / "tokenizer.json"
     obj = json.loads(path.read_text(encoding="utf-8"))
     model, pre = obj.get("model") or {}, obj.get("pre_tokenizer") or {}
-    if model.get("type") != "BPE" or pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") \
-            or not pre.get("use_regex", True) or obj.get("normalizer") or model.get("continuing_subword_prefix"):
-        raise ConfigError(f"{path} is not a plain byte-level BPE (pre-tokenizer {pre.get('type')}, model "
-                          f"{model.get('type')}); llama.cpp would not tokenize it as oreline does",
-                          "train the tokenizer with tokenizer.pre_tokenizer = 'byte_level' for a GGUF export, "
-                          "or use the Hugging Face export")
+    if (
+        model.get("type") != "BPE"
+        or pre.get("type") != "ByteLevel"
+        or pre.get("add_prefix_space")
+        or not pre.get("use_regex", True)
+        or obj.get("normalizer")
+        or model.get("continuing_subword_prefix")
+    ):
+        raise ConfigError(
+            f"{path} is not a plain byte-level BPE (pre-tokenizer {pre.get('type')}, model "
+            f"{model.get('type')}); llama.cpp would not tokenize it as oreline does",
+            "train the tokenizer with tokenizer.pre_tokenizer = 'byte_level' for a GGUF export, "
+            "or use the Hugging Face export",
+        )
     vocab: dict[str, int] = model["vocab"]
     by_id = sorted(vocab.items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))) or len(by_id) > n_vocab:
-        raise DataIntegrityError(f"{path}: vocabulary ids are not 0..{len(by_id) - 1} within {n_vocab} embedding rows",
-                                 "retrain the tokenizer with `oreline tokenizer train`")
+        raise DataIntegrityError(
+            f"{path}: vocabulary ids are not 0..{len(by_id) - 1} within {n_vocab} embedding rows",
+            "retrain the tokenizer with `oreline tokenizer train`",
+        )
     specials = {t["content"] for t in obj.get("added_tokens", []) if t.get("special")}
     tokens = [tok for tok, _ in by_id] + [f"[PAD{i}]" for i in range(len(by_id), n_vocab)]
     types = [gguf.TokenType.CONTROL if tok in specials else gguf.TokenType.NORMAL for tok, _ in by_id]
@@ -127,36 +142,57 @@ def gguf_tokenizer(tokenizer_dir: Path, n_vocab: int) -> dict[str, Any]:
     return {"tokens": tokens, "types": types, "merges": merges}
 
 
-def export_state_dict_gguf(state_dict: dict[str, torch.Tensor], args: ModelArgs, tokenizer_dir: Path | None,
-                           out_file: Path, dtype: str = "float32", context_len: int | None = None,
-                           name: str = "oreline", provenance: dict | None = None) -> dict[str, Any]:
+def export_state_dict_gguf(
+    state_dict: dict[str, torch.Tensor],
+    args: ModelArgs,
+    tokenizer_dir: Path | None,
+    out_file: Path,
+    dtype: str = "float32",
+    context_len: int | None = None,
+    name: str = "oreline",
+    provenance: dict | None = None,
+) -> dict[str, Any]:
     """Write one GGUF file (atomically: a temporary sibling renamed into place). Returns a summary."""
     gguf = _gguf()
     if dtype not in GGUF_TYPES:
         raise ConfigError(f"unknown GGUF type {dtype!r}", f"use one of {', '.join(GGUF_TYPES)}")
     out_file = Path(out_file)
     if out_file.suffix != ".gguf":
-        raise InputError(f"--out {out_file} does not end in .gguf", "name the output file, e.g. --out model.gguf")
+        raise InputError(
+            f"--out {out_file} does not end in .gguf", "name the output file, e.g. --out model.gguf"
+        )
     if out_file.is_dir():
         raise InputError(f"{out_file} is a folder", "name a file for the GGUF export")
     if tokenizer_dir is None or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
-        raise InputError(f"no tokenizer.json for the GGUF export (tokenizer folder {tokenizer_dir})",
-                         "restore the run's tokenizer folder: llama.cpp needs the vocabulary inside the GGUF")
+        raise InputError(
+            f"no tokenizer.json for the GGUF export (tokenizer folder {tokenizer_dir})",
+            "restore the run's tokenizer folder: llama.cpp needs the vocabulary inside the GGUF",
+        )
     sd = dict(state_dict)
     if args.tie_embeddings:
         sd.pop("lm_head.weight", None)
     check_shapes(state_dict, args, source="GGUF export")
     for key, t in sd.items():
         if not torch.isfinite(t).all():
-            raise DataIntegrityError(f"GGUF export: tensor {key} holds NaN or inf values",
-                                     "export an earlier checkpoint (oreline checkpoint ls RUN_DIR)")
+            raise DataIntegrityError(
+                f"GGUF export: tensor {key} holds NaN or inf values",
+                "export an earlier checkpoint (oreline checkpoint ls RUN_DIR)",
+            )
     context = trained_context(args, context_len)
     special = tokenizer_special_ids(tokenizer_dir)
     vocab = gguf_tokenizer(Path(tokenizer_dir), args.vocab_size)
-    qtype = {"float32": gguf.GGMLQuantizationType.F32, "float16": gguf.GGMLQuantizationType.F16,
-             "bfloat16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[dtype]
-    ftype = {"float32": gguf.LlamaFileType.ALL_F32, "float16": gguf.LlamaFileType.MOSTLY_F16,
-             "bfloat16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
+    qtype = {
+        "float32": gguf.GGMLQuantizationType.F32,
+        "float16": gguf.GGMLQuantizationType.F16,
+        "bfloat16": gguf.GGMLQuantizationType.BF16,
+        "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    }[dtype]
+    ftype = {
+        "float32": gguf.LlamaFileType.ALL_F32,
+        "float16": gguf.LlamaFileType.MOSTLY_F16,
+        "bfloat16": gguf.LlamaFileType.MOSTLY_BF16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }[dtype]
 
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_name(f".tmp-{out_file.name}-{os.getpid()}")
@@ -216,8 +252,15 @@ def export_state_dict_gguf(state_dict: dict[str, torch.Tensor], args: ModelArgs,
     finally:
         writer.close()
     os.replace(tmp, out_file)
-    return {"out_file": str(out_file), "bytes": out_file.stat().st_size, "tensors": written, "context_len": context,
-            "dtype": dtype, "pre_tokenizer": PRE_TOKENIZER, "vocab": len(vocab["tokens"])}
+    return {
+        "out_file": str(out_file),
+        "bytes": out_file.stat().st_size,
+        "tensors": written,
+        "context_len": context,
+        "dtype": dtype,
+        "pre_tokenizer": PRE_TOKENIZER,
+        "vocab": len(vocab["tokens"]),
+    }
 
 
 def export_gguf(checkpoint: Path, out_file: Path, dtype: str = "float32", console=None) -> dict[str, Any]:
@@ -229,16 +272,28 @@ def export_gguf(checkpoint: Path, out_file: Path, dtype: str = "float32", consol
     checkpoint = resolve_checkpoint(Path(checkpoint))
     state_dict, args, meta = load_model_state(checkpoint)
     tokenizer_dir = _resolve_tokenizer_dir(meta.get("tokenizer_dir"), checkpoint)
-    provenance = {"source_checkpoint": str(checkpoint), "step": meta.get("step"),
-                  "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  **{k: meta[k] for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint") if k in meta}}
-    summary = export_state_dict_gguf(state_dict, args, tokenizer_dir, out_file, dtype, checkpoint_context(meta),
-                                     provenance=provenance)
+    provenance = {
+        "source_checkpoint": str(checkpoint),
+        "step": meta.get("step"),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **{
+            k: meta[k]
+            for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint")
+            if k in meta
+        },
+    }
+    summary = export_state_dict_gguf(
+        state_dict, args, tokenizer_dir, out_file, dtype, checkpoint_context(meta), provenance=provenance
+    )
     if console is not None:
-        console.print(f"exported {checkpoint} (step {meta.get('step')}) → {out_file}: {len(summary['tensors'])} tensors "
-                      f"({dtype}), {summary['bytes'] / 2**20:.1f} MiB, context {summary['context_len']}, "
-                      f"pre-tokenizer {PRE_TOKENIZER}, adds {BOS_TOKEN} (not {EOS_TOKEN})")
-        console.print(f"load it with llama_cpp.Llama(model_path={str(out_file)!r}) or llama-cli -m {out_file}")
+        console.print(
+            f"exported {checkpoint} (step {meta.get('step')}) → {out_file}: {len(summary['tensors'])} tensors "
+            f"({dtype}), {summary['bytes'] / 2**20:.1f} MiB, context {summary['context_len']}, "
+            f"pre-tokenizer {PRE_TOKENIZER}, adds {BOS_TOKEN} (not {EOS_TOKEN})"
+        )
+        console.print(
+            f"load it with llama_cpp.Llama(model_path={str(out_file)!r}) or llama-cli -m {out_file}"
+        )
     return summary
 
 

@@ -70,7 +70,9 @@ def hf_config(args: ModelArgs, special_ids: dict[str, int], dtype: str = "float3
     rope_scaling = None
     if args.rope_scaling:
         rope_scaling = {"rope_type": "llama3", **{k: float(v) for k, v in args.rope_scaling.items()}}
-        rope_scaling["original_max_position_embeddings"] = int(args.rope_scaling["original_max_position_embeddings"])
+        rope_scaling["original_max_position_embeddings"] = int(
+            args.rope_scaling["original_max_position_embeddings"]
+        )
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -120,8 +122,10 @@ def trained_context(args: ModelArgs, context_len: int | None) -> int:
     if context_len is None:
         return args.max_seq_len
     if not 0 < context_len <= args.max_seq_len:
-        raise ConfigError(f"context length {context_len} is outside 1..max_seq_len={args.max_seq_len}",
-                          "pass the train.seq_len the model was trained with")
+        raise ConfigError(
+            f"context length {context_len} is outside 1..max_seq_len={args.max_seq_len}",
+            "pass the train.seq_len the model was trained with",
+        )
     return int(context_len)
 
 
@@ -131,17 +135,29 @@ def checkpoint_context(meta: dict) -> int | None:
     return int(seq_len) if isinstance(seq_len, int) and seq_len > 0 else None
 
 
-def write_inference_tokenizer(tokenizer_dir: Path, out: Path, special: dict[str, int], context: int) -> list[str]:
+def write_inference_tokenizer(
+    tokenizer_dir: Path, out: Path, special: dict[str, int], context: int
+) -> list[str]:
     """The training tokenizer, made to encode as the model was trained (oreline.tokens.format): BOS
     prepended by a post-processor, EOS not appended, the trained context, left padding."""
     text = (tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8")
     (out / "tokenizer.json").write_text(inference_tokenizer_json(text, special["bos"]), encoding="utf-8")
     cfg_path = tokenizer_dir / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
-        "clean_up_tokenization_spaces": False}
+    cfg = (
+        json.loads(cfg_path.read_text(encoding="utf-8"))
+        if cfg_path.is_file()
+        else {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "pad_token": "<pad>",
+            "clean_up_tokenization_spaces": False,
+        }
+    )
     cfg = inference_tokenizer_config(cfg, context)
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8"
+    )
     written = ["tokenizer.json", "tokenizer_config.json"]
     if (tokenizer_dir / "special_tokens_map.json").is_file():
         shutil.copy2(tokenizer_dir / "special_tokens_map.json", out / "special_tokens_map.json")
@@ -210,9 +226,16 @@ def _file_hashes(folder: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, tokenizer_dir: Path | None,
-                         out_dir: Path, max_shard_bytes: int = 2_000_000_000, dtype: str = "float32",
-                         provenance: dict | None = None, context_len: int | None = None) -> dict[str, Any]:
+def export_state_dict_hf(
+    state_dict: dict[str, torch.Tensor],
+    args: ModelArgs,
+    tokenizer_dir: Path | None,
+    out_dir: Path,
+    max_shard_bytes: int = 2_000_000_000,
+    dtype: str = "float32",
+    provenance: dict | None = None,
+    context_len: int | None = None,
+) -> dict[str, Any]:
     """Write an HF Llama folder from an oreline state dict. Returns a summary (files, bytes, shards).
 
     `context_len`: the sequence length the model was trained on (max_position_embeddings and the
@@ -229,8 +252,10 @@ def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, t
     check_shapes(state_dict, args, source="export")
     for name, t in sd.items():  # a diverged checkpoint must not become a published model
         if not torch.isfinite(t).all():
-            raise DataIntegrityError(f"export: tensor {name} holds NaN or inf values",
-                                     "export an earlier checkpoint (oreline checkpoint ls RUN_DIR)")
+            raise DataIntegrityError(
+                f"export: tensor {name} holds NaN or inf values",
+                "export an earlier checkpoint (oreline checkpoint ls RUN_DIR)",
+            )
     rename = hf_rename(args)
     # contiguous, unshared copies: safetensors refuses tensors that share storage
     tensors = {rename[k]: sd[k].detach().to("cpu", DTYPES[dtype], copy=True).contiguous() for k in rename}
@@ -253,8 +278,7 @@ def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, t
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
     config = hf_config(args, special, dtype) | {"max_position_embeddings": context}
     (tmp / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    gen = {"bos_token_id": special["bos"], "eos_token_id": special["eos"],
-           "pad_token_id": special["pad"]}
+    gen = {"bos_token_id": special["bos"], "eos_token_id": special["eos"], "pad_token_id": special["pad"]}
     (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2), encoding="utf-8")
 
     copied = []
@@ -262,18 +286,35 @@ def export_state_dict_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, t
         tokenizer_dir = Path(tokenizer_dir)
         if not (tokenizer_dir / "tokenizer.json").is_file():
             shutil.rmtree(tmp)
-            raise InputError(f"tokenizer folder {tokenizer_dir} has no tokenizer.json",
-                             "pass the folder written by `oreline tokenizer train`")
+            raise InputError(
+                f"tokenizer folder {tokenizer_dir} has no tokenizer.json",
+                "pass the folder written by `oreline tokenizer train`",
+            )
         copied = write_inference_tokenizer(tokenizer_dir, tmp, special, context)
     files = _file_hashes(tmp)
-    record = {"format": "hf-llama", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "model_args": args.to_dict(), "dtype": dtype, "tokenizer_dir": str(tokenizer_dir) if tokenizer_dir else None,
-              "special_token_ids": special, "context_len": context,
-              "training_format": convention(special["bos"], special["eos"]), "files": files, **(provenance or {})}
+    record = {
+        "format": "hf-llama",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model_args": args.to_dict(),
+        "dtype": dtype,
+        "tokenizer_dir": str(tokenizer_dir) if tokenizer_dir else None,
+        "special_token_ids": special,
+        "context_len": context,
+        "training_format": convention(special["bos"], special["eos"]),
+        "files": files,
+        **(provenance or {}),
+    }
     (tmp / "oreline_export.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     _publish(tmp, out_dir, "export-hf", "oreline export")
-    return {"out_dir": str(out_dir), "shards": len(shards), "weight_bytes": total, "tensors": len(tensors),
-            "tokenizer_files": copied, "files": sorted(files), "context_len": context}
+    return {
+        "out_dir": str(out_dir),
+        "shards": len(shards),
+        "weight_bytes": total,
+        "tensors": len(tensors),
+        "tokenizer_files": copied,
+        "files": sorted(files),
+        "context_len": context,
+    }
 
 
 def _resolve_tokenizer_dir(value: str | None, checkpoint: Path) -> Path | None:
@@ -286,8 +327,9 @@ def _resolve_tokenizer_dir(value: str | None, checkpoint: Path) -> Path | None:
     return None
 
 
-def export_hf(checkpoint: Path, out_dir: Path, console=None, max_shard_bytes: int | None = None,
-              dtype: str = "float32") -> dict[str, Any]:
+def export_hf(
+    checkpoint: Path, out_dir: Path, console=None, max_shard_bytes: int | None = None, dtype: str = "float32"
+) -> dict[str, Any]:
     """`oreline export CHECKPOINT --out DIR`: a checkpoint (full, model-only, or a run's latest) → HF folder."""
     from oreline.train.checkpoint import load_model_state
     from oreline.train.checkpoint_files import resolve_checkpoint
@@ -296,20 +338,43 @@ def export_hf(checkpoint: Path, out_dir: Path, console=None, max_shard_bytes: in
     state_dict, args, meta = load_model_state(checkpoint)
     tokenizer_dir = _resolve_tokenizer_dir(meta.get("tokenizer_dir"), checkpoint)
     if max_shard_bytes is None:
-        max_shard_bytes = int(((meta.get("config") or {}).get("export") or {}).get("max_shard_bytes", 2_000_000_000))
-    provenance = {"source_checkpoint": str(checkpoint), "step": meta.get("step"),
-                  **{k: meta[k] for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint") if k in meta}}
-    summary = export_state_dict_hf(state_dict, args, tokenizer_dir, out_dir, max_shard_bytes, dtype, provenance,
-                                   context_len=checkpoint_context(meta))
+        max_shard_bytes = int(
+            ((meta.get("config") or {}).get("export") or {}).get("max_shard_bytes", 2_000_000_000)
+        )
+    provenance = {
+        "source_checkpoint": str(checkpoint),
+        "step": meta.get("step"),
+        **{
+            k: meta[k]
+            for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint")
+            if k in meta
+        },
+    }
+    summary = export_state_dict_hf(
+        state_dict,
+        args,
+        tokenizer_dir,
+        out_dir,
+        max_shard_bytes,
+        dtype,
+        provenance,
+        context_len=checkpoint_context(meta),
+    )
     if console is not None:
-        console.print(f"exported {checkpoint} (step {meta.get('step')}) → {out_dir}: {summary['tensors']} tensors, "
-                      f"{summary['weight_bytes'] / 2**20:.1f} MiB in {summary['shards']} shard(s)")
+        console.print(
+            f"exported {checkpoint} (step {meta.get('step')}) → {out_dir}: {summary['tensors']} tensors, "
+            f"{summary['weight_bytes'] / 2**20:.1f} MiB in {summary['shards']} shard(s)"
+        )
         if tokenizer_dir is None:
-            console.print(f"[yellow]no tokenizer found (meta tokenizer_dir={meta.get('tokenizer_dir')!r}): "
-                          "the export holds weights and config only; copy tokenizer.json next to them[/]")
+            console.print(
+                f"[yellow]no tokenizer found (meta tokenizer_dir={meta.get('tokenizer_dir')!r}): "
+                "the export holds weights and config only; copy tokenizer.json next to them[/]"
+            )
         else:
-            console.print(f"tokenizer: {', '.join(summary['tokenizer_files'])} from {tokenizer_dir}; it encodes "
-                          f"<s> text (no </s>) as training did, context {summary['context_len']}")
+            console.print(
+                f"tokenizer: {', '.join(summary['tokenizer_files'])} from {tokenizer_dir}; it encodes "
+                f"<s> text (no </s>) as training did, context {summary['context_len']}"
+            )
         console.print(f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(out_dir)!r})")
     return summary
 
@@ -322,14 +387,24 @@ def args_from_hf_config(cfg: dict[str, Any]) -> ModelArgs:
     """ModelArgs from a LlamaForCausalLM config.json; refuses what this Llama cannot represent."""
     hint = "only Llama-architecture checkpoints (LlamaForCausalLM) without biases can be imported"
     if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in (cfg.get("architectures") or []):
-        raise ConfigError(f"config.json describes {cfg.get('model_type') or cfg.get('architectures')}, not a Llama", hint)
-    for key, ok in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu"), ("pretraining_tp", 1)):
+        raise ConfigError(
+            f"config.json describes {cfg.get('model_type') or cfg.get('architectures')}, not a Llama", hint
+        )
+    for key, ok in (
+        ("attention_bias", False),
+        ("mlp_bias", False),
+        ("hidden_act", "silu"),
+        ("pretraining_tp", 1),
+    ):
         if cfg.get(key, ok) != ok:
-            raise ConfigError(f"config.json has {key}={cfg[key]!r}; oreline's Llama supports {key}={ok!r} only", hint)
+            raise ConfigError(
+                f"config.json has {key}={cfg[key]!r}; oreline's Llama supports {key}={ok!r} only", hint
+            )
     n_heads = cfg["num_attention_heads"]
     if cfg.get("head_dim") not in (None, cfg["hidden_size"] // n_heads):
-        raise ConfigError(f"config.json head_dim={cfg['head_dim']} differs from hidden_size / num_attention_heads",
-                          hint)
+        raise ConfigError(
+            f"config.json head_dim={cfg['head_dim']} differs from hidden_size / num_attention_heads", hint
+        )
     rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10_000.0)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -338,12 +413,20 @@ def args_from_hf_config(cfg: dict[str, Any]) -> ModelArgs:
         scaling = {k: float(rope[k]) for k in ("factor", "low_freq_factor", "high_freq_factor")}
         scaling["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
     elif rope_type != "default":
-        raise ConfigError(f"config.json uses RoPE type {rope_type!r}", "oreline supports default and llama3 RoPE only")
+        raise ConfigError(
+            f"config.json uses RoPE type {rope_type!r}", "oreline supports default and llama3 RoPE only"
+        )
     return ModelArgs(
-        dim=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"], n_heads=n_heads,
-        n_kv_heads=cfg.get("num_key_value_heads") or n_heads, vocab_size=cfg["vocab_size"],
-        ffn_dim=cfg["intermediate_size"], norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-        rope_scaling=scaling, max_seq_len=cfg.get("max_position_embeddings", 2048),
+        dim=cfg["hidden_size"],
+        n_layers=cfg["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+        vocab_size=cfg["vocab_size"],
+        ffn_dim=cfg["intermediate_size"],
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_seq_len=cfg.get("max_position_embeddings", 2048),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         init_std=float(cfg.get("initializer_range", 0.02)),
     )
@@ -366,15 +449,21 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     elif (hf_dir / "model.safetensors").is_file():
         files = ["model.safetensors"]
     elif any(hf_dir.glob("*.bin")):
-        raise InputError(f"{hf_dir} holds pickled *.bin weights only; oreline never unpickles",
-                         "convert them first: AutoModelForCausalLM.from_pretrained(d).save_pretrained(d2)")
+        raise InputError(
+            f"{hf_dir} holds pickled *.bin weights only; oreline never unpickles",
+            "convert them first: AutoModelForCausalLM.from_pretrained(d).save_pretrained(d2)",
+        )
     else:
-        raise InputError(f"{hf_dir} has no model.safetensors or model.safetensors.index.json",
-                         "pass a folder written by save_pretrained or oreline export")
+        raise InputError(
+            f"{hf_dir} has no model.safetensors or model.safetensors.index.json",
+            "pass a folder written by save_pretrained or oreline export",
+        )
     sd: dict[str, torch.Tensor] = {}
     for name in files:
         if not (hf_dir / name).is_file():
-            raise InputError(f"shard {name} named by the index is missing from {hf_dir}", "re-download or re-export it")
+            raise InputError(
+                f"shard {name} named by the index is missing from {hf_dir}", "re-download or re-export it"
+            )
         sd.update(load_file(str(hf_dir / name)))
     return sd
 
@@ -399,8 +488,11 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
         sd.pop("lm_head.weight", None)
 
     tmp = _temp_sibling(out)
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"),
-              metadata={"format": "pt", "step": "0"})
+    save_file(
+        {k: v.contiguous() for k, v in sd.items()},
+        str(tmp / "model.safetensors"),
+        metadata={"format": "pt", "step": "0"},
+    )
     tokenizer_dir = None
     if (hf_dir / "tokenizer.json").is_file():
         (tmp / "tokenizer").mkdir()
@@ -412,15 +504,25 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
         text = (hf_dir / "tokenizer.json").read_text(encoding="utf-8")
         (tmp / "tokenizer" / "tokenizer.json").write_text(training_tokenizer_json(text), encoding="utf-8")
         tokenizer_dir = str((out / "tokenizer").resolve())
-    meta = {"format_version": FORMAT_VERSION, "kind": "model_only", "step": 0, "model_args": args.to_dict(),
-            "tokenizer_dir": tokenizer_dir, "source": "import-hf", "hf_dir": str(hf_dir.resolve()),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch_version": torch.__version__}
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "kind": "model_only",
+        "step": 0,
+        "model_args": args.to_dict(),
+        "tokenizer_dir": tokenizer_dir,
+        "source": "import-hf",
+        "hf_dir": str(hf_dir.resolve()),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "torch_version": torch.__version__,
+    }
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     write_checksums(tmp)
     _publish(tmp, out, "import-hf", "oreline import-hf")
     if console is not None:
         n = sum(v.numel() for v in sd.values())
-        console.print(f"imported {hf_dir} → {out}: {len(sd)} tensors, {n:,} parameters, "
-                      f"dim {args.dim} × {args.n_layers} layers, vocab {args.vocab_size}, tied={args.tie_embeddings}"
-                      + ("" if tokenizer_dir else " (no tokenizer.json found: weights only)"))
+        console.print(
+            f"imported {hf_dir} → {out}: {len(sd)} tensors, {n:,} parameters, "
+            f"dim {args.dim} × {args.n_layers} layers, vocab {args.vocab_size}, tied={args.tie_embeddings}"
+            + ("" if tokenizer_dir else " (no tokenizer.json found: weights only)")
+        )
     return sd

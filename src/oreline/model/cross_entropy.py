@@ -56,8 +56,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         if ctx.used:
-            raise RuntimeError("linear_cross_entropy's backward reuses its buffer in place and can run once per forward; "
-                               "call the forward again instead of backward(retain_graph=True) twice")
+            raise RuntimeError(
+                "linear_cross_entropy's backward reuses its buffer in place and can run once per forward; "
+                "call the forward again instead of backward(retain_graph=True) twice"
+            )
         ctx.used = True
         h, weight, p, safe, valid = ctx.saved_tensors
         g = (g.float() * valid).contiguous()

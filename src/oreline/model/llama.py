@@ -68,16 +68,26 @@ class ModelArgs:
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name} must be positive (got {getattr(self, name)})", hint)
         if self.dim % self.n_heads:
-            raise ConfigError(f"model.dim ({self.dim}) is not divisible by model.n_heads ({self.n_heads})", hint)
+            raise ConfigError(
+                f"model.dim ({self.dim}) is not divisible by model.n_heads ({self.n_heads})", hint
+            )
         if self.n_heads % self.n_kv_heads:
-            raise ConfigError(f"model.n_heads ({self.n_heads}) is not a multiple of model.n_kv_heads ({self.n_kv_heads})", hint)
+            raise ConfigError(
+                f"model.n_heads ({self.n_heads}) is not a multiple of model.n_kv_heads ({self.n_kv_heads})",
+                hint,
+            )
         if self.head_dim % 2:
-            raise ConfigError(f"head_dim = dim / n_heads = {self.head_dim} is odd; RoPE needs an even head_dim", hint)
+            raise ConfigError(
+                f"head_dim = dim / n_heads = {self.head_dim} is odd; RoPE needs an even head_dim", hint
+            )
         if self.rope_scaling is not None:
             need = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
             missing = need - set(self.rope_scaling)
             if missing:
-                raise ConfigError(f"model.rope_scaling lacks {sorted(missing)}", f"give all of {sorted(need)} or set it to none")
+                raise ConfigError(
+                    f"model.rope_scaling lacks {sorted(missing)}",
+                    f"give all of {sorted(need)} or set it to none",
+                )
 
     @property
     def head_dim(self) -> int:
@@ -91,7 +101,9 @@ class ModelArgs:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ConfigError(f"model args have unknown keys {sorted(unknown)}", f"valid keys are {sorted(known)}")
+            raise ConfigError(
+                f"model args have unknown keys {sorted(unknown)}", f"valid keys are {sorted(known)}"
+            )
         d = dict(d)
         if d.get("rope_scaling") is not None:
             d["rope_scaling"] = dict(d["rope_scaling"])
@@ -118,7 +130,9 @@ class _RMSNormFn(torch.autograd.Function):
         r = torch.rsqrt(torch.linalg.vecdot(xf, xf).unsqueeze(-1).div_(x.shape[-1]).add_(eps))  # (…, 1)
         ctx.save_for_backward(xf, r, weight)
         ctx.in_dtype = x.dtype
-        return (xf * r).to(x.dtype).mul_(weight) if x.dtype == torch.float32 else weight * (xf * r).to(x.dtype)
+        return (
+            (xf * r).to(x.dtype).mul_(weight) if x.dtype == torch.float32 else weight * (xf * r).to(x.dtype)
+        )
 
     @staticmethod
     def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
@@ -170,10 +184,14 @@ def apply_rope_scaling(inv_freq: torch.Tensor, scaling: Mapping) -> torch.Tensor
     return torch.where(is_medium, smoothed, scaled)
 
 
-def rope_tables(args: ModelArgs, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    args: ModelArgs, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables of shape (max_seq_len, head_dim), fp32, in HF's rotate-half layout."""
     hd = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
+    inv_freq = 1.0 / (
+        args.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd)
+    )
     if args.rope_scaling is not None:
         inv_freq = apply_rope_scaling(inv_freq, args.rope_scaling)
     pos = torch.arange(args.max_seq_len, device=device, dtype=torch.float32)
@@ -251,8 +269,14 @@ class Attention(nn.Module):
         self.v_proj = Linear(args.dim, args.n_kv_heads * args.head_dim)
         self.o_proj = Linear(args.n_heads * args.head_dim, args.dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None = None, kv: LayerKV | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        kv: LayerKV | None = None,
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, n_heads, hd)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, hd)
@@ -299,8 +323,14 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None = None, kv: LayerKV | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        kv: LayerKV | None = None,
+    ) -> torch.Tensor:
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -339,8 +369,13 @@ class Llama(nn.Module):
         """(vocab, dim) weight of the output projection (the embedding table when tied)."""
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None,
-                cache: list[LayerKV] | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        doc_ids: torch.Tensor | None = None,
+        cache: list[LayerKV] | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits for every position, or — with `labels` (B, T) — the per-token cross entropy (B, T)
         in fp32 nats (0 where the label is -100), computed without materialising the logits
         (oreline.model.cross_entropy: ~12% of a CPU training step saved at the demo shapes).
@@ -349,9 +384,11 @@ class Llama(nn.Module):
         B, T = input_ids.shape
         start = len(cache[0]) if cache else 0
         if start + input_ids.shape[1] > self.args.max_seq_len:
-            raise ConfigError(f"sequence of {start + T} tokens is longer than model.max_seq_len={self.args.max_seq_len}",
-                              "shorten train.seq_len or raise model.max_seq_len")
-        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, hd)
+            raise ConfigError(
+                f"sequence of {start + T} tokens is longer than model.max_seq_len={self.args.max_seq_len}",
+                "shorten train.seq_len or raise model.max_seq_len",
+            )
+        cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, hd)
         mask = None
         dev = input_ids.device
         if doc_ids is not None:  # block-diagonal causal: same document and not in the future
@@ -361,7 +398,9 @@ class Llama(nn.Module):
             same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]  # (B, T, T)
             mask = (same_doc & causal)[:, None]  # (B, 1, T, T)
         elif start:  # query i sits at position start + i and sees keys 0 … start + i
-            mask = (torch.arange(start + T, device=dev)[None, :] <= start + torch.arange(T, device=dev)[:, None])
+            mask = (
+                torch.arange(start + T, device=dev)[None, :] <= start + torch.arange(T, device=dev)[:, None]
+            )
             mask = mask[None, None]  # (1, 1, T, start + T)
         h = self.model.embed_tokens(input_ids)  # (B, T, dim)
         for i, block in enumerate(self.model.layers):
@@ -429,34 +468,50 @@ def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_shapes(model_or_state_dict: nn.Module | Mapping[str, torch.Tensor], args: ModelArgs,
-                 source: str = "model") -> None:
+def check_shapes(
+    model_or_state_dict: nn.Module | Mapping[str, torch.Tensor], args: ModelArgs, source: str = "model"
+) -> None:
     """Raise ConfigError naming the first missing, unexpected or mis-shaped tensor.
 
     A tied model's state dict may carry `lm_head.weight` only if it equals the embedding table
     (HF checkpoints of tied models sometimes store it twice); anything else must match
     `expected_shapes(args)` exactly.
     """
-    sd = model_or_state_dict.state_dict() if isinstance(model_or_state_dict, nn.Module) else model_or_state_dict
+    sd = (
+        model_or_state_dict.state_dict()
+        if isinstance(model_or_state_dict, nn.Module)
+        else model_or_state_dict
+    )
     want = expected_shapes(args)
     hint = "the weights and the model config disagree: use the config the weights were made with"
     for name, tensor in sd.items():
         shape = tuple(tensor.shape)
         if name == "lm_head.weight" and args.tie_embeddings:
             if shape != want["model.embed_tokens.weight"]:
-                raise ConfigError(f"{source}: tensor {name} has shape {shape}, tied embeddings need "
-                                  f"{want['model.embed_tokens.weight']}", hint)
+                raise ConfigError(
+                    f"{source}: tensor {name} has shape {shape}, tied embeddings need "
+                    f"{want['model.embed_tokens.weight']}",
+                    hint,
+                )
             emb = sd.get("model.embed_tokens.weight")
             plain = type(tensor) is torch.Tensor and type(emb) is torch.Tensor and not tensor.is_meta
             if plain and tensor.data_ptr() != emb.data_ptr() and not torch.equal(tensor, emb):
-                raise ConfigError(f"{source}: tensor {name} differs from model.embed_tokens.weight but "
-                                  "tie_embeddings=True would drop it", "set model.tie_embeddings=false for these weights")
+                raise ConfigError(
+                    f"{source}: tensor {name} differs from model.embed_tokens.weight but "
+                    "tie_embeddings=True would drop it",
+                    "set model.tie_embeddings=false for these weights",
+                )
             continue
         if name not in want:
-            raise ConfigError(f"{source}: unexpected tensor {name} {shape} for a {args.n_layers}-layer model "
-                              f"(tie_embeddings={args.tie_embeddings})", hint)
+            raise ConfigError(
+                f"{source}: unexpected tensor {name} {shape} for a {args.n_layers}-layer model "
+                f"(tie_embeddings={args.tie_embeddings})",
+                hint,
+            )
         if shape != want[name]:
-            raise ConfigError(f"{source}: tensor {name} has shape {shape}, the config expects {want[name]}", hint)
+            raise ConfigError(
+                f"{source}: tensor {name} has shape {shape}, the config expects {want[name]}", hint
+            )
     missing = [n for n in want if n not in sd]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
@@ -468,9 +523,16 @@ def check_shapes(model_or_state_dict: nn.Module | Mapping[str, torch.Tensor], ar
 
 
 @torch.no_grad()
-def generate(model: Llama, input_ids: torch.Tensor | list[int], max_new_tokens: int, temperature: float = 0.0,
-             top_k: int | None = None, eos_id: int | None = None,
-             generator: torch.Generator | None = None, use_cache: bool = True) -> list[int]:
+def generate(
+    model: Llama,
+    input_ids: torch.Tensor | list[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> list[int]:
     """Continue a prompt; returns the NEW tokens only (an eos_id, when produced, is the last one).
 
     temperature 0 is greedy (argmax, token-identical to HF `generate(do_sample=False)`); otherwise
@@ -489,7 +551,9 @@ def generate(model: Llama, input_ids: torch.Tensor | list[int], max_new_tokens: 
     if ids.dim() == 1:
         ids = ids[None]
     if ids.shape[0] != 1:
-        raise ConfigError(f"generate takes one prompt, got a batch of {ids.shape[0]}", "call it once per prompt")
+        raise ConfigError(
+            f"generate takes one prompt, got a batch of {ids.shape[0]}", "call it once per prompt"
+        )
     out: list[int] = []
     cache: list[LayerKV] | None = None
     try:

@@ -96,13 +96,15 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def set_cpu_matmul_backend(backend: str) -> None:
-    """"auto" (measure once), "onednn" or "blas" (torch's default) for fp32 CPU products."""
+    """ "auto" (measure once), "onednn" or "blas" (torch's default) for fp32 CPU products."""
     global _setting, _chosen
     if backend not in BACKENDS:
         raise ConfigError(f"cpu matmul backend {backend!r} is unknown", f"use one of {', '.join(BACKENDS)}")
     if backend == "onednn" and not _onednn_available():
-        raise ConfigError("this torch build has no oneDNN (torch.backends.mkldnn is unavailable)",
-                          "set train.cpu_matmul = \"blas\" or \"auto\"")
+        raise ConfigError(
+            "this torch build has no oneDNN (torch.backends.mkldnn is unavailable)",
+            'set train.cpu_matmul = "blas" or "auto"',
+        )
     _setting, _chosen, _source = backend, None, ""
 
 
@@ -122,8 +124,10 @@ def pin_auto_choice(backend: str, source: str) -> None:
     """Make "auto" use `backend`, decided elsewhere (`machine_choice`, a checkpoint); `source` says where."""
     global _chosen, _source
     if backend not in available_backends():
-        raise ConfigError(f"cpu matmul backend {backend!r} is not available in this torch build",
-                          "set train.cpu_matmul = \"blas\"")
+        raise ConfigError(
+            f"cpu matmul backend {backend!r} is not available in this torch build",
+            'set train.cpu_matmul = "blas"',
+        )
     _chosen, _source = backend, source
 
 
@@ -208,8 +212,13 @@ def machine_key() -> dict[str, object]:
         import platform
 
         model = platform.processor() or platform.machine()
-    return {"cpu": model, "flags_sha256": hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:16],
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "onednn": _onednn_available()}
+    return {
+        "cpu": model,
+        "flags_sha256": hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:16],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "onednn": _onednn_available(),
+    }
 
 
 def machine_choice(directory: Path | None = None) -> tuple[str, str]:
@@ -226,15 +235,23 @@ def machine_choice(directory: Path | None = None) -> tuple[str, str]:
     entry = _read_entry(path, key)
     if entry is None:
         measured = _measure()
-        new = {"key": key, "backend": _decide(measured), "gflops": measured,
-               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        new = {
+            "key": key,
+            "backend": _decide(measured),
+            "gflops": measured,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         try:
             _publish_entry(path, new)
         except OSError as exc:
-            return new["backend"], (f"measured now ({_describe_measured(measured, key['threads'])}); "
-                                    f"could not cache the decision in {path} ({exc}): the next run measures again")
+            return new["backend"], (
+                f"measured now ({_describe_measured(measured, key['threads'])}); "
+                f"could not cache the decision in {path} ({exc}): the next run measures again"
+            )
         entry = _read_entry(path, key) or new
-    how = _describe_measured(entry["gflops"], key["threads"]) if isinstance(entry.get("gflops"), dict) else "?"
+    how = (
+        _describe_measured(entry["gflops"], key["threads"]) if isinstance(entry.get("gflops"), dict) else "?"
+    )
     return entry["backend"], f"this machine's decision in {path} ({how}, measured {entry.get('measured_at')})"
 
 
@@ -243,7 +260,11 @@ def _read_entry(path: Path, key: dict) -> dict | None:
         entry = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(entry, dict) or entry.get("key") != key or entry.get("backend") not in available_backends():
+    if (
+        not isinstance(entry, dict)
+        or entry.get("key") != key
+        or entry.get("backend") not in available_backends()
+    ):
         return None
     return entry
 
@@ -273,17 +294,23 @@ def adopt_recorded(recorded: str | None, where: str) -> str | None:
     if _setting != "auto":
         if _setting == recorded:
             return None
-        return (f"[yellow]warning:[/] train.cpu_matmul = \"{_setting}\" names another backend than the one the "
-                f"checkpoint was trained with ({recorded}): the resumed run's products differ in the last bits from "
-                f"an uninterrupted run's; set train.cpu_matmul = \"auto\" to keep {recorded}")
+        return (
+            f'[yellow]warning:[/] train.cpu_matmul = "{_setting}" names another backend than the one the '
+            f"checkpoint was trained with ({recorded}): the resumed run's products differ in the last bits from "
+            f'an uninterrupted run\'s; set train.cpu_matmul = "auto" to keep {recorded}'
+        )
     if recorded not in available_backends():
-        return (f"[yellow]warning:[/] the checkpoint was trained with cpu matmul backend {recorded}, which this torch "
-                f"build lacks: continuing with {current}; the run will not be bit-identical to an uninterrupted one")
+        return (
+            f"[yellow]warning:[/] the checkpoint was trained with cpu matmul backend {recorded}, which this torch "
+            f"build lacks: continuing with {current}; the run will not be bit-identical to an uninterrupted one"
+        )
     before = _source
     pin_auto_choice(recorded, f"recorded in the checkpoint {where}")
     if recorded != current:
-        return (f"CPU fp32 matmuls: {recorded}, recorded in the checkpoint {where}, instead of {current} ({before}): "
-                "a resumed run keeps the backend it was trained with")
+        return (
+            f"CPU fp32 matmuls: {recorded}, recorded in the checkpoint {where}, instead of {current} ({before}): "
+            "a resumed run keeps the backend it was trained with"
+        )
     return None
 
 

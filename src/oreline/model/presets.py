@@ -36,30 +36,107 @@ from oreline.config import ModelConfig
 from oreline.errors import ConfigError
 from oreline.model.llama import Llama, ModelArgs, check_shapes, expected_shapes
 
-__all__ = ["PRESETS", "resolve_model_args", "llama_ffn_dim", "count_params", "flops_per_token",
-           "memory_estimate", "training_memory", "check_training_memory", "print_model_info", "check_shapes",
-           "expected_shapes"]
+__all__ = [
+    "PRESETS",
+    "resolve_model_args",
+    "llama_ffn_dim",
+    "count_params",
+    "flops_per_token",
+    "memory_estimate",
+    "training_memory",
+    "check_training_memory",
+    "print_model_info",
+    "check_shapes",
+    "expected_shapes",
+]
 
 # Fields of ModelArgs plus ffn_multiplier / multiple_of (the MLP width rule) when ffn_dim is absent.
 PRESETS: dict[str, dict[str, Any]] = {
     # Tiny: unit tests and smoke runs, trains in seconds.
-    "debug": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, multiple_of=32,
-                  max_seq_len=256, tie_embeddings=False, rope_theta=10_000.0, norm_eps=1e-5),
+    "debug": dict(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=512,
+        multiple_of=32,
+        max_seq_len=256,
+        tie_embeddings=False,
+        rope_theta=10_000.0,
+        norm_eps=1e-5,
+    ),
     # The CPU demo: ~5.2M parameters (3.1M non-embedding) with an 8192 vocabulary, minutes on 2 cores.
-    "demo": dict(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, vocab_size=8192, multiple_of=256,
-                 max_seq_len=512, tie_embeddings=True, rope_theta=10_000.0, norm_eps=1e-5),
+    "demo": dict(
+        dim=256,
+        n_layers=4,
+        n_heads=8,
+        n_kv_heads=4,
+        vocab_size=8192,
+        multiple_of=256,
+        max_seq_len=512,
+        tie_embeddings=True,
+        rope_theta=10_000.0,
+        norm_eps=1e-5,
+    ),
     # GPT-3 Small width/depth with GQA and a 4·dim MLP: ~128M parameters.
-    "125m": dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=32_000, ffn_multiplier=1.5,
-                 multiple_of=256, max_seq_len=2048, tie_embeddings=True, rope_theta=10_000.0, norm_eps=1e-5),
+    "125m": dict(
+        dim=768,
+        n_layers=12,
+        n_heads=12,
+        n_kv_heads=4,
+        vocab_size=32_000,
+        ffn_multiplier=1.5,
+        multiple_of=256,
+        max_seq_len=2048,
+        tie_embeddings=True,
+        rope_theta=10_000.0,
+        norm_eps=1e-5,
+    ),
     # Llama-3.2-1B's shape (HF config), trained context 8192 with its Llama-3 RoPE scaling.
-    "1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128_256, ffn_multiplier=1.5,
-               multiple_of=256, max_seq_len=8192, tie_embeddings=True, rope_theta=500_000.0, norm_eps=1e-5,
-               rope_scaling={"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                             "original_max_position_embeddings": 8192}),
-    "llama2-7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, vocab_size=32_000, multiple_of=256,
-                      max_seq_len=4096, tie_embeddings=False, rope_theta=10_000.0, norm_eps=1e-5),
-    "llama3-8b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128_256, ffn_multiplier=1.3,
-                      multiple_of=1024, max_seq_len=8192, tie_embeddings=False, rope_theta=500_000.0, norm_eps=1e-5),
+    "1b": dict(
+        dim=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        vocab_size=128_256,
+        ffn_multiplier=1.5,
+        multiple_of=256,
+        max_seq_len=8192,
+        tie_embeddings=True,
+        rope_theta=500_000.0,
+        norm_eps=1e-5,
+        rope_scaling={
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    "llama2-7b": dict(
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=32,
+        vocab_size=32_000,
+        multiple_of=256,
+        max_seq_len=4096,
+        tie_embeddings=False,
+        rope_theta=10_000.0,
+        norm_eps=1e-5,
+    ),
+    "llama3-8b": dict(
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        vocab_size=128_256,
+        ffn_multiplier=1.3,
+        multiple_of=1024,
+        max_seq_len=8192,
+        tie_embeddings=False,
+        rope_theta=500_000.0,
+        norm_eps=1e-5,
+    ),
 }
 
 _RULE_KEYS = ("ffn_multiplier", "multiple_of")
@@ -83,7 +160,10 @@ def resolve_model_args(cfg_model: ModelConfig, vocab_size: int | None = None) ->
     spec: dict[str, Any] = {}
     if cfg_model.preset is not None:
         if cfg_model.preset not in PRESETS:
-            raise ConfigError(f"unknown model.preset {cfg_model.preset!r}", f"use one of {', '.join(PRESETS)} or set it to none")
+            raise ConfigError(
+                f"unknown model.preset {cfg_model.preset!r}",
+                f"use one of {', '.join(PRESETS)} or set it to none",
+            )
         spec.update(PRESETS[cfg_model.preset])
     explicit = {k: v for k, v in cfg_model.model_dump().items() if k != "preset" and v is not None}
     if "vocab_size" not in explicit and vocab_size is not None:
@@ -91,14 +171,21 @@ def resolve_model_args(cfg_model: ModelConfig, vocab_size: int | None = None) ->
     spec.update(explicit)
     if "ffn_dim" not in spec:
         if "dim" not in spec:
-            raise ConfigError("model section has no preset and no dim", "set model.preset (e.g. demo) or model.dim and friends")
-        spec["ffn_dim"] = llama_ffn_dim(spec["dim"], int(spec.get("multiple_of", 256)), spec.get("ffn_multiplier"))
+            raise ConfigError(
+                "model section has no preset and no dim",
+                "set model.preset (e.g. demo) or model.dim and friends",
+            )
+        spec["ffn_dim"] = llama_ffn_dim(
+            spec["dim"], int(spec.get("multiple_of", 256)), spec.get("ffn_multiplier")
+        )
     for key in _RULE_KEYS:
         spec.pop(key, None)
     missing = [k for k in ("dim", "n_layers", "n_heads", "vocab_size") if k not in spec]
     if missing:
-        raise ConfigError(f"model section leaves {', '.join('model.' + m for m in missing)} unset",
-                          "set them or pick a preset")
+        raise ConfigError(
+            f"model section leaves {', '.join('model.' + m for m in missing)} unset",
+            "set them or pick a preset",
+        )
     spec.setdefault("n_kv_heads", spec["n_heads"])
     return ModelArgs(**spec)
 
@@ -136,8 +223,14 @@ def memory_estimate(args: ModelArgs) -> dict[str, dict[str, int]]:
     return {"fp32": fp32, "bf16": bf16}
 
 
-def training_memory(args: ModelArgs, micro_batch: int, seq_len: int, precision: str = "fp32",
-                    activation_checkpointing: bool = False, shards: int = 1) -> dict[str, int]:
+def training_memory(
+    args: ModelArgs,
+    micro_batch: int,
+    seq_len: int,
+    precision: str = "fp32",
+    activation_checkpointing: bool = False,
+    shards: int = 1,
+) -> dict[str, int]:
     """Bytes one rank needs to train, estimated from the shapes alone (nothing is allocated).
 
     state: weights + grads + AdamW (memory_estimate), divided by `shards` under FSDP.
@@ -157,9 +250,15 @@ def training_memory(args: ModelArgs, micro_batch: int, seq_len: int, precision: 
         activations = (args.n_layers * args.dim + per_layer) * tokens * act_bytes
     else:
         activations = args.n_layers * per_layer * tokens * act_bytes
-    out = {"state": memory_estimate(args)[precision]["total"] // max(1, shards), "activations": activations,
-           "logits": tokens * args.vocab_size * 4, "batch": 3 * (tokens + micro_batch) * 8,
-           "per_layer_values": per_layer, "tokens": tokens, "act_bytes": act_bytes}
+    out = {
+        "state": memory_estimate(args)[precision]["total"] // max(1, shards),
+        "activations": activations,
+        "logits": tokens * args.vocab_size * 4,
+        "batch": 3 * (tokens + micro_batch) * 8,
+        "per_layer_values": per_layer,
+        "tokens": tokens,
+        "act_bytes": act_bytes,
+    }
     out["total"] = out["state"] + out["activations"] + out["logits"] + out["batch"]
     return out
 
@@ -177,8 +276,16 @@ def available_memory(device: torch.device, local_ranks: int = 1) -> tuple[int, s
     return avail // max(1, local_ranks), f"available RAM (psutil{share})"
 
 
-def check_training_memory(args: ModelArgs, micro_batch: int, seq_len: int, precision: str, activation_checkpointing: bool,
-                          shards: int, device: torch.device, local_ranks: int | None = None) -> dict[str, int]:
+def check_training_memory(
+    args: ModelArgs,
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    activation_checkpointing: bool,
+    shards: int,
+    device: torch.device,
+    local_ranks: int | None = None,
+) -> dict[str, int]:
     """Refuse (ConfigError, with the arithmetic) a run whose memory floor exceeds what is free,
     before anything is allocated: a typo like model.dim=10**6 or train.micro_batch=10**9 would
     otherwise end in an out-of-memory kill, or in swapping, minutes later. local_ranks: processes
@@ -192,8 +299,11 @@ def check_training_memory(args: ModelArgs, micro_batch: int, seq_len: int, preci
     n = count_params(args)["total"]
     per_param = memory_estimate(args)[precision]["total"] // max(1, n)
     sharded = f" / {shards} FSDP shards" if shards > 1 else ""
-    layers = (f"({args.n_layers} layers × dim {args.dim} + {need['per_layer_values']:,}) values"
-              if activation_checkpointing else f"{args.n_layers} layers × {need['per_layer_values']:,} values")
+    layers = (
+        f"({args.n_layers} layers × dim {args.dim} + {need['per_layer_values']:,}) values"
+        if activation_checkpointing
+        else f"{args.n_layers} layers × {need['per_layer_values']:,} values"
+    )
     raise ConfigError(
         f"training needs at least {_gib(need['total'])} per rank, more than the {_gib(have)} {where}: "
         f"weights, grads and AdamW {n:,} parameters × {per_param} bytes{sharded} = {_gib(need['state'])} "
@@ -203,7 +313,8 @@ def check_training_memory(args: ModelArgs, micro_batch: int, seq_len: int, preci
         f"logits {need['tokens']:,} tokens × {args.vocab_size:,} vocabulary × 4 bytes = {_gib(need['logits'])}; "
         f"batch {_gib(need['batch'])}",
         "lower train.micro_batch (raise train.grad_accum to keep the global batch), pick a smaller model "
-        "(model.preset, model.dim, model.n_layers), or set train.activation_checkpointing=true")
+        "(model.preset, model.dim, model.n_layers), or set train.activation_checkpointing=true",
+    )
 
 
 def _human(n: float, unit: str = "") -> str:
@@ -229,7 +340,9 @@ def args_for_spec(spec: str) -> tuple[ModelArgs, str]:
 
         cfg = load_config(path)
         # the vocabulary comes from the run's tokenizer when one was trained already
-        tok_dir = Path(expand(cfg.train.tokenizer)) if cfg.train.tokenizer else RunDir.for_config(cfg).tokenizer
+        tok_dir = (
+            Path(expand(cfg.train.tokenizer)) if cfg.train.tokenizer else RunDir.for_config(cfg).tokenizer
+        )
         vocab, where = None, ""
         if cfg.model.vocab_size is None and (tok_dir / "tokenizer.json").is_file():
             from oreline.tokens.train_bpe import load_tokenizer
@@ -237,7 +350,9 @@ def args_for_spec(spec: str) -> tuple[ModelArgs, str]:
             vocab = load_tokenizer(tok_dir).vocab_size
             where = f", vocab from {tok_dir}"
         return resolve_model_args(cfg.model, vocab), f"config {path} (model.preset={cfg.model.preset}{where})"
-    raise ConfigError(f"{spec!r} is neither a preset nor a config file", f"use one of {', '.join(PRESETS)} or a TOML path")
+    raise ConfigError(
+        f"{spec!r} is neither a preset nor a config file", f"use one of {', '.join(PRESETS)} or a TOML path"
+    )
 
 
 def print_model_info(spec: str, seq_len: int = 2048, console=None) -> dict:
@@ -254,13 +369,19 @@ def print_model_info(spec: str, seq_len: int = 2048, console=None) -> dict:
     flops = flops_per_token(args, seq_len)
     memory = memory_estimate(args)
 
-    console.print(f"[bold]{source}[/]: dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads "
-                  f"({args.n_kv_heads} kv, head_dim {args.head_dim}), ffn {args.ffn_dim}, vocab {args.vocab_size}, "
-                  f"max_seq_len {args.max_seq_len}, tied={args.tie_embeddings}, rope_theta {args.rope_theta:g}"
-                  + (f", rope_scaling {args.rope_scaling}" if args.rope_scaling else ""))
-    console.print(f"parameters: embedding {counts['embedding']:,} · non-embedding {counts['non_embedding']:,} · "
-                  f"total {counts['total']:,} ({_human(counts['total'])})")
-    console.print(f"FLOPs per token at seq_len {seq_len}: {flops:,} ({_human(flops, 'FLOP')}; training, fwd+bwd)")
+    console.print(
+        f"[bold]{source}[/]: dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads "
+        f"({args.n_kv_heads} kv, head_dim {args.head_dim}), ffn {args.ffn_dim}, vocab {args.vocab_size}, "
+        f"max_seq_len {args.max_seq_len}, tied={args.tie_embeddings}, rope_theta {args.rope_theta:g}"
+        + (f", rope_scaling {args.rope_scaling}" if args.rope_scaling else "")
+    )
+    console.print(
+        f"parameters: embedding {counts['embedding']:,} · non-embedding {counts['non_embedding']:,} · "
+        f"total {counts['total']:,} ({_human(counts['total'])})"
+    )
+    console.print(
+        f"FLOPs per token at seq_len {seq_len}: {flops:,} ({_human(flops, 'FLOP')}; training, fwd+bwd)"
+    )
 
     table = Table(title="weights", show_lines=False)
     table.add_column("tensor")
@@ -280,8 +401,18 @@ def print_model_info(spec: str, seq_len: int = 2048, console=None) -> dict:
     for col in ("weights", "grads", "adamw_state", "master_weights", "total"):
         mem.add_column(col, justify="right")
     for prec, parts in memory.items():
-        mem.add_row(prec, *(_gib(parts[c]) if c in parts else "-" for c in
-                            ("weights", "grads", "adamw_state", "master_weights", "total")))
+        mem.add_row(
+            prec,
+            *(
+                _gib(parts[c]) if c in parts else "-"
+                for c in ("weights", "grads", "adamw_state", "master_weights", "total")
+            ),
+        )
     console.print(mem)
-    return {"args": args.to_dict(), "params": counts, "flops_per_token": flops, "memory": memory,
-            "shapes": {k: list(v) for k, v in shapes.items()}}
+    return {
+        "args": args.to_dict(),
+        "params": counts,
+        "flops_per_token": flops,
+        "memory": memory,
+        "shapes": {k: list(v) for k, v in shapes.items()},
+    }

@@ -49,8 +49,13 @@ from oreline.tokens.format import prompt_ids
 BREAKDOWN_KEYS = ("sum_token", "n_token", "sum_eos", "n_eos", "sum_bos", "n_bos")
 
 
-def loss_breakdown(per_token_loss: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor,
-                   bos_id: int | None, eos_id: int | None) -> torch.Tensor:
+def loss_breakdown(
+    per_token_loss: torch.Tensor,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    bos_id: int | None,
+    eos_id: int | None,
+) -> torch.Tensor:
     """Sums and counts of the per-target loss by class: a float64 tensor ordered as BREAKDOWN_KEYS.
 
     per_token_loss, input_ids, labels: (B, T); targets with label -100 are ignored (their loss
@@ -88,7 +93,11 @@ def breakdown_means(sums: torch.Tensor | list[float]) -> dict[str, float | None]
 
 def _gpt2_unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode (Radford et al. 2019, encoder.py)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -132,10 +141,16 @@ def _as_long(x: Any, device: torch.device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def validation_loss(model: torch.nn.Module, loader_or_batches: Any, bos_id: int | None, eos_id: int | None,
-                    max_batches: int, bytes_per_token: np.ndarray | torch.Tensor | None,
-                    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                    autocast_dtype: torch.dtype | None = None) -> dict[str, Any]:
+def validation_loss(
+    model: torch.nn.Module,
+    loader_or_batches: Any,
+    bos_id: int | None,
+    eos_id: int | None,
+    max_batches: int,
+    bytes_per_token: np.ndarray | torch.Tensor | None,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> dict[str, Any]:
     """loss, ppl, bpb and the token / EOS / after-BOS parts over up to `max_batches` batches.
 
     `loader_or_batches`: a TokenLoader of the validation split (its `iter_eval_batches`) or any
@@ -143,11 +158,21 @@ def validation_loss(model: torch.nn.Module, loader_or_batches: Any, bos_id: int 
     ranks when each rank evaluated its own slice.
     """
     device = next(model.parameters()).device
-    batches: Iterable = (loader_or_batches.iter_eval_batches(max_batches)
-                         if hasattr(loader_or_batches, "iter_eval_batches") else loader_or_batches)
-    bpt = None if bytes_per_token is None else torch.as_tensor(bytes_per_token, dtype=torch.float64, device=device)
-    sums = torch.zeros(len(("sum_token", "n_token", "sum_eos", "n_eos", "sum_bos", "n_bos")), dtype=torch.float64,
-                       device=device)
+    batches: Iterable = (
+        loader_or_batches.iter_eval_batches(max_batches)
+        if hasattr(loader_or_batches, "iter_eval_batches")
+        else loader_or_batches
+    )
+    bpt = (
+        None
+        if bytes_per_token is None
+        else torch.as_tensor(bytes_per_token, dtype=torch.float64, device=device)
+    )
+    sums = torch.zeros(
+        len(("sum_token", "n_token", "sum_eos", "n_eos", "sum_bos", "n_bos")),
+        dtype=torch.float64,
+        device=device,
+    )
     n_bytes = torch.zeros((), dtype=torch.float64, device=device)
     n_batches = 0
     was_training = model.training
@@ -159,7 +184,9 @@ def validation_loss(model: torch.nn.Module, loader_or_batches: Any, bos_id: int 
                 break
             ids, labels = _as_long(batch.input_ids, device), _as_long(batch.labels, device)
             doc_ids = None if getattr(batch, "doc_ids", None) is None else _as_long(batch.doc_ids, device)
-            with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            with torch.autocast(
+                device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+            ):
                 per_token = model(ids, doc_ids, labels=labels)  # (B, T) fp32 CE
             sums += loss_breakdown(per_token, ids, labels, bos_id, eos_id)
             if bpt is not None:
@@ -192,9 +219,16 @@ def validation_loss(model: torch.nn.Module, loader_or_batches: Any, bos_id: int 
 # generations
 
 
-def generate_samples(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new_tokens: int,
-                     greedy: bool = True, temperature: float = 0.8, top_k: int | None = 50,
-                     seed: int = 0) -> list[dict[str, Any]]:
+def generate_samples(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: list[str],
+    max_new_tokens: int,
+    greedy: bool = True,
+    temperature: float = 0.8,
+    top_k: int | None = 50,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
     """Continue each prompt from `[BOS] + encode(prompt)`; one dict per prompt (prompt, text, mode, tokens, ids)."""
     device = next(model.parameters()).device
     out = []
@@ -204,9 +238,24 @@ def generate_samples(model: torch.nn.Module, tokenizer: Any, prompts: list[str],
             new = generate(model, ids, max_new_tokens, temperature=0.0, eos_id=tokenizer.eos_id)
         else:
             gen = torch.Generator(device=device).manual_seed(seed + i)
-            new = generate(model, ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                           eos_id=tokenizer.eos_id, generator=gen)
+            new = generate(
+                model,
+                ids,
+                max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                eos_id=tokenizer.eos_id,
+                generator=gen,
+            )
         ended = bool(new) and new[-1] == tokenizer.eos_id
-        out.append({"prompt": prompt, "text": tokenizer.decode(new), "mode": "greedy" if greedy else "sampled",
-                    "tokens": len(new), "ended_with_eos": ended, "ids": new})
+        out.append(
+            {
+                "prompt": prompt,
+                "text": tokenizer.decode(new),
+                "mode": "greedy" if greedy else "sampled",
+                "tokens": len(new),
+                "ended_with_eos": ended,
+                "ids": new,
+            }
+        )
     return out

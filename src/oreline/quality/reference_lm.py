@@ -50,8 +50,18 @@ HELDOUT_EVERY = 20
 # core). Measured on the samples (benchmarks/perplexity_filter.py): a 128-dim, 2,048-vocabulary
 # model for 300 steps separated shuffled prose worse (AUC 0.955) and scored 2x slower.
 LLAMA_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 1024, "dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 256,
-    "seq_len": 128, "micro_batch": 16, "steps": 450, "lr": 6e-3, "max_train_chars": 8_000_000, "seed": 1234,
+    "vocab_size": 1024,
+    "dim": 96,
+    "n_layers": 2,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "ffn_dim": 256,
+    "seq_len": 128,
+    "micro_batch": 16,
+    "steps": 450,
+    "lr": 6e-3,
+    "max_train_chars": 8_000_000,
+    "seed": 1234,
 }
 
 
@@ -77,8 +87,15 @@ def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
 # training either kind
 
 
-def train_reference(docs: list[str], out: str | Path, kind: str = "ngram", console: Any = None, order: int = 3,
-                    heldout_every: int = 20, **llama: Any) -> dict[str, Any]:
+def train_reference(
+    docs: list[str],
+    out: str | Path,
+    kind: str = "ngram",
+    console: Any = None,
+    order: int = 3,
+    heldout_every: int = 20,
+    **llama: Any,
+) -> dict[str, Any]:
     """Train a reference LM on trusted text into `out`, described by out/reference.json.
 
     kind "ngram": a KN model (out/model.arpa); every `heldout_every`-th sentence is held out to
@@ -91,7 +108,9 @@ def train_reference(docs: list[str], out: str | Path, kind: str = "ngram", conso
     from oreline.outdir import claim_folder
 
     out = Path(out)
-    claim_folder(out, "reference", "oreline quality train-reference", legacy=lambda d: (d / "reference.json").is_file())
+    claim_folder(
+        out, "reference", "oreline quality train-reference", legacy=lambda d: (d / "reference.json").is_file()
+    )
     if kind == "llama":
         from oreline.quality.reference_lm import train_llama_reference
 
@@ -100,7 +119,9 @@ def train_reference(docs: list[str], out: str | Path, kind: str = "ngram", conso
         meta = {"kind": "llama", "tokenizer": "tokenizer/ (byte-level BPE, oreline.tokens)", **facts}
     elif kind == "ngram":
         if llama:
-            raise ConfigError(f"settings {sorted(llama)} apply to --kind llama only", "drop them or use --kind llama")
+            raise ConfigError(
+                f"settings {sorted(llama)} apply to --kind llama only", "drop them or use --kind llama"
+            )
         meta = _train_ngram(docs, out, console, order, heldout_every)
         files = ["model.arpa"]
     else:
@@ -108,9 +129,13 @@ def train_reference(docs: list[str], out: str | Path, kind: str = "ngram", conso
     h = hashlib.sha256(kind.encode())
     for name in files:
         h.update(file_sha256(out / name).encode())
-    meta = {**meta, "fingerprint": h.hexdigest(), "inputs": [str(d) for d in docs],
-            "normalization": "perplexity per word: exp(total NLL / words), words = \\w+ runs and punctuation marks "
-                             "(lowercased, digits as 0) plus one end-of-sentence per sentence"}
+    meta = {
+        **meta,
+        "fingerprint": h.hexdigest(),
+        "inputs": [str(d) for d in docs],
+        "normalization": "perplexity per word: exp(total NLL / words), words = \\w+ runs and punctuation marks "
+        "(lowercased, digits as 0) plus one end-of-sentence per sentence",
+    }
     from oreline.io import write_json_atomic
 
     write_json_atomic(out / "reference.json", meta)
@@ -130,16 +155,23 @@ def _train_ngram(docs: list[str], out: Path, console: Any, order: int, heldout_e
     log10 = sum(ref.sentence_log10(t) for t in held)
     n_held = sum(len(t) + 1 for t in held)
     meta = {
-        "kind": "ngram", "smoothing": "interpolated modified Kneser-Ney", "order": order,
-        "tokenizer": TOKENIZER_VERSION, "documents": n_docs,
-        "train_tokens": sum(len(t) + 1 for t in train), "heldout_tokens": n_held,
+        "kind": "ngram",
+        "smoothing": "interpolated modified Kneser-Ney",
+        "order": order,
+        "tokenizer": TOKENIZER_VERSION,
+        "documents": n_docs,
+        "train_tokens": sum(len(t) + 1 for t in train),
+        "heldout_tokens": n_held,
         "heldout_perplexity": round(10 ** (-log10 / n_held), 3) if n_held else None,
-        "vocab": len(model["words"]), "ngrams": {n: len(model["keys"][n]) for n in range(1, order + 1)},
+        "vocab": len(model["words"]),
+        "ngrams": {n: len(model["keys"][n]) for n in range(1, order + 1)},
         "discounts": {n: [round(d, 4) for d in ds] for n, ds in model["discounts"].items()},
     }
     if console is not None:
-        console.print(f"reference {order}-gram KN model: {meta['train_tokens']:,} training tokens from {n_docs} documents, "
-                      f"vocab {meta['vocab']:,}, held-out perplexity {meta['heldout_perplexity']} → {out / 'model.arpa'}")
+        console.print(
+            f"reference {order}-gram KN model: {meta['train_tokens']:,} training tokens from {n_docs} documents, "
+            f"vocab {meta['vocab']:,}, held-out perplexity {meta['heldout_perplexity']} → {out / 'model.arpa'}"
+        )
     return meta
 
 
@@ -147,8 +179,9 @@ def _train_ngram(docs: list[str], out: Path, console: Any, order: int, heldout_e
 # the llama kind
 
 
-def train_llama_reference(docs: Iterable[Document], out: Path, console: Any = None,
-                          **overrides: Any) -> dict[str, Any]:
+def train_llama_reference(
+    docs: Iterable[Document], out: Path, console: Any = None, **overrides: Any
+) -> dict[str, Any]:
     """Train the tokenizer and the tiny Llama into `out`; returns the facts for reference.json."""
     from rich.console import Console
 
@@ -170,7 +203,9 @@ def train_llama_reference(docs: Iterable[Document], out: Path, console: Any = No
 
     unknown = set(overrides) - set(LLAMA_DEFAULTS)
     if unknown:
-        raise InputError(f"unknown llama reference settings {sorted(unknown)}", f"use any of {sorted(LLAMA_DEFAULTS)}")
+        raise InputError(
+            f"unknown llama reference settings {sorted(unknown)}", f"use any of {sorted(LLAMA_DEFAULTS)}"
+        )
     hp = {**LLAMA_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)  # a previous training's run dir: never resumed from
@@ -191,25 +226,50 @@ def train_llama_reference(docs: Iterable[Document], out: Path, console: Any = No
                 train_rows.append(row)
                 chars += len(piece)
     if not train_rows:
-        raise InputError("no text to train the reference model on", "pass trusted .txt/.zip/JSONL/Parquet text")
+        raise InputError(
+            "no text to train the reference model on", "pass trusted .txt/.zip/JSONL/Parquet text"
+        )
     _write_jsonl(work / "corpus.jsonl", train_rows)
     _write_jsonl(work / "heldout.jsonl", held_rows)
 
-    tok_stats = train_tokenizer([work / "corpus.jsonl"], out / "tokenizer",
-                                TokenizerConfig(vocab_size=hp["vocab_size"], heldout_docs=0))
-    manifest = tokenize_corpus([work / "corpus.jsonl"], out / "tokenizer", work / "tokens",
-                               TokenizeConfig(val_fraction=0.02, workers=1))
+    tok_stats = train_tokenizer(
+        [work / "corpus.jsonl"],
+        out / "tokenizer",
+        TokenizerConfig(vocab_size=hp["vocab_size"], heldout_docs=0),
+    )
+    manifest = tokenize_corpus(
+        [work / "corpus.jsonl"],
+        out / "tokenizer",
+        work / "tokens",
+        TokenizeConfig(val_fraction=0.02, workers=1),
+    )
     steps = int(hp["steps"])
     cfg = Config(
         run=RunConfig(name="train", runs_dir=str(work), seed=hp["seed"]),
-        model=ModelConfig(preset=None, dim=hp["dim"], n_layers=hp["n_layers"], n_heads=hp["n_heads"],
-                          n_kv_heads=hp["n_kv_heads"], ffn_dim=hp["ffn_dim"], max_seq_len=hp["seq_len"],
-                          tie_embeddings=True),
-        train=TrainConfig(tokens=str(work / "tokens"), tokenizer=str(out / "tokenizer"), seq_len=hp["seq_len"],
-                          micro_batch=hp["micro_batch"], steps=steps, seed=hp["seed"], log_every=max(1, steps // 5),
-                          eval_every=0, eval_batches=4,
-                          optim=OptimConfig(lr=hp["lr"], min_lr=hp["lr"] / 10, warmup_steps=max(1, steps // 20),
-                                            warmup_ratio=None)),
+        model=ModelConfig(
+            preset=None,
+            dim=hp["dim"],
+            n_layers=hp["n_layers"],
+            n_heads=hp["n_heads"],
+            n_kv_heads=hp["n_kv_heads"],
+            ffn_dim=hp["ffn_dim"],
+            max_seq_len=hp["seq_len"],
+            tie_embeddings=True,
+        ),
+        train=TrainConfig(
+            tokens=str(work / "tokens"),
+            tokenizer=str(out / "tokenizer"),
+            seq_len=hp["seq_len"],
+            micro_batch=hp["micro_batch"],
+            steps=steps,
+            seed=hp["seed"],
+            log_every=max(1, steps // 5),
+            eval_every=0,
+            eval_batches=4,
+            optim=OptimConfig(
+                lr=hp["lr"], min_lr=hp["lr"] / 10, warmup_steps=max(1, steps // 20), warmup_ratio=None
+            ),
+        ),
         checkpoint=CheckpointConfig(every=0, model_only_every=steps, keep_last=1),
         eval=EvalConfig(prompts=[]),
     )
@@ -230,17 +290,27 @@ def train_llama_reference(docs: Iterable[Document], out: Path, console: Any = No
     nll = sum(s["nll"] for s in scores)
     words = sum(s["words"] for s in scores)
     facts = {
-        "model_args": args.to_dict(), "seq_len": hp["seq_len"], "settings": hp,
-        "tokenizer_fingerprint": tok_stats["fingerprint"], "tokens_fingerprint": manifest["data_fingerprint"],
-        "documents": n_docs, "train_pieces": len(train_rows), "heldout_pieces": len(held_rows),
-        "train_chars": chars, "train_tokens_seen": summary["tokens_seen"], "steps": summary["step"],
-        "final_train_loss": summary["final_train_loss"], "final_val_loss": summary["final_val_loss"],
+        "model_args": args.to_dict(),
+        "seq_len": hp["seq_len"],
+        "settings": hp,
+        "tokenizer_fingerprint": tok_stats["fingerprint"],
+        "tokens_fingerprint": manifest["data_fingerprint"],
+        "documents": n_docs,
+        "train_pieces": len(train_rows),
+        "heldout_pieces": len(held_rows),
+        "train_chars": chars,
+        "train_tokens_seen": summary["tokens_seen"],
+        "steps": summary["step"],
+        "final_train_loss": summary["final_train_loss"],
+        "final_val_loss": summary["final_val_loss"],
         "heldout_perplexity": round(math.exp(nll / words), 3) if words else None,
         "train_seconds": round(time.perf_counter() - t0, 2),
     }
     if console is not None:
-        console.print(f"reference llama: {args.dim}-dim × {args.n_layers} layers, vocab {args.vocab_size}, "
-                      f"{summary['step']} steps / {summary['tokens_seen']:,} tokens on {len(train_rows)} pieces of "
-                      f"{n_docs} documents in {facts['train_seconds']:.1f} s; val loss {summary['final_val_loss']:.3f}, "
-                      f"held-out perplexity per word {facts['heldout_perplexity']}")
+        console.print(
+            f"reference llama: {args.dim}-dim × {args.n_layers} layers, vocab {args.vocab_size}, "
+            f"{summary['step']} steps / {summary['tokens_seen']:,} tokens on {len(train_rows)} pieces of "
+            f"{n_docs} documents in {facts['train_seconds']:.1f} s; val loss {summary['final_val_loss']:.3f}, "
+            f"held-out perplexity per word {facts['heldout_perplexity']}"
+        )
     return facts

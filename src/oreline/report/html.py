@@ -90,15 +90,25 @@ def table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None = 
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = []
     for row in rows[:MAX_TABLE_ROWS]:
-        cells = "".join(f'<td class="n">{esc(fmt(v))}</td>' if i in numeric else f"<td>{esc(fmt(v))}</td>"
-                        for i, v in enumerate(row))
+        cells = "".join(
+            f'<td class="n">{esc(fmt(v))}</td>' if i in numeric else f"<td>{esc(fmt(v))}</td>"
+            for i, v in enumerate(row)
+        )
         body.append(f"<tr>{cells}</tr>")
-    more = f'<p class="small">{len(rows) - MAX_TABLE_ROWS:,} more rows not shown</p>' if len(rows) > MAX_TABLE_ROWS else ""
+    more = (
+        f'<p class="small">{len(rows) - MAX_TABLE_ROWS:,} more rows not shown</p>'
+        if len(rows) > MAX_TABLE_ROWS
+        else ""
+    )
     return f"<table><tr>{head}</tr>{''.join(body)}</table>{more}"
 
 
 def kv_table(pairs: list[tuple[str, Any]]) -> str:
-    return "<table>" + "".join(f"<tr><th>{esc(k)}</th><td>{esc(fmt(v))}</td></tr>" for k, v in pairs) + "</table>"
+    return (
+        "<table>"
+        + "".join(f"<tr><th>{esc(k)}</th><td>{esc(fmt(v))}</td></tr>" for k, v in pairs)
+        + "</table>"
+    )
 
 
 def img(uri: str, alt: str) -> str:
@@ -145,7 +155,12 @@ def section_overview(run: RunArtifacts) -> str:
         ("tokens seen", end.get("tokens_seen", train[-1].get("tokens_seen") if train else None)),
         ("training seconds", end.get("seconds")),
         ("final validation loss", end.get("final_val_loss")),
-        ("finished", "yes (end record)" if run.records("end") else "no end record (running, interrupted or not trained)"),
+        (
+            "finished",
+            "yes (end record)"
+            if run.records("end")
+            else "no end record (running, interrupted or not trained)",
+        ),
     ]
     if run.config_problem:
         pairs.append(("config", run.config_problem))
@@ -154,11 +169,21 @@ def section_overview(run: RunArtifacts) -> str:
 
 # the report section holding the evidence behind each doctor finding
 FINDING_SECTIONS = {
-    "nan_loss": "loss", "lr_constant": "lr", "loss_not_falling": "loss", "eos_missing": "tokens",
-    "fingerprint_mismatch": "fingerprints", "seq_len_exceeds_max": "overview", "data_wait_high": "throughput",
-    "throughput_falling": "throughput", "global_batch_mismatch": "overview", "grad_spikes": "grad-norm",
-    "checkpoint_unloadable": "checkpoints", "val_far_above_train": "loss", "metrics_unreadable": "events",
-    "data_errors": "funnel", "export_format": "export",
+    "nan_loss": "loss",
+    "lr_constant": "lr",
+    "loss_not_falling": "loss",
+    "eos_missing": "tokens",
+    "fingerprint_mismatch": "fingerprints",
+    "seq_len_exceeds_max": "overview",
+    "data_wait_high": "throughput",
+    "throughput_falling": "throughput",
+    "global_batch_mismatch": "overview",
+    "grad_spikes": "grad-norm",
+    "checkpoint_unloadable": "checkpoints",
+    "val_far_above_train": "loss",
+    "metrics_unreadable": "events",
+    "data_errors": "funnel",
+    "export_format": "export",
 }
 
 
@@ -174,14 +199,20 @@ def section_doctor(run: RunArtifacts) -> str:
     skipped = [f for f in findings if f.status == "skip"]
     out = ""
     if problems:
-        rows = "".join(f'<tr><td>{_finding_link(f.check)}</td><td class="{f.status}">{esc(f.status)}</td>'
-                       f"<td>{esc(f.evidence)}</td><td>{esc(f.fix)}</td></tr>" for f in problems)
+        rows = "".join(
+            f'<tr><td>{_finding_link(f.check)}</td><td class="{f.status}">{esc(f.status)}</td>'
+            f"<td>{esc(f.evidence)}</td><td>{esc(f.fix)}</td></tr>"
+            for f in problems
+        )
         out += f"<table><tr><th>check</th><th>status</th><th>evidence</th><th>fix</th></tr>{rows}</table>"
     else:
         out += f'<p class="ok">no known failure signature found ({len(CHECKS) - len(skipped)} of {len(CHECKS)} checks ran)</p>'
     if skipped:
-        out += '<p class="small">not checked: ' + "; ".join(f"{esc(f.check)} ({esc(f.evidence.removeprefix('not checked: '))})"
-                                                        for f in skipped) + "</p>"
+        out += (
+            '<p class="small">not checked: '
+            + "; ".join(f"{esc(f.check)} ({esc(f.evidence.removeprefix('not checked: '))})" for f in skipped)
+            + "</p>"
+        )
     return out
 
 
@@ -199,18 +230,44 @@ def section_funnel(run: RunArtifacts) -> str:
         reasons = ", ".join(f"{r} {c:,}" for r, c in dropped[:4]) + (" …" if len(dropped) > 4 else "")
         secs = s.get("seconds")
         rate = a / secs if is_finite(a) and is_finite(secs) and secs else None
-        rows.append([s.get("name"), a, b, f"{100 * share:.1f}%" if share is not None else None,
-                     s.get("bytes_in"), s.get("bytes_out"), secs, rate, reasons])
+        rows.append(
+            [
+                s.get("name"),
+                a,
+                b,
+                f"{100 * share:.1f}%" if share is not None else None,
+                s.get("bytes_in"),
+                s.get("bytes_out"),
+                secs,
+                rate,
+                reasons,
+            ]
+        )
     out = img(plots.funnel_chart(steps), "data funnel")
-    out += table(["step", "docs in", "docs out", "dropped", "bytes in", "bytes out", "seconds", "docs/s", "top reasons"],
-                 rows, numeric={1, 2, 3, 4, 5, 6, 7})
+    out += table(
+        [
+            "step",
+            "docs in",
+            "docs out",
+            "dropped",
+            "bytes in",
+            "bytes out",
+            "seconds",
+            "docs/s",
+            "top reasons",
+        ],
+        rows,
+        numeric={1, 2, 3, 4, 5, 6, 7},
+    )
     inputs = run.data_stats.get("inputs") or {}
     files = inputs.get("files")
     n_files = len(files) if isinstance(files, dict | list) else files
-    facts = [f"{fmt(n_files)} input files" if n_files is not None else None,
-             f"{fmt(inputs['records'])} records" if is_finite(inputs.get("records")) else None,
-             f"{fmt(inputs['bytes'])} bytes" if is_finite(inputs.get("bytes")) else None,
-             f"{len(inputs['unknown'])} files of unknown kind skipped" if inputs.get("unknown") else None]
+    facts = [
+        f"{fmt(n_files)} input files" if n_files is not None else None,
+        f"{fmt(inputs['records'])} records" if is_finite(inputs.get("records")) else None,
+        f"{fmt(inputs['bytes'])} bytes" if is_finite(inputs.get("bytes")) else None,
+        f"{len(inputs['unknown'])} files of unknown kind skipped" if inputs.get("unknown") else None,
+    ]
     if any(facts):
         out += "<p>inputs: " + esc(", ".join(f for f in facts if f)) + ".</p>"
     first, last = steps[0].get("docs_in"), steps[-1].get("docs_out")
@@ -219,8 +276,12 @@ def section_funnel(run: RunArtifacts) -> str:
     errors = run.data_stats.get("errors") or []
     if errors:
         out += f"<p class='warn'>{len(errors):,} input errors:</p>" + table(
-            ["file", "offset", "error"], [[e.get("file"), e.get("offset"), e.get("error")] if isinstance(e, dict)
-                                          else [None, None, e] for e in errors])
+            ["file", "offset", "error"],
+            [
+                [e.get("file"), e.get("offset"), e.get("error")] if isinstance(e, dict) else [None, None, e]
+                for e in errors
+            ],
+        )
     return out
 
 
@@ -230,8 +291,11 @@ def _doc_shards(run: RunArtifacts) -> list[Path]:
     root = data / "docs" if (data / "docs").is_dir() else data
     if not root.is_dir():
         return []
-    return sorted(p for p in root.rglob("*.parquet") if not {"rejects", "work"} & set(p.relative_to(data).parts)
-                  and not p.name.startswith((".", "_")))
+    return sorted(
+        p
+        for p in root.rglob("*.parquet")
+        if not {"rejects", "work"} & set(p.relative_to(data).parts) and not p.name.startswith((".", "_"))
+    )
 
 
 def scan_documents(run: RunArtifacts) -> dict:
@@ -261,10 +325,23 @@ def scan_documents(run: RunArtifacts) -> dict:
                 chunks.append(pc.utf8_length(batch.column("text")).fill_null(0).to_numpy())
             if "language" in cols:
                 counts = pc.value_counts(batch.column("language").fill_null("?"))
-                languages.update(dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(),
-                                          strict=True)))
+                languages.update(
+                    dict(
+                        zip(
+                            counts.field("values").to_pylist(),
+                            counts.field("counts").to_pylist(),
+                            strict=True,
+                        )
+                    )
+                )
     lengths = np.concatenate(chunks).astype(np.int64) if chunks else np.zeros(0, dtype=np.int64)
-    return {"lengths": lengths, "languages": languages, "total": total, "scanned": scanned, "shards": len(shards)}
+    return {
+        "lengths": lengths,
+        "languages": languages,
+        "total": total,
+        "scanned": scanned,
+        "shards": len(shards),
+    }
 
 
 def _scan_note(scan: dict) -> str:
@@ -285,7 +362,9 @@ def section_languages(run: RunArtifacts, scan: dict) -> str:
     if rest:
         labels.append(f"other ({len(langs) - len(top)} languages)")
         values.append(rest)
-    return img(plots.bar_chart(labels, values, "documents per language", "documents"), "languages") + _scan_note(scan)
+    return img(
+        plots.bar_chart(labels, values, "documents per language", "documents"), "languages"
+    ) + _scan_note(scan)
 
 
 def section_lengths(run: RunArtifacts, scan: dict) -> str:
@@ -295,9 +374,18 @@ def section_lengths(run: RunArtifacts, scan: dict) -> str:
     if not len(lengths):
         raise NotAvailable("the Parquet shards have no text column")
     p10, median, p90 = (float(v) for v in np.percentile(lengths, [10, 50, 90]))
-    stats = kv_table([("documents", len(lengths)), ("characters", int(lengths.sum())), ("mean", float(lengths.mean())),
-                      ("median", median), ("p10", p10), ("p90", p90), ("max", int(lengths.max())),
-                      ("empty (0 characters)", int((lengths == 0).sum()))])
+    stats = kv_table(
+        [
+            ("documents", len(lengths)),
+            ("characters", int(lengths.sum())),
+            ("mean", float(lengths.mean())),
+            ("median", median),
+            ("p10", p10),
+            ("p90", p90),
+            ("max", int(lengths.max())),
+            ("empty (0 characters)", int((lengths == 0).sum())),
+        ]
+    )
     chart = plots.histogram(lengths, "document length", "characters (log scale)")
     return img(chart, "document length histogram") + stats + _scan_note(scan)
 
@@ -305,26 +393,45 @@ def section_lengths(run: RunArtifacts, scan: dict) -> str:
 def section_tokenizer(run: RunArtifacts) -> str:
     stats = run.tokenizer_stats
     if stats is None:
-        raise NotAvailable(read_json(run.tokenizer_dir / "tokenizer_stats.json")[1] or "tokenizer_stats.json absent")
+        raise NotAvailable(
+            read_json(run.tokenizer_dir / "tokenizer_stats.json")[1] or "tokenizer_stats.json absent"
+        )
     held = stats.get("heldout") or {}
-    pairs = [("fingerprint", stats.get("fingerprint")), ("pre-tokenizer", stats.get("pre_tokenizer")),
-             ("vocabulary (target / trained / padded)",
-              f"{fmt(stats.get('target_vocab_size'))} / {fmt(stats.get('trained_vocab_size'))} / {fmt(stats.get('padded_vocab_size'))}"),
-             ("trained on", f"{fmt(stats.get('train_docs'))} docs, {fmt(stats.get('train_bytes'))} bytes, "
-                            f"{fmt(stats.get('train_seconds'))} s"),
-             ("held-out documents", held.get("docs")), ("tokens per word", held.get("tokens_per_word")),
-             ("tokens per byte", held.get("tokens_per_byte")), ("bytes per token", held.get("bytes_per_token")),
-             ("unknown-token rate", held.get("unk_rate")), ("round-trip exact", held.get("roundtrip_rate")),
-             ("special tokens", ", ".join(f"{k}={v}" for k, v in (stats.get("special_tokens") or {}).items()))]
+    pairs = [
+        ("fingerprint", stats.get("fingerprint")),
+        ("pre-tokenizer", stats.get("pre_tokenizer")),
+        (
+            "vocabulary (target / trained / padded)",
+            f"{fmt(stats.get('target_vocab_size'))} / {fmt(stats.get('trained_vocab_size'))} / {fmt(stats.get('padded_vocab_size'))}",
+        ),
+        (
+            "trained on",
+            f"{fmt(stats.get('train_docs'))} docs, {fmt(stats.get('train_bytes'))} bytes, "
+            f"{fmt(stats.get('train_seconds'))} s",
+        ),
+        ("held-out documents", held.get("docs")),
+        ("tokens per word", held.get("tokens_per_word")),
+        ("tokens per byte", held.get("tokens_per_byte")),
+        ("bytes per token", held.get("bytes_per_token")),
+        ("unknown-token rate", held.get("unk_rate")),
+        ("round-trip exact", held.get("roundtrip_rate")),
+        ("special tokens", ", ".join(f"{k}={v}" for k, v in (stats.get("special_tokens") or {}).items())),
+    ]
     out = kv_table([(k, v) for k, v in pairs if v not in (None, "")])
     merges = stats.get("top_merges") or []
     if merges:
         out += "<p>first merges: " + ", ".join(f"<code>{esc(m)}</code>" for m in merges[:20]) + "</p>"
     failures = held.get("roundtrip_failures") or []
     if failures:
-        out += "<p class='warn'>round-trip failures:</p>" + table(["at char", "expected", "decoded"],
-                                                                  [[f.get("at_char"), f.get("expected"), f.get("decoded")] for f in failures])
-    out += "<details><summary>every value in tokenizer_stats.json</summary>" + kv_table(flatten(stats)) + "</details>"
+        out += "<p class='warn'>round-trip failures:</p>" + table(
+            ["at char", "expected", "decoded"],
+            [[f.get("at_char"), f.get("expected"), f.get("decoded")] for f in failures],
+        )
+    out += (
+        "<details><summary>every value in tokenizer_stats.json</summary>"
+        + kv_table(flatten(stats))
+        + "</details>"
+    )
     return out
 
 
@@ -333,11 +440,26 @@ def section_tokens(run: RunArtifacts) -> str:
     if m is None:
         raise NotAvailable(read_json(run.tokens_dir / "manifest.json")[1] or "tokens/manifest.json absent")
     splits = m.get("splits") or {}
-    out = table(["split", "shards", "documents", "tokens"],
-                [[k, v.get("shards"), v.get("documents"), v.get("tokens")] for k, v in splits.items()], numeric={1, 2, 3})
-    out += table(["shard", "split", "documents", "tokens", "bytes", "sha256"],
-                 [[s.get("name"), s.get("split"), s.get("documents"), s.get("tokens"), s.get("bytes"), s.get("sha256")]
-                  for s in m.get("shards") or []], numeric={2, 3, 4})
+    out = table(
+        ["split", "shards", "documents", "tokens"],
+        [[k, v.get("shards"), v.get("documents"), v.get("tokens")] for k, v in splits.items()],
+        numeric={1, 2, 3},
+    )
+    out += table(
+        ["shard", "split", "documents", "tokens", "bytes", "sha256"],
+        [
+            [
+                s.get("name"),
+                s.get("split"),
+                s.get("documents"),
+                s.get("tokens"),
+                s.get("bytes"),
+                s.get("sha256"),
+            ]
+            for s in m.get("shards") or []
+        ],
+        numeric={2, 3, 4},
+    )
     rate = m.get("tokens_per_second")
     if is_finite(rate):
         out += f"<p>tokenized at {fmt(rate)} tokens/s with {fmt(m.get('workers'))} worker(s) in {fmt(m.get('seconds'))} s.</p>"
@@ -353,40 +475,75 @@ def _needs_train(run: RunArtifacts) -> list[dict]:
 
 def section_loss(run: RunArtifacts) -> str:
     train, evals = _needs_train(run), run.records("eval")
-    out = img(plots.line_chart({"train loss": _xy(train, "loss")}, "loss", "nats/token",
-                               points={"validation loss": _xy(evals, "val_loss")}), "loss curves")
+    out = img(
+        plots.line_chart(
+            {"train loss": _xy(train, "loss")},
+            "loss",
+            "nats/token",
+            points={"validation loss": _xy(evals, "val_loss")},
+        ),
+        "loss curves",
+    )
     parts = {f"train {k}": _xy(train, f"loss_{k}") for k in ("token", "eos", "bos")}
     parts = {k: v for k, v in parts.items() if v[0]}
     val_parts = {f"val {k}": _xy(evals, f"val_loss_{k}") for k in ("token", "eos", "bos")}
     val_parts = {k: v for k, v in val_parts.items() if v[0]}
     if parts or val_parts:
-        out += img(plots.line_chart(parts, "loss by position: ordinary token / EOS / first token after BOS",
-                                    "nats/token", points=val_parts), "loss breakdown")
+        out += img(
+            plots.line_chart(
+                parts,
+                "loss by position: ordinary token / EOS / first token after BOS",
+                "nats/token",
+                points=val_parts,
+            ),
+            "loss breakdown",
+        )
     else:
         out += '<p class="na">not available: no loss_token / loss_eos / loss_bos in the records</p>'
     if evals:
-        out += table(["step", "val loss", "val ppl", "val bits/byte", "train loss"],
-                     [[e.get("step"), e.get("val_loss"), e.get("val_ppl"), e.get("val_bpb"), e.get("train_loss")] for e in evals],
-                     numeric={0, 1, 2, 3, 4})
+        out += table(
+            ["step", "val loss", "val ppl", "val bits/byte", "train loss"],
+            [
+                [e.get("step"), e.get("val_loss"), e.get("val_ppl"), e.get("val_bpb"), e.get("train_loss")]
+                for e in evals
+            ],
+            numeric={0, 1, 2, 3, 4},
+        )
     return out
 
 
 def section_lr(run: RunArtifacts) -> str:
     train = _needs_train(run)
-    plan = [p for p in run.start_list("schedule") if isinstance(p, list | tuple) and len(p) == 2
-            and is_finite(p[0]) and is_finite(p[1])]
+    plan = [
+        p
+        for p in run.start_list("schedule")
+        if isinstance(p, list | tuple) and len(p) == 2 and is_finite(p[0]) and is_finite(p[1])
+    ]
     dashed = {"planned schedule": ([p[0] for p in plan], [p[1] for p in plan])} if plan else None
-    return img(plots.line_chart({"logged lr": _xy(train, "lr")}, "learning rate", "lr", dashed=dashed), "learning rate")
+    return img(
+        plots.line_chart({"logged lr": _xy(train, "lr")}, "learning rate", "lr", dashed=dashed),
+        "learning rate",
+    )
 
 
 def _event_lines(run: RunArtifacts) -> list[tuple[float, str]]:
-    return [(e["step"], str(e.get("kind", ""))) for e in run.records("event") if is_finite(e.get("step"))][:40]
+    return [(e["step"], str(e.get("kind", ""))) for e in run.records("event") if is_finite(e.get("step"))][
+        :40
+    ]
 
 
 def section_grad_norm(run: RunArtifacts) -> str:
     train = _needs_train(run)
-    out = img(plots.line_chart({"grad norm (before clipping)": _xy(train, "grad_norm")}, "gradient norm", "L2 norm",
-                               log_y=True, vlines=_event_lines(run)), "grad norm")
+    out = img(
+        plots.line_chart(
+            {"grad norm (before clipping)": _xy(train, "grad_norm")},
+            "gradient norm",
+            "L2 norm",
+            log_y=True,
+            vlines=_event_lines(run),
+        ),
+        "grad norm",
+    )
     clipped = [r for r in train if isinstance(r.get("clipped"), bool)]
     if clipped:
         n = sum(r["clipped"] for r in clipped)
@@ -398,25 +555,49 @@ def section_throughput(run: RunArtifacts) -> str:
     train = _needs_train(run)
     mfu = _xy(train, "mfu")
     right = {"MFU (%)": (mfu[0], [100 * v for v in mfu[1]])} if mfu[0] else None
-    out = img(plots.line_chart({"tokens/s": _xy(train, "tokens_per_s")}, "throughput", "tokens/s", right=right,
-                               right_label="MFU %"), "throughput")
+    out = img(
+        plots.line_chart(
+            {"tokens/s": _xy(train, "tokens_per_s")},
+            "throughput",
+            "tokens/s",
+            right=right,
+            right_label="MFU %",
+        ),
+        "throughput",
+    )
     pairs = []
-    for key, label, scale in (("tokens_per_s", "median tokens/s", 1), ("mfu", "median MFU (%)", 100),
-                              ("step_ms", "median step ms", 1), ("data_wait_frac", "median data wait (%)", 100),
-                              ("comm_ms", "median communication ms", 1)):
+    for key, label, scale in (
+        ("tokens_per_s", "median tokens/s", 1),
+        ("mfu", "median MFU (%)", 100),
+        ("step_ms", "median step ms", 1),
+        ("data_wait_frac", "median data wait (%)", 100),
+        ("comm_ms", "median communication ms", 1),
+    ):
         vals = [v for _, v in series(train, key)]
         if vals:
             pairs.append((label, scale * statistics.median(vals)))
     peak = run.start.get("peak_flops")
     if is_finite(peak):
-        pairs.append(("peak FLOP/s used for MFU", f"{peak:.3e} ({run.start.get('peak_source', 'source not recorded')})"))
+        pairs.append(
+            (
+                "peak FLOP/s used for MFU",
+                f"{peak:.3e} ({run.start.get('peak_source', 'source not recorded')})",
+            )
+        )
     return out + kv_table(pairs)
 
 
 def section_memory(run: RunArtifacts) -> str:
     train = _needs_train(run)
-    lines = {label: _xy(train, key) for key, label in (("rss_mb", "process RSS"), ("cuda_alloc_mb", "CUDA allocated"),
-                                                        ("cuda_reserved_mb", "CUDA reserved"), ("cuda_peak_mb", "CUDA peak"))}
+    lines = {
+        label: _xy(train, key)
+        for key, label in (
+            ("rss_mb", "process RSS"),
+            ("cuda_alloc_mb", "CUDA allocated"),
+            ("cuda_reserved_mb", "CUDA reserved"),
+            ("cuda_peak_mb", "CUDA peak"),
+        )
+    }
     lines = {k: v for k, v in lines.items() if v[0]}
     if not lines:
         raise NotAvailable("no rss_mb / cuda_*_mb values in the train records")
@@ -429,7 +610,7 @@ def section_checkpoints(run: RunArtifacts) -> str:
     saves = {int(r["step"]): r for r in run.records("checkpoint") if is_finite(r.get("step"))}
     if not dirs and not saves:
         raise NotAvailable("no checkpoints/ folder and no checkpoint records")
-    latest = (run.root / "checkpoints" / "latest")
+    latest = run.root / "checkpoints" / "latest"
     latest_name = latest.read_text(errors="replace").strip() if latest.is_file() else None
     rows, present = [], set()
     for ckpt in dirs:
@@ -440,10 +621,27 @@ def section_checkpoints(run: RunArtifacts) -> str:
         valid, why = ("yes (sizes)", "") if ok else ("no", "; ".join(problems))
         step = meta.get("step")
         rec = saves.get(step, {}) if isinstance(step, int) else {}
-        rows.append([ckpt.name + (" (latest)" if ckpt.name == latest_name else ""), step, meta.get("tokens_seen"),
-                     meta.get("kind"), size, rec.get("seconds"), valid, why])
-    out = table(["checkpoint", "step", "tokens seen", "kind", "bytes", "save seconds", "complete", "problem"], rows,
-                numeric={1, 2, 4, 5}) if rows else ""
+        rows.append(
+            [
+                ckpt.name + (" (latest)" if ckpt.name == latest_name else ""),
+                step,
+                meta.get("tokens_seen"),
+                meta.get("kind"),
+                size,
+                rec.get("seconds"),
+                valid,
+                why,
+            ]
+        )
+    out = (
+        table(
+            ["checkpoint", "step", "tokens seen", "kind", "bytes", "save seconds", "complete", "problem"],
+            rows,
+            numeric={1, 2, 4, 5},
+        )
+        if rows
+        else ""
+    )
     gone = sorted(set(saves) - present)
     if gone:
         out += f"<p class='small'>saved earlier and since removed by retention: steps {', '.join(map(str, gone[:30]))}</p>"
@@ -456,9 +654,20 @@ def section_events(run: RunArtifacts) -> str:
         raise NotAvailable("metrics.jsonl absent or empty")
     if not events:
         return '<p class="ok">no stability events: no non-finite loss, spike, rollback, skip or resume was recorded.</p>'
-    return table(["step", "kind", "action", "values", "message"],
-                 [[e.get("step"), e.get("kind"), e.get("action"), json.dumps(e.get("values"), default=str) if e.get("values") else None,
-                   e.get("message")] for e in events], numeric={0})
+    return table(
+        ["step", "kind", "action", "values", "message"],
+        [
+            [
+                e.get("step"),
+                e.get("kind"),
+                e.get("action"),
+                json.dumps(e.get("values"), default=str) if e.get("values") else None,
+                e.get("message"),
+            ]
+            for e in events
+        ],
+        numeric={0},
+    )
 
 
 def _eval_files(run: RunArtifacts) -> list[tuple[Path, dict]]:
@@ -474,13 +683,19 @@ def _eval_files(run: RunArtifacts) -> list[tuple[Path, dict]]:
 def section_generations(run: RunArtifacts) -> str:
     gens = [(g.get("step"), g.get("mode"), g.get("prompt"), g.get("text")) for g in run.records("generation")]
     for path, obj in _eval_files(run):
-        gens += [(obj.get("step", path.stem), g.get("mode", "eval"), g.get("prompt"), g.get("text"))
-                 for g in obj.get("generations") or [] if isinstance(g, dict)]
+        gens += [
+            (obj.get("step", path.stem), g.get("mode", "eval"), g.get("prompt"), g.get("text"))
+            for g in obj.get("generations") or []
+            if isinstance(g, dict)
+        ]
     if not gens:
         raise NotAvailable("no generation records in metrics.jsonl and no generations in eval/*.json")
     shown = gens[-MAX_GENERATIONS:]
-    out = "".join(f'<div class="gen"><span class="small">step {esc(fmt(step))} · {esc(mode)}</span>\n'
-                  f"<b>{esc(prompt)}</b>{esc(text)}</div>" for step, mode, prompt, text in shown)
+    out = "".join(
+        f'<div class="gen"><span class="small">step {esc(fmt(step))} · {esc(mode)}</span>\n'
+        f"<b>{esc(prompt)}</b>{esc(text)}</div>"
+        for step, mode, prompt, text in shown
+    )
     if len(gens) > len(shown):
         out = f'<p class="small">the last {len(shown)} of {len(gens)} samples</p>' + out
     return out
@@ -502,7 +717,9 @@ def section_export(run: RunArtifacts) -> str:
     from oreline.tokens.format import convention, describe
 
     manifest = run.manifest or {}
-    stated = [obj["training_format"] for _, obj in _eval_files(run) if isinstance(obj.get("training_format"), dict)]
+    stated = [
+        obj["training_format"] for _, obj in _eval_files(run) if isinstance(obj.get("training_format"), dict)
+    ]
     if stated:
         conv = stated[-1]
     elif isinstance(manifest.get("bos_id"), int) and isinstance(manifest.get("eos_id"), int):
@@ -514,8 +731,16 @@ def section_export(run: RunArtifacts) -> str:
     pairs: list[tuple[str, Any]] = []
     tok_cfg, _ = read_json(export / "tokenizer_config.json")
     if isinstance(tok_cfg, dict):
-        pairs += [(f"export tokenizer {k}", tok_cfg.get(k)) for k in
-                  ("add_bos_token", "add_eos_token", "model_max_length", "padding_side", "model_input_names")]
+        pairs += [
+            (f"export tokenizer {k}", tok_cfg.get(k))
+            for k in (
+                "add_bos_token",
+                "add_eos_token",
+                "model_max_length",
+                "padding_side",
+                "model_input_names",
+            )
+        ]
     hf_cfg, _ = read_json(export / "config.json")
     if isinstance(hf_cfg, dict):
         pairs.append(("export config max_position_embeddings", hf_cfg.get("max_position_embeddings")))
@@ -530,25 +755,42 @@ def section_fingerprints(run: RunArtifacts) -> str:
     if run.data_stats and run.data_stats.get("fingerprint"):
         pairs.append(("data/stats.json fingerprint", run.data_stats["fingerprint"]))
     start = run.start
-    pairs += [(f"training start {k}", start.get(k)) for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint")
-              if start.get(k)]
+    pairs += [
+        (f"training start {k}", start.get(k))
+        for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint")
+        if start.get(k)
+    ]
     m = run.manifest or {}
-    pairs += [(f"token manifest {k}", m.get(k)) for k in ("tokenizer_fingerprint", "data_fingerprint", "docs_fingerprint", "key")
-              if m.get(k)]
+    pairs += [
+        (f"token manifest {k}", m.get(k))
+        for k in ("tokenizer_fingerprint", "data_fingerprint", "docs_fingerprint", "key")
+        if m.get(k)
+    ]
     if run.tokenizer_stats and run.tokenizer_stats.get("fingerprint"):
         pairs.append(("tokenizer_stats.json fingerprint", run.tokenizer_stats["fingerprint"]))
     for ckpt in run.checkpoint_dirs():
         meta = read_json(ckpt / "meta.json")[0] or {}
-        pairs += [(f"{ckpt.name} {k}", meta.get(k)) for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint")
-                  if meta.get(k)]
+        pairs += [
+            (f"{ckpt.name} {k}", meta.get(k))
+            for k in ("config_fingerprint", "tokenizer_fingerprint", "data_fingerprint")
+            if meta.get(k)
+        ]
     for path, obj in _eval_files(run):
-        pairs += [(f"eval/{path.name} {k}", obj.get(k)) for k in ("tokenizer_fingerprint", "data_fingerprint") if obj.get(k)]
+        pairs += [
+            (f"eval/{path.name} {k}", obj.get(k))
+            for k in ("tokenizer_fingerprint", "data_fingerprint")
+            if obj.get(k)
+        ]
     for stage, rec in (run.lineage or {}).items():
         if isinstance(rec, dict):
             pairs += [(f"lineage {stage}.{k}", rec.get(k)) for k in ("key", "output") if rec.get(k)]
     if not pairs:
         raise NotAvailable("no fingerprint.json, lineage.json, manifest, start record or checkpoint meta")
-    return "<table>" + "".join(f"<tr><th>{esc(k)}</th><td><code>{esc(v)}</code></td></tr>" for k, v in pairs) + "</table>"
+    return (
+        "<table>"
+        + "".join(f"<tr><th>{esc(k)}</th><td><code>{esc(v)}</code></td></tr>" for k, v in pairs)
+        + "</table>"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -589,9 +831,26 @@ def _sections(run: RunArtifacts) -> list[tuple[str, str, Callable[[], str]]]:
     ]
 
 
-SECTION_IDS = ["overview", "doctor", "funnel", "languages", "lengths", "tokenizer", "tokens", "loss", "lr", "grad-norm",
-               "throughput", "memory", "checkpoints", "events", "generations", "eval", "export",
-               "fingerprints"]
+SECTION_IDS = [
+    "overview",
+    "doctor",
+    "funnel",
+    "languages",
+    "lengths",
+    "tokenizer",
+    "tokens",
+    "loss",
+    "lr",
+    "grad-norm",
+    "throughput",
+    "memory",
+    "checkpoints",
+    "events",
+    "generations",
+    "eval",
+    "export",
+    "fingerprints",
+]
 
 
 def render_report(run_dir: str | Path) -> str:
@@ -605,15 +864,19 @@ def render_report(run_dir: str | Path) -> str:
         except NotAvailable as exc:
             body = f'<p class="na">not available: {esc(exc)}</p>'
         except Exception as exc:  # one unreadable artifact must not cost the whole report
-            body = f'<p class="na">not available: could not render ({esc(type(exc).__name__)}: {esc(exc)})</p>'
+            body = (
+                f'<p class="na">not available: could not render ({esc(type(exc).__name__)}: {esc(exc)})</p>'
+            )
         nav.append(f'<a href="#{sid}">{esc(title)}</a>')
         parts.append(f'<section id="{sid}"><h2>{esc(title)}</h2>{body}</section>')
     name = run.cfg("run.name") if run.config else run.root.name
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>oreline report: {esc(name)}</title>'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head><body>'
-            f"<header><h1>oreline report: {esc(name)}</h1><p>{esc(run.root.resolve())} · generated {stamp} in "
-            f"{time.perf_counter() - t0:.2f} s</p></header><nav>{''.join(nav)}</nav><main>{''.join(parts)}</main></body></html>\n")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>oreline report: {esc(name)}</title>'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head><body>'
+        f"<header><h1>oreline report: {esc(name)}</h1><p>{esc(run.root.resolve())} · generated {stamp} in "
+        f"{time.perf_counter() - t0:.2f} s</p></header><nav>{''.join(nav)}</nav><main>{''.join(parts)}</main></body></html>\n"
+    )
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -622,7 +885,9 @@ def write_report(run_dir: str | Path) -> Path:
     if not run_dir.is_dir():
         from oreline.errors import InputError
 
-        raise InputError(f"run directory {run_dir} not found", "pass the run folder (runs/NAME) that holds metrics.jsonl")
+        raise InputError(
+            f"run directory {run_dir} not found", "pass the run folder (runs/NAME) that holds metrics.jsonl"
+        )
     path = run_dir / "report.html"
     write_bytes_atomic(path, render_report(run_dir).encode("utf-8"))
     return path

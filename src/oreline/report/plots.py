@@ -127,9 +127,18 @@ def histogram(values, title: str, xlabel: str, log_x: bool = True) -> str:
     return to_data_uri(fig)
 
 
-def line_chart(series: dict[str, Series], title: str, ylabel: str, *, points: dict[str, Series] | None = None,
-               dashed: dict[str, Series] | None = None, log_y: bool = False, vlines: Sequence[tuple[float, str]] = (),
-               right: dict[str, Series] | None = None, right_label: str = "") -> str:
+def line_chart(
+    series: dict[str, Series],
+    title: str,
+    ylabel: str,
+    *,
+    points: dict[str, Series] | None = None,
+    dashed: dict[str, Series] | None = None,
+    log_y: bool = False,
+    vlines: Sequence[tuple[float, str]] = (),
+    right: dict[str, Series] | None = None,
+    right_label: str = "",
+) -> str:
     """Lines over training steps; `points` as markers (evaluations), `dashed` as plans, `vlines` for events,
     `right` on a second y axis."""
     fig = _figure()
@@ -146,8 +155,17 @@ def line_chart(series: dict[str, Series], title: str, ylabel: str, *, points: di
         ax.plot(x, y, "--", label=label, color="#999999", linewidth=1)
     for x, label in vlines:
         ax.axvline(x, color="#d62728", alpha=0.35, linewidth=1)
-        ax.text(x, 1.0, label, transform=ax.get_xaxis_transform(), rotation=90, va="top", ha="right", fontsize=7,
-                color="#d62728")
+        ax.text(
+            x,
+            1.0,
+            label,
+            transform=ax.get_xaxis_transform(),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=7,
+            color="#d62728",
+        )
     if log_y:
         ax.set_yscale("log")
     ax.set_xlabel("step")

@@ -100,7 +100,11 @@ def _char_class(table: str) -> str:
 
 def _bytes_to_unicode() -> list[str]:
     """GPT-2's byte → printable character table (the ByteLevel alphabet of tokenizers)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table, shift = {}, 0
     for b in range(256):
         if b in printable:
@@ -133,10 +137,14 @@ def unicode_tables_agree() -> str | None:
     lns = regex.sub(r"[^\p{L}\p{N}\s]+", "", every)
     count = len(lns) - sum(1 for c in unassigned if regex.match(r"[\p{L}\p{N}\s]", chr(c)))
     if count != ONIG_LNS_COUNT:
-        return (f"the regex module (version {regex.__version__}) has {count} letters/digits/spaces outside "
-                f"ONIG_UNASSIGNED, Oniguruma had {ONIG_LNS_COUNT}: regenerate the table")
+        return (
+            f"the regex module (version {regex.__version__}) has {count} letters/digits/spaces outside "
+            f"ONIG_UNASSIGNED, Oniguruma had {ONIG_LNS_COUNT}: regenerate the table"
+        )
     probe = "".join(map(chr, unassigned))
-    kept = "".join(p for p, _ in pre_tokenizers.Split(Regex(r"[\p{L}\p{N}\s]"), "removed").pre_tokenize_str(probe))
+    kept = "".join(
+        p for p, _ in pre_tokenizers.Split(Regex(r"[\p{L}\p{N}\s]"), "removed").pre_tokenize_str(probe)
+    )
     if kept != probe:
         return "Oniguruma (in tokenizers) now assigns code points of ONIG_UNASSIGNED: regenerate the table"
     return None
@@ -173,10 +181,13 @@ class FastEncoder:
                 if unassigned.search(piece):  # never cached, so every text containing it reroutes
                     raise _Reroute
                 # .encode raises on lone surrogates, as HF does.
-                return tuple(t.id for t in tokenize(piece.encode("utf-8").decode("latin-1").translate(_BYTE_TRANSLATE)))
+                return tuple(
+                    t.id for t in tokenize(piece.encode("utf-8").decode("latin-1").translate(_BYTE_TRANSLATE))
+                )
 
             self._split = regex.compile(GPT2_PATTERN).findall
         elif kind == "metaspace":
+
             def to_ids(word: str) -> tuple[int, ...]:
                 word.encode("utf-8")  # raise on lone surrogates like HF (tokenize would too; be explicit)
                 return tuple(t.id for t in tokenize("▁" + word))
@@ -217,8 +228,14 @@ def unsupported_reason(config: dict, hf) -> str | None:
         return f"non-special added tokens {added[:3]} are matched in text"
     if config.get("added_tokens") and not getattr(hf, "encode_special_tokens", False):
         return "special tokens are matched in text (encode_special_tokens is off)"
-    return None if _kind(config) else (f"normalizer {config.get('normalizer')} with pre-tokenizer "
-                                        f"{config.get('pre_tokenizer')} is not one oreline trains")
+    return (
+        None
+        if _kind(config)
+        else (
+            f"normalizer {config.get('normalizer')} with pre-tokenizer "
+            f"{config.get('pre_tokenizer')} is not one oreline trains"
+        )
+    )
 
 
 def _kind(config: dict) -> str | None:
@@ -226,8 +243,12 @@ def _kind(config: dict) -> str | None:
     byte_level = {k: v for k, v in pre.items() if k != "trim_offsets"}  # trim_offsets only changes offsets
     if norm is None and byte_level == {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}:
         return "byte_level"
-    if norm == {"type": "Prepend", "prepend": "▁"} and pre == {"type": "Metaspace", "replacement": "▁",
-                                                               "prepend_scheme": "never", "split": True}:
+    if norm == {"type": "Prepend", "prepend": "▁"} and pre == {
+        "type": "Metaspace",
+        "replacement": "▁",
+        "prepend_scheme": "never",
+        "split": True,
+    }:
         return "metaspace"
     return None
 

@@ -43,16 +43,21 @@ PROBE_TEXTS = ("Hello world", "a literal <s> and </s> stay text", "<s>starts lik
 
 def convention(bos_id: int, eos_id: int) -> dict[str, Any]:
     """The training format, as eval, report, export and doctor state it."""
-    return {"document": f"{BOS_TOKEN} text {EOS_TOKEN}", "prompt": f"{BOS_TOKEN} prompt",
-            "bos": {"token": BOS_TOKEN, "id": bos_id, "added": True},
-            "eos": {"token": EOS_TOKEN, "id": eos_id, "added": False},
-            "literal_special_text": "stays text"}
+    return {
+        "document": f"{BOS_TOKEN} text {EOS_TOKEN}",
+        "prompt": f"{BOS_TOKEN} prompt",
+        "bos": {"token": BOS_TOKEN, "id": bos_id, "added": True},
+        "eos": {"token": EOS_TOKEN, "id": eos_id, "added": False},
+        "literal_special_text": "stays text",
+    }
 
 
 def describe(conv: dict[str, Any]) -> str:
     """One line for people: 'trained on <s> text </s>; prompts are fed as <s> prompt'."""
-    return (f"trained on {conv['document']} (BOS id {conv['bos']['id']}, EOS id {conv['eos']['id']}); "
-            f"prompts are fed as {conv['prompt']}, EOS not appended")
+    return (
+        f"trained on {conv['document']} (BOS id {conv['bos']['id']}, EOS id {conv['eos']['id']}); "
+        f"prompts are fed as {conv['prompt']}, EOS not appended"
+    )
 
 
 def prompt_ids(tokenizer: Any, text: str) -> list[int]:
@@ -64,8 +69,11 @@ def post_processor(bos_id: int) -> dict[str, Any]:
     """tokenizers' TemplateProcessing that prepends BOS (pairs: `<s> A <s> B`, as transformers writes it)."""
     from tokenizers import processors
 
-    proc = processors.TemplateProcessing(single=f"{BOS_TOKEN}:0 $A:0", pair=f"{BOS_TOKEN}:0 $A:0 {BOS_TOKEN}:1 $B:1",
-                                         special_tokens=[(BOS_TOKEN, bos_id)])
+    proc = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN}:0 $A:0",
+        pair=f"{BOS_TOKEN}:0 $A:0 {BOS_TOKEN}:1 $B:1",
+        special_tokens=[(BOS_TOKEN, bos_id)],
+    )
     return json.loads(proc.__getstate__())
 
 
@@ -91,12 +99,20 @@ def inference_tokenizer_config(config: dict[str, Any], context_len: int) -> dict
     unbatched (right padding puts pads between a prompt and its continuation); transformers 4.x returns
     token_type_ids, which `generate` refuses, unless `model_input_names` leaves them out.
     """
-    return {**config, "add_bos_token": True, "add_eos_token": False, "model_max_length": int(context_len),
-            "padding_side": "left", "model_input_names": ["input_ids", "attention_mask"],
-            "split_special_tokens": True}
+    return {
+        **config,
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "model_max_length": int(context_len),
+        "padding_side": "left",
+        "model_input_names": ["input_ids", "attention_mask"],
+        "split_special_tokens": True,
+    }
 
 
-def check_inference_tokenizer(folder: Path, bos_id: int, eos_id: int, context_len: int | None = None) -> list[str]:
+def check_inference_tokenizer(
+    folder: Path, bos_id: int, eos_id: int, context_len: int | None = None
+) -> list[str]:
     """What in an exported tokenizer folder disagrees with the training format ([] when nothing does).
 
     Encodes PROBE_TEXTS with `tokenizers` alone (post-processor, no special-token matching, as
@@ -125,7 +141,9 @@ def check_inference_tokenizer(folder: Path, bos_id: int, eos_id: int, context_le
             what = "appends EOS"
         else:
             what = "adds other tokens"
-        problems.append(f"tokenizer.json {what} to {text!r} (ids {got[:6]}…; training fed [{bos_id}] + text, no EOS)")
+        problems.append(
+            f"tokenizer.json {what} to {text!r} (ids {got[:6]}…; training fed [{bos_id}] + text, no EOS)"
+        )
         break  # one text shows it; the rest would repeat the finding
     cfg_path = folder / "tokenizer_config.json"
     try:
@@ -133,14 +151,20 @@ def check_inference_tokenizer(folder: Path, bos_id: int, eos_id: int, context_le
     except (OSError, ValueError) as exc:
         return problems + [f"tokenizer_config.json unreadable ({exc})"]
     if cfg.get("add_bos_token") is not True:
-        problems.append(f"tokenizer_config.json add_bos_token={cfg.get('add_bos_token')!r} (transformers 4.x Llama "
-                        "tokenizers read it): training put BOS before every text")
+        problems.append(
+            f"tokenizer_config.json add_bos_token={cfg.get('add_bos_token')!r} (transformers 4.x Llama "
+            "tokenizers read it): training put BOS before every text"
+        )
     if cfg.get("add_eos_token"):
         problems.append("tokenizer_config.json add_eos_token=true: prompts would end with EOS")
     if "token_type_ids" in (cfg.get("model_input_names") or ["token_type_ids"]):
-        problems.append("tokenizer_config.json model_input_names includes token_type_ids (transformers 4.x "
-                        "returns them and generate(**tokenizer(text)) fails)")
+        problems.append(
+            "tokenizer_config.json model_input_names includes token_type_ids (transformers 4.x "
+            "returns them and generate(**tokenizer(text)) fails)"
+        )
     if context_len is not None and cfg.get("model_max_length") != context_len:
-        problems.append(f"tokenizer_config.json model_max_length={cfg.get('model_max_length')!r}, the model was "
-                        f"trained on {context_len}-token sequences (truncation=True would not truncate)")
+        problems.append(
+            f"tokenizer_config.json model_max_length={cfg.get('model_max_length')!r}, the model was "
+            f"trained on {context_len}-token sequences (truncation=True would not truncate)"
+        )
     return problems

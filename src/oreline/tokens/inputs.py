@@ -56,16 +56,24 @@ def expand_inputs(items: list[str | Path], allow_incomplete: bool = False) -> li
         if path.is_dir() and (path / "_SUCCESS").is_file() and (path / "docs").is_dir():
             path = path / "docs"
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and _is_input(p) and not _skipped(p, path))
+            found = sorted(
+                p for p in path.rglob("*") if p.is_file() and _is_input(p) and not _skipped(p, path)
+            )
         elif path.is_file():
             found = [path]
         else:
             found = sorted(Path(p) for p in glob.glob(str(item), recursive=True) if Path(p).is_file())
         if not found:
-            raise InputError(f"no Parquet/JSONL documents found at {item}", "pass .parquet, .jsonl or .jsonl.gz files or a folder holding them")
+            raise InputError(
+                f"no Parquet/JSONL documents found at {item}",
+                "pass .parquet, .jsonl or .jsonl.gz files or a folder holding them",
+            )
         for p in found:
             if not _is_input(p):
-                raise InputError(f"{p} is not a Parquet or JSONL(.gz) file", "convert it with `oreline data`, or pass .parquet/.jsonl/.jsonl.gz")
+                raise InputError(
+                    f"{p} is not a Parquet or JSONL(.gz) file",
+                    "convert it with `oreline data`, or pass .parquet/.jsonl/.jsonl.gz",
+                )
             if p.resolve() not in {q.resolve() for q in out}:
                 out.append(p)
     if not out:
@@ -97,14 +105,18 @@ def parquet_row_groups(path: Path) -> int:
     return pq.ParquetFile(path).num_row_groups
 
 
-def _parquet_batches(path: Path, id_key: str, text_key: str, row_groups: tuple[int, int] | None,
-                     rejects: Rejects) -> Iterator[tuple[list[str], list[str]]]:
+def _parquet_batches(
+    path: Path, id_key: str, text_key: str, row_groups: tuple[int, int] | None, rejects: Rejects
+) -> Iterator[tuple[list[str], list[str]]]:
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
     names = pf.schema_arrow.names
     if text_key not in names:
-        raise InputError(f"{path} has no {text_key!r} column (columns: {names})", "pass documents written by `oreline data` or set data.read.jsonl_text_key")
+        raise InputError(
+            f"{path} has no {text_key!r} column (columns: {names})",
+            "pass documents written by `oreline data` or set data.read.jsonl_text_key",
+        )
     columns = [text_key] + ([id_key] if id_key in names else [])
     groups = list(range(*row_groups)) if row_groups else None
     row = 0 if not row_groups else sum(pf.metadata.row_group(g).num_rows for g in range(row_groups[0]))
@@ -115,8 +127,9 @@ def _parquet_batches(path: Path, id_key: str, text_key: str, row_groups: tuple[i
         row += len(texts)
 
 
-def _jsonl_batches(path: Path, id_key: str, text_key: str, rejects: Rejects,
-                   max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[list[str], list[str]]]:
+def _jsonl_batches(
+    path: Path, id_key: str, text_key: str, rejects: Rejects, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[tuple[list[str], list[str]]]:
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rb") as fh:
         ids: list = []
@@ -136,7 +149,9 @@ def _jsonl_batches(path: Path, id_key: str, text_key: str, rejects: Rejects,
                         raw = fh.readline(1 << 20)
                         if not raw:
                             break
-                    rejects.add("too_large", str(path), lineno, f"more than {max_line_bytes:,} bytes: {preview}")
+                    rejects.add(
+                        "too_large", str(path), lineno, f"more than {max_line_bytes:,} bytes: {preview}"
+                    )
                     continue
                 line = raw.decode("utf-8", "replace")
                 if not line.strip():
@@ -161,7 +176,9 @@ def _jsonl_batches(path: Path, id_key: str, text_key: str, rejects: Rejects,
             raise error
 
 
-def _clean(ids: list, texts: list, source: str, first_row: int, rejects: Rejects) -> tuple[list[str], list[str]]:
+def _clean(
+    ids: list, texts: list, source: str, first_row: int, rejects: Rejects
+) -> tuple[list[str], list[str]]:
     """Drop (and count) rows without usable text; give id-less rows a content id."""
     out_ids, out_texts = [], []
     for i, (doc_id, text) in enumerate(zip(ids, texts, strict=True)):
@@ -176,9 +193,14 @@ def _clean(ids: list, texts: list, source: str, first_row: int, rejects: Rejects
     return out_ids, out_texts
 
 
-def iter_batches(path: Path, rejects: Rejects, id_key: str = "id", text_key: str = "text",
-                 row_groups: tuple[int, int] | None = None,
-                 max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[list[str], list[str]]]:
+def iter_batches(
+    path: Path,
+    rejects: Rejects,
+    id_key: str = "id",
+    text_key: str = "text",
+    row_groups: tuple[int, int] | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
+) -> Iterator[tuple[list[str], list[str]]]:
     """(ids, texts) batches of one input file; `row_groups` = [start, stop) of a Parquet file.
 
     A file that turns out to be unreadable part-way (corrupt Parquet, truncated gzip) keeps the
@@ -195,7 +217,9 @@ def iter_batches(path: Path, rejects: Rejects, id_key: str = "id", text_key: str
         rejects.add("unreadable_file", str(path), -1, f"{type(exc).__name__}: {exc}")
 
 
-def iter_texts(paths: list[Path], rejects: Rejects, id_key: str = "id", text_key: str = "text") -> Iterator[tuple[str, str]]:
+def iter_texts(
+    paths: list[Path], rejects: Rejects, id_key: str = "id", text_key: str = "text"
+) -> Iterator[tuple[str, str]]:
     """(id, text) of every usable document of every file, in order."""
     for path in paths:
         for ids, texts in iter_batches(path, rejects, id_key, text_key):

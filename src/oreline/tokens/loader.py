@@ -55,11 +55,23 @@ class Batch:
 
 
 class TokenLoader:
-    def __init__(self, tokens_dir: str | Path, split: str = "train", seq_len: int = 256, micro_batch: int = 8,
-                 seed: int = 0, rank: int = 0, world_size: int = 1, tokenizer_fingerprint: str | None = None,
-                 doc_mask: bool = False, verify: Literal["full", "header"] = "full"):
+    def __init__(
+        self,
+        tokens_dir: str | Path,
+        split: str = "train",
+        seq_len: int = 256,
+        micro_batch: int = 8,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        tokenizer_fingerprint: str | None = None,
+        doc_mask: bool = False,
+        verify: Literal["full", "header"] = "full",
+    ):
         if not 0 <= rank < world_size:
-            raise ConfigError(f"rank {rank} is outside world size {world_size}", "launch with torchrun so RANK < WORLD_SIZE")
+            raise ConfigError(
+                f"rank {rank} is outside world size {world_size}", "launch with torchrun so RANK < WORLD_SIZE"
+            )
         if verify not in ("full", "header"):
             raise ConfigError(f"verify={verify!r}", 'use verify="full" or verify="header"')
         self.dir = Path(tokens_dir)
@@ -75,29 +87,44 @@ class TokenLoader:
         if tokenizer_fingerprint is not None and m["tokenizer_fingerprint"] != tokenizer_fingerprint:
             raise FingerprintMismatch(
                 f"token shards in {self.dir} were built with tokenizer {m['tokenizer_fingerprint'][:12]}…, "
-                f"this run uses {tokenizer_fingerprint[:12]}…", "re-run oreline tokenize with the tokenizer in use")
+                f"this run uses {tokenizer_fingerprint[:12]}…",
+                "re-run oreline tokenize with the tokenizer in use",
+            )
         entries = [s for s in m["shards"] if s["split"] == split]
         if not entries:
-            hint = "raise tokenize.val_fraction and re-run oreline tokenize" if split == "val" else "re-run oreline tokenize with more documents"
+            hint = (
+                "raise tokenize.val_fraction and re-run oreline tokenize"
+                if split == "val"
+                else "re-run oreline tokenize with more documents"
+            )
             raise InputError(f"no {split!r} shards in {self.dir}", hint)
         expected_fp = m["tokenizer_fingerprint"]
         self.shards = []
         for s in entries:
-            shard = fmt.open_shard(self.dir / s["name"], expected_fp, s["sha256"] if verify == "full" else None)
+            shard = fmt.open_shard(
+                self.dir / s["name"], expected_fp, s["sha256"] if verify == "full" else None
+            )
             if shard.header.tokens != s["tokens"] or shard.header.documents != s["documents"]:
-                raise DataIntegrityError(f"token shard {shard.path} holds {shard.header.tokens} tokens, the manifest says {s['tokens']}", fmt.FIX)
+                raise DataIntegrityError(
+                    f"token shard {shard.path} holds {shard.header.tokens} tokens, the manifest says {s['tokens']}",
+                    fmt.FIX,
+                )
             self.shards.append(shard)
         # verify="full" checked every id on open; otherwise each batch is checked (_make_batch)
         self._vocab_limit = None if verify == "full" else min(s.header.vocab_size for s in self.shards)
         # plain ndarray views of the mappings: slicing a np.memmap subclass costs more than the copy
         self._arrays = [np.asarray(s.tokens) for s in self.shards]
         self.bos_id, self.eos_id = m["bos_id"], m["eos_id"]
-        self._starts = np.cumsum([0] + [s.header.tokens for s in self.shards])  # global token offset of each shard
+        self._starts = np.cumsum(
+            [0] + [s.header.tokens for s in self.shards]
+        )  # global token offset of each shard
         self.total_tokens = int(self._starts[-1])
         self._num_sequences = max(0, (self.total_tokens - 1) // seq_len)
         if self._num_sequences == 0:
-            raise InputError(f"the {split!r} split of {self.dir} has {self.total_tokens} tokens, fewer than seq_len + 1 = {seq_len + 1}",
-                             "lower train.seq_len or tokenize more documents")
+            raise InputError(
+                f"the {split!r} split of {self.dir} has {self.total_tokens} tokens, fewer than seq_len + 1 = {seq_len + 1}",
+                "lower train.seq_len or tokenize more documents",
+            )
         self.consumed = 0
         self._perm_epoch = -1
         self._perm: np.ndarray | None = None
@@ -133,8 +160,8 @@ class TokenLoader:
         done = 0
         while done < len(out):
             local = start + done - int(self._starts[k])
-            piece = self._arrays[k][local:local + len(out) - done]
-            out[done:done + len(piece)] = piece
+            piece = self._arrays[k][local : local + len(out) - done]
+            out[done : done + len(piece)] = piece
             done += len(piece)
             k += 1
 
@@ -166,7 +193,7 @@ class TokenLoader:
         while len(out) < count:
             epoch, offset = divmod(pos, n)
             take = min(count - len(out), n - offset)
-            out.extend(self._permutation(epoch)[offset:offset + take].tolist())
+            out.extend(self._permutation(epoch)[offset : offset + take].tolist())
             pos += take
         return out
 
@@ -189,8 +216,11 @@ class TokenLoader:
         step = self.micro_batch * self.world_size
         n_batches = self._num_sequences // step
         if n_batches == 0:
-            raise InputError(f"the {self.split!r} split of {self.dir} has {self._num_sequences} sequences of {self.seq_len} tokens, "
-                             f"fewer than one batch of {step}", "raise tokenize.val_fraction, or lower train.seq_len / micro_batch")
+            raise InputError(
+                f"the {self.split!r} split of {self.dir} has {self._num_sequences} sequences of {self.seq_len} tokens, "
+                f"fewer than one batch of {step}",
+                "raise tokenize.val_fraction, or lower train.seq_len / micro_batch",
+            )
         if max_batches is not None:
             n_batches = min(n_batches, max_batches)
         for b in range(n_batches):
@@ -200,19 +230,32 @@ class TokenLoader:
     # -- state ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"version": STATE_VERSION, "consumed_sequences": self.consumed, "epoch": self.epoch, "seed": self.seed,
-                "seq_len": self.seq_len, "split": self.split, "data_fingerprint": self.data_fingerprint}
+        return {
+            "version": STATE_VERSION,
+            "consumed_sequences": self.consumed,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "split": self.split,
+            "data_fingerprint": self.data_fingerprint,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the exact next batch of the global order (world size may differ)."""
         if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"loader state version {state.get('version')} is not {STATE_VERSION}", "resume with the oreline version that wrote it")
+            raise ConfigError(
+                f"loader state version {state.get('version')} is not {STATE_VERSION}",
+                "resume with the oreline version that wrote it",
+            )
         if state["data_fingerprint"] != self.data_fingerprint:
             raise FingerprintMismatch(
                 f"loader state is for token data {state['data_fingerprint'][:12]}…, {self.dir} holds {self.data_fingerprint[:12]}…",
-                "resume with the token shards the run started with, or start a new run")
+                "resume with the token shards the run started with, or start a new run",
+            )
         for key in ("seq_len", "seed", "split"):
             if state[key] != getattr(self, key):
-                raise ConfigError(f"loader state has {key}={state[key]!r}, this loader {key}={getattr(self, key)!r}",
-                                  f"resume with the same {key} (or pass --allow-config-change and start a new data order)")
+                raise ConfigError(
+                    f"loader state has {key}={state[key]!r}, this loader {key}={getattr(self, key)!r}",
+                    f"resume with the same {key} (or pass --allow-config-change and start a new data order)",
+                )
         self.consumed = int(state["consumed_sequences"])

@@ -71,8 +71,16 @@ class ShardHeader:
         return self.index_offset + 8 * (self.documents + 1)
 
     def pack(self) -> bytes:
-        body = _FIELDS.pack(MAGIC, VERSION, self.dtype_code, self.tokens, self.documents, self.vocab_size,
-                            self.index_offset, bytes.fromhex(self.fingerprint))
+        body = _FIELDS.pack(
+            MAGIC,
+            VERSION,
+            self.dtype_code,
+            self.tokens,
+            self.documents,
+            self.vocab_size,
+            self.index_offset,
+            bytes.fromhex(self.fingerprint),
+        )
         return body + hashlib.sha256(body).digest()[:8] + bytes(HEADER_SIZE - _FIELDS.size - 8)
 
 
@@ -83,15 +91,21 @@ def read_header(path: Path) -> ShardHeader:
     with open(path, "rb") as fh:
         raw = fh.read(HEADER_SIZE)
     if len(raw) < HEADER_SIZE:
-        raise DataIntegrityError(f"token shard {path} is truncated ({size} bytes, header needs {HEADER_SIZE})", FIX)
+        raise DataIntegrityError(
+            f"token shard {path} is truncated ({size} bytes, header needs {HEADER_SIZE})", FIX
+        )
     if raw[:8] != MAGIC:
-        raise DataIntegrityError(f"{path} is not an oreline token shard (magic {raw[:8]!r}, expected {MAGIC!r})", FIX)
-    body, checksum = raw[:_FIELDS.size], raw[_FIELDS.size:_FIELDS.size + 8]
+        raise DataIntegrityError(
+            f"{path} is not an oreline token shard (magic {raw[:8]!r}, expected {MAGIC!r})", FIX
+        )
+    body, checksum = raw[: _FIELDS.size], raw[_FIELDS.size : _FIELDS.size + 8]
     if hashlib.sha256(body).digest()[:8] != checksum:
         raise DataIntegrityError(f"token shard {path} has a corrupted header (checksum mismatch)", FIX)
     _, version, code, tokens, docs, vocab, index_offset, fp = _FIELDS.unpack(body)
     if version != VERSION:
-        raise DataIntegrityError(f"token shard {path} has format version {version}, this oreline reads {VERSION}", FIX)
+        raise DataIntegrityError(
+            f"token shard {path} has format version {version}, this oreline reads {VERSION}", FIX
+        )
     if code not in DTYPES:
         raise DataIntegrityError(f"token shard {path} has unknown token dtype code {code}", FIX)
     header = ShardHeader(code, tokens, docs, vocab, index_offset, fp.hex())
@@ -99,7 +113,9 @@ def read_header(path: Path) -> ShardHeader:
         raise DataIntegrityError(f"token shard {path} has an inconsistent index offset", FIX)
     if size != header.file_size:
         what = "truncated" if size < header.file_size else "longer than its header says"
-        raise DataIntegrityError(f"token shard {path} is {what} ({size} bytes, header implies {header.file_size})", FIX)
+        raise DataIntegrityError(
+            f"token shard {path} is {what} ({size} bytes, header implies {header.file_size})", FIX
+        )
     return header
 
 
@@ -135,7 +151,9 @@ class ShardWriter:
         np.cumsum(lengths[:-1], out=starts[1:])
         flat[starts] = self.bos[0]
         flat[starts + lengths - 1] = self.eos[0]
-        body = np.fromiter(chain.from_iterable(docs), dtype=np.int64, count=int(lengths.sum()) - 2 * len(docs))
+        body = np.fromiter(
+            chain.from_iterable(docs), dtype=np.int64, count=int(lengths.sum()) - 2 * len(docs)
+        )
         if body.size and (body.max() >= self.vocab_size or body.min() < 0):
             raise ValueError(f"token id {int(body.max())} outside vocabulary of {self.vocab_size}")
         mask = np.ones(flat.size, dtype=bool)
@@ -151,8 +169,14 @@ class ShardWriter:
         return len(self.starts)
 
     def close(self) -> ShardHeader:
-        header = ShardHeader(self.code, self.tokens, len(self.starts), self.vocab_size,
-                             _align8(HEADER_SIZE + self.tokens * self.dtype.itemsize), self.fingerprint)
+        header = ShardHeader(
+            self.code,
+            self.tokens,
+            len(self.starts),
+            self.vocab_size,
+            _align8(HEADER_SIZE + self.tokens * self.dtype.itemsize),
+            self.fingerprint,
+        )
         self.fh.write(bytes(header.index_offset - HEADER_SIZE - self.tokens * self.dtype.itemsize))
         self.fh.write(np.array(self.starts + [self.tokens], dtype="<u8").tobytes())
         self.fh.seek(0)
@@ -178,7 +202,7 @@ class Shard:
     offsets: np.ndarray
 
     def document(self, i: int) -> np.ndarray:
-        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
 
 def open_shard(path: Path, tokenizer_fingerprint: str | None = None, sha256: str | None = None) -> Shard:
@@ -191,17 +215,26 @@ def open_shard(path: Path, tokenizer_fingerprint: str | None = None, sha256: str
     if tokenizer_fingerprint is not None and header.fingerprint != tokenizer_fingerprint:
         raise FingerprintMismatch(
             f"token shard {path} was built with tokenizer {header.fingerprint[:12]}…, this run uses {tokenizer_fingerprint[:12]}…",
-            "re-run oreline tokenize with the tokenizer in use")
+            "re-run oreline tokenize with the tokenizer in use",
+        )
     if sha256 is not None:
         actual = file_sha256(path)
         if actual != sha256:
-            raise DataIntegrityError(f"token shard {path} has sha256 {actual[:12]}…, the manifest says {sha256[:12]}…", FIX)
-    tokens = np.memmap(path, dtype=header.dtype, mode="r", offset=HEADER_SIZE, shape=(header.tokens,)) if header.tokens else np.empty(0, header.dtype)
+            raise DataIntegrityError(
+                f"token shard {path} has sha256 {actual[:12]}…, the manifest says {sha256[:12]}…", FIX
+            )
+    tokens = (
+        np.memmap(path, dtype=header.dtype, mode="r", offset=HEADER_SIZE, shape=(header.tokens,))
+        if header.tokens
+        else np.empty(0, header.dtype)
+    )
     # The index is small (8 bytes per document): read it, so a shard holds one mapping (one file
     # descriptor) however many shards a corpus has.
     offsets = np.fromfile(path, dtype="<u8", count=header.documents + 1, offset=header.index_offset)
     if offsets[-1] != header.tokens or (header.documents and offsets[0] != 0):
-        raise DataIntegrityError(f"token shard {path} has a document index that does not match its token count", FIX)
+        raise DataIntegrityError(
+            f"token shard {path} has a document index that does not match its token count", FIX
+        )
     if sha256 is not None and header.tokens:
         # The file was just read for its hash, so it is in the page cache: the max costs ~6% of
         # the hash (5 ms per 100 MB here). An id ≥ vocab_size would index past the embedding.
@@ -212,5 +245,8 @@ def open_shard(path: Path, tokenizer_fingerprint: str | None = None, sha256: str
 def check_ids(path: Path, header: ShardHeader, max_id: int) -> None:
     """DataIntegrityError when a shard holds an id outside the vocabulary its header declares."""
     if max_id >= header.vocab_size:
-        raise DataIntegrityError(f"token shard {path} holds token id {max_id}, outside its vocabulary of "
-                                 f"{header.vocab_size} (ids 0..{header.vocab_size - 1}): no embedding row has it", FIX)
+        raise DataIntegrityError(
+            f"token shard {path} holds token id {max_id}, outside its vocabulary of "
+            f"{header.vocab_size} (ids 0..{header.vocab_size - 1}): no embedding row has it",
+            FIX,
+        )

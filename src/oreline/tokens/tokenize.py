@@ -52,9 +52,12 @@ from oreline.tokens.train_bpe import OrelineTokenizer, load_tokenizer
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
-SHARD_NAME = re.compile(r"(train|val)-[0-9a-f]{10}-\d{5}-\d{3}\.tok")  # {split}-{generation}-{task}-{part}.tok
-TOKENS_NAMES = re.compile(r"manifest\.json|rejects\.jsonl|" + re.escape(OWNER) + "|" + re.escape(LOCK) + "|"
-                          + SHARD_NAME.pattern)
+SHARD_NAME = re.compile(
+    r"(train|val)-[0-9a-f]{10}-\d{5}-\d{3}\.tok"
+)  # {split}-{generation}-{task}-{part}.tok
+TOKENS_NAMES = re.compile(
+    r"manifest\.json|rejects\.jsonl|" + re.escape(OWNER) + "|" + re.escape(LOCK) + "|" + SHARD_NAME.pattern
+)
 
 
 def is_val(doc_id: str, val_fraction: float) -> bool:
@@ -101,8 +104,13 @@ def _worker_init() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
-def _encode(tok: OrelineTokenizer, ids: list[str], texts: list[str], rejects: Rejects, source: str,
-            ) -> tuple[list[str], list[list[int]]]:
+def _encode(
+    tok: OrelineTokenizer,
+    ids: list[str],
+    texts: list[str],
+    rejects: Rejects,
+    source: str,
+) -> tuple[list[str], list[list[int]]]:
     try:
         return ids, tok.encode_batch(texts)
     except Exception:  # a text the tokenizer cannot take (e.g. lone surrogates): find it, keep the rest
@@ -112,7 +120,9 @@ def _encode(tok: OrelineTokenizer, ids: list[str], texts: list[str], rejects: Re
                 out.append(tok.encode(text))
                 kept_ids.append(doc_id)
             except Exception as exc:
-                rejects.add("encode_error", source, -1, {"id": doc_id, "error": str(exc)[:200], "text": text[:500]})
+                rejects.add(
+                    "encode_error", source, -1, {"id": doc_id, "error": str(exc)[:200], "text": text[:500]}
+                )
         return kept_ids, out
 
 
@@ -124,7 +134,9 @@ def run_task(task: Task) -> dict:
         _TOKENIZER.dir = _TOKENIZER.dir.resolve()
     tok = _TOKENIZER
     if tok.fingerprint != task.tokenizer_fingerprint:
-        raise InputError(f"tokenizer at {task.tokenizer_dir} changed during the run", "re-run oreline tokenize")
+        raise InputError(
+            f"tokenizer at {task.tokenizer_dir} changed during the run", "re-run oreline tokenize"
+        )
     out = Path(task.out_dir)
     rejects = Rejects()
     writers: dict[str, fmt.ShardWriter] = {}
@@ -134,14 +146,25 @@ def run_task(task: Task) -> dict:
     def finish(split: str) -> None:
         w = writers.pop(split)
         header = w.close()
-        records.append({"name": w.path.name, "split": split, "sha256": file_sha256(w.path), "tokens": header.tokens,
-                        "documents": header.documents, "bytes": header.file_size, "task": task.index})
+        records.append(
+            {
+                "name": w.path.name,
+                "split": split,
+                "sha256": file_sha256(w.path),
+                "tokens": header.tokens,
+                "documents": header.documents,
+                "bytes": header.file_size,
+                "task": task.index,
+            }
+        )
 
     def writer(split: str) -> fmt.ShardWriter:
         if split not in writers:
             name = f"{split}-{task.generation}-{task.index:05d}-{parts[split]:03d}.tok"
             parts[split] += 1
-            writers[split] = fmt.ShardWriter(out / name, tok.fingerprint, tok.vocab_size, tok.bos_id, tok.eos_id)
+            writers[split] = fmt.ShardWriter(
+                out / name, tok.fingerprint, tok.vocab_size, tok.bos_id, tok.eos_id
+            )
         return writers[split]
 
     try:
@@ -149,8 +172,10 @@ def run_task(task: Task) -> dict:
             ids, encoded = _encode(tok, ids, texts, rejects, task.path)
             if task.val_fraction > 0:
                 flags = [is_val(i, task.val_fraction) for i in ids]
-                groups = {"train": [e for e, v in zip(encoded, flags, strict=True) if not v],
-                          "val": [e for e, v in zip(encoded, flags, strict=True) if v]}
+                groups = {
+                    "train": [e for e, v in zip(encoded, flags, strict=True) if not v],
+                    "val": [e for e, v in zip(encoded, flags, strict=True) if v],
+                }
             else:
                 groups = {"train": encoded}
             for split, docs in groups.items():
@@ -173,8 +198,14 @@ def run_task(task: Task) -> dict:
 
 
 def _settings(cfg: TokenizeConfig) -> dict:
-    return {"val_fraction": cfg.val_fraction, "max_shard_tokens": cfg.max_shard_tokens, "format_version": fmt.VERSION,
-            "split_rule": "sha256(id)[:8] little-endian < val_fraction * 2**64", "id_key": "id", "text_key": "text"}
+    return {
+        "val_fraction": cfg.val_fraction,
+        "max_shard_tokens": cfg.max_shard_tokens,
+        "format_version": fmt.VERSION,
+        "split_rule": "sha256(id)[:8] little-endian < val_fraction * 2**64",
+        "id_key": "id",
+        "text_key": "text",
+    }
 
 
 def _canonical(obj) -> bytes:
@@ -184,7 +215,9 @@ def _canonical(obj) -> bytes:
 def read_manifest(tokens_dir: str | Path) -> dict:
     path = Path(tokens_dir) / MANIFEST
     if not path.is_file():
-        raise InputError(f"no {MANIFEST} in {tokens_dir}", "run `oreline tokenize DOCS --tokenizer DIR --out DIR` first")
+        raise InputError(
+            f"no {MANIFEST} in {tokens_dir}", "run `oreline tokenize DOCS --tokenizer DIR --out DIR` first"
+        )
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except RecursionError:
@@ -196,29 +229,43 @@ def read_manifest(tokens_dir: str | Path) -> dict:
 
 
 # What readers of a manifest index without a check: a manifest lacking one fails here, naming it.
-_MANIFEST_KEYS = {"shards": list, "tokenizer_fingerprint": str, "data_fingerprint": str, "bos_id": int, "eos_id": int}
+_MANIFEST_KEYS = {
+    "shards": list,
+    "tokenizer_fingerprint": str,
+    "data_fingerprint": str,
+    "bos_id": int,
+    "eos_id": int,
+}
 _SHARD_KEYS = {"name": str, "split": str, "tokens": int, "documents": int, "sha256": str, "bytes": int}
 
 
 def _check_manifest(path: Path, manifest: object) -> None:
     """The shape the loader relies on: an object with typed keys, shards named by plain file names."""
     if not isinstance(manifest, dict):
-        raise DataIntegrityError(f"{path} holds a JSON {type(manifest).__name__}, not a token manifest (an object)", fmt.FIX)
+        raise DataIntegrityError(
+            f"{path} holds a JSON {type(manifest).__name__}, not a token manifest (an object)", fmt.FIX
+        )
     for key, kind in _MANIFEST_KEYS.items():
         if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
             got = "missing" if key not in manifest else f"a {type(manifest[key]).__name__}"
             raise DataIntegrityError(f"{path}: key {key!r} is {got}, expected a {kind.__name__}", fmt.FIX)
     for i, shard in enumerate(manifest["shards"]):
         if not isinstance(shard, dict):
-            raise DataIntegrityError(f"{path}: shards[{i}] is a {type(shard).__name__}, not an object", fmt.FIX)
+            raise DataIntegrityError(
+                f"{path}: shards[{i}] is a {type(shard).__name__}, not an object", fmt.FIX
+            )
         for key, kind in _SHARD_KEYS.items():
             if not isinstance(shard.get(key), kind) or isinstance(shard.get(key), bool):
                 got = "missing" if key not in shard else f"a {type(shard[key]).__name__}"
-                raise DataIntegrityError(f"{path}: shards[{i}].{key} is {got}, expected a {kind.__name__}", fmt.FIX)
+                raise DataIntegrityError(
+                    f"{path}: shards[{i}].{key} is {got}, expected a {kind.__name__}", fmt.FIX
+                )
         # a name is joined to the tokens folder: "../x" or "/x" would read a file outside it
         if Path(shard["name"]).name != shard["name"] or shard["name"] in ("", ".", ".."):
-            raise DataIntegrityError(f"{path}: shards[{i}].name {shard['name'][:80]!r} is not a file name in {path.parent}",
-                                     fmt.FIX)
+            raise DataIntegrityError(
+                f"{path}: shards[{i}].name {shard['name'][:80]!r} is not a file name in {path.parent}",
+                fmt.FIX,
+            )
 
 
 def _up_to_date(out: Path, key: str) -> dict | None:
@@ -237,13 +284,23 @@ def _up_to_date(out: Path, key: str) -> dict | None:
 
 def _legacy_tokens(folder: Path) -> bool:
     try:
-        return json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("format") == "oreline-token-shards"
+        return (
+            json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("format")
+            == "oreline-token-shards"
+        )
     except (OSError, ValueError, AttributeError):
         return False
 
 
-def tokenize_corpus(inputs: list[str | Path], tokenizer_dir: str | Path, out_dir: str | Path, cfg: TokenizeConfig,
-                    workers: int | None = None, force: bool = False, allow_incomplete: bool = False) -> dict:
+def tokenize_corpus(
+    inputs: list[str | Path],
+    tokenizer_dir: str | Path,
+    out_dir: str | Path,
+    cfg: TokenizeConfig,
+    workers: int | None = None,
+    force: bool = False,
+    allow_incomplete: bool = False,
+) -> dict:
     """Tokenize documents into packed shards + manifest.json; a no-op when nothing changed.
 
     `force` writes into a non-empty folder oreline did not create; `allow_incomplete` reads a data
@@ -251,26 +308,44 @@ def tokenize_corpus(inputs: list[str | Path], tokenizer_dir: str | Path, out_dir
     out = Path(out_dir)
     paths = expand_inputs(inputs, allow_incomplete)
     tok = load_tokenizer(tokenizer_dir)
-    claim_folder(out, "tokens", "oreline tokenize", force=force, reserved=TOKENS_NAMES.fullmatch, legacy=_legacy_tokens)
+    claim_folder(
+        out, "tokens", "oreline tokenize", force=force, reserved=TOKENS_NAMES.fullmatch, legacy=_legacy_tokens
+    )
     with FolderLock(out, "oreline tokenize"):
         return _tokenize(paths, tok, out, cfg, workers)
 
 
-def _tokenize(paths: list[Path], tok: OrelineTokenizer, out: Path, cfg: TokenizeConfig, workers: int | None) -> dict:
+def _tokenize(
+    paths: list[Path], tok: OrelineTokenizer, out: Path, cfg: TokenizeConfig, workers: int | None
+) -> dict:
     t0 = time.perf_counter()
     workers = max(1, workers or cfg.workers)
     input_records = [{"path": str(p), "sha256": file_sha256(p), "bytes": p.stat().st_size} for p in paths]
     settings = _settings(cfg)
     docs_fp = hashlib.sha256(_canonical([r["sha256"] for r in input_records])).hexdigest()
-    key = hashlib.sha256(_canonical({"tokenizer": tok.fingerprint, "docs": docs_fp, "settings": settings})).hexdigest()
+    key = hashlib.sha256(
+        _canonical({"tokenizer": tok.fingerprint, "docs": docs_fp, "settings": settings})
+    ).hexdigest()
     existing = _up_to_date(out, key)
     if existing is not None:
         return {**existing, "up_to_date": True}
 
     out.mkdir(parents=True, exist_ok=True)
     generation = key[:10]
-    tasks = [Task(i, str(p), rg, str(tok.dir), tok.fingerprint, str(out), generation, cfg.val_fraction, cfg.max_shard_tokens)
-             for i, (p, rg) in enumerate(plan_tasks(paths, workers))]
+    tasks = [
+        Task(
+            i,
+            str(p),
+            rg,
+            str(tok.dir),
+            tok.fingerprint,
+            str(out),
+            generation,
+            cfg.val_fraction,
+            cfg.max_shard_tokens,
+        )
+        for i, (p, rg) in enumerate(plan_tasks(paths, workers))
+    ]
     if workers == 1 or len(tasks) == 1:
         global _TOKENIZER
         _TOKENIZER = tok  # in-process: reuse the tokenizer loaded above
@@ -281,37 +356,55 @@ def _tokenize(paths: list[Path], tok: OrelineTokenizer, out: Path, cfg: Tokenize
 
         # spawn, not fork: the caller may hold threads (torch, tensorboard, rayon) whose locks a
         # forked child would inherit; a worker's start-up (~1 s of imports) is noise next to its task.
-        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=mp.get_context("spawn"),
-                                 initializer=_worker_init) as pool:
+        with ProcessPoolExecutor(
+            max_workers=min(workers, len(tasks)), mp_context=mp.get_context("spawn"), initializer=_worker_init
+        ) as pool:
             results = list(pool.map(run_task, tasks))
 
-    shard_records = sorted((s for r in results for s in r["shards"]), key=lambda s: (SPLITS.index(s["split"]), s["task"], s["name"]))
+    shard_records = sorted(
+        (s for r in results for s in r["shards"]),
+        key=lambda s: (SPLITS.index(s["split"]), s["task"], s["name"]),
+    )
     rejected = Counter()
     reject_rows = []
     for r in results:
         rejected.update(r["rejected"])
         reject_rows.extend(r["reject_rows"])
     if reject_rows:
-        (out / "rejects.jsonl").write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in reject_rows),
-                                           encoding="utf-8", errors="backslashreplace")  # lone surrogates stay visible
-    splits = {s: {"shards": sum(1 for r in shard_records if r["split"] == s),
-                  "documents": sum(r["documents"] for r in shard_records if r["split"] == s),
-                  "tokens": sum(r["tokens"] for r in shard_records if r["split"] == s)} for s in SPLITS}
+        (out / "rejects.jsonl").write_text(
+            "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in reject_rows),
+            encoding="utf-8",
+            errors="backslashreplace",
+        )  # lone surrogates stay visible
+    splits = {
+        s: {
+            "shards": sum(1 for r in shard_records if r["split"] == s),
+            "documents": sum(r["documents"] for r in shard_records if r["split"] == s),
+            "tokens": sum(r["tokens"] for r in shard_records if r["split"] == s),
+        }
+        for s in SPLITS
+    }
     if not shard_records:
-        raise InputError(f"no usable documents in {len(paths)} input file(s) (rejected: {dict(rejected)})",
-                         "check the inputs hold non-empty 'text' fields")
+        raise InputError(
+            f"no usable documents in {len(paths)} input file(s) (rejected: {dict(rejected)})",
+            "check the inputs hold non-empty 'text' fields",
+        )
     seconds = time.perf_counter() - t0
     total_tokens = sum(r["tokens"] for r in shard_records)
     manifest = {
         "format": "oreline-token-shards",
         "format_version": fmt.VERSION,
         "key": key,
-        "data_fingerprint": hashlib.sha256(_canonical([tok.fingerprint] + [r["sha256"] for r in shard_records])).hexdigest(),
+        "data_fingerprint": hashlib.sha256(
+            _canonical([tok.fingerprint] + [r["sha256"] for r in shard_records])
+        ).hexdigest(),
         "tokenizer_fingerprint": tok.fingerprint,
         "tokenizer_dir": str(tok.dir),
         "vocab_size": tok.vocab_size,
         "dtype": str(fmt.DTYPES[fmt.dtype_code_for(tok.vocab_size)]),
-        "bos_id": tok.bos_id, "eos_id": tok.eos_id, "pad_id": tok.pad_id,
+        "bos_id": tok.bos_id,
+        "eos_id": tok.eos_id,
+        "pad_id": tok.pad_id,
         "docs_fingerprint": docs_fp,
         "inputs": input_records,
         "settings": settings,
@@ -324,8 +417,14 @@ def _tokenize(paths: list[Path], tok: OrelineTokenizer, out: Path, cfg: Tokenize
     }
     write_json_atomic(out / MANIFEST, manifest)  # the commit point
     keep = {r["name"] for r in shard_records}  # older generations and killed attempts' shards go
-    remove_listed(out, [p.name for p in out.iterdir() if (SHARD_NAME.fullmatch(p.name) and p.name not in keep)
-                        or is_temp_of(p.name, SHARD_NAME)])
+    remove_listed(
+        out,
+        [
+            p.name
+            for p in out.iterdir()
+            if (SHARD_NAME.fullmatch(p.name) and p.name not in keep) or is_temp_of(p.name, SHARD_NAME)
+        ],
+    )
     if not reject_rows:
         (out / "rejects.jsonl").unlink(missing_ok=True)
     return {**manifest, "up_to_date": False}
@@ -335,8 +434,10 @@ def print_manifest_summary(manifest: dict, console) -> None:
     from rich.table import Table
 
     if manifest.get("up_to_date"):
-        console.print(f"token shards are up to date (same tokenizer {manifest['tokenizer_fingerprint'][:12]}…, "
-                      f"same documents and settings): nothing to do")
+        console.print(
+            f"token shards are up to date (same tokenizer {manifest['tokenizer_fingerprint'][:12]}…, "
+            f"same documents and settings): nothing to do"
+        )
     table = Table(title=f"token shards ({manifest['dtype']})")
     for col in ("split", "shards", "documents", "tokens"):
         table.add_column(col, justify="right" if col != "split" else "left")
@@ -344,7 +445,15 @@ def print_manifest_summary(manifest: dict, console) -> None:
         table.add_row(split, f"{s['shards']:,}", f"{s['documents']:,}", f"{s['tokens']:,}")
     console.print(table)
     if manifest["rejected"]:
-        console.print("rejected rows: " + ", ".join(f"{k}={v}" for k, v in sorted(manifest["rejected"].items())) + " (see rejects.jsonl)")
+        console.print(
+            "rejected rows: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(manifest["rejected"].items()))
+            + " (see rejects.jsonl)"
+        )
     if not manifest.get("up_to_date"):
-        console.print(f"{manifest['tokens_per_second']:,.0f} tokens/s over {manifest['seconds']:.1f} s with {manifest['workers']} worker(s)")
-    console.print(f"tokenizer {manifest['tokenizer_fingerprint'][:12]}…, data fingerprint {manifest['data_fingerprint'][:12]}…")
+        console.print(
+            f"{manifest['tokens_per_second']:,.0f} tokens/s over {manifest['seconds']:.1f} s with {manifest['workers']} worker(s)"
+        )
+    console.print(
+        f"tokenizer {manifest['tokenizer_fingerprint'][:12]}…, data fingerprint {manifest['data_fingerprint'][:12]}…"
+    )

@@ -113,20 +113,31 @@ def load_tokenizer(path: str | Path) -> OrelineTokenizer:
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
-        raise InputError(f"no tokenizer.json at {path}", "train one with `oreline tokenizer train DOCS --out DIR`")
+        raise InputError(
+            f"no tokenizer.json at {path}", "train one with `oreline tokenizer train DOCS --out DIR`"
+        )
     text = read_tokenizer_json(file)
     try:
         hf = Tokenizer.from_str(text)
     except Exception as exc:  # tokenizers raises a bare Exception for JSON that is not a tokenizer
-        raise InputError(f"{file} is JSON but not a Hugging Face tokenizer ({exc})", _rebuild_hint(file)) from None
+        raise InputError(
+            f"{file} is JSON but not a Hugging Face tokenizer ({exc})", _rebuild_hint(file)
+        ) from None
     hf.encode_special_tokens = True  # not serialized by tokenizers: set on every load
     for name, want in ((PAD, 0), (BOS, 1), (EOS, 2)):
         if hf.token_to_id(name) != want:
-            raise InputError(f"{file}: {name} has id {hf.token_to_id(name)}, oreline needs {want}",
-                             "train the tokenizer with `oreline tokenizer train`")
+            raise InputError(
+                f"{file}: {name} has id {hf.token_to_id(name)}, oreline needs {want}",
+                "train the tokenizer with `oreline tokenizer train`",
+            )
     # The fast encoder checks itself against hf here and is None (with a warning) when they differ.
-    return OrelineTokenizer(hf=hf, dir=file.parent, fingerprint=canonical_fingerprint(text),
-                            vocab_size=round_up(hf.get_vocab_size()), fast=fast_encoder(hf, json.loads(text)))
+    return OrelineTokenizer(
+        hf=hf,
+        dir=file.parent,
+        fingerprint=canonical_fingerprint(text),
+        vocab_size=round_up(hf.get_vocab_size()),
+        fast=fast_encoder(hf, json.loads(text)),
+    )
 
 
 def _rebuild_hint(file: Path) -> str:
@@ -141,15 +152,19 @@ def read_tokenizer_json(file: Path) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{file} is not UTF-8 text (byte {exc.start}: {exc.reason}); it is binary or corrupted",
-                         _rebuild_hint(file)) from None
+        raise InputError(
+            f"{file} is not UTF-8 text (byte {exc.start}: {exc.reason}); it is binary or corrupted",
+            _rebuild_hint(file),
+        ) from None
     try:
         json.loads(text)
     except RecursionError:
         raise InputError(f"{file} is nested too deeply to be a tokenizer", _rebuild_hint(file)) from None
     except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
-        raise InputError(f"{file} is not valid JSON, cut short or corrupted ({len(data)} bytes; {exc})",
-                         _rebuild_hint(file)) from None
+        raise InputError(
+            f"{file} is not valid JSON, cut short or corrupted ({len(data)} bytes; {exc})",
+            _rebuild_hint(file),
+        ) from None
     return text
 
 
@@ -178,19 +193,33 @@ def build_tokenizer(cfg: TokenizerConfig):
         tok = Tokenizer(models.BPE(unk_token=UNK, byte_fallback=True, **subword))
         tok.normalizer = normalizers.Prepend("▁")
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True)
-        tok.decoder = decoders.Sequence(strip_prefix + [decoders.Replace("▁", " "), decoders.ByteFallback(),
-                                                        decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+        tok.decoder = decoders.Sequence(
+            strip_prefix
+            + [
+                decoders.Replace("▁", " "),
+                decoders.ByteFallback(),
+                decoders.Fuse(),
+                decoders.Strip(" ", 1, 0),
+            ]
+        )
         alphabet = []
         # Like SentencePiece's character_coverage: only the most frequent characters enter the
         # alphabet (a quarter of the merge budget); rare ones (e.g. most CJK characters in a
         # small vocabulary) are spelled with byte-fallback tokens instead of eating the vocabulary.
         limit = {"limit_alphabet": max(64, (cfg.vocab_size - len(specials)) // 4)}
     if cfg.vocab_size < len(specials) + len(alphabet) + 1:
-        raise InputError(f"tokenizer.vocab_size={cfg.vocab_size} leaves no room for merges ({len(specials) + len(alphabet)} base tokens)",
-                         f"set tokenizer.vocab_size above {len(specials) + len(alphabet)}")
+        raise InputError(
+            f"tokenizer.vocab_size={cfg.vocab_size} leaves no room for merges ({len(specials) + len(alphabet)} base tokens)",
+            f"set tokenizer.vocab_size above {len(specials) + len(alphabet)}",
+        )
     trainer = trainers.BpeTrainer(
-        vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, special_tokens=specials,
-        initial_alphabet=alphabet, show_progress=False, **subword, **limit,
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=specials,
+        initial_alphabet=alphabet,
+        show_progress=False,
+        **subword,
+        **limit,
     )
     return tok, trainer
 
@@ -203,11 +232,16 @@ def _demote_byte_tokens(tokenizer_json: str) -> str:
 
 
 def _is_heldout(doc_id: str) -> bool:
-    return int.from_bytes(hashlib.sha256(doc_id.encode("utf-8", "surrogatepass")).digest()[:8], "little") % HELDOUT_EVERY == 0
+    return (
+        int.from_bytes(hashlib.sha256(doc_id.encode("utf-8", "surrogatepass")).digest()[:8], "little")
+        % HELDOUT_EVERY
+        == 0
+    )
 
 
-def _training_stream(paths: list[Path], cfg: TokenizerConfig, rejects: Rejects, heldout: list[str],
-                     counters: dict) -> Iterator[str]:
+def _training_stream(
+    paths: list[Path], cfg: TokenizerConfig, rejects: Rejects, heldout: list[str], counters: dict
+) -> Iterator[str]:
     for doc_id, text in iter_texts(paths, rejects):
         try:
             n_bytes = len(text.encode("utf-8"))
@@ -248,9 +282,20 @@ def write_hf_files(out: Path, tokenizer_json: str, cfg: TokenizerConfig) -> None
 def measure(tok: OrelineTokenizer, texts: list[str]) -> dict:
     """Fertility, unknown-token rate and round-trip exactness on held-out documents."""
     if not texts:
-        return {"docs": 0, "tokens": 0, "words": 0, "bytes": 0, "tokens_per_word": None, "tokens_per_byte": None,
-                "bytes_per_token": None, "unk_tokens": 0, "unk_rate": 0.0, "roundtrip_exact": 0, "roundtrip_rate": None,
-                "roundtrip_failures": []}
+        return {
+            "docs": 0,
+            "tokens": 0,
+            "words": 0,
+            "bytes": 0,
+            "tokens_per_word": None,
+            "tokens_per_byte": None,
+            "bytes_per_token": None,
+            "unk_tokens": 0,
+            "unk_rate": 0.0,
+            "roundtrip_exact": 0,
+            "roundtrip_rate": None,
+            "roundtrip_failures": [],
+        }
     ids = tok.encode_batch(texts)
     n_tokens = sum(map(len, ids))
     n_words = sum(len(t.split()) for t in texts)
@@ -264,14 +309,30 @@ def measure(tok: OrelineTokenizer, texts: list[str]) -> dict:
         if back == text:
             exact += 1
         elif len(failures) < 5:
-            at = next((i for i, (a, b) in enumerate(zip(text, back, strict=False)) if a != b), min(len(text), len(back)))
-            failures.append({"at_char": at, "expected": text[max(0, at - 20):at + 20], "decoded": back[max(0, at - 20):at + 20]})
+            at = next(
+                (i for i, (a, b) in enumerate(zip(text, back, strict=False)) if a != b),
+                min(len(text), len(back)),
+            )
+            failures.append(
+                {
+                    "at_char": at,
+                    "expected": text[max(0, at - 20) : at + 20],
+                    "decoded": back[max(0, at - 20) : at + 20],
+                }
+            )
     return {
-        "docs": len(texts), "tokens": n_tokens, "words": n_words, "bytes": n_bytes,
-        "tokens_per_word": n_tokens / max(n_words, 1), "tokens_per_byte": n_tokens / max(n_bytes, 1),
+        "docs": len(texts),
+        "tokens": n_tokens,
+        "words": n_words,
+        "bytes": n_bytes,
+        "tokens_per_word": n_tokens / max(n_words, 1),
+        "tokens_per_byte": n_tokens / max(n_bytes, 1),
         "bytes_per_token": n_bytes / max(n_tokens, 1),
-        "unk_tokens": n_unk, "unk_rate": n_unk / max(n_tokens, 1),
-        "roundtrip_exact": exact, "roundtrip_rate": exact / len(texts), "roundtrip_failures": failures,
+        "unk_tokens": n_unk,
+        "unk_rate": n_unk / max(n_tokens, 1),
+        "roundtrip_exact": exact,
+        "roundtrip_rate": exact / len(texts),
+        "roundtrip_failures": failures,
     }
 
 
@@ -282,16 +343,32 @@ def _readable_merges(tokenizer_json: str, byte_level: bool, n: int = 20) -> list
         from tokenizers import decoders
 
         dec = decoders.ByteLevel()
-        return [" + ".join(repr(dec.decode([p])) for p in (m if isinstance(m, list) else m.split(" "))) for m in merges]
-    return [" + ".join(repr(p.replace("▁", " ")) for p in (m if isinstance(m, list) else m.split(" "))) for m in merges]
+        return [
+            " + ".join(repr(dec.decode([p])) for p in (m if isinstance(m, list) else m.split(" ")))
+            for m in merges
+        ]
+    return [
+        " + ".join(repr(p.replace("▁", " ")) for p in (m if isinstance(m, list) else m.split(" ")))
+        for m in merges
+    ]
 
 
-TOKENIZER_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "rejects.json",
-                   "tokenizer_stats.json")
+TOKENIZER_NAMES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "rejects.json",
+    "tokenizer_stats.json",
+)
 
 
-def train_tokenizer(inputs: list[str | Path], out_dir: str | Path, cfg: TokenizerConfig, force: bool = False,
-                    allow_incomplete: bool = False) -> dict:
+def train_tokenizer(
+    inputs: list[str | Path],
+    out_dir: str | Path,
+    cfg: TokenizerConfig,
+    force: bool = False,
+    allow_incomplete: bool = False,
+) -> dict:
     """Train BPE on Parquet/JSONL documents; write HF files and tokenizer_stats.json; return the stats.
 
     The output folder is claimed as oreline's "tokenizer" folder first (`oreline.outdir`): a
@@ -302,8 +379,14 @@ def train_tokenizer(inputs: list[str | Path], out_dir: str | Path, cfg: Tokenize
 
     out = Path(out_dir)
     paths = expand_inputs(inputs, allow_incomplete)
-    claim_folder(out, "tokenizer", "oreline tokenizer train", force=force, reserved=TOKENIZER_NAMES.__contains__,
-                 legacy=lambda d: (d / "tokenizer_stats.json").is_file() and (d / "tokenizer.json").is_file())
+    claim_folder(
+        out,
+        "tokenizer",
+        "oreline tokenizer train",
+        force=force,
+        reserved=TOKENIZER_NAMES.__contains__,
+        legacy=lambda d: (d / "tokenizer_stats.json").is_file() and (d / "tokenizer.json").is_file(),
+    )
     tok, trainer = build_tokenizer(cfg)
     rejects = Rejects()
     heldout: list[str] = []
@@ -312,8 +395,10 @@ def train_tokenizer(inputs: list[str | Path], out_dir: str | Path, cfg: Tokenize
     tok.train_from_iterator(_training_stream(paths, cfg, rejects, heldout, counters), trainer)
     train_s = time.perf_counter() - t0
     if counters["docs"] == 0:
-        raise InputError(f"no usable documents in {', '.join(map(str, paths))} (rejected: {rejects.counts})",
-                         "check the inputs hold non-empty 'text' fields")
+        raise InputError(
+            f"no usable documents in {', '.join(map(str, paths))} (rejected: {rejects.counts})",
+            "check the inputs hold non-empty 'text' fields",
+        )
     text = tok.to_str()
     if cfg.pre_tokenizer == "metaspace":
         text = _demote_byte_tokens(text)
@@ -346,10 +431,18 @@ def print_tokenizer_stats(stats: dict, console) -> None:
     from rich.table import Table
 
     h = stats["heldout"]
-    table = Table(title=f"tokenizer {stats['fingerprint'][:12]} ({stats['pre_tokenizer']})", show_header=False)
+    table = Table(
+        title=f"tokenizer {stats['fingerprint'][:12]} ({stats['pre_tokenizer']})", show_header=False
+    )
     rows = [
-        ("vocabulary (trained / padded)", f"{stats['trained_vocab_size']:,} / {stats['padded_vocab_size']:,}"),
-        ("trained on", f"{stats['train_docs']:,} docs, {stats['train_bytes'] / 1e6:.2f} MB in {stats['train_seconds']:.1f} s"),
+        (
+            "vocabulary (trained / padded)",
+            f"{stats['trained_vocab_size']:,} / {stats['padded_vocab_size']:,}",
+        ),
+        (
+            "trained on",
+            f"{stats['train_docs']:,} docs, {stats['train_bytes'] / 1e6:.2f} MB in {stats['train_seconds']:.1f} s",
+        ),
         ("held-out docs", f"{h['docs']:,}"),
     ]
     if h["docs"]:

@@ -250,17 +250,25 @@ def _restore_param_groups(saved: list[dict], current: list[dict]) -> list[dict]:
 
 def _full_meta(step: int, meta: dict, kind: str) -> dict:
     out = dict(meta)
-    out.update(format_version=FORMAT_VERSION, kind=kind, step=int(step), world_size=_world(),
-               time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), host=socket.gethostname(),
-               torch_version=torch.__version__)
+    out.update(
+        format_version=FORMAT_VERSION,
+        kind=kind,
+        step=int(step),
+        world_size=_world(),
+        time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        host=socket.gethostname(),
+        torch_version=torch.__version__,
+    )
     if isinstance(meta.get("config"), dict) and "config_fingerprint" not in meta:
         out["config_fingerprint"] = fingerprint(meta["config"])
     try:
         json.dumps(out)
     except (TypeError, ValueError) as exc:
         bad = [k for k, v in out.items() if not _json_ok(v)]
-        raise CheckpointError(f"checkpoint meta is not JSON-serializable ({exc}; keys {bad})",
-                              "pass plain numbers, strings, lists and dicts in meta (state_dict() of helpers)") from None
+        raise CheckpointError(
+            f"checkpoint meta is not JSON-serializable ({exc}; keys {bad})",
+            "pass plain numbers, strings, lists and dicts in meta (state_dict() of helpers)",
+        ) from None
     return out
 
 
@@ -322,9 +330,11 @@ def _load_errors(path: Path):
             if isinstance(err, CheckpointError):
                 raise err from None
         first = errors[0] if errors else exc
-        raise CheckpointError(f"loading {path} failed ({type(first).__name__}: {str(first)[:300]})",
-                              "check it with oreline checkpoint verify; resume from another checkpoint or "
-                              "start fresh with --resume none") from None
+        raise CheckpointError(
+            f"loading {path} failed ({type(first).__name__}: {str(first)[:300]})",
+            "check it with oreline checkpoint verify; resume from another checkpoint or "
+            "start fresh with --resume none",
+        ) from None
 
 
 def _reader(path: Path) -> RawTensorReader:
@@ -332,8 +342,15 @@ def _reader(path: Path) -> RawTensorReader:
     return RawTensorReader(str(path))
 
 
-def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                    meta: dict, kind: str = "full", cfg: CheckpointConfig | None = None) -> Path:
+def save_checkpoint(
+    ckpt_root: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    meta: dict,
+    kind: str = "full",
+    cfg: CheckpointConfig | None = None,
+) -> Path:
     """Save a checkpoint atomically; every rank calls it. Returns the final folder.
 
     `meta` (JSON) should hold what resume needs besides tensors: tokens_seen, lr_multiplier, loader,
@@ -361,7 +378,9 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
     if kind == "model_only":
         return _save_model_only(model, full_meta, tmp, final, t0)
 
-    msd, osd = get_state_dict(model, optimizer) if optimizer is not None else (get_model_state_dict(model), None)
+    msd, osd = (
+        get_state_dict(model, optimizer) if optimizer is not None else (get_model_state_dict(model), None)
+    )
     state = {"model": msd}
     if osd is not None:
         state["optim"] = osd["state"]
@@ -420,7 +439,9 @@ def _save_model_only(model: torch.nn.Module, meta: dict, tmp: Path, final: Path,
     if _rank() == 0:
         # clone: safetensors refuses tensors that share memory (tied embeddings)
         tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()}
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "step": str(meta["step"])})
+        save_file(
+            tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "step": str(meta["step"])}
+        )
         with open(tmp / "model.safetensors", "rb+") as fh:
             os.fsync(fh.fileno())
         write_json_synced(tmp / META, meta)
@@ -435,8 +456,10 @@ def _save_model_only(model: torch.nn.Module, meta: dict, tmp: Path, final: Path,
 
 def apply_retention(root: Path, cfg: CheckpointConfig) -> list[Path]:
     """Delete full checkpoints outside keep_last / keep_every (never the `latest` one). Returns deleted."""
-    fulls = sorted((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := FULL_RE.match(p.name)))
-    keep = {s for s, _ in fulls[-cfg.keep_last:]}
+    fulls = sorted(
+        (int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := FULL_RE.match(p.name))
+    )
+    keep = {s for s, _ in fulls[-cfg.keep_last :]}
     if cfg.keep_every > 0:
         keep |= {s for s, _ in fulls if s % cfg.keep_every == 0}
     latest = read_latest(root)
@@ -455,8 +478,9 @@ def apply_retention(root: Path, cfg: CheckpointConfig) -> list[Path]:
 # loading
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                    restore_rng: bool = True) -> dict:
+def load_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, restore_rng: bool = True
+) -> dict:
     """Load a full checkpoint into the live model (and optimizer) in place; return its meta.
 
     Verifies checksums first (once per process). Restores this rank's RNG states unless told not to.
@@ -465,8 +489,10 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     ensure_verified(path)
     meta = read_meta(path) or {}
     if meta.get("kind") != "full":
-        raise CheckpointError(f"{path} is a {meta.get('kind')} snapshot: it holds no optimizer state",
-                              "resume from a step-* checkpoint, or start fresh with --resume none")
+        raise CheckpointError(
+            f"{path} is a {meta.get('kind')} snapshot: it holds no optimizer state",
+            "resume from a step-* checkpoint, or start fresh with --resume none",
+        )
     if optimizer is not None and "optim_param_groups" not in meta:
         raise CheckpointError(f"{path} was saved without optimizer state", "resume with --resume none")
     if optimizer is None:
@@ -480,8 +506,12 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         with _quiet_single_process(), _load_errors(path):
             dcp.load(state, storage_reader=_reader(path), **compat.dcp_no_dist(_no_dist()))
         groups = _restore_param_groups(meta["optim_param_groups"], osd["param_groups"])
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict={"state": state["optim"], "param_groups": groups})
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict={"state": state["optim"], "param_groups": groups},
+        )
     if restore_rng:
         rank = _rank()
         rng_file = path / f"rng-rank{rank:05d}.json"
@@ -489,15 +519,27 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         if source.is_file():
             try:
                 restore_rng_state(meta["rng"] if source.name == META else json.loads(source.read_text()))
-            except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as exc:  # JSON of another shape
-                raise CheckpointError(f"{source}: the RNG state is unreadable ({type(exc).__name__}: {exc})",
-                                      "resume from another checkpoint, or start fresh with --resume none") from None
+            except (
+                ValueError,
+                KeyError,
+                TypeError,
+                IndexError,
+                RuntimeError,
+            ) as exc:  # JSON of another shape
+                raise CheckpointError(
+                    f"{source}: the RNG state is unreadable ({type(exc).__name__}: {exc})",
+                    "resume from another checkpoint, or start fresh with --resume none",
+                ) from None
         else:
-            log.warning("no RNG state for rank %d in %s (saved with fewer ranks): RNG not restored", rank, path)
+            log.warning(
+                "no RNG state for rank %d in %s (saved with fewer ranks): RNG not restored", rank, path
+            )
     return meta
 
 
-def _load_single_process(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict) -> bool:
+def _load_single_process(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict
+) -> bool:
     """World 1, plain parameters: load without `get_state_dict`'s optimizer initialisation.
 
     The generic path asks `get_state_dict` for a state to load into, and for an optimizer that has
@@ -513,8 +555,9 @@ def _load_single_process(path: Path, model: torch.nn.Module, optimizer: torch.op
     names = {id(p): n for n, p in params.items()}
     saved_groups = meta["optim_param_groups"]
     if len(saved_groups) != len(optimizer.param_groups) or any(
-            [names.get(id(p)) for p in g["params"]] != sg["params"]
-            for g, sg in zip(optimizer.param_groups, saved_groups, strict=True)):
+        [names.get(id(p)) for p in g["params"]] != sg["params"]
+        for g, sg in zip(optimizer.param_groups, saved_groups, strict=True)
+    ):
         return False
     optim_state: dict[str, dict[str, torch.Tensor]] = {}
     for key, tmd in read_dcp_metadata(path).state_dict_metadata.items():
@@ -524,7 +567,9 @@ def _load_single_process(path: Path, model: torch.nn.Module, optimizer: torch.op
         if fqn not in params:
             return False
         device = params[fqn].device if tmd.size else torch.device("cpu")  # AdamW keeps `step` on the CPU
-        optim_state.setdefault(fqn, {})[skey] = torch.empty(tmd.size, dtype=tmd.properties.dtype, device=device)
+        optim_state.setdefault(fqn, {})[skey] = torch.empty(
+            tmd.size, dtype=tmd.properties.dtype, device=device
+        )
     state = {"model": get_model_state_dict(model), "optim": optim_state}
     with _quiet_single_process(), _load_errors(path):
         dcp.load(state, storage_reader=_reader(path), **compat.dcp_no_dist(True))
@@ -561,8 +606,10 @@ def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
         try:
             sd = load_file(str(path / "model.safetensors"))
         except Exception as exc:  # safetensors parses a JSON header and raw bytes: it never unpickles
-            raise CheckpointError(f"{path / 'model.safetensors'} is not a readable safetensors file ({exc})",
-                                  "use another checkpoint, or re-export this one") from None
+            raise CheckpointError(
+                f"{path / 'model.safetensors'} is not a readable safetensors file ({exc})",
+                "use another checkpoint, or re-export this one",
+            ) from None
     else:
         md = read_dcp_metadata(path)
         sd = {}
@@ -574,7 +621,7 @@ def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
             dcp.load(holder, storage_reader=_reader(path), **compat.dcp_no_dist(True))
         sd = holder["model"]
     if "model_args" not in meta:
-        raise CheckpointError(f"{path}/{META} has no model_args", "this checkpoint was not written by oreline train")
+        raise CheckpointError(
+            f"{path}/{META} has no model_args", "this checkpoint was not written by oreline train"
+        )
     return sd, ModelArgs.from_dict(meta["model_args"]), meta
-
-

@@ -271,9 +271,15 @@ def _manifest_problem(algo: object, files: object) -> str | None:
     if not isinstance(files, dict):
         return "has no file table"
     for rel, want in files.items():
-        if not isinstance(rel, str) or rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")):
+        if (
+            not isinstance(rel, str)
+            or rel.startswith("/")
+            or any(p in ("", ".", "..") for p in rel.split("/"))
+        ):
             return f"lists {str(rel)[:80]!r}, which is not a path inside the checkpoint"
-        if not (isinstance(want, dict) and type(want.get("bytes")) is int and isinstance(want.get("hash"), str)):
+        if not (
+            isinstance(want, dict) and type(want.get("bytes")) is int and isinstance(want.get("hash"), str)
+        ):
             return f"has an invalid entry for {rel}"
     return None
 
@@ -291,8 +297,11 @@ def _dcp_problems(path: Path, files: dict) -> list[str]:
     except CheckpointError as exc:
         return [exc.message]
     stored_in = {index.fqn: info.relative_path for index, info in md.storage_data.items()}
-    out = [f".metadata declares {key} as a pickled (non-tensor) item in {stored_in.get(key, 'no file')}: oreline "
-           "checkpoints hold only tensors and never unpickle" for key in byte_items(md)[:3]]
+    out = [
+        f".metadata declares {key} as a pickled (non-tensor) item in {stored_in.get(key, 'no file')}: oreline "
+        "checkpoints hold only tensors and never unpickle"
+        for key in byte_items(md)[:3]
+    ]
     extent: dict[str, int] = {}
     for index, info in md.storage_data.items():
         extent[info.relative_path] = max(extent.get(info.relative_path, 0), info.offset + info.length)
@@ -301,14 +310,18 @@ def _dcp_problems(path: Path, files: dict) -> list[str]:
             chunk = next((c for c in item.chunks if tuple(c.offsets) == tuple(index.offset or ())), None)
             want = None if chunk is None else torch.Size(chunk.sizes).numel() * item.properties.dtype.itemsize
             if want != info.length:
-                out.append(f".metadata: {index.fqn} in {info.relative_path} has {info.length} bytes, its shape "
-                           f"needs {want}")
+                out.append(
+                    f".metadata: {index.fqn} in {info.relative_path} has {info.length} bytes, its shape "
+                    f"needs {want}"
+                )
     for rel, end in sorted(extent.items()):
         if rel not in files:
             out.append(f".metadata names data file {rel}, which {CHECKSUMS} does not cover")
         elif files[rel]["bytes"] < end:
-            out.append(f"{rel} has {files[rel]['bytes']} bytes, but .metadata places tensors up to byte {end} "
-                       "(replaced by a file of another format, or truncated)")
+            out.append(
+                f"{rel} has {files[rel]['bytes']} bytes, but .metadata places tensors up to byte {end} "
+                "(replaced by a file of another format, or truncated)"
+            )
     return out
 
 
@@ -318,11 +331,15 @@ def sign_checkpoint(path: Path) -> None:
     they are now, so sign only checkpoints whose origin you trust."""
     path = Path(path)
     if not signing_key():
-        raise CheckpointError(f"cannot sign {path}: {KEY_ENV} is not set", f"export {KEY_ENV}=<your secret key>")
+        raise CheckpointError(
+            f"cannot sign {path}: {KEY_ENV} is not set", f"export {KEY_ENV}=<your secret key>"
+        )
     ok, problems = verify_checkpoint(path, check_signature=False)
     if not ok:
-        raise CheckpointError(f"{path} is invalid, not signing it: {'; '.join(problems)}",
-                              "sign only intact checkpoints (oreline checkpoint verify)")
+        raise CheckpointError(
+            f"{path} is invalid, not signing it: {'; '.join(problems)}",
+            "sign only intact checkpoints (oreline checkpoint verify)",
+        )
     write_checksums(path)
     forget_verified()
 
@@ -354,8 +371,10 @@ def ensure_verified(path: Path) -> None:
         return
     ok, problems = verify_checkpoint(path)
     if not ok:
-        raise CheckpointError(f"checkpoint {path} is invalid: {'; '.join(problems)}",
-                              "resume from an older one (--resume auto skips invalid ones) or --resume none")
+        raise CheckpointError(
+            f"checkpoint {path} is invalid: {'; '.join(problems)}",
+            "resume from an older one (--resume auto skips invalid ones) or --resume none",
+        )
     if key is not None:
         _VERIFIED.add(key)
 
@@ -409,5 +428,7 @@ def resolve_checkpoint(path: Path) -> Path:
     for e in reversed(list_checkpoints(root)):
         if e.kind == "model_only" and verify_checkpoint(e.path)[0]:
             return e.path
-    raise CheckpointError(f"no valid checkpoint under {path}",
-                          "train first (oreline train) or pass a checkpoint folder (oreline checkpoint ls RUN_DIR)")
+    raise CheckpointError(
+        f"no valid checkpoint under {path}",
+        "train first (oreline train) or pass a checkpoint folder (oreline checkpoint ls RUN_DIR)",
+    )

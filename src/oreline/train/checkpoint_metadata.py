@@ -56,8 +56,20 @@ RAW_DESCRIPTOR = "oreline-raw/1"
 # torch.serialization._get_layout): taken where this torch has them (oreline.compat), and simply not
 # allowed where it does not, so a metadata file that needs them is refused, never misread.
 _PRIVATE = (compat.dcp_storage_info(), getattr(_dcp_metadata, "_MEM_FORMAT_ENCODING", None))
-_DCP_CLASSES = tuple(c for c in (Metadata, MetadataIndex, StorageMeta, TensorProperties, TensorStorageMetadata,
-                                 ChunkStorageMetadata, BytesStorageMetadata, *_PRIVATE) if c is not None)
+_DCP_CLASSES = tuple(
+    c
+    for c in (
+        Metadata,
+        MetadataIndex,
+        StorageMeta,
+        TensorProperties,
+        TensorStorageMetadata,
+        ChunkStorageMetadata,
+        BytesStorageMetadata,
+        *_PRIVATE,
+    )
+    if c is not None
+)
 _ALLOWED: dict[tuple[str, str], object] = {(c.__module__, c.__qualname__): c for c in _DCP_CLASSES}
 _ALLOWED[("torch", "Size")] = torch.Size
 if hasattr(torch.serialization, "_get_layout"):
@@ -75,8 +87,10 @@ for _cls in (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath, path
 # extension types and objects whose attributes cannot be set.)
 _MUTABLE = [o for o in set(_ALLOWED.values()) if not isinstance(o, torch.dtype) and o is not torch.Size]
 
-_HINT = ("this is not a checkpoint index oreline or torch wrote: do not load it; resume from another "
-         "checkpoint (oreline checkpoint verify RUN_DIR) or start fresh with --resume none")
+_HINT = (
+    "this is not a checkpoint index oreline or torch wrote: do not load it; resume from another "
+    "checkpoint (oreline checkpoint verify RUN_DIR) or start fresh with --resume none"
+)
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -88,8 +102,11 @@ class _MetadataUnpickler(pickle.Unpickler):
         try:
             return _ALLOWED[(module, name)]
         except KeyError:
-            raise CheckpointError(f"{self.where}: refused to unpickle {module}.{name} (not part of DCP "
-                                  "checkpoint metadata; loading it could run code)", _HINT) from None
+            raise CheckpointError(
+                f"{self.where}: refused to unpickle {module}.{name} (not part of DCP "
+                "checkpoint metadata; loading it could run code)",
+                _HINT,
+            ) from None
 
     def persistent_load(self, pid: object) -> object:
         raise CheckpointError(f"{self.where}: refused a persistent reference in the pickle", _HINT)
@@ -105,11 +122,15 @@ def parse_dcp_metadata(data: bytes, where: Path) -> Metadata:
     except CheckpointError:
         raise
     except Exception as exc:  # truncated or not a pickle at all
-        raise CheckpointError(f"{where} is not readable DCP metadata ({type(exc).__name__}: {exc})", _HINT) from None
+        raise CheckpointError(
+            f"{where} is not readable DCP metadata ({type(exc).__name__}: {exc})", _HINT
+        ) from None
     finally:
         altered = _restore(before)
     if altered:
-        raise CheckpointError(f"{where}: its pickle tried to modify {', '.join(altered)} (not DCP metadata)", _HINT)
+        raise CheckpointError(
+            f"{where}: its pickle tried to modify {', '.join(altered)} (not DCP metadata)", _HINT
+        )
     problem = _shape_problem(md)
     if problem:
         raise CheckpointError(f"{where} is not DCP checkpoint metadata: {problem}", _HINT)
@@ -137,8 +158,10 @@ def read_dcp_metadata(folder: Path) -> Metadata:
     try:
         data = where.read_bytes()
     except OSError as exc:
-        raise CheckpointError(f"cannot read {where} ({exc.strerror or exc})",
-                              "check the path; oreline checkpoint ls RUN_DIR lists valid checkpoints") from None
+        raise CheckpointError(
+            f"cannot read {where} ({exc.strerror or exc})",
+            "check the path; oreline checkpoint ls RUN_DIR lists valid checkpoints",
+        ) from None
     return parse_dcp_metadata(data, where)
 
 
@@ -175,7 +198,9 @@ def _shape_problem(md: object) -> str | None:
         if not _is_size(item.size) or not isinstance(item.chunks, list):
             return f"{key} has no valid size"
         for chunk in item.chunks:
-            if type(chunk) is not ChunkStorageMetadata or not (_is_size(chunk.offsets) and _is_size(chunk.sizes)):
+            if type(chunk) is not ChunkStorageMetadata or not (
+                _is_size(chunk.offsets) and _is_size(chunk.sizes)
+            ):
                 return f"{key} has an invalid chunk"
             if len(chunk.offsets) != len(item.size) or len(chunk.sizes) != len(item.size):
                 return f"{key} has a chunk of another rank than the tensor"
@@ -191,11 +216,14 @@ def _shape_problem(md: object) -> str | None:
         rel = info.relative_path
         if not isinstance(rel, str) or not rel or "/" in rel or "\\" in rel or rel.startswith("."):
             return f"{index.fqn} is stored in {rel!r}, which is not a file name inside the checkpoint folder"
-        if not (type(info.offset) is int and type(info.length) is int and info.offset >= 0 and info.length >= 0):
+        if not (
+            type(info.offset) is int and type(info.length) is int and info.offset >= 0 and info.length >= 0
+        ):
             return f"{index.fqn} has an invalid offset or length"
         descriptors = getattr(info, "transform_descriptors", None)  # absent before torch 2.7
-        if descriptors is not None and not (isinstance(descriptors, (list, tuple))
-                                            and all(isinstance(d, str) for d in descriptors)):
+        if descriptors is not None and not (
+            isinstance(descriptors, (list, tuple)) and all(isinstance(d, str) for d in descriptors)
+        ):
             return f"{index.fqn} has invalid transform descriptors"
     meta = md.storage_meta
     if meta is not None and type(meta) is not StorageMeta:

@@ -31,7 +31,6 @@ NEVER_ALLOWED = {
 }
 
 
-
 # ---------------------------------------------------------------------------------------------
 # RNG states as JSON
 
@@ -50,8 +49,13 @@ def capture_rng_state() -> dict:
     np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
     state = {
         "python": [py_version, list(py_state), py_gauss],
-        "numpy": {"name": np_name, "keys_b64": base64.b64encode(np_keys.astype("<u4").tobytes()).decode(),
-                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_cached)},
+        "numpy": {
+            "name": np_name,
+            "keys_b64": base64.b64encode(np_keys.astype("<u4").tobytes()).decode(),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_cached),
+        },
         "torch_cpu": _b64(torch.get_rng_state()),
         "cuda": [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
     }
@@ -69,8 +73,11 @@ def restore_rng_state(state: dict) -> None:
     cuda = state.get("cuda") or []
     if cuda and torch.cuda.is_available():
         if len(cuda) != torch.cuda.device_count():
-            log.warning("checkpoint holds RNG states of %d CUDA devices, %d present: restoring the common ones",
-                        len(cuda), torch.cuda.device_count())
+            log.warning(
+                "checkpoint holds RNG states of %d CUDA devices, %d present: restoring the common ones",
+                len(cuda),
+                torch.cuda.device_count(),
+            )
         for i, s64 in enumerate(cuda[: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(_unb64(s64), device=i)
 
@@ -79,8 +86,14 @@ def restore_rng_state(state: dict) -> None:
 # resume compatibility
 
 
-def check_resume_compatible(meta: dict, current_config: dict, allow_keys: list[str] | None = None, *,
-                            fingerprints: dict[str, str] | None = None, model_args: dict | None = None) -> list[str]:
+def check_resume_compatible(
+    meta: dict,
+    current_config: dict,
+    allow_keys: list[str] | None = None,
+    *,
+    fingerprints: dict[str, str] | None = None,
+    model_args: dict | None = None,
+) -> list[str]:
     """Refuse to resume under a different config unless the differing keys are allowed.
 
     `allow_keys` (from --allow-config-change) names dotted keys or sections ("train.optim" allows
@@ -97,17 +110,27 @@ def check_resume_compatible(meta: dict, current_config: dict, allow_keys: list[s
 
     never = [(k, why) for k in diffs for prefix, why in NEVER_ALLOWED.items() if k.startswith(prefix)]
     if model_args is not None and meta.get("model_args") not in (None, model_args):
-        never.append(("model_args " + ", ".join(diff_keys(meta["model_args"], model_args)),
-                      "the model shape would not match the saved tensors"))
+        never.append(
+            (
+                "model_args " + ", ".join(diff_keys(meta["model_args"], model_args)),
+                "the model shape would not match the saved tensors",
+            )
+        )
     fps = fingerprints or {}
     saved_tok = meta.get("tokenizer_fingerprint")
     if fps.get("tokenizer") and saved_tok and fps["tokenizer"] != saved_tok:
-        never.append((f"tokenizer fingerprint {saved_tok[:12]}… → {fps['tokenizer'][:12]}…",
-                      NEVER_ALLOWED["tokenizer."]))
+        never.append(
+            (
+                f"tokenizer fingerprint {saved_tok[:12]}… → {fps['tokenizer'][:12]}…",
+                NEVER_ALLOWED["tokenizer."],
+            )
+        )
     if never:
         what = "; ".join(f"{k} ({why})" for k, why in never)
-        raise CheckpointError(f"cannot resume from step {meta.get('step')}: {what}",
-                              "start a new run (another run.name, or --resume none), or undo the change")
+        raise CheckpointError(
+            f"cannot resume from step {meta.get('step')}: {what}",
+            "start a new run (another run.name, or --resume none), or undo the change",
+        )
     refused = [k for k in diffs if not allowed(k)]
     saved_data = meta.get("data_fingerprint")
     if fps.get("data") and saved_data and fps["data"] != saved_data and not allowed("data"):
@@ -115,6 +138,7 @@ def check_resume_compatible(meta: dict, current_config: dict, allow_keys: list[s
     if refused:
         raise CheckpointError(
             f"the config differs from the checkpoint's (step {meta.get('step')}) in: {', '.join(refused)}",
-            "undo the change, or allow it with --allow-config-change " + " --allow-config-change ".join(
-                k.split(" ")[0] for k in refused))
+            "undo the change, or allow it with --allow-config-change "
+            + " --allow-config-change ".join(k.split(" ")[0] for k in refused),
+        )
     return [k for k in diffs if allowed(k)]

@@ -65,8 +65,10 @@ def signature_problem(folder: Path, key: bytes, manifest: bytes, manifest_algo: 
     if not isinstance(sig, dict) or sig.get("algo") != MAC_ALGO or not isinstance(sig.get("mac"), str):
         return f"{SIGNATURE} is not an {MAC_ALGO} signature"
     if not hmac.compare_digest(sig["mac"].encode(), mac(key, manifest).encode()):
-        return (f"{SIGNATURE} does not match checksums.json under the key in {KEY_ENV} "
-                "(forged or modified, or signed with another key)")
+        return (
+            f"{SIGNATURE} does not match checksums.json under the key in {KEY_ENV} "
+            "(forged or modified, or signed with another key)"
+        )
     if manifest_algo not in CRYPTOGRAPHIC:
         return f"checksums.json uses {manifest_algo}, which does not resist forgery; a signed manifest uses sha256"
     return None

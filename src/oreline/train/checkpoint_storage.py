@@ -82,17 +82,19 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
 def _write_all(fd: int, mv: memoryview) -> None:
     done = 0
     while done < len(mv):
-        done += os.write(fd, mv[done:done + _IO_CHUNK])
+        done += os.write(fd, mv[done : done + _IO_CHUNK])
 
 
-_REPLACED_HINT = ("the file was truncated or replaced by another one; resume from another checkpoint "
-                  "(oreline checkpoint verify RUN_DIR) or start fresh with --resume none")
+_REPLACED_HINT = (
+    "the file was truncated or replaced by another one; resume from another checkpoint "
+    "(oreline checkpoint verify RUN_DIR) or start fresh with --resume none"
+)
 
 
 def _read_exact(fh, mv: memoryview, where: str) -> None:
     done = 0
     while done < len(mv):
-        n = fh.readinto(mv[done:done + _IO_CHUNK])
+        n = fh.readinto(mv[done : done + _IO_CHUNK])
         if not n:
             raise CheckpointError(f"{where}: file ended {len(mv) - done} bytes early", _REPLACED_HINT)
         done += n
@@ -102,8 +104,10 @@ def _internals() -> Any:
     """DCP's own records (so `.metadata` stays DCP's format), reached through oreline.compat."""
     found = compat.dcp_raw_writer_internals()
     if found is None:
-        raise CheckpointError("this torch does not offer the DCP internals raw tensor files are written with",
-                              "save with DCP's stock writer (checkpoint.py picks it automatically)")
+        raise CheckpointError(
+            "this torch does not offer the DCP internals raw tensor files are written with",
+            "save with DCP's stock writer (checkpoint.py picks it automatically)",
+        )
     return found
 
 
@@ -157,8 +161,13 @@ class RawTensorWriter(FileSystemWriter):
                     mv, descriptors = _as_bytes(data), [RAW_DESCRIPTOR]
                 hasher.submit(digest.update, mv)  # (mv keeps the tensor's memory alive until hashed)
                 _write_all(fd, mv)
-                results.append(WriteResult(index=item.index, size_in_bytes=len(mv),
-                                           storage_data=_internals().StorageInfo(file_name, offset, len(mv), descriptors)))
+                results.append(
+                    WriteResult(
+                        index=item.index,
+                        size_in_bytes=len(mv),
+                        storage_data=_internals().StorageInfo(file_name, offset, len(mv), descriptors),
+                    )
+                )
                 offset += len(mv)
             if self.sync_files:
                 os.fsync(fd)
@@ -185,7 +194,9 @@ class RawTensorReader(FileSystemReader):
         md.storage_meta.load_id = self.load_id
         return md
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         # (fqn, chunk offsets) -> (dtype, chunk sizes): what a raw chunk's bytes are
         self._chunks: dict[tuple[str, tuple[int, ...]], tuple[torch.dtype, torch.Size]] = {}
@@ -204,7 +215,9 @@ class RawTensorReader(FileSystemReader):
                 raise CheckpointError(
                     f"{Path(self.path) / rel}: {r.storage_index.fqn} is stored as a pickled object (a DCP byte "
                     f"item, declared in {Path(self.path) / '.metadata'}); oreline checkpoints hold only "
-                    "tensors and never unpickle", "do not load this checkpoint: it was not written by oreline")
+                    "tensors and never unpickle",
+                    "do not load this checkpoint: it was not written by oreline",
+                )
         raw = [r for r in plan.items if self._is_raw(r.storage_index)]
         other = [r for r in plan.items if not self._is_raw(r.storage_index)]
         if other:
@@ -212,9 +225,11 @@ class RawTensorReader(FileSystemReader):
                 super().read_data(dataclasses.replace(plan, items=other), planner)  # synchronous
             except Exception as exc:  # torch.load(weights_only=True) refusing or failing on a data file
                 files = sorted({self.storage_data[r.storage_index].relative_path for r in other})
-                raise CheckpointError(f"{', '.join(str(Path(self.path) / f) for f in files)}: not readable as "
-                                      f"torch.save tensors ({type(exc).__name__}: {str(exc)[:300]})",
-                                      _REPLACED_HINT) from None
+                raise CheckpointError(
+                    f"{', '.join(str(Path(self.path) / f) for f in files)}: not readable as "
+                    f"torch.save tensors ({type(exc).__name__}: {str(exc)[:300]})",
+                    _REPLACED_HINT,
+                ) from None
         per_file: dict[str, list] = {}
         for req in raw:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
@@ -224,7 +239,9 @@ class RawTensorReader(FileSystemReader):
             try:
                 fh = open(where, "rb", buffering=0)  # noqa: SIM115 (closed below)
             except OSError as exc:
-                raise CheckpointError(f"cannot open {where} ({exc.strerror or exc})", _REPLACED_HINT) from None
+                raise CheckpointError(
+                    f"cannot open {where} ({exc.strerror or exc})", _REPLACED_HINT
+                ) from None
             with fh:
                 size = os.fstat(fh.fileno()).st_size
                 for req in reqs:
@@ -237,8 +254,10 @@ class RawTensorReader(FileSystemReader):
         info = self.storage_data[req.storage_index]  # DCP's _StorageInfo
         key = (req.storage_index.fqn, tuple(req.storage_index.offset or ()))
         if key not in self._chunks:
-            raise CheckpointError(f"{where}: .metadata stores {key[0]} at offsets {key[1]}, which is no chunk of it",
-                                  _REPLACED_HINT)
+            raise CheckpointError(
+                f"{where}: .metadata stores {key[0]} at offsets {key[1]}, which is no chunk of it",
+                _REPLACED_HINT,
+            )
         dtype, sizes = self._chunks[key]
         target = planner.resolve_tensor(req).detach()
         whole = tuple(req.storage_offsets) == (0,) * len(sizes) and tuple(req.lengths) == tuple(sizes)
@@ -246,11 +265,16 @@ class RawTensorReader(FileSystemReader):
         buf = target if direct else torch.empty(sizes, dtype=dtype)
         nbytes = buf.numel() * buf.element_size()
         if nbytes != info.length:
-            raise CheckpointError(f"{where}: {req.storage_index.fqn} holds {info.length} bytes, its metadata says "
-                                  f"{nbytes}", _REPLACED_HINT)
+            raise CheckpointError(
+                f"{where}: {req.storage_index.fqn} holds {info.length} bytes, its metadata says {nbytes}",
+                _REPLACED_HINT,
+            )
         if info.offset + nbytes > size:
-            raise CheckpointError(f"{where} is {size} bytes, but {req.storage_index.fqn} lies at bytes "
-                                  f"{info.offset}..{info.offset + nbytes}", _REPLACED_HINT)
+            raise CheckpointError(
+                f"{where} is {size} bytes, but {req.storage_index.fqn} lies at bytes "
+                f"{info.offset}..{info.offset + nbytes}",
+                _REPLACED_HINT,
+            )
         fh.seek(info.offset)
         if nbytes:
             _read_exact(fh, memoryview(buf.reshape(-1).view(torch.uint8).numpy()), where)

@@ -62,17 +62,26 @@ def print_checkpoints(run_dir: Path, console) -> None:
         meta = read_meta(e.path) or {}
         ok, problems = verify_checkpoint(e.path)
         tokens = meta.get("tokens_seen")
-        table.add_row(e.path.name, e.kind, str(e.step), f"{tokens:,}" if isinstance(tokens, int) else "-",
-                      _fmt_bytes(dir_bytes(e.path)), "[green]ok[/]" if ok else f"[red]{'; '.join(problems)}[/]",
-                      "←" if e.path.name == latest else "")
+        table.add_row(
+            e.path.name,
+            e.kind,
+            str(e.step),
+            f"{tokens:,}" if isinstance(tokens, int) else "-",
+            _fmt_bytes(dir_bytes(e.path)),
+            "[green]ok[/]" if ok else f"[red]{'; '.join(problems)}[/]",
+            "←" if e.path.name == latest else "",
+        )
     console.print(table)
 
 
 def verify_cli(path: Path, console) -> int:
     """Verify one checkpoint or all under a run; 0 when all are valid, 1 otherwise."""
     path = Path(path)
-    targets = [path] if (path / CHECKSUMS).is_file() or (path / META).is_file() else [
-        e.path for e in list_checkpoints(path)]
+    targets = (
+        [path]
+        if (path / CHECKSUMS).is_file() or (path / META).is_file()
+        else [e.path for e in list_checkpoints(path)]
+    )
     if not targets:
         console.print(f"[red]no checkpoints found under {path}[/]")
         return 1
@@ -80,21 +89,29 @@ def verify_cli(path: Path, console) -> int:
     for t in targets:
         ok, problems = verify_checkpoint(t)
         bad += not ok
-        console.print(f"{'[green]ok[/]     ' if ok else '[red]INVALID[/]'} {t}" + ("" if ok else f": {'; '.join(problems)}"))
+        console.print(
+            f"{'[green]ok[/]     ' if ok else '[red]INVALID[/]'} {t}"
+            + ("" if ok else f": {'; '.join(problems)}")
+        )
     console.print(f"{len(targets) - bad} of {len(targets)} checkpoints valid")
     if signing_key():
         console.print(f"signatures checked with the key in {KEY_ENV} (unsigned checkpoints count as invalid)")
     else:
-        console.print(f"note: checksums detect corruption, not forgery; set {KEY_ENV} to sign checkpoints "
-                      "and refuse unsigned ones (docs/checkpoint-security.md)")
+        console.print(
+            f"note: checksums detect corruption, not forgery; set {KEY_ENV} to sign checkpoints "
+            "and refuse unsigned ones (docs/checkpoint-security.md)"
+        )
     return 1 if bad else 0
 
 
 def sign_cli(path: Path, console) -> int:
     """Sign one checkpoint or every complete one under a run with ORELINE_CHECKPOINT_KEY; 1 if any failed."""
     path = Path(path)
-    targets = [path] if (path / CHECKSUMS).is_file() or (path / META).is_file() else [
-        e.path for e in list_checkpoints(path) if e.kind != "incomplete"]
+    targets = (
+        [path]
+        if (path / CHECKSUMS).is_file() or (path / META).is_file()
+        else [e.path for e in list_checkpoints(path) if e.kind != "incomplete"]
+    )
     if not targets:
         console.print(f"[red]no checkpoints found under {path}[/]")
         return 1
@@ -116,9 +133,22 @@ def inspect_cli(path: Path, console) -> int:
     path = resolve_checkpoint(path)
     meta = read_meta(path) or {}
     ok, problems = verify_checkpoint(path)
-    console.print(f"[bold]{path}[/]  {'[green]valid[/]' if ok else '[red]INVALID: ' + '; '.join(problems) + '[/]'}")
-    for key in ("kind", "step", "tokens_seen", "lr_multiplier", "world_size", "time", "torch_version",
-                "config_fingerprint", "tokenizer_fingerprint", "data_fingerprint", "tokenizer_dir"):
+    console.print(
+        f"[bold]{path}[/]  {'[green]valid[/]' if ok else '[red]INVALID: ' + '; '.join(problems) + '[/]'}"
+    )
+    for key in (
+        "kind",
+        "step",
+        "tokens_seen",
+        "lr_multiplier",
+        "world_size",
+        "time",
+        "torch_version",
+        "config_fingerprint",
+        "tokenizer_fingerprint",
+        "data_fingerprint",
+        "tokenizer_dir",
+    ):
         if key in meta:
             console.print(f"  {key:22s} {meta[key]}")
     if "model_args" in meta:
@@ -139,8 +169,10 @@ def inspect_cli(path: Path, console) -> int:
                     sl = fh.get_slice(k)
                     table.add_row(k, str(tuple(sl.get_shape())), str(sl.get_dtype()))
         except Exception as exc:  # safetensors parses a JSON header: it never unpickles
-            raise CheckpointError(f"{path / 'model.safetensors'} is not a readable safetensors file ({exc})",
-                                  "use another checkpoint, or re-export this one") from None
+            raise CheckpointError(
+                f"{path / 'model.safetensors'} is not a readable safetensors file ({exc})",
+                "use another checkpoint, or re-export this one",
+            ) from None
         console.print(table)
         return 0
     md = read_dcp_metadata(path)
@@ -149,7 +181,11 @@ def inspect_cli(path: Path, console) -> int:
         if not hasattr(tmd, "size"):
             continue
         if key.startswith("model."):
-            table.add_row(key.removeprefix("model."), str(tuple(tmd.size)), str(tmd.properties.dtype).removeprefix("torch."))
+            table.add_row(
+                key.removeprefix("model."),
+                str(tuple(tmd.size)),
+                str(tmd.properties.dtype).removeprefix("torch."),
+            )
         else:
             optim_n += 1
             optim_bytes += torch.Size(tmd.size).numel() * tmd.properties.dtype.itemsize

@@ -108,7 +108,9 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise DistributedError(f"environment variable {name}={raw!r} is not an integer", "launch with torchrun") from None
+        raise DistributedError(
+            f"environment variable {name}={raw!r} is not an integer", "launch with torchrun"
+        ) from None
 
 
 def init_distributed(cfg: TrainConfig) -> DistInfo:
@@ -127,7 +129,9 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
 
     die_with_parent()  # also for ranks not started through `python -m oreline` (no-op if already set)
     if cfg.parallel == "none" and os.environ.get("ORELINE_LAUNCHED_NPROC"):
-        cfg.parallel = "ddp"  # `oreline train --nproc N` asked for several processes: DDP unless told otherwise
+        cfg.parallel = (
+            "ddp"  # `oreline train --nproc N` asked for several processes: DDP unless told otherwise
+        )
     if cfg.parallel == "none":
         raise ConfigError(
             f"launched with WORLD_SIZE={world} but train.parallel=none",
@@ -139,8 +143,11 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
     _DEVICE = device if backend == "nccl" else torch.device("cpu")
     if not tdist.is_initialized():
         try:
-            tdist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None,
-                                     timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
+            tdist.init_process_group(
+                backend=backend,
+                device_id=device if backend == "nccl" else None,
+                timeout=datetime.timedelta(seconds=cfg.dist_timeout_s),
+            )
         except Exception as exc:  # the message of a failed rendezvous is the useful part
             raise DistributedError(
                 f"could not start the {backend} process group (rank {rank}/{world}): {exc}",
@@ -200,8 +207,13 @@ def agree_on_step_and_stop(loss: float, grad_norm: float, stop: bool) -> tuple[f
     if not _active():
         return loss, grad_norm, stop
     vals = [loss, grad_norm]
-    t = torch.tensor([v if math.isfinite(v) else 0.0 for v in vals] + [0.0 if math.isfinite(v) else 1.0 for v in vals]
-                     + [1.0 if stop else 0.0], dtype=torch.float64, device=_DEVICE)
+    t = torch.tensor(
+        [v if math.isfinite(v) else 0.0 for v in vals]
+        + [0.0 if math.isfinite(v) else 1.0 for v in vals]
+        + [1.0 if stop else 0.0],
+        dtype=torch.float64,
+        device=_DEVICE,
+    )
     tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
     out = []
     for i, v in enumerate(vals):
@@ -310,8 +322,14 @@ def _timed_reduce_scatter():
         return None
 
     class TimedReduceScatter(DefaultReduceScatter):
-        def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
-                     async_op: bool = False) -> Any:
+        def __call__(
+            self,
+            output_tensor: torch.Tensor,
+            input_tensor: torch.Tensor,
+            group: Any,
+            op: Any,
+            async_op: bool = False,
+        ) -> Any:
             start = COMM.stamp()
             work = super().__call__(output_tensor, input_tensor, group, op, async_op)
             if work is not None and async_op:
@@ -338,7 +356,9 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [info.local_rank] if info.device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=ids, find_unused_parameters=cfg.find_unused_parameters)
+        ddp = DistributedDataParallel(
+            model, device_ids=ids, find_unused_parameters=cfg.find_unused_parameters
+        )
         ddp.register_comm_hook(COMM, _timed_allreduce_hook)
         return ddp
     if cfg.parallel == "fsdp":
@@ -446,8 +466,11 @@ def check_resume_batch(meta: dict, batch: dict, allow: list[str]) -> None:
         f"{tc['grad_accum']} × world {world} × seq_len {tc['seq_len']} = {saved:,} tokens; this run has micro "
         f"{batch['micro']} × accum {batch['accum']} × world {batch['world']} × seq_len {batch['seq_len']} = "
         f"{batch['tokens']:,} tokens",
-        (f"set train.grad_accum={need:g} and pass --allow-config-change train.grad_accum" if need == int(need) and need >= 1
-         else "change train.micro_batch / grad_accum / the number of processes")
+        (
+            f"set train.grad_accum={need:g} and pass --allow-config-change train.grad_accum"
+            if need == int(need) and need >= 1
+            else "change train.micro_batch / grad_accum / the number of processes"
+        )
         + ", or pass --allow-config-change global_batch to resume with the new batch on purpose",
     )
 
@@ -490,8 +513,16 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
         if a.startswith("--nproc="):
             continue
         args.append(a)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "oreline", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "oreline",
+        *args,
+    ]
     env = {**os.environ, "ORELINE_LAUNCHED_NPROC": str(nproc)}
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(STOP_GRACE_S))
     me = os.getpid()

@@ -15,27 +15,66 @@ from oreline.config import load_config
 
 # (variable, value, enabled by default, when to set it)
 NCCL_SETTINGS: list[tuple[str, str, bool, str]] = [
-    ("NCCL_ASYNC_ERROR_HANDLING", "1", True,
-     "turn a hung collective (dead peer) into an error instead of a silent hang; keep it on"),
-    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", True,
-     "the same switch under the name newer PyTorch releases read"),
-    ("NCCL_SOCKET_TIMEOUT", "600000", False,
-     "raise (ms) when bootstrap over slow or congested Ethernet times out during init"),
-    ("NCCL_IB_DISABLE", "1", False,
-     "set only on clusters WITHOUT InfiniBand/RoCE, or to diagnose an IB fault: forces TCP sockets (much slower)"),
-    ("NCCL_SOCKET_IFNAME", "eth0", False,
-     "pin the interface NCCL uses for sockets when nodes have several (docker0, lo, ...) and it picks the wrong one"),
-    ("NCCL_SOCKET_NTHREADS", "4", False,
-     "more socket threads per connection: helps TCP-only clusters (with NCCL_NSOCKS_PERTHREAD; product <= 64)"),
-    ("NCCL_NSOCKS_PERTHREAD", "4", False,
-     "sockets per helper thread; raise together with NCCL_SOCKET_NTHREADS on TCP-only clusters"),
-    ("NCCL_DEBUG", "WARN", True,
-     "INFO prints the topology and transport chosen per ring: set it when a job is slow or fails at init"),
+    (
+        "NCCL_ASYNC_ERROR_HANDLING",
+        "1",
+        True,
+        "turn a hung collective (dead peer) into an error instead of a silent hang; keep it on",
+    ),
+    (
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "1",
+        True,
+        "the same switch under the name newer PyTorch releases read",
+    ),
+    (
+        "NCCL_SOCKET_TIMEOUT",
+        "600000",
+        False,
+        "raise (ms) when bootstrap over slow or congested Ethernet times out during init",
+    ),
+    (
+        "NCCL_IB_DISABLE",
+        "1",
+        False,
+        "set only on clusters WITHOUT InfiniBand/RoCE, or to diagnose an IB fault: forces TCP sockets (much slower)",
+    ),
+    (
+        "NCCL_SOCKET_IFNAME",
+        "eth0",
+        False,
+        "pin the interface NCCL uses for sockets when nodes have several (docker0, lo, ...) and it picks the wrong one",
+    ),
+    (
+        "NCCL_SOCKET_NTHREADS",
+        "4",
+        False,
+        "more socket threads per connection: helps TCP-only clusters (with NCCL_NSOCKS_PERTHREAD; product <= 64)",
+    ),
+    (
+        "NCCL_NSOCKS_PERTHREAD",
+        "4",
+        False,
+        "sockets per helper thread; raise together with NCCL_SOCKET_NTHREADS on TCP-only clusters",
+    ),
+    (
+        "NCCL_DEBUG",
+        "WARN",
+        True,
+        "INFO prints the topology and transport chosen per ring: set it when a job is slow or fails at init",
+    ),
 ]
 
 
-def slurm_script(config: Path, nodes: int, gpus_per_node: int, partition: str | None = None,
-                 job_name: str | None = None, time_limit: str = "48:00:00", port: int = 29500) -> str:
+def slurm_script(
+    config: Path,
+    nodes: int,
+    gpus_per_node: int,
+    partition: str | None = None,
+    job_name: str | None = None,
+    time_limit: str = "48:00:00",
+    port: int = 29500,
+) -> str:
     """The text of an sbatch script running `oreline train -c CONFIG` on nodes × gpus_per_node."""
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError("nodes and gpus_per_node must be at least 1")

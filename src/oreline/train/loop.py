@@ -83,8 +83,12 @@ from oreline.train.shutdown import StopRequests, TrainingStopped, resume_command
 from oreline.train.shutdown import signal_name as shutdown_signal_name
 
 
-def train(cfg: Config, resume: str = "auto", allow_config_change: list[str] | None = None,
-          console: Console | None = None) -> dict[str, Any]:
+def train(
+    cfg: Config,
+    resume: str = "auto",
+    allow_config_change: list[str] | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
     """Train per `cfg`; returns a summary (steps, tokens, seconds, losses, run dir, checkpoint)."""
     info = dist.init_distributed(cfg.train)
     console = console or Console(stderr=True)
@@ -111,8 +115,9 @@ def train(cfg: Config, resume: str = "auto", allow_config_change: list[str] | No
     return summary
 
 
-def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, console: Console,
-           stops: StopRequests) -> dict[str, Any]:
+def _train(
+    cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, console: Console, stops: StopRequests
+) -> dict[str, Any]:
     tc, stab = cfg.train, cfg.train.stability
     say = console.print if info.is_main else (lambda *a, **k: None)
     s = setup_run(cfg, info, say)
@@ -130,25 +135,51 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
     # What the records of the checkpoint's step already hold (rank 0 reads, every rank acts on it:
     # evaluation is a collective): a kill after the checkpoint but before the step's evaluation,
     # generations or, at the last step, the end record leaves them to this launch.
-    done = dist.from_main(records_at_step(s.run.metrics, state.step) if resumed is not None and info.is_main else {})
+    done = dist.from_main(
+        records_at_step(s.run.metrics, state.step) if resumed is not None and info.is_main else {}
+    )
     if resumed is not None and done.get("end") and state.step >= tc.steps:
-        say(f"nothing to do: the run finished at step {state.step} (its end record is in {s.run.metrics}); "
-            f"to train on, raise train.steps (now {tc.steps}) and pass --allow-config-change train.steps")
-        return {"run_dir": str(s.run.root), "step": state.step, "tokens_seen": state.tokens_seen, "seconds": 0.0,
-                "final_val_loss": done.get("val_loss"), "final_train_loss": state.last_loss,
-                "skipped_steps": state.skipped_steps, "rollbacks": state.rollbacks, "checkpoint": str(resumed),
-                "resumed_from": str(resumed), "config_fingerprint": s.fingerprints["train"], "finished_before": True}
+        say(
+            f"nothing to do: the run finished at step {state.step} (its end record is in {s.run.metrics}); "
+            f"to train on, raise train.steps (now {tc.steps}) and pass --allow-config-change train.steps"
+        )
+        return {
+            "run_dir": str(s.run.root),
+            "step": state.step,
+            "tokens_seen": state.tokens_seen,
+            "seconds": 0.0,
+            "final_val_loss": done.get("val_loss"),
+            "final_train_loss": state.last_loss,
+            "skipped_steps": state.skipped_steps,
+            "rollbacks": state.rollbacks,
+            "checkpoint": str(resumed),
+            "resumed_from": str(resumed),
+            "config_fingerprint": s.fingerprints["train"],
+            "finished_before": True,
+        }
     # A fresh start drops every step record an earlier, unresumable attempt left (-1); a resume
     # drops only the records after its checkpoint, so the file reads as one clean run.
-    log = MetricsLogger(s.run.metrics, s.run.tensorboard, console if info.is_main else None, enabled=info.is_main,
-                        purge_after_step=state.step if resumed is not None else -1)
+    log = MetricsLogger(
+        s.run.metrics,
+        s.run.tensorboard,
+        console if info.is_main else None,
+        enabled=info.is_main,
+        purge_after_step=state.step if resumed is not None else -1,
+    )
     log.log(start_record(cfg, s, info, state, resumed))
     for rec in resume_events:
         log.log({**rec, "step": state.step if rec["step"] is None else rec["step"]})
 
     bos, eos = s.tokenizer.bos_id, s.tokenizer.eos_id
     t_run = time.perf_counter()
-    window = {"steps": 0, "seconds": 0.0, "cpu": 0.0, "data": 0.0, "comm": 0.0, "tokens": 0}  # since the last train record
+    window = {
+        "steps": 0,
+        "seconds": 0.0,
+        "cpu": 0.0,
+        "data": 0.0,
+        "comm": 0.0,
+        "tokens": 0,
+    }  # since the last train record
     checked_unused = False
     final_val = done.get("val_loss")
     # the checkpoint a rollback returns to: the last full one this run wrote or resumed from
@@ -158,8 +189,10 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
         v = evals_after_step(cfg, s, info, state, log, state.step, done)
         final_val = v if v is not None else final_val
         if state.step >= tc.steps:
-            say(f"the checkpoint is at step {state.step} of train.steps={tc.steps}: completed what the run had "
-                "left to do after it (final evaluation, generations, end record)")
+            say(
+                f"the checkpoint is at step {state.step} of train.steps={tc.steps}: completed what the run had "
+                "left to do after it (final evaluation, generations, end record)"
+            )
     s.train_model.train()
 
     while state.step < tc.steps:
@@ -179,7 +212,10 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
 
         # -- debug hooks: applied once, the first time step n is reached (not again after a rollback)
         loss_factor = 1.0
-        for at, factor in ((tc.debug.inject_nan_at_step, math.nan), (tc.debug.inject_spike_at_step, tc.debug.spike_factor)):
+        for at, factor in (
+            (tc.debug.inject_nan_at_step, math.nan),
+            (tc.debug.inject_spike_at_step, tc.debug.spike_factor),
+        ):
             if at == n and n not in state.debug_injected:
                 loss_factor *= factor
                 state.debug_injected.append(n)
@@ -249,24 +285,38 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
 
         # -- metrics
         if n % tc.log_every == 0 or n == 1 or n == tc.steps:
-            if info.distributed:  # timings averaged over ranks (tokens, loss and grad norm are global already)
+            if (
+                info.distributed
+            ):  # timings averaged over ranks (tokens, loss and grad norm are global already)
                 window["seconds"], window["data"], window["comm"] = dist.mean_over_ranks(
-                    [window["seconds"], window["data"], window["comm"]])
+                    [window["seconds"], window["data"], window["comm"]]
+                )
             tps = window["tokens"] / window["seconds"]
-            log.log({
-                "type": "train", "step": n, "tokens_seen": state.tokens_seen, "tokens_in_step": tokens_in_step,
-                "loss": loss, "loss_token": parts["loss_token"], "loss_eos": parts["loss_eos"],
-                "loss_bos": parts["loss_bos"], "lr": lr, "grad_norm": grad_norm, "clipped": clipped,
-                "tokens_per_s": tps, "mfu": mfu(s.flops_per_token, tps / info.world_size, s.peak_flops),
-                "step_ms": 1000 * window["seconds"] / window["steps"],
-                # process CPU time (all threads) per step: cpu_ms / step_ms is how many cores were busy
-                "cpu_ms": 1000 * window["cpu"] / window["steps"],
-                "data_ms": 1000 * window["data"] / window["steps"],
-                "data_wait_frac": window["data"] / window["seconds"],
-                **memory_stats(s.device),
-                "comm_ms": 1000 * window["comm"] / window["steps"] if info.distributed else None,
-                "comm_frac": window["comm"] / window["seconds"] if info.distributed else None,
-            })
+            log.log(
+                {
+                    "type": "train",
+                    "step": n,
+                    "tokens_seen": state.tokens_seen,
+                    "tokens_in_step": tokens_in_step,
+                    "loss": loss,
+                    "loss_token": parts["loss_token"],
+                    "loss_eos": parts["loss_eos"],
+                    "loss_bos": parts["loss_bos"],
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "clipped": clipped,
+                    "tokens_per_s": tps,
+                    "mfu": mfu(s.flops_per_token, tps / info.world_size, s.peak_flops),
+                    "step_ms": 1000 * window["seconds"] / window["steps"],
+                    # process CPU time (all threads) per step: cpu_ms / step_ms is how many cores were busy
+                    "cpu_ms": 1000 * window["cpu"] / window["steps"],
+                    "data_ms": 1000 * window["data"] / window["steps"],
+                    "data_wait_frac": window["data"] / window["seconds"],
+                    **memory_stats(s.device),
+                    "comm_ms": 1000 * window["comm"] / window["steps"] if info.distributed else None,
+                    "comm_frac": window["comm"] / window["seconds"] if info.distributed else None,
+                }
+            )
             window = {"steps": 0, "seconds": 0.0, "cpu": 0.0, "data": 0.0, "comm": 0.0, "tokens": 0}
 
         # -- checkpoints
@@ -295,18 +345,38 @@ def _train(cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, cons
         dist.write_param_digest(s.model, s.run.root, info.rank)
     seconds = time.perf_counter() - t_run
     last_loss = state.last_loss
-    log.log({"type": "end", "step": state.step, "tokens_seen": state.tokens_seen, "seconds": seconds,
-             "final_val_loss": final_val, "skipped_steps": state.skipped_steps, "rollbacks": state.rollbacks,
-             "stability": stability.summary()})
+    log.log(
+        {
+            "type": "end",
+            "step": state.step,
+            "tokens_seen": state.tokens_seen,
+            "seconds": seconds,
+            "final_val_loss": final_val,
+            "skipped_steps": state.skipped_steps,
+            "rollbacks": state.rollbacks,
+            "stability": stability.summary(),
+        }
+    )
     log.close()
-    say(f"[bold]done[/]: {state.step:,} steps, {state.tokens_seen:,} tokens in {seconds:,.1f} s; final val loss "
-        + ("—" if final_val is None else f"{final_val:.4f}") + f"; {state.skipped_steps} skipped, "
-        f"{state.rollbacks} rollbacks" + (f"; checkpoint {last_ckpt}" if last_ckpt else ""))
-    return {"run_dir": str(s.run.root), "step": state.step, "tokens_seen": state.tokens_seen, "seconds": seconds,
-            "final_val_loss": final_val, "final_train_loss": last_loss,
-            "skipped_steps": state.skipped_steps, "rollbacks": state.rollbacks,
-            "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": str(resumed) if resumed else None,
-            "config_fingerprint": s.fingerprints["train"]}
+    say(
+        f"[bold]done[/]: {state.step:,} steps, {state.tokens_seen:,} tokens in {seconds:,.1f} s; final val loss "
+        + ("—" if final_val is None else f"{final_val:.4f}")
+        + f"; {state.skipped_steps} skipped, "
+        f"{state.rollbacks} rollbacks" + (f"; checkpoint {last_ckpt}" if last_ckpt else "")
+    )
+    return {
+        "run_dir": str(s.run.root),
+        "step": state.step,
+        "tokens_seen": state.tokens_seen,
+        "seconds": seconds,
+        "final_val_loss": final_val,
+        "final_train_loss": last_loss,
+        "skipped_steps": state.skipped_steps,
+        "rollbacks": state.rollbacks,
+        "checkpoint": str(last_ckpt) if last_ckpt else None,
+        "resumed_from": str(resumed) if resumed else None,
+        "config_fingerprint": s.fingerprints["train"],
+    }
 
 
 def records_at_step(metrics: Path, step: int) -> dict[str, Any]:
@@ -332,8 +402,15 @@ def records_at_step(metrics: Path, step: int) -> dict[str, Any]:
     return out
 
 
-def evals_after_step(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, log: MetricsLogger, n: int,
-                     done: dict[str, Any]) -> float | None:
+def evals_after_step(
+    cfg: Config,
+    s: Setup,
+    info: dist.DistInfo,
+    state: TrainState,
+    log: MetricsLogger,
+    n: int,
+    done: dict[str, Any],
+) -> float | None:
     """Validation loss and greedy generations due after step n, less what `done` says was logged.
 
     Returns the validation loss when an evaluation ran. The train loss of the eval record is the
@@ -349,22 +426,44 @@ def evals_after_step(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainSta
         v = evaluate(s, info, tc.eval_batches, cfg)
         val = v["loss"]
         train_loss = state.loss_sum / state.loss_count if state.loss_count else None
-        log.log({"type": "eval", "step": n, "val_loss": v["loss"], "val_ppl": v["ppl"], "val_bpb": v["bpb"],
-                 "val_loss_token": v["loss_token"], "val_loss_eos": v["loss_eos"],
-                 "val_loss_bos": v["loss_bos"], "train_loss": train_loss,
-                 "val_targets": v["targets"], "val_batches": v["batches"]})
+        log.log(
+            {
+                "type": "eval",
+                "step": n,
+                "val_loss": v["loss"],
+                "val_ppl": v["ppl"],
+                "val_bpb": v["bpb"],
+                "val_loss_token": v["loss_token"],
+                "val_loss_eos": v["loss_eos"],
+                "val_loss_bos": v["loss_bos"],
+                "train_loss": train_loss,
+                "val_targets": v["targets"],
+                "val_batches": v["batches"],
+            }
+        )
         state.loss_sum, state.loss_count = 0.0, 0
-    gen_due = (tc.generate_every and n % tc.generate_every == 0) or \
-        (not tc.generate_every and ((tc.eval_every and n % tc.eval_every == 0) or n == tc.steps))
+    gen_due = (tc.generate_every and n % tc.generate_every == 0) or (
+        not tc.generate_every and ((tc.eval_every and n % tc.eval_every == 0) or n == tc.steps)
+    )
     prompts = [p for p in cfg.eval.prompts if p not in done.get("generations", ())]
     if gen_due and (info.is_main or info.sharded) and prompts:  # FSDP: every rank runs the forward
         for g in generations(s, cfg, prompts):
-            log.log({"type": "generation", "step": n, "prompt": g["prompt"], "text": g["text"], "mode": g["mode"]})
+            log.log(
+                {"type": "generation", "step": n, "prompt": g["prompt"], "text": g["text"], "mode": g["mode"]}
+            )
     return val
 
 
-def stop_after_step(cfg: Config, s: Setup, state: TrainState, stability: Any, log: MetricsLogger,
-                    info: dist.DistInfo, stops: StopRequests, saved: Path | None) -> None:
+def stop_after_step(
+    cfg: Config,
+    s: Setup,
+    state: TrainState,
+    stability: Any,
+    log: MetricsLogger,
+    info: dist.DistInfo,
+    stops: StopRequests,
+    saved: Path | None,
+) -> None:
     """End the run on a stop request: a full checkpoint of this step (unless one was just written),
     an event record, the command that resumes, and TrainingStopped (exit code 128 + the signal)."""
     from oreline.train.checkpoint import wait_for_pending_save
@@ -375,19 +474,39 @@ def stop_after_step(cfg: Config, s: Setup, state: TrainState, stability: Any, lo
     wait_for_pending_save()
     command = resume_command()
     what = shutdown_signal_name(stops.signum) if stops.signum else "a signal to another rank"
-    log.log({"type": "event", "step": state.step, "kind": "stopped", "values": {"signal": what, "checkpoint": str(path)},
-             "action": "stop", "message": f"stopped by {what} after step {state.step}; checkpoint {path}"})
+    log.log(
+        {
+            "type": "event",
+            "step": state.step,
+            "kind": "stopped",
+            "values": {"signal": what, "checkpoint": str(path)},
+            "action": "stop",
+            "message": f"stopped by {what} after step {state.step}; checkpoint {path}",
+        }
+    )
     log.close()
-    raise TrainingStopped(f"stopped by {what} after step {state.step} of {cfg.train.steps}; checkpoint {path}",
-                          f"resume with: {command}", int(signum), show=info.is_main)
+    raise TrainingStopped(
+        f"stopped by {what} after step {state.step} of {cfg.train.steps}; checkpoint {path}",
+        f"resume with: {command}",
+        int(signum),
+        show=info.is_main,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # one step
 
 
-def forward_backward(model: torch.nn.Module, batches: list[Any], n_targets: float, info: dist.DistInfo,
-                     autocast: Any, bos_id: int, eos_id: int, loss_factor: float = 1.0) -> torch.Tensor:
+def forward_backward(
+    model: torch.nn.Module,
+    batches: list[Any],
+    n_targets: float,
+    info: dist.DistInfo,
+    autocast: Any,
+    bos_id: int,
+    eos_id: int,
+    loss_factor: float = 1.0,
+) -> torch.Tensor:
     """Backward of Σ CE / n_targets over all micro-batches; returns this rank's loss_breakdown sums.
 
     n_targets is the target count of the whole global step (all micro-batches, all ranks). Each
@@ -412,8 +531,15 @@ def forward_backward(model: torch.nn.Module, batches: list[Any], n_targets: floa
 
 
 def event(step: int, anomaly: Any, action: str, message: str) -> dict[str, Any]:
-    return {"type": "event", "step": step, "kind": anomaly.kind, "values": dict(anomaly.values),
-            "z": getattr(anomaly, "z", None), "action": action, "message": message}
+    return {
+        "type": "event",
+        "step": step,
+        "kind": anomaly.kind,
+        "values": dict(anomaly.values),
+        "z": getattr(anomaly, "z", None),
+        "action": action,
+        "message": message,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,14 +556,26 @@ def evaluate(s: Setup, info: dist.DistInfo, batches: int, cfg: Config) -> dict[s
     from oreline.model.scoring import validation_loss
 
     with _eager(cfg):
-        return validation_loss(s.model, s.val_loader, s.tokenizer.bos_id, s.tokenizer.eos_id, batches,
-                               s.bytes_per_token, all_reduce=dist.all_reduce_sum if info.distributed else None,
-                               autocast_dtype=s.autocast_dtype)
+        return validation_loss(
+            s.model,
+            s.val_loader,
+            s.tokenizer.bos_id,
+            s.tokenizer.eos_id,
+            batches,
+            s.bytes_per_token,
+            all_reduce=dist.all_reduce_sum if info.distributed else None,
+            autocast_dtype=s.autocast_dtype,
+        )
 
 
 def generations(s: Setup, cfg: Config, prompts: list[str] | None = None) -> list[dict[str, Any]]:
     from oreline.model.scoring import generate_samples
 
     with _eager(cfg):
-        return generate_samples(s.model, s.tokenizer, cfg.eval.prompts if prompts is None else prompts,
-                                cfg.eval.max_new_tokens, greedy=True)
+        return generate_samples(
+            s.model,
+            s.tokenizer,
+            cfg.eval.prompts if prompts is None else prompts,
+            cfg.eval.max_new_tokens,
+            greedy=True,
+        )

@@ -63,24 +63,37 @@ def gpu_peak_flops(name: str, precision: str, tf32: bool) -> tuple[float | None,
             if peak is None:
                 return None, f"{label} has no {kind} peak (precision {precision}): mfu not computed"
             return peak, f"{label} {kind} data sheet ({peak / 1e12:g} TFLOP/s)"
-    return None, (f"unknown GPU {name!r}: no peak FLOPs in oreline.train.monitor.GPU_PEAKS, mfu not "
-                  f"computed (add its dense {precision} peak to the table)")
+    return None, (
+        f"unknown GPU {name!r}: no peak FLOPs in oreline.train.monitor.GPU_PEAKS, mfu not "
+        f"computed (add its dense {precision} peak to the table)"
+    )
 
 
 def model_matmul_shapes(args: Any, tokens: int) -> list[tuple[int, int, int]]:
     """(M, K, N) of one block's projections and the output head for `tokens` rows."""
     hd = args.dim // args.n_heads
     q, kv, d, f = args.n_heads * hd, args.n_kv_heads * hd, args.dim, args.ffn_dim
-    return [(tokens, d, q), (tokens, d, kv), (tokens, d, kv), (tokens, q, d),
-            (tokens, d, f), (tokens, d, f), (tokens, f, d), (tokens, d, args.vocab_size)]
+    return [
+        (tokens, d, q),
+        (tokens, d, kv),
+        (tokens, d, kv),
+        (tokens, q, d),
+        (tokens, d, f),
+        (tokens, d, f),
+        (tokens, f, d),
+        (tokens, d, args.vocab_size),
+    ]
 
 
 GENERIC_SHAPES = ((2048, 1024, 1024), (2048, 1024, 4096), (2048, 4096, 1024))
 
 
-def measure_cpu_matmul_peak(shapes: tuple[tuple[int, int, int], ...] = GENERIC_SHAPES,
-                            reps: int = 3, dtype: torch.dtype = torch.float32,
-                            clock: Callable[[], float] = time.perf_counter) -> float:
+def measure_cpu_matmul_peak(
+    shapes: tuple[tuple[int, int, int], ...] = GENERIC_SHAPES,
+    reps: int = 3,
+    dtype: torch.dtype = torch.float32,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
     """FLOP/s of the forward and backward matmuls of `shapes` on this CPU in `dtype` (best of reps).
 
     For each (M, K, N): y = x·Wᵀ (forward), dx = dy·W and dW = dyᵀ·x (backward), i.e. the three
@@ -94,15 +107,21 @@ def measure_cpu_matmul_peak(shapes: tuple[tuple[int, int, int], ...] = GENERIC_S
 
 
 @lru_cache(maxsize=8)
-def _measured_peak(shapes: tuple[tuple[int, int, int], ...], reps: int, dtype: torch.dtype,
-                   clock: Callable[[], float]) -> float:
+def _measured_peak(
+    shapes: tuple[tuple[int, int, int], ...], reps: int, dtype: torch.dtype, clock: Callable[[], float]
+) -> float:
     from oreline.model import matmul
 
     gen = torch.Generator().manual_seed(0)
     mats = []
     for m, k, n in shapes:
-        mats.append((torch.randn(m, k, generator=gen).to(dtype), torch.randn(n, k, generator=gen).to(dtype),
-                     torch.randn(m, n, generator=gen).to(dtype)))
+        mats.append(
+            (
+                torch.randn(m, k, generator=gen).to(dtype),
+                torch.randn(n, k, generator=gen).to(dtype),
+                torch.randn(m, n, generator=gen).to(dtype),
+            )
+        )
     flops = sum(3 * 2 * m * k * n for m, k, n in shapes)
 
     def run_once() -> None:
@@ -126,8 +145,9 @@ def _measured_peak(shapes: tuple[tuple[int, int, int], ...], reps: int, dtype: t
 measure_cpu_matmul_peak.cache_clear = _measured_peak.cache_clear  # type: ignore[attr-defined]
 
 
-def device_peak_flops(device: torch.device, precision: str,
-                      shapes: tuple[tuple[int, int, int], ...] | None = None) -> tuple[float | None, str]:
+def device_peak_flops(
+    device: torch.device, precision: str, shapes: tuple[tuple[int, int, int], ...] | None = None
+) -> tuple[float | None, str]:
     """(peak FLOP/s or None, where the figure comes from) for the training device."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -141,8 +161,10 @@ def device_peak_flops(device: torch.device, precision: str,
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         peak = measure_cpu_matmul_peak(tuple(shapes), dtype=dtype)
         desc = ", ".join(f"{m}×{k}×{n}" for m, k, n in dict.fromkeys(shapes))
-        return peak, (f"measured: {precision} forward+backward matmuls of shapes {desc} on "
-                      f"{torch.get_num_threads()} threads ({peak / 1e9:.1f} GFLOP/s)")
+        return peak, (
+            f"measured: {precision} forward+backward matmuls of shapes {desc} on "
+            f"{torch.get_num_threads()} threads ({peak / 1e9:.1f} GFLOP/s)"
+        )
     return None, f"no peak FLOPs known for device type {device.type!r}: mfu not computed"
 
 
@@ -184,8 +206,12 @@ def _process(pid: int) -> Any:
 
 def memory_stats(device: torch.device) -> dict[str, float | None]:
     """Process RSS and, on CUDA, allocated / reserved / peak allocated memory in MB."""
-    out: dict[str, float | None] = {"rss_mb": _process(os.getpid()).memory_info().rss / 2**20,
-                                    "cuda_alloc_mb": None, "cuda_reserved_mb": None, "cuda_peak_mb": None}
+    out: dict[str, float | None] = {
+        "rss_mb": _process(os.getpid()).memory_info().rss / 2**20,
+        "cuda_alloc_mb": None,
+        "cuda_reserved_mb": None,
+        "cuda_peak_mb": None,
+    }
     if device.type == "cuda":
         out["cuda_alloc_mb"] = torch.cuda.memory_allocated(device) / 2**20
         out["cuda_reserved_mb"] = torch.cuda.memory_reserved(device) / 2**20
@@ -242,8 +268,14 @@ class MetricsLogger:
 
     TB_SKIP = {"type", "step", "time"}
 
-    def __init__(self, jsonl: Path, tensorboard_dir: Path | None, console: Any = None,
-                 enabled: bool = True, purge_after_step: int | None = None):
+    def __init__(
+        self,
+        jsonl: Path,
+        tensorboard_dir: Path | None,
+        console: Any = None,
+        enabled: bool = True,
+        purge_after_step: int | None = None,
+    ):
         self.enabled = enabled
         self.console = console
         self.path = Path(jsonl)
@@ -276,8 +308,12 @@ class MetricsLogger:
         kind, step = rec["type"], rec["step"]
         if kind in ("train", "eval"):
             for key, value in rec.items():
-                if key not in self.TB_SKIP and isinstance(value, int | float) and not isinstance(value, bool) \
-                        and math.isfinite(value):
+                if (
+                    key not in self.TB_SKIP
+                    and isinstance(value, int | float)
+                    and not isinstance(value, bool)
+                    and math.isfinite(value)
+                ):
                     self.writer.add_scalar(f"{kind}/{key}", value, step)
         elif kind == "generation":
             self.writer.add_text(f"generation/{rec.get('mode')}", f"**{rec['prompt']}**{rec['text']}", step)
@@ -292,28 +328,45 @@ class MetricsLogger:
 
         kind = r["type"]
         if kind == "train":
-            mem = f"rss {r['rss_mb']:,.0f} MB" if r.get("cuda_alloc_mb") is None else \
-                f"cuda {r['cuda_alloc_mb']:,.0f}/{r['cuda_peak_mb']:,.0f} MB"
+            mem = (
+                f"rss {r['rss_mb']:,.0f} MB"
+                if r.get("cuda_alloc_mb") is None
+                else f"cuda {r['cuda_alloc_mb']:,.0f}/{r['cuda_peak_mb']:,.0f} MB"
+            )
             mfu_s = "—" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-            c.print(f"step {r['step']:>6} | loss {_fmt(r['loss'], '.4f')} (tok {_fmt(r['loss_token'], '.3f')} "
-                    f"eos {_fmt(r['loss_eos'], '.3f')} bos {_fmt(r['loss_bos'], '.3f')}) | lr {r['lr']:.3e} | "
-                    f"gnorm {_fmt(r['grad_norm'], '.3f')}{'*' if r.get('clipped') else ''} | "
-                    f"{r['tokens_per_s']:,.0f} tok/s | mfu {mfu_s} | {r['step_ms']:,.0f} ms/step "
-                    f"(data {100 * r['data_wait_frac']:.1f}%) | {mem}", highlight=False)
+            c.print(
+                f"step {r['step']:>6} | loss {_fmt(r['loss'], '.4f')} (tok {_fmt(r['loss_token'], '.3f')} "
+                f"eos {_fmt(r['loss_eos'], '.3f')} bos {_fmt(r['loss_bos'], '.3f')}) | lr {r['lr']:.3e} | "
+                f"gnorm {_fmt(r['grad_norm'], '.3f')}{'*' if r.get('clipped') else ''} | "
+                f"{r['tokens_per_s']:,.0f} tok/s | mfu {mfu_s} | {r['step_ms']:,.0f} ms/step "
+                f"(data {100 * r['data_wait_frac']:.1f}%) | {mem}",
+                highlight=False,
+            )
         elif kind == "eval":
-            c.print(f"[bold]eval[/] step {r['step']} | val loss {_fmt(r['val_loss'], '.4f')} "
-                    f"ppl {_fmt(r['val_ppl'], ',.2f')} bpb {_fmt(r['val_bpb'], '.4f')} "
-                    f"(tok {_fmt(r['val_loss_token'], '.3f')} eos {_fmt(r['val_loss_eos'], '.3f')} "
-                    f"bos {_fmt(r['val_loss_bos'], '.3f')}) | train loss {_fmt(r.get('train_loss'), '.4f')}",
-                    highlight=False)
+            c.print(
+                f"[bold]eval[/] step {r['step']} | val loss {_fmt(r['val_loss'], '.4f')} "
+                f"ppl {_fmt(r['val_ppl'], ',.2f')} bpb {_fmt(r['val_bpb'], '.4f')} "
+                f"(tok {_fmt(r['val_loss_token'], '.3f')} eos {_fmt(r['val_loss_eos'], '.3f')} "
+                f"bos {_fmt(r['val_loss_bos'], '.3f')}) | train loss {_fmt(r.get('train_loss'), '.4f')}",
+                highlight=False,
+            )
         elif kind == "generation":
-            c.print(f"  [dim]{r['mode']}[/] {escape(repr(r['prompt']))} → {escape(repr(r['text']))}", highlight=False)
+            c.print(
+                f"  [dim]{r['mode']}[/] {escape(repr(r['prompt']))} → {escape(repr(r['text']))}",
+                highlight=False,
+            )
         elif kind == "event":
-            c.print(f"[yellow]event[/] step {r.get('step')} {r.get('kind')}: {escape(str(r.get('message')))}"
-                    + (f" → {r['action']}" if r.get("action") else ""), highlight=False)
+            c.print(
+                f"[yellow]event[/] step {r.get('step')} {r.get('kind')}: {escape(str(r.get('message')))}"
+                + (f" → {r['action']}" if r.get("action") else ""),
+                highlight=False,
+            )
         elif kind == "checkpoint":
-            c.print(f"checkpoint step {r['step']} ({r['kind']}) → {r['path']} "
-                    f"({r['seconds']:.2f} s, {r['bytes'] / 2**20:,.1f} MB)", highlight=False)
+            c.print(
+                f"checkpoint step {r['step']} ({r['kind']}) → {r['path']} "
+                f"({r['seconds']:.2f} s, {r['bytes'] / 2**20:,.1f} MB)",
+                highlight=False,
+            )
 
     def close(self) -> None:
         if not self.enabled:

@@ -92,7 +92,10 @@ def warmup_steps(train: TrainConfig) -> int:
     if o.warmup_steps is not None:
         warm, key = o.warmup_steps, f"train.optim.warmup_steps={o.warmup_steps}"
     elif o.warmup_ratio is not None:
-        warm, key = round(o.warmup_ratio * train.steps), f"train.optim.warmup_ratio={o.warmup_ratio} (= {round(o.warmup_ratio * train.steps)} steps)"
+        warm, key = (
+            round(o.warmup_ratio * train.steps),
+            f"train.optim.warmup_ratio={o.warmup_ratio} (= {round(o.warmup_ratio * train.steps)} steps)",
+        )
     else:
         warm, key = 0, "no warmup"
     if warm < 0:
@@ -146,5 +149,7 @@ def schedule_samples(train: TrainConfig) -> list[list[float]]:
     """
     n = train.steps
     warm = warmup_steps(train)
-    points = sorted({1, max(warm, 1), max(1, round(0.25 * n)), max(1, round(0.5 * n)), max(1, round(0.75 * n)), n})
+    points = sorted(
+        {1, max(warm, 1), max(1, round(0.25 * n)), max(1, round(0.5 * n)), max(1, round(0.75 * n)), n}
+    )
     return [[s, lr_at(s - 1, train)] for s in points]

@@ -30,14 +30,23 @@ from oreline.train.session import Setup, TrainState
 
 def checkpoint_meta(cfg: Config, s: Setup, state: TrainState, stability: Any) -> dict[str, Any]:
     return {  # RNG states, world size and optimizer hyperparameters are added by save_checkpoint
-        "step": state.step, "tokens_seen": state.tokens_seen, "lr_multiplier": state.lr_multiplier,
-        "skipped_steps": state.skipped_steps, "rollbacks": state.rollbacks,
+        "step": state.step,
+        "tokens_seen": state.tokens_seen,
+        "lr_multiplier": state.lr_multiplier,
+        "skipped_steps": state.skipped_steps,
+        "rollbacks": state.rollbacks,
         "debug_injected": list(state.debug_injected),
-        "loss_sum": state.loss_sum, "loss_count": state.loss_count, "last_loss": state.last_loss,
-        "loader": s.loader.state_dict(), "stability": stability.state_dict(),
-        "config": to_dict(cfg), "config_fingerprint": s.fingerprints["train"],
-        "tokenizer_fingerprint": s.fingerprints["tokenizer"], "data_fingerprint": s.fingerprints["data"],
-        "model_args": s.args.to_dict(), "tokenizer_dir": str(s.tokenizer_dir.resolve()),
+        "loss_sum": state.loss_sum,
+        "loss_count": state.loss_count,
+        "last_loss": state.last_loss,
+        "loader": s.loader.state_dict(),
+        "stability": stability.state_dict(),
+        "config": to_dict(cfg),
+        "config_fingerprint": s.fingerprints["train"],
+        "tokenizer_fingerprint": s.fingerprints["tokenizer"],
+        "data_fingerprint": s.fingerprints["data"],
+        "model_args": s.args.to_dict(),
+        "tokenizer_dir": str(s.tokenizer_dir.resolve()),
         "tokens_dir": str(s.tokens_dir.resolve()),
         # the fp32 product backend on CPU: a resume keeps it (oreline.model.matmul.adopt_recorded)
         "cpu_matmul": cpu_matmul_backend() if s.device.type == "cpu" else None,
@@ -49,10 +58,25 @@ def save(cfg: Config, s: Setup, state: TrainState, stability: Any, kind: str, lo
     from oreline.train.checkpoint_files import dir_bytes
 
     t0 = time.perf_counter()
-    path = save_checkpoint(s.run.checkpoints, state.step, s.model, s.optimizer,
-                           checkpoint_meta(cfg, s, state, stability), kind=kind, cfg=cfg.checkpoint)
-    log.log({"type": "checkpoint", "step": state.step, "path": str(path), "kind": kind,
-             "seconds": time.perf_counter() - t0, "bytes": dir_bytes(path)})
+    path = save_checkpoint(
+        s.run.checkpoints,
+        state.step,
+        s.model,
+        s.optimizer,
+        checkpoint_meta(cfg, s, state, stability),
+        kind=kind,
+        cfg=cfg.checkpoint,
+    )
+    log.log(
+        {
+            "type": "checkpoint",
+            "step": state.step,
+            "path": str(path),
+            "kind": kind,
+            "seconds": time.perf_counter() - t0,
+            "bytes": dir_bytes(path),
+        }
+    )
     return Path(path)
 
 
@@ -90,8 +114,9 @@ def _restore(meta: dict, s: Setup, state: TrainState) -> None:
     state.last_loss = meta.get("last_loss")
 
 
-def resume_if_asked(cfg: Config, s: Setup, state: TrainState, stability: Any, resume: str, allow: list[str],
-                    say: Any) -> tuple[Path | None, list[dict]]:
+def resume_if_asked(
+    cfg: Config, s: Setup, state: TrainState, stability: Any, resume: str, allow: list[str], say: Any
+) -> tuple[Path | None, list[dict]]:
     """Load the checkpoint `resume` names (auto: the newest valid one).
 
     Returns (path or None when starting fresh, event records to log: invalid checkpoints passed
@@ -110,17 +135,25 @@ def resume_if_asked(cfg: Config, s: Setup, state: TrainState, stability: Any, re
         skipped: list = []
         path = find_resumable(s.run.checkpoints, console=_Say(say), skipped=skipped)
         for bad, problems in skipped:
-            events.append({"type": "event", "step": None, "kind": "checkpoint_invalid",
-                           "values": {"path": str(bad), "problems": list(problems)}, "action": "skipped",
-                           "message": f"checkpoint {bad} is invalid ({'; '.join(problems)}): not resumed from"})
+            events.append(
+                {
+                    "type": "event",
+                    "step": None,
+                    "kind": "checkpoint_invalid",
+                    "values": {"path": str(bad), "problems": list(problems)},
+                    "action": "skipped",
+                    "message": f"checkpoint {bad} is invalid ({'; '.join(problems)}): not resumed from",
+                }
+            )
         if path is None:
             return None, events
     else:
         path = Path(resume)
     # Compatibility first, from meta.json alone: a changed model must fail with the keys, not
     # with a tensor shape error half-way through loading.
-    changed = check_resume_compatible(read_meta(path) or {}, to_dict(cfg), allow, fingerprints=s.fingerprints,
-                                      model_args=s.args.to_dict())
+    changed = check_resume_compatible(
+        read_meta(path) or {}, to_dict(cfg), allow, fingerprints=s.fingerprints, model_args=s.args.to_dict()
+    )
     dist.check_resume_batch(read_meta(path) or {}, s.batch, allow)  # same global batch at any world size
     meta = load_checkpoint(path, s.model, s.optimizer)  # also restores this rank's RNG states
     _restore(meta, s, state)
@@ -130,12 +163,25 @@ def resume_if_asked(cfg: Config, s: Setup, state: TrainState, stability: Any, re
         note = adopt_recorded(meta.get("cpu_matmul"), str(path))
         if note:
             say(note)
-    say(f"resumed from {path} at step {state.step} ({state.tokens_seen:,} tokens seen)"
-        + (f"; allowed config changes: {', '.join(changed)}" if changed else ""))
-    events.append({"type": "event", "step": state.step, "kind": "resume",
-                   "values": {"path": str(path), "tokens_seen": state.tokens_seen, "allowed_changes": changed,
-                              "cpu_matmul": cpu_matmul_backend() if s.device.type == "cpu" else None},
-                   "action": "resume", "message": f"resumed from {path} at step {state.step}"})
+    say(
+        f"resumed from {path} at step {state.step} ({state.tokens_seen:,} tokens seen)"
+        + (f"; allowed config changes: {', '.join(changed)}" if changed else "")
+    )
+    events.append(
+        {
+            "type": "event",
+            "step": state.step,
+            "kind": "resume",
+            "values": {
+                "path": str(path),
+                "tokens_seen": state.tokens_seen,
+                "allowed_changes": changed,
+                "cpu_matmul": cpu_matmul_backend() if s.device.type == "cpu" else None,
+            },
+            "action": "resume",
+            "message": f"resumed from {path} at step {state.step}",
+        }
+    )
     return Path(path), events
 
 
@@ -146,8 +192,15 @@ class _Say:
         self.print = say
 
 
-def rollback(s: Setup, state: TrainState, stability: Any, target: Path, failed_step: int, cfg: Config,
-             log: MetricsLogger) -> None:
+def rollback(
+    s: Setup,
+    state: TrainState,
+    stability: Any,
+    target: Path,
+    failed_step: int,
+    cfg: Config,
+    log: MetricsLogger,
+) -> None:
     """Reload `target`, scale the lr multiplier, and move the loader past the offending batches.
 
     The loader is NOT rewound: it stands after the failed step's batches, and skips
@@ -167,9 +220,20 @@ def rollback(s: Setup, state: TrainState, stability: Any, target: Path, failed_s
     stability.restore_window(meta.get("stability", {}))
     for _ in range(stab.skip_batches * cfg.train.grad_accum):
         s.loader.next_batch()
-    log.log({"type": "event", "step": state.step, "kind": "rollback",
-             "values": {"failed_step": failed_step, "to_step": state.step, "lr_multiplier": multiplier,
-                        "skipped_batches": stab.skip_batches, "checkpoint": str(target)},
-             "action": "rollback",
-             "message": f"rolled back to {target} (step {state.step}) after step {failed_step}; lr × {multiplier:.3g}, "
-                        f"data moved on by {stab.skip_batches} step(s) past the failed one"})
+    log.log(
+        {
+            "type": "event",
+            "step": state.step,
+            "kind": "rollback",
+            "values": {
+                "failed_step": failed_step,
+                "to_step": state.step,
+                "lr_multiplier": multiplier,
+                "skipped_batches": stab.skip_batches,
+                "checkpoint": str(target),
+            },
+            "action": "rollback",
+            "message": f"rolled back to {target} (step {state.step}) after step {failed_step}; lr × {multiplier:.3g}, "
+            f"data moved on by {stab.skip_batches} step(s) past the failed one",
+        }
+    )

@@ -98,6 +98,7 @@ class _nullcontext:
 
 def to_device(batch: Any, device: torch.device) -> Any:
     """The loader's batch with long tensors on the training device (doc_ids may be None)."""
+
     def move(x: Any) -> torch.Tensor | None:
         if x is None:
             return None
@@ -118,8 +119,15 @@ def global_batch(cfg: Config, world: int) -> dict[str, int | None]:
     tc = cfg.train
     sequences = tc.micro_batch * tc.grad_accum * world
     tokens = sequences * tc.seq_len
-    b = {"micro": tc.micro_batch, "accum": tc.grad_accum, "world": world, "seq_len": tc.seq_len,
-         "sequences": sequences, "tokens": tokens, "configured_tokens": tc.global_batch_tokens}
+    b = {
+        "micro": tc.micro_batch,
+        "accum": tc.grad_accum,
+        "world": world,
+        "seq_len": tc.seq_len,
+        "sequences": sequences,
+        "tokens": tokens,
+        "configured_tokens": tc.global_batch_tokens,
+    }
     if tc.global_batch_tokens is not None and tc.global_batch_tokens != tokens:
         need = tc.global_batch_tokens / (tc.micro_batch * world * tc.seq_len)
         raise TrainingError(
@@ -132,11 +140,15 @@ def global_batch(cfg: Config, world: int) -> dict[str, int | None]:
 
 
 def describe_batch(b: dict[str, int | None]) -> str:
-    return (f"global batch = micro {b['micro']} × accum {b['accum']} × world {b['world']} = "
-            f"{b['sequences']:,} sequences = {b['tokens']:,} tokens")
+    return (
+        f"global batch = micro {b['micro']} × accum {b['accum']} × world {b['world']} = "
+        f"{b['sequences']:,} sequences = {b['tokens']:,} tokens"
+    )
 
 
-def check_batch_tokens(batches: list[_Batch], b: dict[str, int | None], info: dist.DistInfo, step: int) -> int:
+def check_batch_tokens(
+    batches: list[_Batch], b: dict[str, int | None], info: dist.DistInfo, step: int
+) -> int:
     """Tokens this rank consumed; a shortfall against the stated batch stops the run. Returns global tokens."""
     local = sum(int(x.input_ids.numel()) for x in batches)
     want = int(b["micro"]) * int(b["accum"]) * int(b["seq_len"])
@@ -209,7 +221,9 @@ def tune_cpu_allocator() -> str | None:
 
 def _fingerprints(cfg: Config, tokenizer_fp: str, data_fp: str) -> dict[str, str]:
     cfg_fp = fingerprint(cfg)
-    combined = hashlib.sha256(canonical_json({"config": cfg_fp, "tokenizer": tokenizer_fp, "data": data_fp}).encode()).hexdigest()
+    combined = hashlib.sha256(
+        canonical_json({"config": cfg_fp, "tokenizer": tokenizer_fp, "data": data_fp}).encode()
+    ).hexdigest()
     return {"config": cfg_fp, "tokenizer": tokenizer_fp, "data": data_fp, "train": combined}
 
 
@@ -243,31 +257,62 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         autocast_dtype = torch.bfloat16
         native = cpu_native_bf16() if device.type == "cpu" else []
         if device.type == "cpu" and not native:
-            say("[yellow]warning:[/] train.precision=bf16 on a CPU without native bf16 (no avx512_bf16 / amx_bf16): "
+            say(
+                "[yellow]warning:[/] train.precision=bf16 on a CPU without native bf16 (no avx512_bf16 / amx_bf16): "
                 "bf16 matmuls are emulated and ran ~20× slower than fp32 on this project's machines; training "
-                "will be slow. Use train.precision=fp32 on this CPU.")
+                "will be slow. Use train.precision=fp32 on this CPU."
+            )
         elif device.type == "cpu":
-            say(f"train.precision=bf16 on a CPU with native bf16 ({', '.join(native)}): bf16 autocast can beat fp32 "
-                "here; compare the two runs' tokens_per_s in metrics.jsonl")
+            say(
+                f"train.precision=bf16 on a CPU with native bf16 ({', '.join(native)}): bf16 autocast can beat fp32 "
+                "here; compare the two runs' tokens_per_s in metrics.jsonl"
+            )
 
     tokenizer = load_tokenizer(tokenizer_dir)
-    loader = TokenLoader(tokens_dir, split="train", seq_len=tc.seq_len, micro_batch=tc.micro_batch, seed=tc.seed,
-                         rank=info.rank, world_size=info.world_size, tokenizer_fingerprint=tokenizer.fingerprint,
-                         doc_mask=tc.doc_mask)
-    val_loader = TokenLoader(tokens_dir, split="val", seq_len=tc.seq_len, micro_batch=tc.micro_batch, seed=tc.seed,
-                             rank=info.rank, world_size=info.world_size, tokenizer_fingerprint=tokenizer.fingerprint,
-                             doc_mask=tc.doc_mask)
+    loader = TokenLoader(
+        tokens_dir,
+        split="train",
+        seq_len=tc.seq_len,
+        micro_batch=tc.micro_batch,
+        seed=tc.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+        tokenizer_fingerprint=tokenizer.fingerprint,
+        doc_mask=tc.doc_mask,
+    )
+    val_loader = TokenLoader(
+        tokens_dir,
+        split="val",
+        seq_len=tc.seq_len,
+        micro_batch=tc.micro_batch,
+        seed=tc.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+        tokenizer_fingerprint=tokenizer.fingerprint,
+        doc_mask=tc.doc_mask,
+    )
     args = resolve_model_args(cfg.model, tokenizer.vocab_size)
     if args.vocab_size < tokenizer.vocab_size:
-        raise ConfigError(f"model.vocab_size={args.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}",
-                          "unset model.vocab_size (it is taken from the tokenizer)")
+        raise ConfigError(
+            f"model.vocab_size={args.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}",
+            "unset model.vocab_size (it is taken from the tokenizer)",
+        )
     if tc.seq_len > args.max_seq_len:
-        raise ConfigError(f"train.seq_len={tc.seq_len} is longer than the model's max_seq_len={args.max_seq_len}",
-                          "lower train.seq_len or set model.max_seq_len")
+        raise ConfigError(
+            f"train.seq_len={tc.seq_len} is longer than the model's max_seq_len={args.max_seq_len}",
+            "lower train.seq_len or set model.max_seq_len",
+        )
 
     # Refuse before allocating: a model or batch far beyond this machine would be an OOM kill later.
-    check_training_memory(args, tc.micro_batch, tc.seq_len, tc.precision, tc.activation_checkpointing,
-                          info.world_size if info.sharded else 1, device)
+    check_training_memory(
+        args,
+        tc.micro_batch,
+        tc.seq_len,
+        tc.precision,
+        tc.activation_checkpointing,
+        info.world_size if info.sharded else 1,
+        device,
+    )
 
     torch.manual_seed(tc.seed)  # the initial weights are a function of the seed
     model = Llama(args).to(device)
@@ -276,7 +321,9 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     if tc.compile:
         compile_blocks(model)  # before wrapping, as torchtitan does (compile, then DDP / FSDP2)
     train_model = dist.wrap_model(model, tc, info)
-    optimizer = build_optimizer(model, tc.optim, device)  # after wrapping: FSDP2 turns parameters into DTensor shards
+    optimizer = build_optimizer(
+        model, tc.optim, device
+    )  # after wrapping: FSDP2 turns parameters into DTensor shards
 
     fps = _fingerprints(cfg, tokenizer.fingerprint, loader.data_fingerprint)
     if info.is_main:
@@ -290,33 +337,71 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     shapes = tuple(model_matmul_shapes(args, tc.micro_batch * tc.seq_len))
     peak, peak_source = device_peak_flops(device, tc.precision, shapes)
 
-    say(f"[bold]train[/] run {run.root} on {device} ({info.world_size} process{'es' if info.world_size > 1 else ''})")
-    say(f"config fingerprint {fps['train'][:16]}… (config {fps['config'][:12]}…, tokenizer "
-        f"{fps['tokenizer'][:12]}…, data {fps['data'][:12]}…)")
-    say(f"model: {model.num_params():,} parameters ({model.num_params(exclude_embedding=True):,} non-embedding), "
-        f"{fpt / 1e6:,.1f} MFLOPs/token at seq_len {tc.seq_len}")
+    say(
+        f"[bold]train[/] run {run.root} on {device} ({info.world_size} process{'es' if info.world_size > 1 else ''})"
+    )
+    say(
+        f"config fingerprint {fps['train'][:16]}… (config {fps['config'][:12]}…, tokenizer "
+        f"{fps['tokenizer'][:12]}…, data {fps['data'][:12]}…)"
+    )
+    say(
+        f"model: {model.num_params():,} parameters ({model.num_params(exclude_embedding=True):,} non-embedding), "
+        f"{fpt / 1e6:,.1f} MFLOPs/token at seq_len {tc.seq_len}"
+    )
     say(describe_batch(batch))
-    say("lr schedule (" + tc.optim.schedule + "): " + ", ".join(f"step {st}: {v:.3e}" for st, v in schedule_samples(tc)))
+    say(
+        "lr schedule ("
+        + tc.optim.schedule
+        + "): "
+        + ", ".join(f"step {st}: {v:.3e}" for st, v in schedule_samples(tc))
+    )
     say(f"peak FLOPs: {peak_source}")
-    return Setup(run=run, device=device, tokenizer=tokenizer, tokens_dir=tokens_dir, tokenizer_dir=tokenizer_dir,
-                 loader=loader, val_loader=val_loader, args=args, model=model, train_model=train_model,
-                 optimizer=optimizer, fingerprints=fps, batch=batch,
-                 bytes_per_token=token_byte_lengths(tokenizer), flops_per_token=fpt, peak_flops=peak,
-                 peak_source=peak_source, autocast_dtype=autocast_dtype)
+    return Setup(
+        run=run,
+        device=device,
+        tokenizer=tokenizer,
+        tokens_dir=tokens_dir,
+        tokenizer_dir=tokenizer_dir,
+        loader=loader,
+        val_loader=val_loader,
+        args=args,
+        model=model,
+        train_model=train_model,
+        optimizer=optimizer,
+        fingerprints=fps,
+        batch=batch,
+        bytes_per_token=token_byte_lengths(tokenizer),
+        flops_per_token=fpt,
+        peak_flops=peak,
+        peak_source=peak_source,
+        autocast_dtype=autocast_dtype,
+    )
 
 
 def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, resumed: Path | None) -> dict:
     return {
-        "type": "start", "step": state.step, "resumed_from": str(resumed) if resumed else None,
-        "config_fingerprint": s.fingerprints["train"], "config_only_fingerprint": s.fingerprints["config"],
-        "tokenizer_fingerprint": s.fingerprints["tokenizer"], "data_fingerprint": s.fingerprints["data"],
+        "type": "start",
+        "step": state.step,
+        "resumed_from": str(resumed) if resumed else None,
+        "config_fingerprint": s.fingerprints["train"],
+        "config_only_fingerprint": s.fingerprints["config"],
+        "tokenizer_fingerprint": s.fingerprints["tokenizer"],
+        "data_fingerprint": s.fingerprints["data"],
         "global_batch": s.batch,
-        "model": {"params": s.model.num_params(), "non_embedding_params": s.model.num_params(exclude_embedding=True),
-                  "flops_per_token": s.flops_per_token, "max_seq_len": s.args.max_seq_len},
-        "device": str(s.device) + (f" ({torch.cuda.get_device_name(s.device)})" if s.device.type == "cuda" else ""),
-        "world_size": info.world_size, "precision": cfg.train.precision,
+        "model": {
+            "params": s.model.num_params(),
+            "non_embedding_params": s.model.num_params(exclude_embedding=True),
+            "flops_per_token": s.flops_per_token,
+            "max_seq_len": s.args.max_seq_len,
+        },
+        "device": str(s.device)
+        + (f" ({torch.cuda.get_device_name(s.device)})" if s.device.type == "cuda" else ""),
+        "world_size": info.world_size,
+        "precision": cfg.train.precision,
         "cpu_matmul": describe_backend() if s.device.type == "cpu" else None,
         "cpu_matmul_backend": cpu_matmul_backend() if s.device.type == "cpu" else None,
-        "peak_flops": s.peak_flops, "peak_source": s.peak_source,
-        "schedule": schedule_samples(cfg.train), "total_steps": cfg.train.steps,
+        "peak_flops": s.peak_flops,
+        "peak_source": s.peak_source,
+        "schedule": schedule_samples(cfg.train),
+        "total_steps": cfg.train.steps,
     }

@@ -80,7 +80,9 @@ def die_with_parent() -> bool:
     ok = set_parent_death_signal(signal.SIGKILL)
     if ok and (os.getppid() != first or first == 1):
         # the parent died before the death signal was armed: it will never come
-        sys.stderr.write(f"oreline: the launcher (pid {first}) is gone; this rank (pid {os.getpid()}) exits\n")
+        sys.stderr.write(
+            f"oreline: the launcher (pid {first}) is gone; this rank (pid {os.getpid()}) exits\n"
+        )
         os._exit(1)
     return ok
 

@@ -71,8 +71,10 @@ class Anomaly:
         vals = ", ".join(f"{k}={v:.6g}" if v is not None else f"{k}=None" for k, v in self.values.items())
         if self.kind == "nonfinite":
             return f"step {self.step}: non-finite value ({vals})"
-        return (f"step {self.step}: {self.kind} ({vals}; z={self.z:.1f} > {self.threshold:g}σ "
-                f"over window mean {self.mean:.6g} ± {self.std:.3g})")
+        return (
+            f"step {self.step}: {self.kind} ({vals}; z={self.z:.1f} > {self.threshold:g}σ "
+            f"over window mean {self.mean:.6g} ± {self.std:.3g})"
+        )
 
     def to_dict(self) -> dict:
         # JSON cannot hold NaN/inf portably: write them as strings ("nan", "inf")
@@ -139,16 +141,20 @@ class StabilityMonitor:
         if not (_is_finite(loss) and _is_finite(grad_norm)):
             anomaly = Anomaly("nonfinite", step, values)
         else:
-            anomaly = (self._spike("loss_spike", step, loss, self.losses, values)
-                       or (self._spike("grad_spike", step, grad_norm, self.grad_norms, values)
-                           if grad_norm is not None else None))
+            anomaly = self._spike("loss_spike", step, loss, self.losses, values) or (
+                self._spike("grad_spike", step, grad_norm, self.grad_norms, values)
+                if grad_norm is not None
+                else None
+            )
         if anomaly is not None:
             self.counters.by_kind[anomaly.kind] = self.counters.by_kind.get(anomaly.kind, 0) + 1
             if len(self.anomalies) < MAX_LOGGED_ANOMALIES:
                 self.anomalies.append(anomaly.to_dict())
         return anomaly
 
-    def _spike(self, kind: str, step: int, value: float, window: deque[float], values: dict) -> Anomaly | None:
+    def _spike(
+        self, kind: str, step: int, value: float, window: deque[float], values: dict
+    ) -> Anomaly | None:
         if len(window) < self.cfg.min_history:
             return None
         mean, std = window_stats(window)
@@ -178,13 +184,15 @@ class StabilityMonitor:
         """Count a rollback; past `max_retries` rollbacks without a healthy step in between, stop."""
         self.counters.rollbacks += 1
         self.retries_in_a_row += 1
-        self.last_rollback_step = max(self.last_rollback_step,
-                                      anomaly.step if anomaly is not None else self.last_checked_step)
+        self.last_rollback_step = max(
+            self.last_rollback_step, anomaly.step if anomaly is not None else self.last_checked_step
+        )
         if self.retries_in_a_row > self.cfg.max_retries:
             what = anomaly.describe() if anomaly is not None else "repeated anomalies"
             raise TrainingError(
                 f"training is unstable: {what}; {self.retries_in_a_row - 1} rollbacks"
-                + (f" to {where}" if where else "") + " did not help",
+                + (f" to {where}" if where else "")
+                + " did not help",
                 "lower train.optim.lr, raise train.optim.warmup_steps or check the data near this step "
                 "(oreline doctor run RUN_DIR); train.stability.max_retries bounds the retries",
             )
@@ -222,4 +230,9 @@ class StabilityMonitor:
     def summary(self) -> dict:
         """Counters for metrics and the final report."""
         c = self.counters
-        return {"checked": c.checked, "skipped": c.skipped, "rollbacks": c.rollbacks, "anomalies": dict(c.by_kind)}
+        return {
+            "checked": c.checked,
+            "skipped": c.skipped,
+            "rollbacks": c.rollbacks,
+            "anomalies": dict(c.by_kind),
+        }
