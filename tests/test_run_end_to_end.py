@@ -12,6 +12,9 @@ from oreline.config import load_config
 from oreline.errors import InputError
 from oreline.stages import run_all, stage_plan
 
+pytestmark = pytest.mark.slow  # the whole pipeline, crawl to report, on the samples (tens of seconds)
+
+
 MINI = """
 [run]
 name = "mini"

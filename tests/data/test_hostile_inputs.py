@@ -47,6 +47,7 @@ def child_env(samples) -> dict[str, str]:
 
 
 @pytest.mark.hostile
+@pytest.mark.slow  # ~40 s for the section: CI runs it on its own (-m hostile); the fast tier leaves it out
 @pytest.mark.parametrize("name", CASES)
 def test_hostile_input_is_dropped_in_bounded_memory_and_time(name, tmp_path, child_env):
     case = hostile.CASES[name]

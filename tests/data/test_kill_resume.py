@@ -10,6 +10,7 @@ import sys
 import time
 
 import pyarrow.parquet as pq
+import pytest
 
 from oreline.config import load_config
 from oreline.data.pipeline import run_data
@@ -55,6 +56,7 @@ def _run_and_kill(inputs, out, ready, timeout=60.0) -> bool:
             proc.wait()
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_match_an_uninterrupted_run(samples, tmp_path):
     inputs = [str(samples / "web-archives" / p) for p in INPUTS]
     ref_stats = run_data(inputs, tmp_path / "ref", load_config(), workers=1)

@@ -89,6 +89,7 @@ def test_linear_module_keeps_nn_linear_parameters():
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @needs_onednn
 def test_compiled_linear_keeps_onednn_and_matches_eager():
     """Under torch.compile the product is the opaque oreline::onednn_mm_nt op (inductor cannot lower

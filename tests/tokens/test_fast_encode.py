@@ -136,6 +136,7 @@ def _mapped(piece: str) -> str:
     return piece.encode("utf-8").decode("latin-1").translate(fast_encode._BYTE_TRANSLATE)
 
 
+@pytest.mark.slow
 def test_every_code_point_in_context(byte_tokenizer_dir):
     """All of Unicode after a letter, between spaces, after a space and before a newline, through
     HF's ByteLevel pre-tokenizer and ours: same pieces, but for the code points of ONIG_UNASSIGNED,

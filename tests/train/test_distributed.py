@@ -41,6 +41,9 @@ import torch
 from oreline.train.checkpoint import load_model_state
 
 STEPS, EVERY, TOL = 20, 10, 1e-5
+pytestmark = pytest.mark.slow  # every test here runs real multi-process training (tens of seconds)
+
+
 NAN_STEP = 7  # every run makes step 7's loss NaN: all ranks must skip it together
 HELPER = Path(__file__).with_name("dist_helpers.py")
 ALLOW = [

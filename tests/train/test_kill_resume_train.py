@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from oreline.train.checkpoint import load_model_state
@@ -177,6 +178,7 @@ def assert_identical(ref: Path, got: Path) -> None:
         assert torch.equal(sd_a[k], sd_b[k]), f"final weight {k} differs"
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_is_bit_identical(prose_tokens, tmp_path):
     ref_cfg = write_config(tmp_path / "ref.toml", tmp_path / "ref", prose_tokens)
     ref_proc = launch(ref_cfg, tmp_path / "ref.log")  # the uninterrupted run, alongside the killed one
