@@ -269,28 +269,21 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
             )
 
     tokenizer = load_tokenizer(tokenizer_dir)
-    loader = TokenLoader(
-        tokens_dir,
-        split="train",
-        seq_len=tc.seq_len,
-        micro_batch=tc.micro_batch,
-        seed=tc.seed,
-        rank=info.rank,
-        world_size=info.world_size,
-        tokenizer_fingerprint=tokenizer.fingerprint,
-        doc_mask=tc.doc_mask,
-    )
-    val_loader = TokenLoader(
-        tokens_dir,
-        split="val",
-        seq_len=tc.seq_len,
-        micro_batch=tc.micro_batch,
-        seed=tc.seed,
-        rank=info.rank,
-        world_size=info.world_size,
-        tokenizer_fingerprint=tokenizer.fingerprint,
-        doc_mask=tc.doc_mask,
-    )
+
+    def split_loader(split: str) -> TokenLoader:
+        return TokenLoader(
+            tokens_dir,
+            split=split,
+            seq_len=tc.seq_len,
+            micro_batch=tc.micro_batch,
+            seed=tc.seed,
+            rank=info.rank,
+            world_size=info.world_size,
+            tokenizer_fingerprint=tokenizer.fingerprint,
+            doc_mask=tc.doc_mask,
+        )
+
+    loader, val_loader = split_loader("train"), split_loader("val")
     args = resolve_model_args(cfg.model, tokenizer.vocab_size)
     if args.vocab_size < tokenizer.vocab_size:
         raise ConfigError(
