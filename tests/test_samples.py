@@ -77,8 +77,12 @@ def test_a_benchmark_asks_for_the_larger_set_by_name(monkeypatch):
 
 
 def test_repository_samples_link_is_the_package_folder():
-    link = Path(__file__).resolve().parents[1] / "samples"
-    assert link.resolve() == EMBEDDED_SAMPLES
+    repo = Path(__file__).resolve().parents[1]
+    assert (repo / "samples").resolve() == (repo / "src" / "oreline" / "samples").resolve()
+    # and the package in use finds the same files (a clone's src, or an installed wheel's copy)
+    assert sorted(p.name for p in EMBEDDED_SAMPLES.iterdir()) == sorted(
+        p.name for p in (repo / "samples").iterdir()
+    )
 
 
 def test_wheel_and_sdist_carry_the_samples(tmp_path):
