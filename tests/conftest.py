@@ -1,7 +1,7 @@
 """Shared fixtures and the two data tiers of the suite.
 
-Default tier: every test reads the sample set embedded in the package (src/oreline/samples, also
-`samples/` at the repository root). Its SHA256SUMS is checked once per session; a missing or
+Default tier: every test reads the sample set embedded in the package (`samples/` at the repository
+root, linked as src/oreline/samples). Its SHA256SUMS is checked once per session; a missing or
 altered file fails every test that uses the `samples` fixture, naming the file — the suite never
 skips for missing data.
 
@@ -32,7 +32,7 @@ def samples() -> Path:
         pytest.fail(
             "embedded sample data is damaged: "
             + "; ".join(problems)
-            + " — restore it with `git checkout -- src/oreline/samples`",
+            + " — restore it with `git checkout -- samples`",
             pytrace=False,
         )
     return EMBEDDED_SAMPLES

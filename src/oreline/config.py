@@ -420,7 +420,7 @@ class Config(Section):
 def samples_dir() -> Path:
     """The sample-data folder: ORELINE_SAMPLES when set, else the set embedded in the package.
 
-    The embedded set is package data (src/oreline/samples), so a clone, an editable install, a
+    The embedded set is package data (the repository's samples/, linked as src/oreline/samples), so a clone, an editable install, a
     wheel and an sdist all find it next to this module; nothing is looked up outside the package.
     """
     env = os.environ.get("ORELINE_SAMPLES")
@@ -455,7 +455,7 @@ def larger_samples(*paths: str) -> Path:
         raise InputError(
             f"{', '.join(missing)} not found under {root}: the embedded samples leave out the larger sets",
             "set ORELINE_SAMPLES to the larger sample collection (e.g. ../shared/data; "
-            "src/oreline/samples/SOURCES.md says where each set comes from)",
+            "samples/SOURCES.md says where each set comes from)",
         )
     return root
 
