@@ -41,11 +41,11 @@ from pathlib import Path
 import numpy as np
 
 from oreline.config import DedupConfig, QualityConfig, samples_dir
-from oreline.data.dedup import dedup_plan, dedup_stage_signatures, minhash_signatures
-from oreline.data.dedup_verify import parquet_text_source
-from oreline.data.quality import quality_filters
-from oreline.data.shards import write_documents
-from oreline.data.shingles import jaccard, shingles
+from oreline.data.dedup.minhash import dedup_plan, dedup_stage_signatures, minhash_signatures
+from oreline.data.dedup.shingles import jaccard, shingles
+from oreline.data.dedup.verify import parquet_text_source
+from oreline.data.filters.quality import quality_filters
+from oreline.data.read.shards import write_documents
 from oreline.document import Document
 
 LEVELS = [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95]

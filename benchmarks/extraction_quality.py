@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from oreline.config import larger_samples  # noqa: E402
-from oreline.data.extract import html_to_text  # noqa: E402
-from oreline.data.payload import decode_payload
+from oreline.data.filters.extract import html_to_text  # noqa: E402
+from oreline.data.read.payload import decode_payload
 
 TOKEN = re.compile(r"\w+")
 

@@ -393,7 +393,7 @@ resource.setrlimit(resource.RLIMIT_AS, (args["cap"], args["cap"]))
 summary = {}
 if args["kind"] == "data":
     from oreline.config import load_config
-    from oreline.data.pipeline import run_data
+    from oreline.data.pipeline.run import run_data
     from oreline.config import Config
     def known(key):  # an older tree lacks newer keys: its run goes without them
         model = Config

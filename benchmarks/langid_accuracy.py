@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from oreline.config import larger_samples  # noqa: E402
-from oreline.data.langid import detect  # noqa: E402
+from oreline.data.filters.langid import detect  # noqa: E402
 
 # lingua file names that lid.176 spells differently (Norwegian Bokmål is "no" in lid.176)
 LABEL_ALIASES = {"nb": {"nb", "no"}}

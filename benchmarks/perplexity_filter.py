@@ -134,7 +134,7 @@ def pipeline_share(root: Path, ref: Path, out: Path) -> str:
     from rich.console import Console
 
     from oreline.config import Config
-    from oreline.data.pipeline import run_data
+    from oreline.data.pipeline.run import run_data
 
     cfg = Config.model_validate({"data": {"workers": 1, "quality": {"perplexity_model": str(ref)}}})
     stats = run_data([str(root / "web-archives")], out, cfg, workers=1, console=Console(file=io.StringIO()))
@@ -157,8 +157,8 @@ def main() -> None:
     import torch
 
     from oreline.config import larger_samples
-    from oreline.data.perplexity import ArpaModel, load_scorer
-    from oreline.data.words import sentences
+    from oreline.data.filters.perplexity import ArpaModel, load_scorer
+    from oreline.data.filters.words import sentences
     from oreline.quality.reference_lm import train_reference
 
     ap = argparse.ArgumentParser()

@@ -152,7 +152,7 @@ def test_no_import_cycles():
 @pytest.mark.parametrize(
     ("source", "target", "upward"),
     [
-        ("oreline.data.tasks", "oreline.train.loop", True),
+        ("oreline.data.pipeline.tasks", "oreline.train.loop", True),
         ("oreline.eval.evaluate", "oreline.train.checkpoint", False),
     ],
 )

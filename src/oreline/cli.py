@@ -97,7 +97,7 @@ def data(
     force: ForceOpt = False,
 ) -> None:
     """Crawl files (WARC/WET/JSONL/Parquet) to clean, deduplicated Parquet shards with a funnel."""
-    from oreline.data.pipeline import print_funnel, run_data
+    from oreline.data.pipeline.run import print_funnel, run_data
 
     inputs, overrides = _split_inputs_and_overrides(items)
     cfg = _load(config, overrides)
@@ -346,7 +346,7 @@ def quality_score(
     out: Annotated[Optional[Path], typer.Option(help="per-document scores (Parquet)")] = None,
 ) -> None:
     """Print a perplexity distribution and write per-document scores."""
-    from oreline.data.perplexity import score_cli
+    from oreline.data.filters.perplexity import score_cli
 
     score_cli(docs, model, out, console=Console())
 

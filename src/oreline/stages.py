@@ -83,7 +83,7 @@ def _check_samples(cfg: Config) -> None:
 
 
 def stage_data(cfg: Config, rd: RunDir, console: Console) -> str:
-    from oreline.data.pipeline import print_funnel, run_data
+    from oreline.data.pipeline.run import print_funnel, run_data
 
     inputs = [expand(p) for p in cfg.data.inputs]
     stats = run_data(inputs, rd.data, cfg, workers=cfg.data.workers)
@@ -95,9 +95,9 @@ def stage_data(cfg: Config, rd: RunDir, console: Console) -> str:
 def _write_extra_documents(cfg: Config, rd: RunDir, console: Console) -> None:
     """Clean text the user trusts (the demo: public-domain prose), split into ~4 KB documents at
     paragraph breaks so the train/validation split by id hash has enough units to split."""
-    from oreline.data.inputs import discover_inputs, iter_input_documents
-    from oreline.data.normalize import normalize_text
-    from oreline.data.shards import ShardWriter
+    from oreline.data.filters.normalize import normalize_text
+    from oreline.data.read.inputs import discover_inputs, iter_input_documents
+    from oreline.data.read.shards import ShardWriter
     from oreline.document import Document
 
     extra = rd.root / "extra"

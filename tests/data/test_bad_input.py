@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from oreline.config import load_config
-from oreline.data.pipeline import run_data
+from oreline.data.pipeline.run import run_data
 
 
 def warc_response(

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oreline.config import ChunkConfig, Config
-from oreline.data.chunk import chunk_document, chunk_spans, chunk_text
+from oreline.data.filters.chunk import chunk_document, chunk_spans, chunk_text
 from oreline.document import Document
 
 

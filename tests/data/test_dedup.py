@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from oreline.config import Config, DedupConfig, load_config
-from oreline.data.dedup import (
+from oreline.data.dedup.minhash import (
     UnionFind,
     bands_rows,
     dedup_plan,
@@ -24,10 +24,10 @@ from oreline.data.dedup import (
     optimal_bands_rows,
     verify_pairs,
 )
-from oreline.data.dedup_verify import parquet_text_source
-from oreline.data.pipeline import run_data
-from oreline.data.shards import read_documents, write_documents
-from oreline.data.shingles import exact_key, jaccard, shingles
+from oreline.data.dedup.shingles import exact_key, jaccard, shingles
+from oreline.data.dedup.verify import parquet_text_source
+from oreline.data.pipeline.run import run_data
+from oreline.data.read.shards import read_documents, write_documents
 from oreline.document import Document
 from oreline.errors import DataIntegrityError
 

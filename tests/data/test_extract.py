@@ -9,15 +9,15 @@ import re
 import pytest
 
 from oreline.config import ExtractConfig
-from oreline.data.extract import (
+from oreline.data.filters.extract import (
     MAX_MAIN_CONTENT_DEPTH,
     ExtractTimeout,
     html_to_text,
     time_limit,
     too_deep_for_main_content,
 )
-from oreline.data.steps import extract_text
-from oreline.data.warc import ReadReport, iter_records, record_to_document
+from oreline.data.pipeline.steps import extract_text
+from oreline.data.read.warc import ReadReport, iter_records, record_to_document
 from oreline.errors import ConfigError
 
 EXTRACTORS = ["resiliparse", "trafilatura", "html2text"]

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oreline.data.normalize import REMOVED_CATEGORIES, normalize_text, normalize_with_counts
-from oreline.data.warc import ReadReport, iter_records, record_to_document
+from oreline.data.filters.normalize import REMOVED_CATEGORIES, normalize_text, normalize_with_counts
+from oreline.data.read.warc import ReadReport, iter_records, record_to_document
 from oreline.document import Document
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -7,7 +7,7 @@ import json
 import zipfile
 
 from oreline.config import load_config
-from oreline.data.inputs import iter_input_documents
+from oreline.data.read.inputs import iter_input_documents
 
 
 def _read(path, limit: int):

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from oreline.config import load_config
-from oreline.data.pipeline import run_data
+from oreline.data.pipeline.run import run_data
 
 INPUTS = [
     "commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz",

@@ -7,7 +7,7 @@ import gzip
 import pytest
 
 from oreline.config import LangIdConfig
-from oreline.data.langid import detect, detect_batch, langid_reason
+from oreline.data.filters.langid import detect, detect_batch, langid_reason
 
 
 def sentences(samples, lang: str, n: int = 40) -> list[str]:

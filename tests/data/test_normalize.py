@@ -8,7 +8,12 @@ import unicodedata
 import pytest
 
 from oreline.config import NormalizeConfig
-from oreline.data.normalize import normalize_reason, normalize_text, normalize_with_counts, replacement_ratio
+from oreline.data.filters.normalize import (
+    normalize_reason,
+    normalize_text,
+    normalize_with_counts,
+    replacement_ratio,
+)
 
 
 def test_removes_each_category_and_counts_it():

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from oreline.config import load_config
-from oreline.data.pipeline import run_data
+from oreline.data.pipeline.run import run_data
 from oreline.outdir import LOCK, OWNER, FolderInUse, NotOurFolder
 
 WARC = "web-archives/dolma-wget-2024/sample-0000.warc.gz"

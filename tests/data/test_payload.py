@@ -11,7 +11,7 @@ import brotli
 import pytest
 import zstandard
 
-from oreline.data.payload import (
+from oreline.data.read.payload import (
     PayloadTooLarge,
     dechunk,
     decode_content,

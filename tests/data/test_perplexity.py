@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from oreline.config import Config, QualityConfig
-from oreline.data.perplexity import (
+from oreline.data.filters.perplexity import (
     BOS,
     UNK,
     ArpaModel,
@@ -29,7 +29,7 @@ from oreline.data.perplexity import (
     score_cli,
     write_arpa,
 )
-from oreline.data.words import sentences
+from oreline.data.filters.words import sentences
 from oreline.document import Document
 from oreline.errors import ConfigError
 from oreline.quality.reference_lm import LLAMA_DEFAULTS, train_reference

@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 
 from oreline.config import Config
-from oreline.data.pipeline import print_funnel, run_data
+from oreline.data.pipeline.run import print_funnel, run_data
 from oreline.quality.reference_lm import train_reference
 
 WARCS = [

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oreline.config import QualityConfig
-from oreline.data.quality import (
+from oreline.data.filters.quality import (
     QUALITY_FILTERS,
     c4,
     char_entropy,

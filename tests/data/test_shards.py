@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from oreline.data.shards import (
+from oreline.data.read.shards import (
     DOC_SCHEMA,
     REJECT_SCHEMA,
     REJECT_TEXT_CHARS,

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from oreline.config import ProtocolConfig
-from oreline.data.warc import (
+from oreline.data.read.warc import (
     ReadReport,
     iter_records,
     protocol_reason,

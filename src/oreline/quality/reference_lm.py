@@ -4,7 +4,7 @@ Llama with its own BPE tokenizer, trained on trusted text.
 `train_reference(docs, out, kind)` trains either kind into a self-describing folder:
 `reference.json` names the kind, the tokenizer, a fingerprint (sha256 over the model files), the
 normalization, the inputs and the training facts (held-out perplexity among them). The n-gram
-kind is estimated by `oreline.data.perplexity` (model.arpa).
+kind is estimated by `oreline.data.filters.perplexity` (model.arpa).
 
 It sits above `oreline.train`: it is the one place where data-side code trains a model.
 
@@ -21,8 +21,8 @@ Training the llama kind reuses the rest of oreline, so nothing here is a second 
    model-only snapshot stay there for inspection); the final weights are copied to
    `DIR/model.safetensors`.
 
-Scoring with the trained model is data-side: `oreline.data.llama_scorer` (llama) and
-`oreline.data.perplexity` (n-gram), both normalized per word (`oreline.data.words`).
+Scoring with the trained model is data-side: `oreline.data.filters.llama_scorer` (llama) and
+`oreline.data.filters.perplexity` (n-gram), both normalized per word (`oreline.data.filters.words`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from oreline.data.perplexity import TOKENIZER_VERSION, ArpaModel, estimate_kneser_ney, iter_docs, write_arpa
-from oreline.data.words import paragraphs, sentences
+from oreline.data.filters.perplexity import (
+    TOKENIZER_VERSION,
+    ArpaModel,
+    estimate_kneser_ney,
+    iter_docs,
+    write_arpa,
+)
+from oreline.data.filters.words import paragraphs, sentences
 from oreline.document import Document
 from oreline.errors import ConfigError, InputError
 from oreline.io import file_sha256, write_lines_atomic
@@ -280,7 +286,7 @@ def train_llama_reference(
         quiet.file.close()
     from safetensors.torch import save_file
 
-    from oreline.data.llama_scorer import LlamaScorer
+    from oreline.data.filters.llama_scorer import LlamaScorer
 
     sd, args, _meta = load_model_state(work / "train" / "checkpoints")
     save_file({k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"))

@@ -4,7 +4,7 @@
 into a deterministic list of `(path, kind)`; files of an unknown kind are returned separately so
 the run reports them instead of ignoring them. Kinds, by suffix:
 
-    warc     .warc(.gz|.zst) .wet(.gz|.zst) .wat(.gz|.zst) .arc(.gz)   (read by data/warc.py)
+    warc     .warc(.gz|.zst) .wet(.gz|.zst) .wat(.gz|.zst) .arc(.gz)   (read by data/read/warc.py)
     jsonl    .jsonl .jsonl.gz .jsonl.zst    one JSON object per line, text under data.read.jsonl_text_key
     parquet  .parquet                       any table with a text column (oreline shards included)
     txt      .txt .txt.gz                   one document per file (clean prose)
@@ -185,7 +185,7 @@ def iter_input_documents(path: str | Path, cfg: Any, report: Report | None = Non
     else:
         raise InputError(
             f"{path} is not a jsonl/parquet/txt/zip input (kind {kind})",
-            "read WARC files with oreline.data.warc.iter_records",
+            "read WARC files with oreline.data.read.warc.iter_records",
         )
 
 
@@ -308,7 +308,7 @@ def _obj_to_doc(
 def _iter_parquet(path: Path, text_key: str, id_key: str, report: Report) -> Iterator[Document]:
     import pyarrow.parquet as pq
 
-    from oreline.data.shards import row_to_doc
+    from oreline.data.read.shards import row_to_doc
 
     try:
         pf = pq.ParquetFile(path)

@@ -1,6 +1,6 @@
 """The step runner: steps as plain `(name, fn)` pairs, and the one loop that counts, times and rejects.
 
-The steps of the data pipeline themselves are built in `oreline.data.steps`.
+The steps of the data pipeline themselves are built in `oreline.data.pipeline.steps`.
 
 A step function takes a Document and returns None to keep it (it may rewrite `doc.text` or add
 metadata) or a drop reason string. `run_steps` is the only place that counts documents and

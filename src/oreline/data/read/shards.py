@@ -49,7 +49,7 @@ FLAT_COLUMNS: dict[str, pa.DataType] = {
     "record_type": pa.string(),
     "language": pa.string(),
     "language_score": pa.float64(),
-    "words": pa.int64(),  # quality scores (data/quality.py writes them while filtering)
+    "words": pa.int64(),  # quality scores (data/filters/quality.py writes them while filtering)
     "mean_word_length": pa.float64(),
     "entropy": pa.float64(),
     "ascii_ratio": pa.float64(),

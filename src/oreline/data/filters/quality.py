@@ -38,8 +38,8 @@ Speed. The repetition rules are the costly part (datatrove: ~65 ms/doc here). He
 to integer ids once, n-gram hashes are built by a vectorized rolling hash (uint64, wrapping), and
 duplicates are found with one `np.unique` per n, so no n-gram strings are ever joined.
 
-Model-based scoring (KenLM / tiny-LM perplexity) is not here: `oreline.data.steps` adds the filter
-from `oreline.data.perplexity` after these when `perplexity_model` is set.
+Model-based scoring (KenLM / tiny-LM perplexity) is not here: `oreline.data.pipeline.steps` adds the filter
+from `oreline.data.filters.perplexity` after these when `perplexity_model` is set.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from oreline.config import DataConfig, QualityConfig
-from oreline.data.words import paragraphs, sentences
+from oreline.data.filters.words import paragraphs, sentences
 from oreline.document import Document
 from oreline.errors import ConfigError, InputError
 from oreline.io import atomic_open
@@ -344,7 +344,7 @@ def load_scorer(folder: str | Path, backend: str = "auto") -> NgramScorer | Any:
     if kind == "ngram":
         return NgramScorer(folder, backend)
     if kind == "llama":
-        from oreline.data.llama_scorer import LlamaScorer  # imports torch: only when asked for
+        from oreline.data.filters.llama_scorer import LlamaScorer  # imports torch: only when asked for
 
         return LlamaScorer(folder)
     raise InputError(
@@ -394,7 +394,7 @@ def perplexity_filter_factory(cfg: QualityConfig):
     absolute cut-off the buckets are applied in phase 3 (`bucket_step`), once the cut-offs have
     been computed from this run's own documents (`compute_cutoffs`).
     """
-    from oreline.data.runner import Step
+    from oreline.data.pipeline.runner import Step
 
     if not cfg.perplexity_model:
         raise ConfigError(
@@ -524,7 +524,7 @@ def bucket_step(cutoffs_file: Path, cfg):
     """
     if not bucket_mode(cfg) or not cutoffs_file.is_file():
         return None
-    from oreline.data.runner import Step
+    from oreline.data.pipeline.runner import Step
 
     info = json.loads(cutoffs_file.read_text())
     cuts = info["cutoffs"]
@@ -560,7 +560,7 @@ def cutoff_line(info: dict[str, Any]) -> str:
 
 
 def iter_docs(paths: Iterable[str | Path]) -> Iterator[Document]:
-    from oreline.data.inputs import discover_inputs, iter_input_documents
+    from oreline.data.read.inputs import discover_inputs, iter_input_documents
 
     found, unknown = discover_inputs([str(p) for p in paths])
     if unknown:

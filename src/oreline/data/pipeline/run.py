@@ -55,10 +55,17 @@ from rich.console import Console
 from rich.table import Table
 
 from oreline.config import Config, expand, fingerprint, to_dict, write_resolved
-from oreline.data.executor import TaskCrashed, run_tasks
-from oreline.data.inputs import KINDS, discover_inputs
-from oreline.data.runner import merge_step_stats
-from oreline.data.tasks import dedup_enabled, phase1_dir, phase3_marker, run_phase1, run_phase3, task_name
+from oreline.data.pipeline.executor import TaskCrashed, run_tasks
+from oreline.data.pipeline.runner import merge_step_stats
+from oreline.data.pipeline.tasks import (
+    dedup_enabled,
+    phase1_dir,
+    phase3_marker,
+    run_phase1,
+    run_phase3,
+    task_name,
+)
+from oreline.data.read.inputs import KINDS, discover_inputs
 from oreline.errors import FingerprintMismatch, InputError
 from oreline.io import write_json_atomic
 from oreline.outdir import LOCK, OWNER, FolderLock, claim_folder, is_data_run, is_temp_of, remove_listed
@@ -81,7 +88,7 @@ def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
         data.pop(key, None)
     listed = [[str(p), kind, p.stat().st_size] for p, kind in files]
     if cfg.data.quality.perplexity_model:  # a retrained reference model is another run
-        from oreline.data.perplexity import reference_fingerprint
+        from oreline.data.filters.perplexity import reference_fingerprint
 
         data["quality"]["perplexity_model_fingerprint"] = reference_fingerprint(
             expand(cfg.data.quality.perplexity_model)
@@ -172,7 +179,7 @@ def _run_data(
     dedup_stats = _dedup_phase(work, finished, cfg) if dedup_enabled(cfg) else {}
     ppl_stats = None  # and the perplexity cut-offs from a sample of this run's own documents
     if cfg.data.quality.perplexity_model:
-        from oreline.data.perplexity import perplexity_phase
+        from oreline.data.filters.perplexity import perplexity_phase
 
         ppl_stats = perplexity_phase(work, [phase1_dir(work, i) for i, _, _ in finished], cfg)
 
@@ -226,8 +233,8 @@ def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config)
         return json.loads(marker.read_text())
     import pyarrow.parquet as pq
 
-    from oreline.data.dedup import dedup_plan
-    from oreline.data.dedup_verify import parquet_text_source
+    from oreline.data.dedup.minhash import dedup_plan
+    from oreline.data.dedup.verify import parquet_text_source
 
     t0 = time.perf_counter()
     sig_paths = [phase1_dir(work, i) / "signatures.parquet" for i, _, _ in finished]
@@ -393,7 +400,7 @@ def print_funnel(stats: dict[str, Any], console: Console) -> None:
         for e in stats["errors"][:5]:
             console.print(f"  {Path(str(e['file'])).name} @ {e['offset']}: {str(e['error'])[:120]}")
     if stats.get("perplexity"):
-        from oreline.data.perplexity import cutoff_line
+        from oreline.data.filters.perplexity import cutoff_line
 
         console.print(cutoff_line(stats["perplexity"]))
     if stats["normalize_removed"]:

@@ -38,7 +38,7 @@ separator lines are skipped in bulk (`_Stream.skip_blank_lines`; a line at a tim
 built by `+=`, 1 MiB of newlines took 18.5 s and 64 MiB never finished), folded header lines
 are joined once, and decoded payloads stop at `max_record_bytes`.
 
-HTTP parsing, content decoding and charset decoding live in `oreline.data.payload`.
+HTTP parsing, content decoding and charset decoding live in `oreline.data.read.payload`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oreline.data.payload import (
+from oreline.data.read.payload import (
     PayloadTooLarge,
     decode_payload,
     meta_charset,

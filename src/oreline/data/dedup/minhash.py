@@ -68,7 +68,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from oreline.config import DedupConfig
-from oreline.data.shingles import ROLL, TextSource, exact_key, jaccard, shingles, splitmix
+from oreline.data.dedup.shingles import ROLL, TextSource, exact_key, jaccard, shingles, splitmix
 from oreline.document import Document
 from oreline.errors import DataIntegrityError, InputError
 from oreline.io import atomic_open, write_json_atomic, write_with
@@ -483,7 +483,7 @@ def _near_dups(s: Signatures, pairs: np.ndarray, dc: DedupConfig, text_source: T
     stats: dict[str, Any] = {"verify": mode}
     sets: dict[int, np.ndarray] = {}
     if mode == "exact" and text_source is not None:
-        from oreline.data.dedup_verify import verify_exact  # it builds on this module's shingles
+        from oreline.data.dedup.verify import verify_exact  # it builds on this module's shingles
 
         v = verify_exact(pairs, sims, s.ids, s.exact, dc.threshold, text_source, dc.shingle_words)
         sims, sets = v.sims, v.sets

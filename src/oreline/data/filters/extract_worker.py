@@ -8,7 +8,7 @@ attribute names of one element (measured: 10,000 in a 59 KB page 0.8 s, 40,000 i
 with attribute names that may even start with `<`), so neither the page's bytes nor a count of
 its `<` tags bounds the time.
 
-How: one child per process (`python -m oreline.data.extract_worker MAX_MEMORY_MB`), started on
+How: one child per process (`python -m oreline.data.filters.extract_worker MAX_MEMORY_MB`), started on
 first use and reused for every page. It sets RLIMIT_AS to `data.extract.max_memory_mb` on
 itself, so a page that needs more fails there (lexbor then raises, Python MemoryError) and is
 dropped as `extract:too_large`. The parent sends the page over a pipe and waits at most
@@ -49,12 +49,12 @@ class _Child:
 
     def __init__(self, max_memory_mb: int):
         env = dict(os.environ)
-        src = str(Path(__file__).resolve().parents[2])  # the oreline this process runs
+        src = str(Path(__file__).resolve().parents[3])  # the oreline this process runs
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.max_memory_mb = max_memory_mb
         self.owner = os.getpid()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "oreline.data.extract_worker", str(int(max_memory_mb))],
+            [sys.executable, "-m", "oreline.data.filters.extract_worker", str(int(max_memory_mb))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -168,7 +168,7 @@ def main(argv: list[str]) -> None:
     inp = sys.stdin.buffer
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever a library prints must not reach the reply pipe
-    from oreline.data.extract import EXTRACTORS
+    from oreline.data.filters.extract import EXTRACTORS
 
     while True:
         head = _read(inp, _REQUEST.size)

@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from oreline.data.runner import StepStats, run_steps, text_bytes
-from oreline.data.shards import REJECT_SCHEMA, ShardWriter, read_documents, reject_row
-from oreline.data.steps import filter_steps
+from oreline.data.pipeline.runner import StepStats, run_steps, text_bytes
+from oreline.data.pipeline.steps import filter_steps
+from oreline.data.read.shards import REJECT_SCHEMA, ShardWriter, read_documents, reject_row
 from oreline.document import Document
 from oreline.errors import DataIntegrityError
 from oreline.io import write_json_atomic
@@ -124,7 +124,7 @@ class Reader:
         self.progress.flush()
 
     def _warc(self) -> Iterator[Document]:
-        from oreline.data.warc import ReadReport, iter_records, record_to_document
+        from oreline.data.read.warc import ReadReport, iter_records, record_to_document
 
         rcfg = self.cfg.data.read
         report = ReadReport()
@@ -198,7 +198,7 @@ class Reader:
             )
 
     def _other(self) -> Iterator[Document]:
-        from oreline.data.inputs import iter_input_documents
+        from oreline.data.read.inputs import iter_input_documents
 
         name = str(self.path)
 
@@ -270,7 +270,7 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
                 yield doc
 
         if dedup_enabled(cfg):
-            from oreline.data.dedup import dedup_stage_signatures
+            from oreline.data.dedup.minhash import dedup_stage_signatures
         t0 = time.perf_counter()
         if dedup_enabled(cfg):
             dedup_stage_signatures(write_kept(), tmp / "signatures.parquet", cfg)
@@ -318,7 +318,7 @@ def _clear_task_outputs(out_dir: Path, index: int) -> None:
 
 
 def chunk_docs(doc: Document, cfg) -> list[Document]:
-    from oreline.data.chunk import chunk_document
+    from oreline.data.filters.chunk import chunk_document
 
     return chunk_document(doc, cfg)
 
@@ -345,7 +345,7 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
     prefix = f"part-{index:05d}"
     buckets = None
     if cfg.data.quality.perplexity_model:  # CCNet buckets, with the cut-offs of the global phase
-        from oreline.data.perplexity import bucket_step, cutoffs_path
+        from oreline.data.filters.perplexity import bucket_step, cutoffs_path
 
         buckets = bucket_step(cutoffs_path(work_dir), cfg)
     bucket_stats = StepStats(buckets.name if buckets else "")

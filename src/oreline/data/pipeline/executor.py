@@ -31,20 +31,20 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from oreline.data import tasks as tasks_mod
+from oreline.data.pipeline import tasks as tasks_mod
 
 PRELOAD = [
-    "oreline.data.tasks",
-    "oreline.data.runner",
-    "oreline.data.steps",
-    "oreline.data.shards",
-    "oreline.data.warc",
-    "oreline.data.extract",
-    "oreline.data.normalize",
-    "oreline.data.langid",
-    "oreline.data.quality",
-    "oreline.data.dedup",
-    "oreline.data.chunk",
+    "oreline.data.pipeline.tasks",
+    "oreline.data.pipeline.runner",
+    "oreline.data.pipeline.steps",
+    "oreline.data.read.shards",
+    "oreline.data.read.warc",
+    "oreline.data.filters.extract",
+    "oreline.data.filters.normalize",
+    "oreline.data.filters.langid",
+    "oreline.data.filters.quality",
+    "oreline.data.dedup.minhash",
+    "oreline.data.filters.chunk",
     "resiliparse.extract.html2text",
     "fasttext",
     "pandas",  # pyarrow imports it on first pa.array() when installed (0.6 s); missing ones are skipped

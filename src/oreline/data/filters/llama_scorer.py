@@ -6,7 +6,7 @@ are `<s>` + paragraphs + `</s>`, cut into windows of `seq_len` targets; the wind
 of a batch run through the model together (right-padded, padding masked out of the loss). A
 document is scored up to `max_tokens` BPE tokens; paragraphs after that get no score.
 
-Normalization (the same scale as the n-gram kind, so thresholds read alike; `data/words.py`):
+Normalization (the same scale as the n-gram kind, so thresholds read alike; `data/filters/words.py`):
 
     ppl = exp( Σ NLL of its BPE tokens, in nats / number of its words )
 
@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from oreline.data.words import paragraphs, word_count
+from oreline.data.filters.words import paragraphs, word_count
 from oreline.errors import InputError
 
 

@@ -1,6 +1,6 @@
 """The data pipeline's filter steps, in order: protocol, extract, normalize, langid, quality
 (heuristics, then model perplexity when a reference model is set). Each is a `Step` for the
-runner in `oreline.data.runner`; the filters themselves are pure functions in their modules.
+runner in `oreline.data.pipeline.runner`; the filters themselves are pure functions in their modules.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import importlib.util
 from collections import Counter
 
-from oreline.data.extract import EXTRACTORS, ExtractTimeout, html_to_text
-from oreline.data.extract_worker import extract_isolated
-from oreline.data.runner import Step
+from oreline.data.filters.extract import EXTRACTORS, ExtractTimeout, html_to_text
+from oreline.data.filters.extract_worker import extract_isolated
+from oreline.data.pipeline.runner import Step
 from oreline.document import Document
 from oreline.errors import ConfigError
 
@@ -24,7 +24,7 @@ def _is_html(doc: Document) -> bool:
 
 
 def protocol_step(cfg) -> Step:
-    from oreline.data.warc import protocol_reason
+    from oreline.data.read.warc import protocol_reason
 
     pcfg = cfg.data.protocol
     return Step("protocol", lambda doc: protocol_reason(doc.metadata, pcfg), applies=_is_warc)
@@ -73,7 +73,7 @@ def extract_step(cfg) -> Step:
 
 
 def normalize_step(cfg, removed: Counter) -> Step:
-    from oreline.data.normalize import normalize_reason, normalize_with_counts
+    from oreline.data.filters.normalize import normalize_reason, normalize_with_counts
 
     ncfg = cfg.data.normalize
 
@@ -87,7 +87,7 @@ def normalize_step(cfg, removed: Counter) -> Step:
 
 
 def langid_step(cfg) -> Step:
-    from oreline.data.langid import detect, langid_reason
+    from oreline.data.filters.langid import detect, langid_reason
 
     lcfg = cfg.data.langid
 
@@ -101,16 +101,16 @@ def langid_step(cfg) -> Step:
 
 
 def quality_steps(cfg) -> list[Step]:
-    from oreline.data.quality import quality_filters
+    from oreline.data.filters.quality import quality_filters
 
     qcfg = cfg.data.quality
     steps = [Step(f"quality:{name}", fn) for name, fn in quality_filters(qcfg)]
     if (
         qcfg.enabled
         and qcfg.perplexity_model
-        and importlib.util.find_spec("oreline.data.perplexity") is not None
+        and importlib.util.find_spec("oreline.data.filters.perplexity") is not None
     ):
-        from oreline.data.perplexity import perplexity_filter_factory
+        from oreline.data.filters.perplexity import perplexity_filter_factory
 
         made = perplexity_filter_factory(qcfg)
         if isinstance(made, Step):

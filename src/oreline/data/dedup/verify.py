@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from oreline.data.shingles import TextSource, exact_key, jaccard, shingles
+from oreline.data.dedup.shingles import TextSource, exact_key, jaccard, shingles
 
 MAX_EXAMPLES = 20  # ids listed in the stats for each kind of missing or unmatched text
 

@@ -28,8 +28,8 @@ Pathological pages:
   mid-way; a C extractor is interrupted when it returns, so the limit also drops pages that took
   too long. SIGALRM only exists in a process's main thread on POSIX: elsewhere (threads,
   Windows) the limit is measured after the call instead of enforced during it.
-- The pipeline (`oreline.data.steps.extract_text`) therefore runs the extractor in a killable child process
-  (`oreline.data.extract_worker`, `data.extract.isolate`, on by default), where `timeout_s`
+- The pipeline (`oreline.data.pipeline.steps.extract_text`) therefore runs the extractor in a killable child process
+  (`oreline.data.filters.extract_worker`, `data.extract.isolate`, on by default), where `timeout_s`
   holds inside C code too and memory is capped at `data.extract.max_memory_mb`: a 48 MB page of
   `<p>x` took 36.8 s and 7.0 GB with timeout_s=5 in-process; isolated it is dropped as
   `extract:timeout` or `extract:too_large` within the limit. See that module for why no
