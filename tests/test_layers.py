@@ -1,4 +1,4 @@
-"""The package graph points one way: core → tokens → model → data → train → eval → quality/export
+"""The package graph points one way: core → executors → tokens → model → data → train → eval → quality/export
 → doctor → report → stages → cli, with no import cycle between modules.
 
 The graph is read from the source with `ast`, including imports inside functions: a lazy import
@@ -18,18 +18,19 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # groups on the same level (quality, export) may not import each other.
 LAYERS: dict[str, int] = {
     "core": 0,  # oreline/__init__, errors, config, runs, document, io, compat
-    "tokens": 1,
-    "model": 2,
-    "data": 3,
-    "train": 4,
-    "eval": 5,
-    "quality": 6,
-    "export": 6,
-    "doctor": 7,
-    "report": 8,
-    "stages": 9,
-    "cli": 10,
-    "__main__": 11,
+    "executors": 1,  # where tasks run (local, ray, slurm): below tokens and data, which both use it
+    "tokens": 2,
+    "model": 3,
+    "data": 4,
+    "train": 5,
+    "eval": 6,
+    "quality": 7,
+    "export": 7,
+    "doctor": 8,
+    "report": 9,
+    "stages": 10,
+    "cli": 11,
+    "__main__": 12,
 }
 
 

@@ -16,13 +16,14 @@ from typer.testing import CliRunner
 
 from oreline.cli import app
 from oreline.config import load_config
-from oreline.data.pipeline.executor import TaskCrashed, run_tasks
 from oreline.data.pipeline.run import funnel_lines, run_data
 from oreline.data.pipeline.runner import Step, StepStats, run_steps
 from oreline.data.read.inputs import discover_inputs, input_kind, iter_input_documents
 from oreline.data.read.shards import read_documents, write_documents
 from oreline.document import Document
 from oreline.errors import FingerprintMismatch, InputError
+from oreline.executors.interface import TaskCrashed
+from oreline.executors.local import run_tasks
 
 # a subset of the sample crawl that covers every kind of archive and keeps the test quick
 SUBSET = [

@@ -17,7 +17,6 @@ on timing or worker count, so a resumed run produces exactly the same documents.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -33,37 +32,10 @@ from oreline.data.pipeline.steps import filter_steps
 from oreline.data.read.shards import REJECT_SCHEMA, ShardWriter, read_documents, reject_row
 from oreline.document import Document
 from oreline.errors import DataIntegrityError
+from oreline.executors.progress import Progress
 from oreline.io import write_json_atomic
 
 NO_LIMIT = 1 << 62  # intermediate files of a task are never split
-PROGRESS_EVERY_S = 0.5
-_progress_queue = None  # set in worker processes by the executor's initializer
-
-
-def set_progress_queue(queue) -> None:
-    global _progress_queue
-    _progress_queue = queue
-
-
-class Progress:
-    """Counts records and bytes read and sends increments to the parent at most twice a second."""
-
-    def __init__(self, task: int):
-        self.task, self.records, self.bytes, self.last = task, 0, 0, time.monotonic()
-
-    def add(self, records: int, nbytes: int) -> None:
-        self.records += records
-        self.bytes += nbytes
-        now = time.monotonic()
-        if now - self.last >= PROGRESS_EVERY_S:
-            self.flush(now)
-
-    def flush(self, now: float | None = None) -> None:
-        if _progress_queue is not None and (self.records or self.bytes):
-            with contextlib.suppress(Exception):  # a full or closed queue must never stop the work
-                _progress_queue.put_nowait((self.records, self.bytes))
-        self.records = self.bytes = 0
-        self.last = now or time.monotonic()
 
 
 def task_name(index: int) -> str:

@@ -13,7 +13,7 @@ its worker again is returned as a `TaskCrashed` result for the caller to report 
 is then listed in the run's errors, and re-running the command retries it).
 
 Progress: workers put `(records, bytes)` increments on a multiprocessing queue (see
-`tasks.Progress`); the parent drains it and shows records/s and MB/s next to the task count.
+`executors/progress.py`); the parent drains it and shows records/s and MB/s next to the task count.
 The bar goes to stderr and is disabled when stderr is not a terminal.
 """
 
@@ -21,96 +21,61 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue as queue_mod
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from oreline.data.pipeline import tasks as tasks_mod
-
-PRELOAD = [
-    "oreline.data.pipeline.tasks",
-    "oreline.data.pipeline.runner",
-    "oreline.data.pipeline.steps",
-    "oreline.data.read.shards",
-    "oreline.data.read.warc",
-    "oreline.data.filters.extract",
-    "oreline.data.filters.normalize",
-    "oreline.data.filters.langid",
-    "oreline.data.filters.quality",
-    "oreline.data.dedup.minhash",
-    "oreline.data.filters.chunk",
-    "resiliparse.extract.html2text",
-    "fasttext",
-    "pandas",  # pyarrow imports it on first pa.array() when installed (0.6 s); missing ones are skipped
-]
-
-
-@dataclass
-class TaskCrashed:
-    """The result of a task whose worker process died twice."""
-
-    args: tuple
-    error: str
-
-
-class _LocalQueue:
-    """Stands in for the multiprocessing queue when tasks run in this process."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[int, int]] = []
-
-    def put_nowait(self, item: tuple[int, int]) -> None:
-        self.items.append(item)
-
-
-class _Rates:
-    def __init__(self) -> None:
-        self.t0 = time.monotonic()
-        self.records = 0
-        self.bytes = 0
-
-    def add(self, item: tuple[int, int]) -> None:
-        self.records += item[0]
-        self.bytes += item[1]
-
-    def text(self) -> str:
-        if not self.records:  # phases that do not read records show the task count only
-            return ""
-        dt = max(time.monotonic() - self.t0, 1e-9)
-        return (
-            f"{self.records:,} records · {self.records / dt:,.0f} rec/s · {self.bytes / dt / 1e6:,.1f} MB/s"
-        )
+import oreline.executors.progress as progress_mod
+from oreline.executors.interface import Resources, TaskCrashed
 
 
 def _worker_init(progress_queue) -> None:
-    tasks_mod.set_progress_queue(progress_queue)
+    progress_mod.set_progress_queue(progress_queue)
 
 
-def _context():
+def _context(preload: Sequence[str] = ()):
     method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
     ctx = mp.get_context(method)
     if method == "forkserver":
         # workers fork from a server that has already imported the step modules and their C
         # extensions (pyarrow, resiliparse, fastText, numpy): each worker then starts in ms
-        ctx.set_forkserver_preload(PRELOAD)
+        ctx.set_forkserver_preload(list(preload))
     return ctx
 
 
+class LocalExecutor:
+    """A process pool on this machine (`workers` processes; inline for one)."""
+
+    name = "local"
+
+    def __init__(self, workers: int = 1, preload: Sequence[str] = (), console: Console | None = None):
+        self.workers = max(1, int(workers))
+        self.preload = tuple(preload)
+        self.console = console
+
+    def map(self, fn, jobs, *, label, resources=Resources()) -> list[Any]:
+        # resources: the pool runs one single-threaded task per worker; memory is not enforced here
+        return run_tasks(fn, jobs, self.workers, label, self.console, preload=self.preload)
+
+
 def run_tasks(
-    fn: Callable[..., Any], jobs: Sequence[tuple], workers: int, label: str, console: Console | None = None
+    fn: Callable[..., Any],
+    jobs: Sequence[tuple],
+    workers: int,
+    label: str,
+    console: Console | None = None,
+    preload: Sequence[str] = (),
 ) -> list[Any]:
     """Results of fn(*job) for every job, in job order (TaskCrashed where a worker died twice)."""
     results: list[Any] = [None] * len(jobs)
     if not jobs:
         return results
     console = console or Console(stderr=True)
-    rates = _Rates()
+    rates = progress_mod.Rates()
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -123,9 +88,9 @@ def run_tasks(
     ) as bar:
         tid = bar.add_task(label, total=len(jobs), rate="")
         if workers <= 1 or len(jobs) == 1:
-            local = _LocalQueue()
-            previous = tasks_mod._progress_queue
-            tasks_mod.set_progress_queue(local)
+            local = progress_mod.LocalQueue()
+            previous = progress_mod.current_queue()
+            progress_mod.set_progress_queue(local)
             try:
                 for i, job in enumerate(jobs):
                     results[i] = fn(*job)
@@ -134,9 +99,9 @@ def run_tasks(
                     local.items.clear()
                     bar.update(tid, advance=1, rate=rates.text())
             finally:
-                tasks_mod.set_progress_queue(previous)
+                progress_mod.set_progress_queue(previous)
             return results
-        ctx = _context()
+        ctx = _context(preload)
         progress_queue = ctx.Queue()
         crashed = _run_pool(
             fn, jobs, list(range(len(jobs))), workers, ctx, progress_queue, results, bar, tid, rates
@@ -150,7 +115,7 @@ def run_tasks(
     return results
 
 
-def _drain(progress_queue, rates: _Rates) -> None:
+def _drain(progress_queue, rates: progress_mod.Rates) -> None:
     while True:
         try:
             rates.add(progress_queue.get_nowait())
