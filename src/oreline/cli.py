@@ -53,6 +53,14 @@ Overrides = Annotated[
     Optional[list[str]],
     typer.Argument(help="dotted overrides, e.g. data.langid.threshold=0.8", show_default=False),
 ]
+ExecutorOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--executor",
+        help="where tasks run: local (a process pool), ray (a Ray cluster, see data.ray.address) "
+        "or slurm (array jobs); default from the config",
+    ),
+]
 ForceOpt = Annotated[
     bool,
     typer.Option(
@@ -94,12 +102,15 @@ def data(
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder")],
     config: ConfigOpt = None,
     workers: Annotated[Optional[int], typer.Option(help="processes (default: data.workers)")] = None,
+    executor: ExecutorOpt = None,
     force: ForceOpt = False,
 ) -> None:
     """Crawl files (WARC/WET/JSONL/Parquet) to clean, deduplicated Parquet shards with a funnel."""
     from oreline.data.pipeline.run import print_funnel, run_data
 
     inputs, overrides = _split_inputs_and_overrides(items)
+    if executor is not None:
+        overrides.append(f"data.executor={executor}")
     cfg = _load(config, overrides)
     stats = run_data(inputs or cfg.data.inputs, out, cfg, workers=workers, force=force)
     print_funnel(stats, console)
@@ -141,6 +152,7 @@ def tokenize(
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder for token shards")],
     workers: Annotated[Optional[int], typer.Option(help="processes (default: tokenize.workers)")] = None,
     val_fraction: Annotated[Optional[float], typer.Option(help="validation share by id hash")] = None,
+    executor: ExecutorOpt = None,
     config: ConfigOpt = None,
     force: ForceOpt = False,
     allow_incomplete: IncompleteOpt = False,
@@ -149,6 +161,8 @@ def tokenize(
     from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus
 
     inputs, overrides = _split_inputs_and_overrides(docs)
+    if executor is not None:
+        overrides.append(f"tokenize.executor={executor}")
     if val_fraction is not None:
         overrides.append(f"tokenize.val_fraction={val_fraction}")
     cfg = _load(config, overrides)

@@ -170,6 +170,19 @@ class ChunkConfig(Section):
         return self
 
 
+class RayConfig(Section):
+    """Where and how `executor = "ray"` runs tasks (Ray core tasks; `pip install 'oreline[ray]'`)."""
+
+    address: str = Field(
+        "",
+        description="'auto' (a running cluster), 'ray://host:10001', or empty for a local Ray started by oreline",
+    )
+
+
+class SlurmConfig(Section):
+    """How `executor = "slurm"` submits tasks (array jobs on the cluster sbatch reaches)."""
+
+
 class DataConfig(Section):
     inputs: list[str] = Field(
         ["{samples}/web-archives"], description="files, folders or globs of WARC/WET/JSONL/Parquet inputs"
@@ -177,7 +190,12 @@ class DataConfig(Section):
     extra_inputs: list[str] = Field(
         [], description="clean text mixed in after filtering (oreline run): .txt/.txt.gz/.zip/.jsonl/.parquet"
     )
-    workers: int = Field(2, ge=1, description="processes running tasks")
+    workers: int = Field(2, ge=1, description="processes running tasks (executor = local)")
+    executor: Literal["local", "ray", "slurm"] = Field(
+        "local", description="where tasks run: a local process pool, a Ray cluster, or Slurm array jobs"
+    )
+    ray: RayConfig = RayConfig()
+    slurm: SlurmConfig = SlurmConfig()
     max_shard_bytes: int = Field(1_000_000_000, gt=0, description="upper bound of one output Parquet shard")
     read: ReadConfig = ReadConfig()
     protocol: ProtocolConfig = ProtocolConfig()
@@ -211,6 +229,9 @@ class TokenizeConfig(Section):
         0.01, ge=0.0, lt=1.0, description="share of documents (by id hash) for validation"
     )
     workers: int = Field(2, ge=1)
+    executor: Literal["local", "ray", "slurm"] = Field(
+        "local", description="where tasks run (the engine's settings are data.ray / data.slurm)"
+    )
     max_shard_tokens: int = Field(100_000_000, description="tokens per packed shard")
 
 

@@ -102,9 +102,10 @@ SHARD_NAME = re.compile(r"part-\d{5}-\d{3}\.parquet")
 
 
 def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
-    """What decides the output: the data settings (not the worker count) and the input files."""
+    """What decides the output: the data settings (not where or on how many workers tasks run)
+    and the input files."""
     data = to_dict(cfg.data)
-    for key in ("workers", "inputs", "extra_inputs"):
+    for key in ("workers", "executor", "ray", "slurm", "inputs", "extra_inputs"):
         data.pop(key, None)
     listed = [[str(p), kind, p.stat().st_size] for p, kind in files]
     if cfg.data.quality.perplexity_model:  # a retrained reference model is another run
@@ -181,7 +182,15 @@ def _run_data(
     if (out / "_SUCCESS").is_file() and (out / "stats.json").is_file():
         return json.loads((out / "stats.json").read_text())
     tasks = [(i, p, kind) for i, (p, kind) in enumerate(files)]
-    executor = make_executor("local", workers=workers, preload=PRELOAD, console=console)
+    executor = make_executor(
+        cfg.data.executor,
+        workers=workers,
+        preload=PRELOAD,
+        console=console,
+        ray=cfg.data.ray,
+        slurm=cfg.data.slurm,
+        work=work,
+    )
 
     # phase 1: read → filters → signatures, one task per file
     left = _jobs_left(tasks, lambda i: (phase1_dir(work, i) / "DONE").is_file())
