@@ -175,7 +175,7 @@ def test_short_run_writes_every_metric_and_tensorboard(tmp_path, train_config, o
 
 
 def test_nan_step_is_skipped_and_never_reaches_the_weights(tmp_path, train_config, one_thread):
-    from oreline.train.checkpoint import load_model_state
+    from oreline.train.checkpoint.load import load_model_state
 
     cfg = train_config(
         train__steps=5,

@@ -338,7 +338,7 @@ def _train(
         final_val = v if v is not None else final_val
 
     if cfg.checkpoint.every or cfg.checkpoint.model_only_every:
-        from oreline.train.checkpoint import wait_for_pending_save
+        from oreline.train.checkpoint.async_save import wait_for_pending_save
 
         wait_for_pending_save()  # an async save's meta, checksums and rename
     if tc.debug.param_digest:
@@ -466,7 +466,7 @@ def stop_after_step(
 ) -> None:
     """End the run on a stop request: a full checkpoint of this step (unless one was just written),
     an event record, the command that resumes, and TrainingStopped (exit code 128 + the signal)."""
-    from oreline.train.checkpoint import wait_for_pending_save
+    from oreline.train.checkpoint.async_save import wait_for_pending_save
 
     # the signal may have reached another rank only: this one then exits as if it had had SIGTERM
     signum = stops.signum or signal.SIGTERM
