@@ -67,18 +67,11 @@ from rich.console import Console
 from oreline.config import Config
 from oreline.model.scoring import breakdown_means, loss_breakdown
 from oreline.train import dist
+from oreline.train.batch import check_batch_tokens, to_device
 from oreline.train.monitor import MetricsLogger, memory_stats, mfu
 from oreline.train.optim import lr_at, set_lr
 from oreline.train.recovery import move_previous_training, resume_if_asked, rollback, save
-from oreline.train.session import (
-    Setup,
-    TrainState,
-    _nullcontext,
-    check_batch_tokens,
-    setup_run,
-    start_record,
-    to_device,
-)
+from oreline.train.session import Setup, TrainState, _nullcontext, setup_run, start_record
 from oreline.train.shutdown import StopRequests, TrainingStopped, resume_command
 from oreline.train.shutdown import signal_name as shutdown_signal_name
 
