@@ -40,12 +40,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import oreline.train.checkpoint.save as ck_save
 from oreline.config import CheckpointConfig, ModelConfig
 from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
-from oreline.train import checkpoint as ck
-from oreline.train import checkpoint_files as ck_files
-from oreline.train.checkpoint_files import file_digest, forget_verified
+from oreline.train.checkpoint.format import dir_bytes, file_digest, step_name
+from oreline.train.checkpoint.load import load_checkpoint
+from oreline.train.checkpoint.resume import find_resumable
+from oreline.train.checkpoint.save import last_save_stats, save_checkpoint
+from oreline.train.checkpoint.verify import forget_verified
 
 MB = 1e6
 
@@ -127,9 +130,11 @@ def main() -> int:
     ap.add_argument("--preset", default="125m")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="folder on the disk to measure")
     ap.add_argument("--repeats", type=int, default=2, help="best of N for every figure")
-    ap.add_argument("--write-threads", type=int, default=ck.WRITE_THREADS, help="DCP files/threads per rank")
+    ap.add_argument(
+        "--write-threads", type=int, default=ck_save.WRITE_THREADS, help="DCP files/threads per rank"
+    )
     a = ap.parse_args()
-    ck.WRITE_THREADS = a.write_threads
+    ck_save.WRITE_THREADS = a.write_threads
 
     args = resolve_model_args(ModelConfig(preset=a.preset))
     work = Path(tempfile.mkdtemp(prefix="oreline-ckpt-io-", dir=a.dir))
@@ -153,33 +158,33 @@ def main() -> int:
             # oreline's raw tensor files and DCP's stock writer, the peer (alternating which goes first)
             order = ["stock", "raw"] if r % 2 == 0 else ["raw", "stock"]
             for writer in order:
-                ck.RAW_TENSOR_FILES = writer == "raw"
+                ck_save.RAW_TENSOR_FILES = writer == "raw"
                 root = work / f"ckpts-{writer}-{r}"
                 reuse_blocks(work, state_bytes)
                 t0 = time.perf_counter()
-                path = ck.save_checkpoint(root, 1, model, opt, meta, cfg=cfg)
+                path = save_checkpoint(root, 1, model, opt, meta, cfg=cfg)
                 (saves if writer == "raw" else stock_saves).append(time.perf_counter() - t0)
-                (parts if writer == "raw" else stock_parts).append(ck.last_save_stats())
+                (parts if writer == "raw" else stock_parts).append(last_save_stats())
                 if writer == "stock":
-                    stock_size = ck_files.dir_bytes(path)
+                    stock_size = dir_bytes(path)
                     shutil.rmtree(root)
-            ck.RAW_TENSOR_FILES = True
+            ck_save.RAW_TENSOR_FILES = True
             root = work / f"ckpts-raw-{r}"
-            path = root / ck_files.step_name(1)
-            size = ck_files.dir_bytes(path)
+            path = root / step_name(1)
+            size = dir_bytes(path)
 
             evict(path)
             forget_verified()  # verify again: it is part of a real load
             t0 = time.perf_counter()
-            ck.load_checkpoint(path, model, opt, restore_rng=False)
+            load_checkpoint(path, model, opt, restore_rng=False)
             loads.append(time.perf_counter() - t0)
 
             evict(path)
             forget_verified()
             t0 = time.perf_counter()
             m2, o2 = build(args)
-            found = ck.find_resumable(root)
-            ck.load_checkpoint(found, m2, o2, restore_rng=False)
+            found = find_resumable(root)
+            load_checkpoint(found, m2, o2, restore_rng=False)
             startups.append(time.perf_counter() - t0)
             del m2, o2
             if r < a.repeats - 1:
@@ -210,7 +215,7 @@ def main() -> int:
         save_mbs, load_mbs = size / min(saves) / MB, size / min(loads) / MB
         print(
             f"checkpoint: {size / MB:,.1f} MB in {len(list(path.iterdir()))} files "
-            f"({ck.WRITE_THREADS} DCP write thread(s))"
+            f"({ck_save.WRITE_THREADS} DCP write thread(s))"
         )
         w_tensor = max(tensor_writes)
         print(

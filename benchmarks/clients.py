@@ -235,7 +235,7 @@ def build(work: Path, steps: int) -> dict:
     from oreline.model.llama import Llama, ModelArgs
     from oreline.model.scoring import generate_samples
     from oreline.tokens.train_bpe import load_tokenizer, train_tokenizer
-    from oreline.train.checkpoint import save_checkpoint
+    from oreline.train.checkpoint.save import save_checkpoint
 
     prose, multi = corpus(samples_dir())
     heldout_prose, train_prose = prose[:40], prose[40:]

@@ -40,8 +40,9 @@ import torch
 from rich.console import Console
 
 from oreline.config import TokenizeConfig, TokenizerConfig, samples_dir
-from oreline.train.checkpoint import find_resumable, load_model_state
-from oreline.train.checkpoint_files import read_meta
+from oreline.train.checkpoint.format import read_meta
+from oreline.train.checkpoint.load import load_model_state
+from oreline.train.checkpoint.resume import find_resumable
 
 EVERY, EVAL_EVERY, SLEEP = 4, 8, 0.05
 KEYS = ("loss", "grad_norm", "lr", "tokens_seen")

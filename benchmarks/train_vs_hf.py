@@ -206,7 +206,7 @@ def main() -> None:
         print(f"data: BPE-{vocab} tokens from the samples in {time.perf_counter() - t0:.1f} s")
         fpt = flops_per_token(args, SEQ)
         shapes = tuple(model_matmul_shapes(args, BATCH * SEQ))
-        from oreline.train.session import tune_cpu_allocator
+        from oreline.train.performance import tune_cpu_allocator
 
         peaks: list[float] = []  # the model-shape peak, measured before, between and after the runs
         theirs = []

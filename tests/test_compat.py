@@ -17,10 +17,11 @@ from oreline.config import ModelConfig
 from oreline.model import matmul
 from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
-from oreline.train import checkpoint as ck
-from oreline.train import checkpoint_files as ck_files
 from oreline.train import dist
-from oreline.train.checkpoint_metadata import RAW_DESCRIPTOR, read_dcp_metadata
+from oreline.train.checkpoint.load import load_checkpoint
+from oreline.train.checkpoint.metadata import RAW_DESCRIPTOR, read_dcp_metadata
+from oreline.train.checkpoint.save import save_checkpoint
+from oreline.train.checkpoint.verify import verify_checkpoint
 
 
 @pytest.fixture
@@ -88,18 +89,18 @@ def test_outside_the_range_checkpoints_use_dcps_stock_writer_and_still_resume(tm
     opt.step()
     meta = {"tokens_seen": 0, "model_args": args.to_dict(), "config": {"train": {"steps": 1}}}
     with pytest.warns(RuntimeWarning, match="raw tensor checkpoint files"):
-        path = ck.save_checkpoint(tmp_path, 1, model, opt, meta)
+        path = save_checkpoint(tmp_path, 1, model, opt, meta)
     md = read_dcp_metadata(path)
     assert md.storage_data and not any(
         RAW_DESCRIPTOR in (getattr(i, "transform_descriptors", None) or ()) for i in md.storage_data.values()
     )
-    ok, problems = ck_files.verify_checkpoint(path)
+    ok, problems = verify_checkpoint(path)
     assert ok, problems
 
     torch.manual_seed(1)
     model2 = Llama(args)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
-    ck.load_checkpoint(path, model2, opt2, restore_rng=False)
+    load_checkpoint(path, model2, opt2, restore_rng=False)
     for (name, a), b in zip(model.state_dict().items(), model2.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]

@@ -217,7 +217,7 @@ def train(
 @checkpoint_app.command("ls")
 def checkpoint_ls(run_dir: Annotated[Path, typer.Argument(help="run directory")]) -> None:
     """List checkpoints with step, tokens, size and validity."""
-    from oreline.train.checkpoint_views import print_checkpoints
+    from oreline.train.checkpoint.commands import print_checkpoints
 
     print_checkpoints(run_dir, Console())
 
@@ -225,7 +225,7 @@ def checkpoint_ls(run_dir: Annotated[Path, typer.Argument(help="run directory")]
 @checkpoint_app.command("verify")
 def checkpoint_verify(path: Annotated[Path, typer.Argument(help="run directory or one checkpoint")]) -> None:
     """Verify checksums and completeness; exit 1 if any checkpoint is invalid."""
-    from oreline.train.checkpoint_views import verify_cli
+    from oreline.train.checkpoint.commands import verify_cli
 
     raise typer.Exit(verify_cli(path, Console()))
 
@@ -233,7 +233,7 @@ def checkpoint_verify(path: Annotated[Path, typer.Argument(help="run directory o
 @checkpoint_app.command("sign")
 def checkpoint_sign(path: Annotated[Path, typer.Argument(help="run directory or one checkpoint")]) -> None:
     """Sign intact checkpoints with the key in ORELINE_CHECKPOINT_KEY (sign only ones you trust)."""
-    from oreline.train.checkpoint_views import sign_cli
+    from oreline.train.checkpoint.commands import sign_cli
 
     raise typer.Exit(sign_cli(path, Console()))
 
@@ -243,7 +243,7 @@ def checkpoint_inspect(
     path: Annotated[Path, typer.Argument(help="a checkpoint directory (or a run: its latest)")],
 ) -> None:
     """Show what one checkpoint holds: meta, tensors, fingerprints; exit 1 if it is invalid."""
-    from oreline.train.checkpoint_views import inspect_cli
+    from oreline.train.checkpoint.commands import inspect_cli
 
     raise typer.Exit(inspect_cli(path, Console()))
 

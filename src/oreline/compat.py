@@ -8,7 +8,7 @@ caller takes the public path, and one warning per feature says what was given up
 | private API | what it buys | public fallback |
 |---|---|---|
 | `torch.ops.mkldnn._linear_pointwise` | fp32 CPU products through oneDNN (~2x on AMD AVX-512) | `F.linear` / `torch.mm` (BLAS) |
-| `torch.distributed.checkpoint.filesystem` internals (`_StorageInfo`, `_StoragePrefix`, `_split_by_size_and_type`, `DEFAULT_SUFFIX`) | raw tensor files under DCP (checkpoint_storage), ~3x faster saves | DCP's stock `FileSystemWriter` (torch.save per tensor; loads with weights_only=True) |
+| `torch.distributed.checkpoint.filesystem` internals (`_StorageInfo`, `_StoragePrefix`, `_split_by_size_and_type`, `DEFAULT_SUFFIX`) | raw tensor files under DCP (train/checkpoint/raw_tensors.py), ~3x faster saves | DCP's stock `FileSystemWriter` (torch.save per tensor; loads with weights_only=True) |
 | `torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultReduceScatter` | FSDP2 gradient communication time in metrics | FSDP2's own reduce-scatter, `comm_ms` not measured |
 | `torch.utils.serialization.config.save.compute_crc32` | skip torch.save's CRC32 (checksums.json covers it) | CRC32 stays on |
 
@@ -103,7 +103,7 @@ def _dcp_internals() -> SimpleNamespace:
 
 
 def dcp_raw_writer_internals() -> SimpleNamespace | None:
-    """What checkpoint_storage.RawTensorWriter builds on, or None (then saves use DCP's stock writer)."""
+    """What train/checkpoint/raw_tensors.RawTensorWriter builds on, or None (then saves use DCP's stock writer)."""
     return _private(
         "raw tensor checkpoint files", "checkpoints are saved with DCP's stock writer", _dcp_internals
     )

@@ -255,7 +255,7 @@ def _checkpoints(root: Path, cfg, cfg_fp: str, manifest: dict) -> None:
     from oreline.config import to_dict
     from oreline.model.llama import Llama
     from oreline.model.presets import resolve_model_args
-    from oreline.train.checkpoint import save_checkpoint
+    from oreline.train.checkpoint.save import save_checkpoint
 
     torch.manual_seed(0)
     args = resolve_model_args(cfg.model, vocab_size=manifest["vocab_size"])

@@ -320,7 +320,7 @@ def test_gguf_export_checked_against_the_training_format(healthy_run):
 
     pytest.importorskip("gguf")
     from oreline.export.gguf import export_gguf, export_state_dict_gguf
-    from oreline.train.checkpoint import load_model_state
+    from oreline.train.checkpoint.load import load_model_state
 
     export_gguf(healthy_run, healthy_run / "export" / "model.gguf")
     assert diagnose_run(healthy_run) == []

@@ -22,7 +22,7 @@ from oreline.export.gguf import (
 )
 from oreline.model.llama import Llama, ModelArgs
 from oreline.tokens.train_bpe import train_tokenizer
-from oreline.train.checkpoint import save_checkpoint
+from oreline.train.checkpoint.save import save_checkpoint
 
 gguf = pytest.importorskip("gguf")
 

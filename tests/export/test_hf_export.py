@@ -15,8 +15,9 @@ from oreline.errors import ConfigError, DataIntegrityError, InputError
 from oreline.export.hf import export_hf, export_state_dict_hf, import_hf
 from oreline.model.llama import Llama, ModelArgs, generate
 from oreline.tokens.train_bpe import load_tokenizer
-from oreline.train.checkpoint import load_model_state, save_checkpoint
-from oreline.train.checkpoint_files import verify_checkpoint
+from oreline.train.checkpoint.load import load_model_state
+from oreline.train.checkpoint.save import save_checkpoint
+from oreline.train.checkpoint.verify import verify_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,16 +13,30 @@ import torch.nn.functional as F
 from rich.console import Console
 from typer.testing import CliRunner
 
+import oreline.train.checkpoint.async_save as async_save
+import oreline.train.checkpoint.load as ck_load
+import oreline.train.checkpoint.save as ck_save
 from oreline import compat
 from oreline.cli import app
 from oreline.config import CheckpointConfig, ModelConfig
 from oreline.errors import CheckpointError
 from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
-from oreline.train import checkpoint as ck
-from oreline.train import checkpoint_files as ck_files
-from oreline.train import checkpoint_resume as ck_resume
-from oreline.train import checkpoint_views as ck_views
+from oreline.train.checkpoint.async_save import wait_for_pending_save
+from oreline.train.checkpoint.commands import print_checkpoints
+from oreline.train.checkpoint.dcp_calls import quiet_single_process
+from oreline.train.checkpoint.format import (
+    FORMAT_VERSION,
+    file_digest,
+    list_checkpoints,
+    read_latest,
+    read_meta,
+)
+from oreline.train.checkpoint.load import load_checkpoint, load_model_state
+from oreline.train.checkpoint.resume import check_resume_compatible, find_resumable
+from oreline.train.checkpoint.rng import capture_rng_state, restore_rng_state
+from oreline.train.checkpoint.save import last_save_stats, save_checkpoint
+from oreline.train.checkpoint.verify import verify_checkpoint
 
 # raw tensor files need DCP records with transform_descriptors (torch >= 2.7; oreline.compat)
 needs_raw_files = pytest.mark.skipif(
@@ -61,22 +76,22 @@ def meta_for(step: int, **extra) -> dict:
 @pytest.mark.parametrize("route", ["single_process", "generic"])
 def test_resume_continues_bit_exactly(tmp_path, monkeypatch, route):
     if route == "generic":  # the get_state_dict/set_state_dict route torch.distributed runs take
-        monkeypatch.setattr(ck, "_load_single_process", lambda *args: False)
+        monkeypatch.setattr(ck_load, "_load_single_process", lambda *args: False)
     model, opt = build()
     gen = torch.Generator().manual_seed(1)
     for _ in range(3):
         train_step(model, opt, gen)
-    path = ck.save_checkpoint(tmp_path, 3, model, opt, meta_for(3, loader={"gen": gen.get_state().tolist()}))
-    assert path.name == "step-00000003" and ck_files.read_latest(tmp_path) == "step-00000003"
+    path = save_checkpoint(tmp_path, 3, model, opt, meta_for(3, loader={"gen": gen.get_state().tolist()}))
+    assert path.name == "step-00000003" and read_latest(tmp_path) == "step-00000003"
     torch.manual_seed(77)
     expected_rand = torch.rand(4)
     expected_losses = [train_step(model, opt, gen) for _ in range(3)]
 
     model2, opt2 = build(seed=5)  # different init: everything must come from the checkpoint
-    found = ck.find_resumable(tmp_path)
+    found = find_resumable(tmp_path)
     assert found == path
     torch.manual_seed(77)  # restore_rng puts torch's generator back to the saved state, not this one
-    meta = ck.load_checkpoint(found, model2, opt2)
+    meta = load_checkpoint(found, model2, opt2)
     assert meta["step"] == 3 and meta["tokens_seen"] == 192 and meta["world_size"] == 1
     gen2 = torch.Generator()
     gen2.set_state(torch.tensor(meta["loader"]["gen"], dtype=torch.uint8))
@@ -94,12 +109,12 @@ def test_rng_state_round_trips_through_json():
     random.seed(3)
     np.random.seed(3)
     torch.manual_seed(3)
-    state = json.loads(json.dumps(ck_resume.capture_rng_state()))
+    state = json.loads(json.dumps(capture_rng_state()))
     a = (random.random(), np.random.rand(), torch.rand(1).item())
     random.seed(9)
     np.random.seed(9)
     torch.manual_seed(9)
-    ck_resume.restore_rng_state(state)
+    restore_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
 
 
@@ -107,35 +122,35 @@ def test_load_restores_rng_of_the_save(tmp_path):
     model, opt = build()
     train_step(model, opt, torch.Generator().manual_seed(0))
     torch.manual_seed(123)
-    ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
     after_save = torch.rand(3)
     torch.manual_seed(999)
-    ck.load_checkpoint(tmp_path / "step-00000001", model, opt)
+    load_checkpoint(tmp_path / "step-00000001", model, opt)
     assert torch.equal(torch.rand(3), after_save)
 
 
 def test_files_meta_and_checksums(tmp_path):
     model, opt = build()
     train_step(model, opt, torch.Generator().manual_seed(0))
-    path = ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    path = save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
     names = {p.name for p in path.iterdir()}
     assert {".metadata", "meta.json", "checksums.json"} <= names and any(n.endswith(".distcp") for n in names)
     meta = json.loads((path / "meta.json").read_text())
-    assert meta["kind"] == "full" and meta["format_version"] == ck_files.FORMAT_VERSION
+    assert meta["kind"] == "full" and meta["format_version"] == FORMAT_VERSION
     assert set(meta["rng"]) == {"python", "numpy", "torch_cpu", "cuda"}
     assert len(meta["config_fingerprint"]) == 64
     assert meta["optim_param_groups"][0]["lr"] == 1e-3
     sums = json.loads((path / "checksums.json").read_text())
     assert set(sums["files"]) == names - {"checksums.json"}
-    assert ck_files.verify_checkpoint(path) == (True, [])
+    assert verify_checkpoint(path) == (True, [])
     assert not list(tmp_path.glob(".tmp-*"))
 
 
 def test_meta_that_is_not_json_is_refused_before_writing(tmp_path):
     model, opt = build()
     with pytest.raises(CheckpointError, match="bad"):
-        ck.save_checkpoint(tmp_path, 1, model, opt, {"bad": object()})
-    assert ck.find_resumable(tmp_path) is None
+        save_checkpoint(tmp_path, 1, model, opt, {"bad": object()})
+    assert find_resumable(tmp_path) is None
 
 
 def test_retention_keeps_last_and_every(tmp_path):
@@ -143,25 +158,25 @@ def test_retention_keeps_last_and_every(tmp_path):
     train_step(model, opt, torch.Generator().manual_seed(0))
     cfg = CheckpointConfig(keep_last=2, keep_every=3)
     for step in range(1, 8):
-        ck.save_checkpoint(tmp_path, step, model, opt, meta_for(step), cfg=cfg)
-    kept = sorted(e.step for e in ck_files.list_checkpoints(tmp_path) if e.kind == "full")
+        save_checkpoint(tmp_path, step, model, opt, meta_for(step), cfg=cfg)
+    kept = sorted(e.step for e in list_checkpoints(tmp_path) if e.kind == "full")
     assert kept == [3, 6, 7]
-    assert ck_files.read_latest(tmp_path) == "step-00000007"
+    assert read_latest(tmp_path) == "step-00000007"
     assert not list(tmp_path.glob(".t*-*"))
 
 
 def test_interrupted_save_folder_is_never_resumed_and_is_cleaned(tmp_path):
     model, opt = build()
     train_step(model, opt, torch.Generator().manual_seed(0))
-    ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
     # what a kill during dcp.save of step 2 leaves: a complete-looking copy under the temporary name
     import shutil
 
     shutil.copytree(tmp_path / "step-00000001", tmp_path / ".tmp-step-00000002")
     skipped = []
-    assert ck.find_resumable(tmp_path, skipped=skipped) == tmp_path / "step-00000001"
+    assert find_resumable(tmp_path, skipped=skipped) == tmp_path / "step-00000001"
     assert skipped and "interrupted" in skipped[0][1][0]
-    ck.save_checkpoint(tmp_path, 3, model, opt, meta_for(3))
+    save_checkpoint(tmp_path, 3, model, opt, meta_for(3))
     assert not (tmp_path / ".tmp-step-00000002").exists()
 
 
@@ -169,10 +184,10 @@ def test_saving_the_same_step_again_replaces_it(tmp_path):
     model, opt = build()
     gen = torch.Generator().manual_seed(0)
     train_step(model, opt, gen)
-    ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1, tag="first"))
-    ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1, tag="second"))
-    assert ck_files.read_meta(tmp_path / "step-00000001")["tag"] == "second"
-    assert ck_files.verify_checkpoint(tmp_path / "step-00000001")[0]
+    save_checkpoint(tmp_path, 1, model, opt, meta_for(1, tag="first"))
+    save_checkpoint(tmp_path, 1, model, opt, meta_for(1, tag="second"))
+    assert read_meta(tmp_path / "step-00000001")["tag"] == "second"
+    assert verify_checkpoint(tmp_path / "step-00000001")[0]
 
 
 def test_model_only_snapshot_and_load_model_state(tmp_path):
@@ -180,21 +195,21 @@ def test_model_only_snapshot_and_load_model_state(tmp_path):
     train_step(model, opt, torch.Generator().manual_seed(0))
     run = tmp_path / "run"
     root = run / "checkpoints"
-    snap = ck.save_checkpoint(root, 1, model, opt, meta_for(1), kind="model_only")
+    snap = save_checkpoint(root, 1, model, opt, meta_for(1), kind="model_only")
     assert snap.name == "model-step-00000001" and (snap / "model.safetensors").is_file()
-    assert ck.find_resumable(root) is None  # never offered for resume
+    assert find_resumable(root) is None  # never offered for resume
     with pytest.raises(CheckpointError, match="no optimizer state"):
-        ck.load_checkpoint(snap, *build())
+        load_checkpoint(snap, *build())
     want = model.state_dict()
-    sd, args, meta = ck.load_model_state(snap)
+    sd, args, meta = load_model_state(snap)
     assert args == ARGS and meta["kind"] == "model_only"
     assert sd.keys() == want.keys() and all(torch.equal(sd[k], want[k]) for k in want)
 
     train_step(model, opt, torch.Generator().manual_seed(1))
-    ck.save_checkpoint(root, 2, model, opt, meta_for(2))
+    save_checkpoint(root, 2, model, opt, meta_for(2))
     want = model.state_dict()
     for where in (run, root, root / "step-00000002"):  # a run dir resolves to its latest
-        sd, args, meta = ck.load_model_state(where)
+        sd, args, meta = load_model_state(where)
         assert meta["step"] == 2 and sd.keys() == want.keys()
         assert all(torch.equal(sd[k], want[k]) for k in want)
     fresh = Llama(args)
@@ -204,46 +219,46 @@ def test_model_only_snapshot_and_load_model_state(tmp_path):
 def test_load_model_state_refuses_an_invalid_checkpoint(tmp_path):
     model, opt = build()
     train_step(model, opt, torch.Generator().manual_seed(0))
-    path = ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    path = save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
     (path / ".metadata").unlink()
     with pytest.raises(CheckpointError, match="metadata is missing"):
-        ck.load_model_state(path)
+        load_model_state(path)
 
 
 def test_resume_compatibility_rules():
     saved = {"train": {"steps": 100, "optim": {"lr": 1e-3}}, "model": {"dim": 64}, "checkpoint": {"every": 5}}
     meta = {"step": 40, "config": saved, "tokenizer_fingerprint": "a" * 64, "model_args": {"dim": 64}}
     same = json.loads(json.dumps(saved))
-    assert ck_resume.check_resume_compatible(meta, same, []) == []
+    assert check_resume_compatible(meta, same, []) == []
 
     changed = json.loads(json.dumps(saved))
     changed["train"]["optim"]["lr"] = 5e-4
     changed["train"]["steps"] = 200
     with pytest.raises(CheckpointError, match="train.optim.lr") as err:
-        ck_resume.check_resume_compatible(meta, changed, [])
+        check_resume_compatible(meta, changed, [])
     assert "--allow-config-change" in str(err.value)
-    assert ck_resume.check_resume_compatible(meta, changed, ["train.optim.lr", "train.steps"]) == [
+    assert check_resume_compatible(meta, changed, ["train.optim.lr", "train.steps"]) == [
         "train.optim.lr",
         "train.steps",
     ]
-    assert ck_resume.check_resume_compatible(meta, changed, ["train"]) == ["train.optim.lr", "train.steps"]
+    assert check_resume_compatible(meta, changed, ["train"]) == ["train.optim.lr", "train.steps"]
 
     shape = json.loads(json.dumps(saved))
     shape["model"]["dim"] = 128
     with pytest.raises(CheckpointError, match="model shape"):
-        ck_resume.check_resume_compatible(meta, shape, ["model.dim"])
+        check_resume_compatible(meta, shape, ["model.dim"])
     with pytest.raises(CheckpointError, match="tokenizer fingerprint"):
-        ck_resume.check_resume_compatible(meta, same, ["tokenizer"], fingerprints={"tokenizer": "b" * 64})
+        check_resume_compatible(meta, same, ["tokenizer"], fingerprints={"tokenizer": "b" * 64})
     with pytest.raises(CheckpointError, match="model_args"):
-        ck_resume.check_resume_compatible(meta, same, [], model_args={"dim": 32})
+        check_resume_compatible(meta, same, [], model_args={"dim": 32})
 
 
 def test_cli_ls_verify_inspect(tmp_path):
     model, opt = build()
     train_step(model, opt, torch.Generator().manual_seed(0))
     run = tmp_path / "run"
-    ck.save_checkpoint(run / "checkpoints", 1, model, opt, meta_for(1))
-    ck.save_checkpoint(run / "checkpoints", 2, model, opt, meta_for(2))
+    save_checkpoint(run / "checkpoints", 1, model, opt, meta_for(1))
+    save_checkpoint(run / "checkpoints", 2, model, opt, meta_for(2))
     runner = CliRunner()
     res = runner.invoke(app, ["checkpoint", "ls", str(run)], terminal_width=200)
     assert res.exit_code == 0 and "step-00000002" in res.output and "ok" in res.output and "←" in res.output
@@ -258,35 +273,109 @@ def test_cli_ls_verify_inspect(tmp_path):
     res = runner.invoke(app, ["checkpoint", "verify", str(run)])
     assert res.exit_code == 1 and "meta.json checksum mismatch" in res.output.replace("\n", " ")
     con = Console(record=True, width=200)
-    ck_views.print_checkpoints(run, con)
+    print_checkpoints(run, con)
     assert "checksum mismatch" in con.export_text()
 
 
 def test_async_save_completes_in_the_background(tmp_path, monkeypatch):
-    monkeypatch.setattr(ck, "ASYNC_ON_CPU", True)  # the CUDA code path, with CPU tensors
+    monkeypatch.setattr(async_save, "ASYNC_ON_CPU", True)  # the CUDA code path, with CPU tensors
     model, opt = build()
     gen = torch.Generator().manual_seed(0)
     train_step(model, opt, gen)
     want = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = CheckpointConfig(async_save=True)
-    path = ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1), cfg=cfg)
-    assert "blocking_s" in ck.last_save_stats()
+    path = save_checkpoint(tmp_path, 1, model, opt, meta_for(1), cfg=cfg)
+    assert "blocking_s" in last_save_stats()
     train_step(model, opt, gen)  # training goes on while the save is written: it holds a staged copy
-    assert ck.wait_for_pending_save() == path and ck.wait_for_pending_save() is None
-    assert (
-        ck_files.verify_checkpoint(path) == (True, []) and ck_files.read_latest(tmp_path) == "step-00000001"
-    )
-    sd, _, _ = ck.load_model_state(path)
+    assert wait_for_pending_save() == path and wait_for_pending_save() is None
+    assert verify_checkpoint(path) == (True, []) and read_latest(tmp_path) == "step-00000001"
+    sd, _, _ = load_model_state(path)
     assert all(torch.equal(sd[k], want[k]) for k in want)
-    second = ck.save_checkpoint(tmp_path, 2, model, opt, meta_for(2), cfg=cfg)
-    third = ck.save_checkpoint(tmp_path, 3, model, opt, meta_for(3), cfg=cfg)  # finishes the second first
-    assert ck_files.verify_checkpoint(second)[0] and not third.exists()
-    ck.wait_for_pending_save()
-    assert ck.find_resumable(tmp_path) == third
+    second = save_checkpoint(tmp_path, 2, model, opt, meta_for(2), cfg=cfg)
+    third = save_checkpoint(tmp_path, 3, model, opt, meta_for(3), cfg=cfg)  # finishes the second first
+    assert verify_checkpoint(second)[0] and not third.exists()
+    wait_for_pending_save()
+    assert find_resumable(tmp_path) == third
+
+
+# A process that starts an async save and then ends without finishing it (a kill between the
+# tensor write and the publish). Before that it says what find_resumable finds as a fresh process.
+_FRESH_PROCESS = """
+import os, sys
+from pathlib import Path
+import torch
+from oreline.config import CheckpointConfig
+import oreline.train.checkpoint.async_save as async_save
+from oreline.train.checkpoint.resume import find_resumable
+from oreline.train.checkpoint.save import save_checkpoint
+
+root = Path(sys.argv[1])
+print("found", find_resumable(root).name, flush=True)
+async_save.ASYNC_ON_CPU = True
+model = torch.nn.Linear(4, 4)
+save_checkpoint(root, 3, model, torch.optim.AdamW(model.parameters()), {}, cfg=CheckpointConfig(async_save=True))
+os._exit(0)
+"""
+
+
+def test_find_resumable_finishes_a_save_in_flight_and_skips_one_a_kill_left(tmp_path, monkeypatch):
+    """The one find_resumable: in the process with an async save in flight it finishes that save and
+    returns it; a fresh process finds the same; a save another process never finished is skipped."""
+    import os
+    import subprocess
+    import sys
+
+    import oreline
+
+    monkeypatch.setattr(async_save, "ASYNC_ON_CPU", True)  # the CUDA code path, with CPU tensors
+    model, opt = build()
+    train_step(model, opt, torch.Generator().manual_seed(0))
+    save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    second = save_checkpoint(tmp_path, 2, model, opt, meta_for(2), cfg=CheckpointConfig(async_save=True))
+    assert not second.exists() and (tmp_path / ".tmp-step-00000002").is_dir()  # in flight
+    skipped: list = []
+    assert find_resumable(tmp_path, skipped=skipped) == second and skipped == []
+    assert verify_checkpoint(second) == (True, []) and wait_for_pending_save() is None
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(oreline.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _FRESH_PROCESS, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "found step-00000002" in out.stdout  # a fresh process finds what this one did
+    assert (tmp_path / ".tmp-step-00000003").is_dir() and not (tmp_path / "step-00000003").exists()
+    skipped = []
+    assert find_resumable(tmp_path, skipped=skipped) == second  # nothing in flight here: the disk decides
+    assert [(p.name, problems) for p, problems in skipped] == [
+        (".tmp-step-00000003", ["incomplete save (temporary folder: the save was interrupted)"])
+    ]
+
+
+def test_rollback_right_after_an_async_save_loads_that_save(tmp_path, monkeypatch):
+    """load_checkpoint of the checkpoint still being written (the loop's rollback target right after
+    a save) finishes the save first instead of failing on a folder that does not exist yet."""
+    monkeypatch.setattr(async_save, "ASYNC_ON_CPU", True)
+    model, opt = build()
+    gen = torch.Generator().manual_seed(0)
+    train_step(model, opt, gen)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    path = save_checkpoint(tmp_path, 1, model, opt, meta_for(1), cfg=CheckpointConfig(async_save=True))
+    train_step(model, opt, gen)  # the step that "failed"
+    meta = load_checkpoint(path, model, opt)
+    assert meta["step"] == 1 and all(torch.equal(model.state_dict()[k], want[k]) for k in want)
 
 
 # ---------------------------------------------------------------------------------------------
-# the raw-tensor storage layer under DCP (oreline.train.checkpoint_storage)
+# the raw-tensor storage layer under DCP (oreline.train.checkpoint.raw_tensors)
 
 
 def _odd_tensors() -> dict:
@@ -318,12 +407,12 @@ def _holder_like(state: dict, contiguous: bool = True) -> dict:
 def test_raw_tensor_files_round_trip_bit_exactly(tmp_path, threads):
     import torch.distributed.checkpoint as dcp
 
-    from oreline.train.checkpoint_metadata import RAW_DESCRIPTOR
-    from oreline.train.checkpoint_storage import RawTensorReader, RawTensorWriter
+    from oreline.train.checkpoint.metadata import RAW_DESCRIPTOR
+    from oreline.train.checkpoint.raw_tensors import RawTensorReader, RawTensorWriter
 
     state = {"t": _odd_tensors()}
     writer = RawTensorWriter(str(tmp_path), thread_count=threads)
-    with ck._quiet_single_process():
+    with quiet_single_process():
         dcp.save(state, storage_writer=writer, **compat.dcp_no_dist(True))
         md = dcp.FileSystemReader(str(tmp_path)).read_metadata()
         # every tensor went in as raw bytes, described by DCP's own metadata
@@ -340,21 +429,20 @@ def test_raw_tensor_files_round_trip_bit_exactly(tmp_path, threads):
     assert sum(p.stat().st_size for p in tmp_path.glob("*.distcp")) == payload
     # the digests computed while writing are those of the files as they lie on disk
     assert writer.file_digests == {
-        p.name: {"bytes": p.stat().st_size, "hash": ck_files.file_digest(p)}
-        for p in tmp_path.glob("*.distcp")
+        p.name: {"bytes": p.stat().st_size, "hash": file_digest(p)} for p in tmp_path.glob("*.distcp")
     }
 
 
 def test_raw_reader_loads_checkpoints_of_dcps_stock_writer(tmp_path, monkeypatch):
     """Checkpoints written before the raw format (torch.save per tensor) still resume."""
-    monkeypatch.setattr(ck, "RAW_TENSOR_FILES", False)
+    monkeypatch.setattr(ck_save, "RAW_TENSOR_FILES", False)
     model, opt = build()
     gen = torch.Generator().manual_seed(1)
     train_step(model, opt, gen)
-    path = ck.save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
-    monkeypatch.setattr(ck, "RAW_TENSOR_FILES", True)
+    path = save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    monkeypatch.setattr(ck_save, "RAW_TENSOR_FILES", True)
     model2, opt2 = build(seed=5)
-    ck.load_checkpoint(path, model2, opt2)
+    load_checkpoint(path, model2, opt2)
     for (n, a), b in zip(model.state_dict().items(), model2.state_dict().values(), strict=True):
         assert torch.equal(a, b), n
     # the optimizer state came back too: the next step is the same step
@@ -368,10 +456,10 @@ def test_raw_files_are_refused_by_dcps_stock_reader_and_truncation_is_an_error(t
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from oreline.train.checkpoint_storage import RawTensorReader, RawTensorWriter
+    from oreline.train.checkpoint.raw_tensors import RawTensorReader, RawTensorWriter
 
     state = {"t": _odd_tensors()}
-    with ck._quiet_single_process():
+    with quiet_single_process():
         dcp.save(state, storage_writer=RawTensorWriter(str(tmp_path)), **compat.dcp_no_dist(True))
         # the stock reader would torch.load raw bytes: the descriptor makes it refuse instead
         # (DCP's CheckpointException is a BaseException, carrying each rank's error in its text)

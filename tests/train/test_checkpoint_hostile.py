@@ -24,19 +24,23 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from rich.console import Console
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 from typer.testing import CliRunner
 
+import oreline
 from oreline import compat
 from oreline.cli import app
 from oreline.config import load_config
 from oreline.errors import CheckpointError, OrelineError
-from oreline.train import checkpoint as ck
-from oreline.train import checkpoint_files as ck_files
-from oreline.train.checkpoint_files import forget_verified, write_checksums
-from oreline.train.checkpoint_signature import KEY_ENV
+from oreline.train.checkpoint.dcp_calls import load_errors, quiet_single_process
+from oreline.train.checkpoint.format import write_checksums
+from oreline.train.checkpoint.metadata import read_dcp_metadata
+from oreline.train.checkpoint.raw_tensors import RawTensorReader
+from oreline.train.checkpoint.signature import KEY_ENV
+from oreline.train.checkpoint.verify import forget_verified, verify_checkpoint
 from oreline.train.loop import train
 
 STEP8, STEP4, SNAPSHOT = "step-00000008", "step-00000004", "model-step-00000006"
@@ -335,7 +339,9 @@ def test_cli_subprocess_refuses_a_metadata_pickle(run):
     _resign(target)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(ck.__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(oreline.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
     }
     out = subprocess.run(
         [sys.executable, "-m", "oreline", "export", str(target), "--out", str(target.parent / "hf")],
@@ -366,7 +372,7 @@ def test_cli_subprocess_refuses_a_metadata_pickle(run):
 def test_metadata_pickle_cannot_alter_the_allowed_classes(payload, what):
     from torch.distributed.checkpoint.metadata import Metadata
 
-    from oreline.train.checkpoint_metadata import parse_dcp_metadata
+    from oreline.train.checkpoint.metadata import parse_dcp_metadata
 
     init, cache = Metadata.__init__, torch.serialization._get_layout.cache
     with pytest.raises(CheckpointError, match=rf"x/\.metadata: its pickle tried to modify {what}"):
@@ -385,7 +391,7 @@ def test_data_file_replaced_by_another_format_is_a_clear_error(run):
     torch.save({"weights": torch.zeros(8)}, blob)  # a zip archive: another format, and shorter
     (target / "__0_0.distcp").write_bytes(blob.getvalue())
     _resign(target)
-    ok, problems = ck_files.verify_checkpoint(target)
+    ok, problems = verify_checkpoint(target)
     assert not ok and any(
         p.startswith("__0_0.distcp has ") and "replaced by a file of another format" in p for p in problems
     ), problems
@@ -405,16 +411,16 @@ def test_reader_names_the_file_when_a_data_file_is_short(run):
     model_state = {
         "model": {
             k.removeprefix("model."): torch.empty(v.size, dtype=v.properties.dtype)
-            for k, v in ck.read_dcp_metadata(target).state_dict_metadata.items()
+            for k, v in read_dcp_metadata(target).state_dict_metadata.items()
             if k.startswith("model.")
         }
     }
     with (
         pytest.raises(CheckpointError, match=r"__0_0\.distcp is 1000 bytes, but model\.\S+ lies at bytes"),
-        ck._quiet_single_process(),
-        ck._load_errors(target),
+        quiet_single_process(),
+        load_errors(target),
     ):
-        ck.dcp.load(model_state, storage_reader=ck._reader(target), **compat.dcp_no_dist(True))
+        dcp.load(model_state, storage_reader=RawTensorReader(str(target)), **compat.dcp_no_dist(True))
 
 
 def test_ls_with_a_binary_latest_file_says_so(run):
@@ -456,18 +462,18 @@ def test_signed_checkpoints_verify_and_load(run, monkeypatch):
     signed = ckpts / "step-00000005"
     assert json.loads((signed / "checksums.json").read_text())["algo"] == "sha256"
     assert json.loads((signed / "signature.json").read_text())["algo"] == "hmac-sha256"
-    assert ck_files.verify_checkpoint(signed) == (True, [])
+    assert verify_checkpoint(signed) == (True, [])
     text = _cli("checkpoint", "verify", str(signed))
     assert "exit=0" in text and f"signatures checked with the key in {KEY_ENV}" in " ".join(text.split())
     summary = train(config(8), resume="auto", allow_config_change=ALLOW, console=quiet())
     assert summary["resumed_from"] == str(signed) and summary["step"] == 8
-    assert ck_files.verify_checkpoint(ckpts / STEP8) == (True, [])
+    assert verify_checkpoint(ckpts / STEP8) == (True, [])
 
 
 def test_unsigned_checkpoint_is_refused_when_a_key_is_set(run, monkeypatch):
     _, ckpts, config, _ = run
     monkeypatch.setenv(KEY_ENV, "a shared secret")
-    ok, problems = ck_files.verify_checkpoint(ckpts / STEP8)
+    ok, problems = verify_checkpoint(ckpts / STEP8)
     assert not ok and problems == [
         f"not signed (signature.json is missing) while {KEY_ENV} is set: unsigned checkpoints are refused"
     ]
@@ -480,7 +486,7 @@ def test_tampered_or_foreign_signed_checkpoint_is_refused(run, monkeypatch):
     monkeypatch.setenv(KEY_ENV, "a shared secret")
     target = ckpts / STEP8
     _resign(target)  # the owner signs the intact checkpoint
-    assert ck_files.verify_checkpoint(target) == (True, [])
+    assert verify_checkpoint(target) == (True, [])
     sig = (target / "signature.json").read_bytes()
     # the attacker plants a pickle and rewrites checksums.json, keeping the owner's signature
     plant_metadata_pickle(target, marker)
@@ -489,7 +495,7 @@ def test_tampered_or_foreign_signed_checkpoint_is_refused(run, monkeypatch):
     (target / "signature.json").write_bytes(sig)
     monkeypatch.setenv(KEY_ENV, "a shared secret")
     forget_verified()
-    ok, problems = ck_files.verify_checkpoint(target)
+    ok, problems = verify_checkpoint(target)
     assert not ok and problems == [
         "signature.json does not match checksums.json under the key in "
         f"{KEY_ENV} (forged or modified, or signed with another key)"
@@ -498,7 +504,7 @@ def test_tampered_or_foreign_signed_checkpoint_is_refused(run, monkeypatch):
     assert "exit=1" in text and "does not match" in text
     # a checkpoint signed with another key is refused the same way
     monkeypatch.setenv(KEY_ENV, "another key")
-    assert not ck_files.verify_checkpoint(ckpts / STEP4)[0]
+    assert not verify_checkpoint(ckpts / STEP4)[0]
 
 
 def test_sign_command_signs_intact_checkpoints_only(run, monkeypatch):
@@ -514,7 +520,7 @@ def test_sign_command_signs_intact_checkpoints_only(run, monkeypatch):
     assert "exit=1" in flat and f"signed{ckpts / STEP8}" in flat and f"signed{ckpts / SNAPSHOT}" in flat, flat
     assert f"NOTSIGNED{ckpts / STEP4}isinvalid,notsigningit:{ckpts / STEP4}/.metadata:refused" in flat, flat
     assert not (ckpts / STEP4 / "signature.json").exists()
-    assert ck_files.verify_checkpoint(ckpts / STEP8) == (True, [])
+    assert verify_checkpoint(ckpts / STEP8) == (True, [])
     summary = train(config(12), resume="auto", allow_config_change=ALLOW, console=quiet())
     assert summary["resumed_from"].endswith(STEP8) and summary["step"] == 12
 
@@ -544,7 +550,7 @@ def test_no_unpickling_loader_in_the_source():
     """Every call in src/oreline that could unpickle a file: none, except through the safe readers."""
     import ast
 
-    src = Path(ck.__file__).parents[1]
+    src = Path(oreline.__file__).parent
     unpicklers = (
         "pickle.load",
         "pickle.loads",

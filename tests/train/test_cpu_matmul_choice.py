@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from oreline.model import matmul
-from oreline.train.checkpoint_files import read_meta
+from oreline.train.checkpoint.format import read_meta
 from oreline.train.loop import train
 
 needs_onednn = pytest.mark.skipif(

@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 import torch
 
-from oreline.train.checkpoint import load_model_state
+from oreline.train.checkpoint.load import load_model_state
 
 STEPS, EVERY, TOL = 20, 10, 1e-5
 pytestmark = pytest.mark.slow  # every test here runs real multi-process training (tens of seconds)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from oreline.train.checkpoint import load_model_state
+from oreline.train.checkpoint.load import load_model_state
 
 STEPS, EVERY, EVAL_EVERY = 16, 4, 6
 SLEEP = 0.15  # train.debug.sleep_per_step_s: makes "during a step" a window the test can hit

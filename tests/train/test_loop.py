@@ -14,10 +14,11 @@ from oreline.errors import TrainingError
 from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
 from oreline.tokens.loader import TokenLoader
+from oreline.train.batch import global_batch, to_device
 from oreline.train.dist import DistInfo
 from oreline.train.loop import forward_backward, train
 from oreline.train.optim import lr_at
-from oreline.train.session import enable_activation_checkpointing, global_batch, to_device
+from oreline.train.performance import enable_activation_checkpointing
 
 CPU1 = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None, is_main=True)
 TRAIN_KEYS = {
@@ -175,7 +176,7 @@ def test_short_run_writes_every_metric_and_tensorboard(tmp_path, train_config, o
 
 
 def test_nan_step_is_skipped_and_never_reaches_the_weights(tmp_path, train_config, one_thread):
-    from oreline.train.checkpoint import load_model_state
+    from oreline.train.checkpoint.load import load_model_state
 
     cfg = train_config(
         train__steps=5,

@@ -16,8 +16,10 @@ import torch
 from rich.console import Console
 
 from oreline.errors import CheckpointError, TrainingError
-from oreline.train import checkpoint as ck
-from oreline.train import checkpoint_files as ck_files
+from oreline.train.checkpoint.format import read_meta, step_name
+from oreline.train.checkpoint.load import load_checkpoint, load_model_state
+from oreline.train.checkpoint.resume import find_resumable
+from oreline.train.checkpoint.save import save_checkpoint
 from oreline.train.loop import train
 
 
@@ -26,7 +28,7 @@ def metrics(run) -> list[dict]:
 
 
 def weights(path) -> dict[str, torch.Tensor]:
-    return ck.load_model_state(path)[0]
+    return load_model_state(path)[0]
 
 
 def same(a: dict, b: dict) -> bool:
@@ -50,17 +52,17 @@ def test_skipped_nan_step_leaves_weights_and_optimizer_untouched(tmp_path, train
     )
     summary = train(cfg, resume="none", console=quiet())
     root = tmp_path / "t" / "checkpoints"
-    before, at, after = (weights(root / ck_files.step_name(s)) for s in (3, 4, 5))
+    before, at, after = (weights(root / step_name(s)) for s in (3, 4, 5))
     assert same(before, at)  # the NaN step changed nothing
     assert not same(at, after)  # the next step trains again
-    meta3, meta4 = ck_files.read_meta(root / "step-00000003"), ck_files.read_meta(root / "step-00000004")
+    meta3, meta4 = read_meta(root / "step-00000003"), read_meta(root / "step-00000004")
     assert meta4["skipped_steps"] == 1 and meta4["stability"]["counters"]["skipped"] == 1
     assert meta4["stability"]["counters"]["by_kind"] == {"nonfinite": 1}
     # the optimizer's own step count (Adam bias correction) did not advance on the skipped step
     steps = {}
     for s in (3, 4):
         model, opt = _fresh_model_and_optimizer(cfg)
-        ck.load_checkpoint(root / ck_files.step_name(s), model, opt, restore_rng=False)
+        load_checkpoint(root / step_name(s), model, opt, restore_rng=False)
         steps[s] = opt.state_dict()["state"][0]["step"].item()
     assert steps[3] == steps[4] == 3.0
     assert meta3["tokens_seen"] < meta4["tokens_seen"]  # the batch was consumed, not replayed
@@ -71,7 +73,7 @@ def _fresh_model_and_optimizer(cfg):
     from oreline.model.llama import Llama
     from oreline.train.optim import build_optimizer
 
-    args = ck.load_model_state(cfg.run.runs_dir + "/t")[1]
+    args = load_model_state(cfg.run.runs_dir + "/t")[1]
     model = Llama(args)
     return model, build_optimizer(model, cfg.train.optim, torch.device("cpu"))
 
@@ -104,9 +106,7 @@ def test_rollback_after_a_spike_recovers_the_run(tmp_path, train_config, one_thr
     lrs = {r["step"]: r["lr"] for r in recs if r["type"] == "train"}
     ref_lrs = {r["step"]: r["lr"] for r in metrics(tmp_path / "ref") if r["type"] == "train"}
     assert lrs[20] == pytest.approx(0.8 * ref_lrs[20])  # lr × lr_factor after the rollback
-    assert ck_files.read_meta(tmp_path / "t" / "checkpoints" / "step-00000024")[
-        "lr_multiplier"
-    ] == pytest.approx(0.8)
+    assert read_meta(tmp_path / "t" / "checkpoints" / "step-00000024")["lr_multiplier"] == pytest.approx(0.8)
 
 
 def test_retries_are_bounded_and_the_error_says_what_and_where(tmp_path, train_config, one_thread):
@@ -171,19 +171,19 @@ def test_corrupted_checkpoint_is_skipped_for_the_previous_one(tmp_path, how):
     model(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
     opt.step()
     for step in (4, 8):
-        ck.save_checkpoint(
+        save_checkpoint(
             root, step, model, opt, {"model_args": _debug_args().to_dict()}, cfg=CheckpointConfig(keep_last=3)
         )
     corrupt(root / "step-00000008", how)
     console = Console(record=True, width=200)
-    assert ck.find_resumable(root, console=console) == root / "step-00000004"
+    assert find_resumable(root, console=console) == root / "step-00000004"
     text = console.export_text()
     assert "skipping checkpoint step-00000008" in text
     assert {"delete": ".metadata is missing", "flip": "checksum mismatch", "truncate": "truncated"}[
         how
     ] in text
     with pytest.raises(CheckpointError, match="invalid"):
-        ck.load_checkpoint(root / "step-00000008", model, opt)
+        load_checkpoint(root / "step-00000008", model, opt)
 
 
 def _debug_args():

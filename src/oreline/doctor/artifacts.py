@@ -8,7 +8,7 @@ never an exception: the doctor and the report turn the reason into "not checked"
 available" text.
 
 Token shards are read only through oreline.tokens.shards (one reader of the format);
-checkpoints are verified through oreline.train.checkpoint_files.verify_checkpoint (the full
+checkpoints are verified through oreline.train.checkpoint.verify.verify_checkpoint (the full
 checksum check), with a basic completeness check when that module is absent.
 """
 
@@ -331,17 +331,14 @@ def quick_verify_checkpoint(ckpt: Path) -> tuple[bool, list[str]]:
 
 
 def verify_checkpoint_dir(ckpt: Path, hash_files: bool = True) -> tuple[bool, list[str]]:
-    """oreline.train.checkpoint.verify_checkpoint (every file hashed) when it exists, else a basic
+    """oreline.train.checkpoint.verify.verify_checkpoint (every file hashed) when it exists, else a basic
     completeness check; hash_files=False: the size-only `quick_verify_checkpoint`."""
     if not hash_files and (ckpt / "checksums.json").exists():
         return quick_verify_checkpoint(ckpt)
-    try:  # checkpoint_files holds the verifier without importing torch (oreline.train.checkpoint re-exports it)
-        from oreline.train.checkpoint_files import verify_checkpoint
+    try:  # the verifier imports torch only to check a full checkpoint's DCP index
+        from oreline.train.checkpoint.verify import verify_checkpoint
     except ImportError:
-        try:
-            from oreline.train.checkpoint_files import verify_checkpoint
-        except ImportError:
-            verify_checkpoint = None
+        verify_checkpoint = None
     if verify_checkpoint is not None:
         try:
             ok, problems = verify_checkpoint(ckpt)

@@ -20,7 +20,7 @@ Signatures and thresholds (records are the `train` lines of metrics.jsonl, one p
 | throughput_falling | ≥ 8 records after the first; median tokens/s of the last quarter < 0.75 × the first quarter's |
 | global_batch_mismatch | start.global_batch tokens ≠ micro·accum·world·seq_len, ≠ configured_tokens, ≠ train.global_batch_tokens; or a record's tokens_in_step below the global batch |
 | grad_spikes | ≥ 3 grad norms above 4 × the median of the 16 before them (≥ 8 before needed), or ≥ 3 `grad_spike` events |
-| checkpoint_unloadable | `verify_checkpoint` (oreline.train.checkpoint) fails, or — when that module is absent — meta.json is unreadable / lacks step / lists files that are missing; `latest` pointing nowhere |
+| checkpoint_unloadable | `verify_checkpoint` (oreline.train.checkpoint.verify) fails, or — when that module is absent — meta.json is unreadable / lacks step / lists files that are missing; `latest` pointing nowhere |
 | val_far_above_train | last eval: val_loss − train_loss > 0.5 nats and val_loss > 1.25 × train_loss |
 | metrics_unreadable | lines of metrics.jsonl that are not JSON objects (warn) |
 | data_errors | input errors recorded in data/stats.json (warn) |

@@ -3,7 +3,7 @@
 What the figures mean and how they are computed is in `oreline.model.scoring` (shared with the
 training loop's evaluation steps).
 
-`oreline eval CHECKPOINT` loads a model through `oreline.train.checkpoint.load_model_state`,
+`oreline eval CHECKPOINT` loads a model through `oreline.train.checkpoint.load.load_model_state`,
 uses the run's tokenizer and validation shards (or `--data`), and writes all of the above as JSON
 to `<run>/eval/eval-step-N.json` (or `--out`).
 """
@@ -52,8 +52,7 @@ def evaluate_cli(
     from oreline.tokens.format import convention
     from oreline.tokens.loader import TokenLoader
     from oreline.tokens.train_bpe import load_tokenizer
-    from oreline.train.checkpoint import load_model_state
-    from oreline.train.checkpoint_files import resolve_checkpoint
+    from oreline.train.checkpoint.load import load_model_state, resolve_checkpoint
 
     ckpt = resolve_checkpoint(Path(checkpoint))
     state_dict, args, meta = load_model_state(ckpt)

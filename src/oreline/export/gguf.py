@@ -266,8 +266,7 @@ def export_state_dict_gguf(
 def export_gguf(checkpoint: Path, out_file: Path, dtype: str = "float32", console=None) -> dict[str, Any]:
     """`oreline export CHECKPOINT --format gguf --out FILE.gguf`."""
     from oreline.export.hf import _resolve_tokenizer_dir
-    from oreline.train.checkpoint import load_model_state
-    from oreline.train.checkpoint_files import resolve_checkpoint
+    from oreline.train.checkpoint.load import load_model_state, resolve_checkpoint
 
     checkpoint = resolve_checkpoint(Path(checkpoint))
     state_dict, args, meta = load_model_state(checkpoint)

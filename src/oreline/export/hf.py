@@ -331,8 +331,7 @@ def export_hf(
     checkpoint: Path, out_dir: Path, console=None, max_shard_bytes: int | None = None, dtype: str = "float32"
 ) -> dict[str, Any]:
     """`oreline export CHECKPOINT --out DIR`: a checkpoint (full, model-only, or a run's latest) → HF folder."""
-    from oreline.train.checkpoint import load_model_state
-    from oreline.train.checkpoint_files import resolve_checkpoint
+    from oreline.train.checkpoint.load import load_model_state, resolve_checkpoint
 
     checkpoint = resolve_checkpoint(Path(checkpoint))
     state_dict, args, meta = load_model_state(checkpoint)
@@ -472,7 +471,7 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     """`oreline import-hf DIR --out OUT`: HF Llama folder → oreline model-only snapshot. Returns the weights."""
     from safetensors.torch import save_file
 
-    from oreline.train.checkpoint_files import FORMAT_VERSION, write_checksums
+    from oreline.train.checkpoint.format import FORMAT_VERSION, write_checksums
 
     hf_dir, out = Path(hf_dir), Path(out)
     if not (hf_dir / "config.json").is_file():

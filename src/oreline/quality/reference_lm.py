@@ -204,7 +204,7 @@ def train_llama_reference(
     )
     from oreline.tokens.tokenize import tokenize_corpus
     from oreline.tokens.train_bpe import train_tokenizer
-    from oreline.train.checkpoint import load_model_state
+    from oreline.train.checkpoint.load import load_model_state
     from oreline.train.loop import train
 
     unknown = set(overrides) - set(LLAMA_DEFAULTS)

@@ -26,7 +26,7 @@ Data parallelism (`train.parallel`):
   everything stays fp32. Non-final micro-batches run with `set_requires_gradient_sync(False)`.
   `clip_grad_norm_` on DTensor gradients returns the global norm (a replicated DTensor).
 
-Activation checkpointing (oreline.train.loop.enable_activation_checkpointing) is non-reentrant:
+Activation checkpointing (oreline.train.performance.enable_activation_checkpointing) is non-reentrant:
 the reentrant variant runs a nested backward that makes DDP mark a parameter ready twice
 ("Expected to mark a variable ready only once") whenever find_unused_parameters=True; with
 find_unused_parameters=False it happens to work in torch 2.13 (tests/train/test_distributed.py

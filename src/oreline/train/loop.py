@@ -67,18 +67,11 @@ from rich.console import Console
 from oreline.config import Config
 from oreline.model.scoring import breakdown_means, loss_breakdown
 from oreline.train import dist
+from oreline.train.batch import check_batch_tokens, to_device
 from oreline.train.monitor import MetricsLogger, memory_stats, mfu
 from oreline.train.optim import lr_at, set_lr
 from oreline.train.recovery import move_previous_training, resume_if_asked, rollback, save
-from oreline.train.session import (
-    Setup,
-    TrainState,
-    _nullcontext,
-    check_batch_tokens,
-    setup_run,
-    start_record,
-    to_device,
-)
+from oreline.train.session import Setup, TrainState, _nullcontext, setup_run, start_record
 from oreline.train.shutdown import StopRequests, TrainingStopped, resume_command
 from oreline.train.shutdown import signal_name as shutdown_signal_name
 
@@ -338,7 +331,7 @@ def _train(
         final_val = v if v is not None else final_val
 
     if cfg.checkpoint.every or cfg.checkpoint.model_only_every:
-        from oreline.train.checkpoint import wait_for_pending_save
+        from oreline.train.checkpoint.async_save import wait_for_pending_save
 
         wait_for_pending_save()  # an async save's meta, checksums and rename
     if tc.debug.param_digest:
@@ -466,7 +459,7 @@ def stop_after_step(
 ) -> None:
     """End the run on a stop request: a full checkpoint of this step (unless one was just written),
     an event record, the command that resumes, and TrainingStopped (exit code 128 + the signal)."""
-    from oreline.train.checkpoint import wait_for_pending_save
+    from oreline.train.checkpoint.async_save import wait_for_pending_save
 
     # the signal may have reached another rank only: this one then exits as if it had had SIGTERM
     signum = stops.signum or signal.SIGTERM

@@ -54,8 +54,8 @@ def checkpoint_meta(cfg: Config, s: Setup, state: TrainState, stability: Any) ->
 
 
 def save(cfg: Config, s: Setup, state: TrainState, stability: Any, kind: str, log: MetricsLogger) -> Path:
-    from oreline.train.checkpoint import save_checkpoint
-    from oreline.train.checkpoint_files import dir_bytes
+    from oreline.train.checkpoint.format import dir_bytes
+    from oreline.train.checkpoint.save import save_checkpoint
 
     t0 = time.perf_counter()
     path = save_checkpoint(
@@ -124,9 +124,9 @@ def resume_if_asked(
     """
     if resume == "none":
         return None, []
-    from oreline.train.checkpoint import find_resumable, load_checkpoint
-    from oreline.train.checkpoint_files import read_meta
-    from oreline.train.checkpoint_resume import check_resume_compatible
+    from oreline.train.checkpoint.format import read_meta
+    from oreline.train.checkpoint.load import load_checkpoint
+    from oreline.train.checkpoint.resume import check_resume_compatible, find_resumable
 
     events: list[dict] = []
     if resume == "auto":
@@ -207,7 +207,7 @@ def rollback(
     `skip_batches` more steps' worth, so neither the offending data nor its neighbours are
     replayed (PaLM §5.1 skipped the ~200-500 batches around a spike).
     """
-    from oreline.train.checkpoint import load_checkpoint
+    from oreline.train.checkpoint.load import load_checkpoint
 
     stab = cfg.train.stability
     multiplier = state.lr_multiplier * stab.lr_factor

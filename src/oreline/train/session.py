@@ -1,4 +1,4 @@
-"""The pieces a training run is built from: set-up, batch arithmetic, performance switches.
+"""A training run's set-up (`setup_run`), its progress (`TrainState`) and its start record.
 
 `setup_run(cfg, info, say)` does everything before the first step, in this order: the global
 batch arithmetic and the schedule are checked (errors before anything is loaded), the CPU
@@ -8,6 +8,8 @@ regional compilation are applied, the model is wrapped for DDP/FSDP2 and the opt
 after wrapping, config.toml and fingerprint.json are written into the run directory, the
 device's peak FLOPs are looked up (GPU table) or measured (CPU), and the plan is printed:
 fingerprints, parameters, FLOPs per token, the global batch, sampled learning rates, the peak.
+The global batch arithmetic is `oreline.train.batch`; the speed and memory switches applied here
+are `oreline.train.performance`.
 
 `TrainState` is the progress that is not a tensor (step, tokens, lr multiplier, counters); the
 checkpoint meta holds it (oreline.train.recovery).
@@ -15,7 +17,6 @@ checkpoint meta holds it (oreline.train.recovery).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
-from oreline.errors import ConfigError, TrainingError
+from oreline.errors import ConfigError
 from oreline.io import write_json_atomic
 from oreline.model.matmul import (
     cpu_matmul_backend,
@@ -36,8 +37,10 @@ from oreline.model.matmul import (
 )
 from oreline.runs import RunDir
 from oreline.train import dist
+from oreline.train.batch import describe_batch, global_batch
 from oreline.train.monitor import cpu_native_bf16, device_peak_flops, model_matmul_shapes
 from oreline.train.optim import build_optimizer, schedule_samples, warmup_steps
+from oreline.train.performance import compile_blocks, enable_activation_checkpointing, tune_cpu_allocator
 
 
 @dataclass
@@ -94,129 +97,6 @@ class _nullcontext:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """The loader's batch with long tensors on the training device (doc_ids may be None)."""
-
-    def move(x: Any) -> torch.Tensor | None:
-        if x is None:
-            return None
-        return torch.as_tensor(x).to(device=device, dtype=torch.long, non_blocking=True)
-
-    return _Batch(move(batch.input_ids), move(batch.labels), move(getattr(batch, "doc_ids", None)))
-
-
-@dataclass
-class _Batch:
-    input_ids: torch.Tensor
-    labels: torch.Tensor
-    doc_ids: torch.Tensor | None
-
-
-def global_batch(cfg: Config, world: int) -> dict[str, int | None]:
-    """The global batch arithmetic; a TrainingError when it contradicts train.global_batch_tokens."""
-    tc = cfg.train
-    sequences = tc.micro_batch * tc.grad_accum * world
-    tokens = sequences * tc.seq_len
-    b = {
-        "micro": tc.micro_batch,
-        "accum": tc.grad_accum,
-        "world": world,
-        "seq_len": tc.seq_len,
-        "sequences": sequences,
-        "tokens": tokens,
-        "configured_tokens": tc.global_batch_tokens,
-    }
-    if tc.global_batch_tokens is not None and tc.global_batch_tokens != tokens:
-        need = tc.global_batch_tokens / (tc.micro_batch * world * tc.seq_len)
-        raise TrainingError(
-            f"global batch = micro {tc.micro_batch} × accum {tc.grad_accum} × world {world} × seq_len {tc.seq_len} "
-            f"= {tokens:,} tokens, but train.global_batch_tokens = {tc.global_batch_tokens:,}",
-            f"set train.grad_accum={need:g} (if whole), change train.micro_batch / seq_len / the number of "
-            "processes, or unset train.global_batch_tokens",
-        )
-    return b
-
-
-def describe_batch(b: dict[str, int | None]) -> str:
-    return (
-        f"global batch = micro {b['micro']} × accum {b['accum']} × world {b['world']} = "
-        f"{b['sequences']:,} sequences = {b['tokens']:,} tokens"
-    )
-
-
-def check_batch_tokens(
-    batches: list[_Batch], b: dict[str, int | None], info: dist.DistInfo, step: int
-) -> int:
-    """Tokens this rank consumed; a shortfall against the stated batch stops the run. Returns global tokens."""
-    local = sum(int(x.input_ids.numel()) for x in batches)
-    want = int(b["micro"]) * int(b["accum"]) * int(b["seq_len"])
-    if local != want:
-        shapes = ", ".join(str(tuple(x.input_ids.shape)) for x in batches)
-        raise TrainingError(
-            f"step {step}: rank {info.rank} got {local:,} tokens ({shapes}) instead of micro {b['micro']} × accum "
-            f"{b['accum']} × seq_len {b['seq_len']} = {want:,}",
-            "the token loader returned short batches: check the token shards (oreline tokenize) hold enough data",
-        )
-    return local * info.world_size
-
-
-def enable_activation_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each block's activations in backward (non-reentrant torch.utils.checkpoint).
-
-    The block's `forward` is replaced on the instance, so parameter names (and checkpoints, and
-    the HF export) stay exactly as without it.
-    """
-    from torch.utils.checkpoint import checkpoint
-
-    for block in model.model.layers:
-        inner = block.forward
-
-        @functools.wraps(inner)
-        def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> torch.Tensor:
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
-
-        block.forward = forward
-
-
-def compile_blocks(model: torch.nn.Module) -> None:
-    """torch.compile each transformer block (regional compilation) instead of the whole model.
-
-    The blocks are identical, so one compiled graph serves them all: the first step compiled in
-    ~19 s instead of ~2 min for the whole demo model on this loaded machine, and steps ran as fast
-    (672-701 ms vs 727-741 ms of CPU time, 1 thread, with the tuned allocator; eager 758-830 ms).
-    Elementwise work (RMSNorm, RoPE, SiLU·up, residual adds) is fused; the output head and the
-    loss stay eager. See PyTorch's "regional compilation" recipe.
-    """
-    for block in model.model.layers:
-        block.compile()
-
-
-def tune_cpu_allocator() -> str | None:
-    """glibc only: keep freed large blocks in the heap for reuse instead of unmapping them.
-
-    A CPU step allocates tens of MB per activation (the demo's logits alone are 64 MB). glibc
-    serves blocks above M_MMAP_THRESHOLD (dynamic, at most 32 MB) with mmap and unmaps them on
-    free, so every step the kernel zero-fills the same pages again; page faults were ~13% of a
-    demo step here (measured in process CPU time, 1 thread: 940 → 815 ms). Raising the mmap and
-    trim thresholds keeps those blocks mapped, which is what the jemalloc/tcmalloc swap of
-    PyTorch's CPU performance-tuning guide achieves, without preloading a library. The cost: the
-    process keeps its peak heap (RSS does not shrink after a step). Returns what was set, or None.
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return None  # not glibc (macOS, musl): nothing to tune
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-    if mallopt(m_mmap_threshold, 1 << 30) != 1 or mallopt(m_trim_threshold, (1 << 31) - 1) != 1:
-        return None
-    return "glibc mallopt: M_MMAP_THRESHOLD=1 GiB, M_TRIM_THRESHOLD=2 GiB"
 
 
 def _fingerprints(cfg: Config, tokenizer_fp: str, data_fp: str) -> dict[str, str]:

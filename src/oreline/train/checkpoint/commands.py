@@ -1,7 +1,8 @@
-"""What `oreline checkpoint ls | verify | inspect` print: tables from meta.json, checksums and DCP metadata.
+"""What `oreline checkpoint ls | verify | sign | inspect` do and print: tables from meta.json,
+checksums and DCP metadata.
 
 `inspect` reads DCP's `.metadata` (tensor names, global shapes, dtypes) only after the checkpoint
-verified, and then through the allow-listed unpickler (`checkpoint_metadata`), since that index is a
+verified, and then through the allow-listed unpickler (`metadata`), since that index is a
 pickle. `verify` says what its checks stand for: without ORELINE_CHECKPOINT_KEY, checksums detect
 corruption, not forgery.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 
 from oreline.errors import CheckpointError
-from oreline.train.checkpoint_files import (
+from oreline.train.checkpoint.format import (
     CHECKSUMS,
     META,
     checkpoints_root,
@@ -23,15 +24,11 @@ from oreline.train.checkpoint_files import (
     list_checkpoints,
     read_latest,
     read_meta,
-    resolve_checkpoint,
-    sign_checkpoint,
-    verify_checkpoint,
 )
-from oreline.train.checkpoint_metadata import read_dcp_metadata
-from oreline.train.checkpoint_signature import KEY_ENV, signing_key
-
-# ---------------------------------------------------------------------------------------------
-# CLI views: oreline checkpoint ls | verify | inspect
+from oreline.train.checkpoint.load import resolve_checkpoint
+from oreline.train.checkpoint.metadata import read_dcp_metadata
+from oreline.train.checkpoint.signature import KEY_ENV, signing_key
+from oreline.train.checkpoint.verify import sign_checkpoint, verify_checkpoint
 
 
 def _fmt_bytes(n: float) -> str:

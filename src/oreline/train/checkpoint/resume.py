@@ -1,89 +1,73 @@
-"""What resume needs besides tensors: RNG states as JSON, and the rule for a config that changed.
+"""Resume rules: which checkpoint a run continues from, and whether its config may differ.
 
-- `capture_rng_state()` / `restore_rng_state(d)`: Python, numpy, torch CPU and every CUDA device's
-  generator; byte states are base64 so the whole thing lives in meta.json.
+- `find_resumable(root)`: the newest valid full checkpoint, passing over invalid ones (reported,
+  and listed in `skipped`) and interrupted saves (`.tmp-` folders). It is the one search: a
+  `--resume auto`, a rollback and `load.resolve_checkpoint` all use it. In the process that
+  started an async save it first finishes that save (`async_save.wait_for_pending_save`), so a
+  search right after a save sees it complete; a fresh process has nothing in flight and sees on
+  disk what a kill left: the last complete checkpoint, the interrupted one skipped.
 - `check_resume_compatible(meta, current_config, allow_keys)`: a resume under a different config is
   refused, listing the differing dotted keys (`oreline.config.diff_keys`), unless
   `--allow-config-change KEY` names them. Model and tokenizer keys, a different `model_args` or
   tokenizer fingerprint are refused even when named: the saved tensors would not fit the model,
   or token ids would mean other strings.
-
-Re-exported by `oreline.train.checkpoint`.
 """
 
 from __future__ import annotations
 
-import base64
 import logging
-import random
-
-import numpy as np
-import torch
+from pathlib import Path
 
 from oreline.config import diff_keys
 from oreline.errors import CheckpointError
+from oreline.train.checkpoint.async_save import wait_for_pending_save
+from oreline.train.checkpoint.format import checkpoints_root, latest_problem, list_checkpoints
+from oreline.train.checkpoint.verify import mark_verified, verify_checkpoint
 
 log = logging.getLogger("oreline.checkpoint")
+
+
+def find_resumable(ckpt_root: Path, console=None, skipped: list | None = None) -> Path | None:
+    """Newest valid full checkpoint under ckpt_root (or a run dir). Invalid ones are reported and skipped.
+
+    An async save this process has in flight is finished first: right after a save the search
+    must find that save, not report its `.tmp-` folder as interrupted (see the module docstring).
+    Every rank calls this at the same point when a save may be in flight (finishing it is a
+    collective). `skipped`, if given, receives (path, problems) for every checkpoint passed over.
+    """
+    wait_for_pending_save()
+    entries = [e for e in list_checkpoints(ckpt_root) if e.kind in ("full", "incomplete")]
+    note = latest_problem(checkpoints_root(ckpt_root))
+    if note:  # said before the search, so the fallback below is not a surprise
+        msg = f"{note}: falling back to the newest valid checkpoint"
+        if console is not None:
+            console.print(f"[yellow]{msg}[/]")
+        else:
+            log.warning(msg)
+    newest_ok = None
+    for e in sorted(entries, key=lambda e: (e.step, e.kind == "full"), reverse=True):
+        if e.kind == "incomplete":
+            problems = ["incomplete save (temporary folder: the save was interrupted)"]
+        else:
+            ok, problems = verify_checkpoint(e.path)
+            if ok:
+                newest_ok = e.path
+                mark_verified(e.path)  # the load that follows does not hash it again
+                break
+        msg = f"skipping checkpoint {e.path.name}: {'; '.join(problems)}"
+        if console is not None:
+            console.print(f"[yellow]{msg}[/]")
+        else:
+            log.warning(msg)
+        if skipped is not None:
+            skipped.append((e.path, problems))
+    return newest_ok
+
 
 NEVER_ALLOWED = {
     "model.": "the model shape would not match the saved tensors",
     "tokenizer.": "token ids would mean different strings than the model learned",
 }
-
-
-# ---------------------------------------------------------------------------------------------
-# RNG states as JSON
-
-
-def _b64(t: torch.Tensor) -> str:
-    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
-
-
-def _unb64(s: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
-
-
-def capture_rng_state() -> dict:
-    """Python, numpy, torch CPU and every CUDA device's generator, as JSON-able values."""
-    py_version, py_state, py_gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
-    state = {
-        "python": [py_version, list(py_state), py_gauss],
-        "numpy": {
-            "name": np_name,
-            "keys_b64": base64.b64encode(np_keys.astype("<u4").tobytes()).decode(),
-            "pos": int(np_pos),
-            "has_gauss": int(np_has_gauss),
-            "cached_gaussian": float(np_cached),
-        },
-        "torch_cpu": _b64(torch.get_rng_state()),
-        "cuda": [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
-    }
-    return state
-
-
-def restore_rng_state(state: dict) -> None:
-    """Inverse of `capture_rng_state` (CUDA states are restored for the devices present)."""
-    v, s, g = state["python"]
-    random.setstate((v, tuple(s), g))
-    n = state["numpy"]
-    keys = np.frombuffer(base64.b64decode(n["keys_b64"]), dtype="<u4").astype(np.uint32)
-    np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    torch.set_rng_state(_unb64(state["torch_cpu"]))
-    cuda = state.get("cuda") or []
-    if cuda and torch.cuda.is_available():
-        if len(cuda) != torch.cuda.device_count():
-            log.warning(
-                "checkpoint holds RNG states of %d CUDA devices, %d present: restoring the common ones",
-                len(cuda),
-                torch.cuda.device_count(),
-            )
-        for i, s64 in enumerate(cuda[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(_unb64(s64), device=i)
-
-
-# ---------------------------------------------------------------------------------------------
-# resume compatibility
 
 
 def check_resume_compatible(

@@ -18,7 +18,7 @@ unpickled for them, which is safer than `torch.load(weights_only=True)`. Tensor 
 descriptor (checkpoints written by DCP's stock writer) go to DCP's own reader, which loads each with
 `torch.load(weights_only=True)`. Non-tensor (BYTE_IO) items are refused: DCP would restore them with
 `torch.load(weights_only=False)`, i.e. run whatever the pickle says, and oreline saves none.
-`.metadata` is read by `checkpoint_metadata.read_dcp_metadata` (an allow-listed unpickler), not by
+`.metadata` is read by `metadata.read_dcp_metadata` (an allow-listed unpickler), not by
 DCP's `pickle.load`. A read that fails (a data file shorter than its metadata says, a file of
 another format) is a CheckpointError naming the file. DCP's stock `FileSystemReader` refuses a raw
 checkpoint with "Unknown extension" instead of misreading it: load oreline checkpoints with
@@ -26,7 +26,7 @@ checkpoint with "Unknown extension" instead of misreading it: load oreline check
 
 Checksums: while writing, each file's xxh3-128 (sha256 when checkpoints are signed) is computed from
 the same memory, in a helper thread that overlaps the writes (xxhash and hashlib release the GIL),
-and left in `RawTensorWriter.file_digests`; the save hands them to `checkpoint_files.write_checksums`,
+and left in `RawTensorWriter.file_digests`; the save hands them to `format.write_checksums`,
 which then need not read 1.5 GB back (on this machine that re-read was a quarter of a save). Loads verify `checksums.json` against the files first.
 
 Sources: torch/distributed/checkpoint/filesystem.py (`_write_files_from_queue`, `_write_item`,
@@ -59,8 +59,8 @@ from torch.futures import Future  # DCP waits on torch futures (.wait()), not co
 
 from oreline import compat
 from oreline.errors import CheckpointError
-from oreline.train.checkpoint_files import HASH_ALGO, manifest_algo
-from oreline.train.checkpoint_metadata import RAW_DESCRIPTOR, read_dcp_metadata
+from oreline.train.checkpoint.format import HASH_ALGO, manifest_algo
+from oreline.train.checkpoint.metadata import RAW_DESCRIPTOR, read_dcp_metadata
 
 # Largest single write()/readinto(): big enough that syscalls cost nothing, small enough that a
 # partial write on an odd file system is retried quickly.
@@ -106,7 +106,7 @@ def _internals() -> Any:
     if found is None:
         raise CheckpointError(
             "this torch does not offer the DCP internals raw tensor files are written with",
-            "save with DCP's stock writer (checkpoint.py picks it automatically)",
+            "save with DCP's stock writer (save.py picks it automatically)",
         )
     return found
 
@@ -121,7 +121,7 @@ class RawTensorWriter(FileSystemWriter):
     Same knobs: `thread_count` files per rank written in parallel, `sync_files` fsyncs each file.
     Async saves work unchanged (the inherited stager copies the state to CPU first).
     After a save, `file_digests` maps each file this rank wrote to {"bytes", "hash"} (xxh3-128),
-    the entries `checkpoint_files.write_checksums` would otherwise compute by reading the file.
+    the entries `format.write_checksums` would otherwise compute by reading the file.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -24,7 +24,7 @@ The result is then checked for shape: only those types where they belong, data f
 plain names inside the checkpoint folder, chunk offsets and lengths that are non-negative ints.
 A `BytesStorageMetadata` entry (a non-tensor value, which DCP would restore with
 `torch.load(weights_only=False)`) is reported by `byte_items`, and refused by the reader
-(`checkpoint_storage.RawTensorReader`): oreline saves only tensors through DCP.
+(`raw_tensors.RawTensorReader`): oreline saves only tensors through DCP.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from oreline import compat
 from oreline.errors import CheckpointError
 
 METADATA = ".metadata"
-# transform descriptor of a tensor item written as raw bytes by checkpoint_storage.RawTensorWriter
+# transform descriptor of a tensor item written as raw bytes by raw_tensors.RawTensorWriter
 RAW_DESCRIPTOR = "oreline-raw/1"
 
 # Two of these are private to torch (DCP's _StorageInfo and _MEM_FORMAT_ENCODING, and
