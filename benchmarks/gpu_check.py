@@ -112,10 +112,15 @@ def section_env(device: torch.device, tmp: Path) -> list[Row]:
                 "env",
                 "device",
                 f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, "
-                f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, {torch.cuda.device_count()} device(s)",
+                f"NCCL {nccl_version()}, {torch.cuda.device_count()} device(s)",
             )
         )
     return rows
+
+
+def nccl_version() -> str:
+    v = torch.cuda.nccl.version()  # a tuple in recent torch, an int (e.g. 21803) in older ones
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,8 +184,13 @@ class Trainer:
                 enable_activation_checkpointing(self.model)
             if compile_:
                 compile_blocks(self.model)
-        info = dist.DistInfo(0, 1, 0, device, None, True, "fsdp")
-        self.train_model = dist.wrap_model(self.model, self.tc, info)
+        if build is None:
+            info = dist.DistInfo(0, 1, 0, device, None, True, "fsdp")
+            self.train_model = dist.wrap_model(self.model, self.tc, info)
+        else:  # torchtitan's model: its blocks are model.layers, sharded with the same policy
+            self.train_model = shard_titan(self.model, device, precision)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         self.optimizer = build_optimizer(self.model, self.tc.optim, device)
         self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
         self.forward = None if build is None else self._titan_loss
@@ -222,9 +232,10 @@ class Trainer:
         self.sync()
         return (time.perf_counter() - t0) / steps
 
-    def largest_batch(self, seq: int, max_batch: int, budget: Budget) -> int | None:
-        """Doubling from 1 until a step runs out of memory (or max_batch, or the time limit)."""
-        best, b = None, 1
+    def largest_batch(self, seq: int, max_batch: int, budget: Budget) -> tuple[int | None, bool]:
+        """(largest batch, whether a step ran out of memory): doubling from 1 until a step runs
+        out of memory (or max_batch, or the time limit)."""
+        best, b, oom = None, 1, False
         while b <= max_batch and budget.left() > 20:
             try:
                 self.step(b, seq)
@@ -235,9 +246,10 @@ class Trainer:
                     raise
                 self.optimizer.zero_grad(set_to_none=True)
                 free(self.device)
+                oom = True
                 break
             b *= 2
-        return best
+        return best, oom
 
 
 def throughput_rows(presets, device, budget, size) -> list[Row]:
@@ -274,13 +286,20 @@ def throughput_rows(presets, device, budget, size) -> list[Row]:
 
 
 def one_throughput(args, device, size, seq, fpt, ac, compile_, batches, budget, build=None) -> str:
-    trainer = Trainer(args, device, size["precision"], ac, compile_, build)
+    def make() -> Trainer:
+        return Trainer(args, device, size["precision"], ac, compile_, build)
+
+    trainer = make()
     try:
         if ac in batches:  # compile reuses eager's batch: a new shape per probe would recompile
             batch, how = batches[ac], "eager's largest"
         else:
-            batch, how = trainer.largest_batch(seq, size["max_batch"], budget), "largest that fits"
+            (batch, oom), how = trainer.largest_batch(seq, size["max_batch"], budget), "largest that fits"
             batches[ac] = batch
+            if oom and batch is not None:  # a step that died half-way leaves FSDP's state behind: rebuild
+                del trainer
+                free(device)
+                trainer = make()
         if batch is None:
             return "no micro-batch fits (batch 1 ran out of memory)"
         sec = trainer.timed(batch, seq, size["warmup"], size["steps"])
@@ -294,8 +313,6 @@ def one_throughput(args, device, size, seq, fpt, ac, compile_, batches, budget, 
         if device.type == "cuda"
         else ""
     )
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     return (
         f"micro-batch {batch} ({how}) × seq {seq}: {tps:,.0f} tokens/s, {1000 * sec:.0f} ms/step, {mfu}{mem}"
     )
@@ -333,13 +350,35 @@ def torchtitan_rows(presets, device, budget, size) -> list[Row]:
     return rows
 
 
+def shard_titan(model, device: torch.device, precision: str):
+    """FSDP2 as oreline.train.dist.wrap_model applies it (each block, then the root; bf16 params
+    with fp32 reduction on CUDA), over torchtitan's block container."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (1,))
+    if device.type == "cuda" and precision == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy()
+    layers = model.layers.values() if hasattr(model.layers, "values") else model.layers
+    for block in layers:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
 def titan_builder(args, spec: dict, seq: int):
     """torchtitan's Llama 3 Transformer with oreline's shape (its module paths moved between releases)."""
-    try:
+    try:  # 0.1 and later
         from torchtitan.models.llama3.model.args import TransformerModelArgs
         from torchtitan.models.llama3.model.model import Transformer
     except ImportError:
-        from torchtitan.models.llama3 import Transformer, TransformerModelArgs
+        try:
+            from torchtitan.models.llama3 import Transformer, TransformerModelArgs
+        except ImportError:  # the 2024 layout
+            from torchtitan.models.llama.model import ModelArgs as TransformerModelArgs
+            from torchtitan.models.llama.model import Transformer
 
     targs = TransformerModelArgs(
         dim=args.dim,

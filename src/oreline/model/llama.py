@@ -193,7 +193,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 # ---------------------------------------------------------------------------------------------
-# the output: logits, or the per-token loss
+# projections, the output loss, and the Kernels a model computes with
 
 
 def projection(in_features: int, out_features: int) -> nn.Linear:
