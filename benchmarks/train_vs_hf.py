@@ -7,9 +7,11 @@ same shards (English prose from the samples, a BPE-8192 tokenizer trained on it 
 
 - oreline: `oreline.train.loop.train()` itself (its model, fused AdamW, metrics, stability
   checks) — tokens/s is read from its own metrics.jsonl, whose train records time the steps
-  (evaluation and checkpoints excluded), after the first `--warmup` steps. Its fp32 products
-  go through oneDNN when that measures faster than torch's BLAS (`train.cpu_matmul = "auto"`,
-  oreline.model.matmul; on AMD CPUs MKL runs its AVX2 path and oneDNN was 2.2× faster here).
+  (evaluation and checkpoints excluded), after the first `--warmup` steps. `--kernels` picks
+  `train.kernels` (default "auto": on CPU the fused RMSNorm/RoPE/output-loss kernels of
+  oreline.model.kernels, whose fp32 products go through oneDNN when that measures faster than
+  torch's BLAS, `train.cpu_matmul = "auto"`; on AMD CPUs MKL runs its AVX2 path and oneDNN was
+  2.2× faster here); "reference" runs oreline's plain model.
 - HF: `transformers.LlamaForCausalLM` (SDPA attention) in a plain loop: forward, mean cross
   entropy, backward, clip, `torch.optim.AdamW` (default implementation), zero_grad.
 
@@ -22,7 +24,8 @@ slower that way here). Every round is printed with the load average. MFU = 6N + 
 this model's shapes, forward and backward, with the FASTER of torch's BLAS and oneDNN (and, for
 reference, of generic 1024/4096 shapes) — so oreline's MFU is a share of the best this CPU does.
 
-    .venv/bin/python benchmarks/train_vs_hf.py [--steps 20] [--warmup 3] [--rounds 1] [--compile] [--hf-plain-allocator]
+    .venv/bin/python benchmarks/train_vs_hf.py [--steps 20] [--warmup 3] [--rounds 1] [--compile]
+        [--kernels auto|reference|cpu] [--hf-plain-allocator]
 
 The machine is shared (2 cores, other jobs): read the ratio, not the absolute figures, and run
 it when the load average is low. Both sides also report tokens per CPU-second of this process
@@ -52,7 +55,6 @@ from oreline.config import (
     samples_dir,
     to_dict,
 )
-from oreline.model import matmul
 from oreline.model.presets import flops_per_token
 from oreline.tokens.loader import TokenLoader
 from oreline.tokens.tokenize import tokenize_corpus
@@ -75,7 +77,9 @@ def build_tokens(root: Path) -> tuple[Path, Path]:
     return root / "tokens", root / "tokenizer"
 
 
-def oreline_config(root: Path, tokens: Path, tokenizer: Path, steps: int, compile_: bool):
+def oreline_config(
+    root: Path, tokens: Path, tokenizer: Path, steps: int, compile_: bool, kernels: str = "auto"
+):
     tree = to_dict(load_config())
     for key, value in {
         "run.runs_dir": str(root / "runs"),
@@ -92,6 +96,7 @@ def oreline_config(root: Path, tokens: Path, tokenizer: Path, steps: int, compil
         "train.eval_every": 0,
         "train.eval_batches": 1,
         "train.compile": compile_,
+        "train.kernels": kernels,
         "train.optim.lr": LR,
         "train.optim.min_lr": LR,
         "train.optim.schedule": "constant",
@@ -124,6 +129,7 @@ def run_oreline(cfg, warmup: int) -> dict:
         "tokens_per_cpu_s": tokens / cpu,
         "params": start["model"]["params"],
         "final_loss": steps[-1]["loss"],
+        "kernels": f"{start.get('kernels')}, fp32 matmuls: {start.get('cpu_matmul') or 'torch (BLAS)'}",
     }
 
 
@@ -181,6 +187,12 @@ def main() -> None:
         "--compile", action="store_true", help="train.compile=true for oreline (first step compiles, ~40 s)"
     )
     ap.add_argument(
+        "--kernels",
+        choices=("auto", "reference", "cpu"),
+        default="auto",
+        help="oreline's train.kernels (default auto: the CPU kernels on CPU)",
+    )
+    ap.add_argument(
         "--hf-plain-allocator",
         action="store_true",
         help="run the HF loop with glibc's default allocator, as a plain script has (oreline's "
@@ -197,7 +209,7 @@ def main() -> None:
         root = Path(tmp)
         t0 = time.perf_counter()
         tokens, tokenizer = build_tokens(root)
-        cfg = oreline_config(root, tokens, tokenizer, a.steps, a.compile)
+        cfg = oreline_config(root, tokens, tokenizer, a.steps, a.compile, a.kernels)
         from oreline.model.presets import resolve_model_args
         from oreline.tokens.train_bpe import load_tokenizer
 
@@ -218,7 +230,6 @@ def main() -> None:
         )
         peaks.append(measure_cpu_matmul_peak(shapes))
         generic = measure_cpu_matmul_peak(GENERIC_SHAPES)
-        print(f"oreline's fp32 CPU products: {matmul.describe_backend()}; HF's: torch's default (BLAS)")
         print(
             f"measured fp32 matmul peak: {peaks[0] / 1e9:.1f} GFLOP/s (this model's shapes, fwd + bwd, faster backend), "
             f"{generic / 1e9:.1f} GFLOP/s (generic 2048×1024×4096 shapes); {fpt / 1e6:.1f} MFLOPs/token"
@@ -279,6 +290,7 @@ def run_rounds(name: str, n: int, run) -> list[dict]:
         print(
             f"{name} round {r + 1}: {x['tokens_per_s']:,.0f} tokens/s, {x['tokens_per_cpu_s']:,.0f} tokens/CPU-s "
             f"({x['params']:,} params, final loss {x['final_loss']:.3f}) | load {os.getloadavg()[0]:.2f}"
+            + (f"\n  kernels: {x['kernels']}" if "kernels" in x else "")
         )
     return results
 

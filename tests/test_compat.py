@@ -14,7 +14,7 @@ import torch
 
 from oreline import compat
 from oreline.config import ModelConfig
-from oreline.model import matmul
+from oreline.model.kernels import matmul
 from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
 from oreline.train import dist
@@ -28,10 +28,8 @@ from oreline.train.checkpoint.verify import verify_checkpoint
 def untested_torch(monkeypatch):
     monkeypatch.setattr(compat, "_forced_untested", True)
     compat.reset_warnings()
-    matmul.set_cpu_matmul_backend("auto")
     yield
     compat.reset_warnings()
-    matmul.set_cpu_matmul_backend("auto")
 
 
 def test_this_torch_is_in_the_tested_range_and_its_private_apis_are_found():
@@ -73,7 +71,7 @@ def test_outside_the_range_each_feature_falls_back_with_one_warning(untested_tor
         warnings.simplefilter("error")  # once per feature and process, not on every product
         assert compat.onednn_linear() is None
     assert matmul.available_backends() == ["blas"]
-    assert matmul.cpu_matmul_backend() == "blas"
+    assert matmul.resolve_backend("auto")[0] == "blas"
     with pytest.warns(RuntimeWarning, match="FSDP2 communication timing"):
         assert dist._timed_reduce_scatter() is None
     # reading a .metadata needs DCP's record class whatever the version: still found

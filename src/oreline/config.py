@@ -362,6 +362,10 @@ class TrainConfig(Section):
         "tuned",
         description="CPU: keep freed large blocks in glibc's heap (mallopt) instead of unmapping them; ~13% faster steps here",
     )
+    kernels: Literal["auto", "reference", "cpu"] = Field(
+        "auto",
+        description="what the model computes with: reference (plain torch), cpu (fused RMSNorm/RoPE/output loss, cpu_matmul's products); auto: cpu on CPU, reference on CUDA",
+    )
     cpu_matmul: Literal["auto", "onednn", "blas"] = Field(
         "auto",
         description="CPU fp32 matmuls: oneDNN or torch's BLAS (MKL); auto takes oneDNN when ≥ 1.2× faster (2.2× on AMD CPUs with AVX-512 here), measured once per machine and cached; a resume keeps the checkpoint's backend",

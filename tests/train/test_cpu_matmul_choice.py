@@ -2,7 +2,7 @@
 
 Measured at every launch, the backend followed the machine's load: two uninterrupted runs of one
 config chose differently and diverged from step 2, and resumed runs switched backend. The rule
-now (oreline.model.matmul): a fresh run takes this machine's decision, measured once and cached
+now (oreline.model.kernels.matmul): a fresh run takes this machine's decision, measured once and cached
 per machine; a resumed run takes the backend its checkpoint recorded; an explicit config wins
 with a warning. The cache is a real file the tests rewrite to stand for "the measurement would now
 choose the other backend".
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from oreline.model import matmul
+from oreline.model.kernels import matmul
 from oreline.train.checkpoint.format import read_meta
 from oreline.train.loop import train
 

@@ -48,6 +48,8 @@ def evaluate_cli(
 ) -> dict[str, Any]:
     """`oreline eval`: validation metrics and generations of one checkpoint, written as JSON."""
     from oreline.config import config_from_dict
+    from oreline.model.kernels.matmul import available_backends
+    from oreline.model.kernels.select import kernels_for
     from oreline.model.llama import Llama, ModelArgs
     from oreline.tokens.format import convention
     from oreline.tokens.loader import TokenLoader
@@ -73,7 +75,9 @@ def evaluate_cli(
         Path(data) if data is not None else Path(meta.get("tokens_dir") or (_run_dir_of(ckpt) / "tokens"))
     )
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    model = Llama(args)
+    # the kernels the run trained with (oreline.model.kernels.select), so eval computes as training did
+    recorded = meta.get("cpu_matmul") if meta.get("cpu_matmul") in available_backends() else "blas"
+    model = Llama(args, kernels_for(cfg.train.kernels, device, recorded))
     model.load_state_dict(state_dict, strict=True)
     model.to(device)
 

@@ -19,15 +19,19 @@ query and key only, and within one document the offsets are the same whether pos
 at the boundary or not, so resetting positions would change nothing but cost a gather.
 
 Numerics: RMSNorm computes its statistic in fp32 and casts back (as HF does), RoPE tables are fp32,
-logits are returned in fp32 whatever the compute dtype. The projections are `matmul.Linear`
-(nn.Linear's parameters; on CPU their fp32 products go through oneDNN when it is the faster
-library, see oreline.model.matmul), so the state dict is HF's either way.
+logits are returned in fp32 whatever the compute dtype.
+
+Kernels: everything here is the plain reference (nn.Linear, autograd through torch ops, one SDPA
+call) and nothing is process-wide. The few functions a layer computes with — its projections,
+RMSNorm, RoPE, the output logits and loss — are a `Kernels` value passed to the constructor;
+oreline.model.kernels.select builds faster ones (fused autograd functions, oneDNN products on
+CPU), each tested equal to the reference, with the same parameters and state dict.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -35,8 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from oreline.errors import ConfigError
-from oreline.model.cross_entropy import linear_cross_entropy
-from oreline.model.matmul import Linear, linear
+
+IGNORE_INDEX = -100  # labels that count for nothing (padding, masked prompts), as F.cross_entropy
 
 # ---------------------------------------------------------------------------------------------
 # configuration
@@ -114,48 +118,23 @@ class ModelArgs:
 # RMSNorm
 
 
-class _RMSNormFn(torch.autograd.Function):
-    """RMSNorm with a hand-written backward: ~3 memory passes forward and ~6 backward, where
-    autograd's chain of pow/mean/add/rsqrt/mul/mul saves and revisits each temporary (~2× the
-    passes; RMSNorm was ~10% of an eager CPU step of the demo model). Only x (the input, kept
-    anyway by the residual stream) and the (…, 1) row scale r are saved.
-
-    With x̂ = x·r, r = (mean(x²) + eps)^-½ and y = x̂·w:
-      dw = Σ_rows g·x̂,   dx = r · (g·w − x̂ · mean(g·w·x̂))   (the projection of g·w off x̂).
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        xf = x.float()
-        r = torch.rsqrt(torch.linalg.vecdot(xf, xf).unsqueeze(-1).div_(x.shape[-1]).add_(eps))  # (…, 1)
-        ctx.save_for_backward(xf, r, weight)
-        ctx.in_dtype = x.dtype
-        return (
-            (xf * r).to(x.dtype).mul_(weight) if x.dtype == torch.float32 else weight * (xf * r).to(x.dtype)
-        )
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-        xf, r, weight = ctx.saved_tensors
-        xhat = xf * r
-        gf = g.float()
-        dw = (gf * xhat).reshape(-1, xhat.shape[-1]).sum(0).to(weight.dtype)
-        gw = gf * weight.float()
-        dot = torch.linalg.vecdot(gw, xhat).unsqueeze(-1).div_(xhat.shape[-1])  # mean(g·w·x̂) per row
-        dx = gw.sub_(xhat.mul_(dot)).mul_(r)
-        return dx.to(ctx.in_dtype), dw, None
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """y = x / sqrt(mean(x²) + eps) · weight, the statistic in fp32 (bf16 loses it), as HF."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x²) + eps) · weight, with the statistic in fp32 (bf16 loses it)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, fn: Callable = rms_norm):
         super().__init__()
-        self.eps = eps
+        self.eps, self.fn = eps, fn
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RMSNormFn.apply(x, self.weight, self.eps)
+        return self.fn(x, self.weight, self.eps)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
@@ -200,42 +179,57 @@ def rope_tables(
     return emb.cos(), emb.sin()
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x·cos + rotate_half(x)·sin in fp32, written half by half into one output: with x = (x1, x2)
-    and both halves of cos/sin equal, that is (x1·c − x2·s, x2·c + x1·s): two passes over x and
-    no temporaries (the autograd version made five: the rotate-half cat, a neg and three products).
-    Measured fwd + bwd on (8, 256, 8, 32), 1 thread: 1.58 ms vs 1.97 ms."""
-    xf = x.float()
-    h = xf.shape[-1] // 2
-    x1, x2 = xf[..., :h], xf[..., h:]
-    c, s = cos[..., :h], sin[..., :h]
-    if torch.compiler.is_compiling():  # inductor takes no out= views, and fuses this anyway
-        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
-    out = torch.empty_like(xf)
-    o1, o2 = out[..., :h], out[..., h:]
-    torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-1.0)
-    torch.mul(x2, c, out=o2).addcmul_(x1, s)
-    return out.to(x.dtype)
-
-
-class _RoPEFn(torch.autograd.Function):
-    """A rotation's gradient is the inverse rotation: dL/dx = rotate(g, cos, −sin). Nothing of x
-    is saved, only the (1, T, 1, hd) tables."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(cos, sin)
-        return _rotate(x, cos, sin)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        cos, sin = ctx.saved_tensors
-        return _rotate(g, cos, -sin), None, None
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) → (−x2, x1) over the last dim: the rotation by 90° in HF's layout."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (B, T, H, hd) by position; cos/sin are (T, hd). Computed in fp32, cast back."""
-    return _RoPEFn.apply(x, cos[None, :, None, :], sin[None, :, None, :])
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    xf = x.float()
+    return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# projections, the output loss, and the Kernels a model computes with
+
+
+def projection(in_features: int, out_features: int) -> nn.Linear:
+    """A bias-free projection (every matrix of a Llama is one)."""
+    return nn.Linear(in_features, out_features, bias=False)
+
+
+def token_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token cross entropy (…) in fp32 nats of the logits h·Wᵀ against `labels`, 0 where a
+    label is IGNORE_INDEX."""
+    logits = F.linear(h, weight).float()
+    loss = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none", ignore_index=IGNORE_INDEX
+    )
+    return loss.view(labels.shape)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The functions a Llama's layers compute with; the defaults are this module's reference.
+
+    oreline.model.kernels.select builds other sets (fused RMSNorm/RoPE autograd functions, oneDNN
+    products, the output projection fused with the loss) and tests/model/kernels holds each equal
+    to these. `projection` makes every Linear (it must be an nn.Linear without bias, so the state
+    dict is the same whichever set built the model).
+    """
+
+    name: str = "reference"
+    projection: Callable[[int, int], nn.Linear] = projection
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = rms_norm
+    rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rope
+    logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear
+    token_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = token_cross_entropy
+
+
+REFERENCE = Kernels()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,13 +255,14 @@ class LayerKV:
 class Attention(nn.Module):
     """Grouped-query causal self-attention through F.scaled_dot_product_attention."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, kernels: Kernels = REFERENCE):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        self.q_proj = Linear(args.dim, args.n_heads * args.head_dim)
-        self.k_proj = Linear(args.dim, args.n_kv_heads * args.head_dim)
-        self.v_proj = Linear(args.dim, args.n_kv_heads * args.head_dim)
-        self.o_proj = Linear(args.n_heads * args.head_dim, args.dim)
+        self.rope = kernels.rope
+        self.q_proj = kernels.projection(args.dim, args.n_heads * args.head_dim)
+        self.k_proj = kernels.projection(args.dim, args.n_kv_heads * args.head_dim)
+        self.v_proj = kernels.projection(args.dim, args.n_kv_heads * args.head_dim)
+        self.o_proj = kernels.projection(args.n_heads * args.head_dim, args.dim)
 
     def forward(
         self,
@@ -281,7 +276,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, n_heads, hd)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, hd)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hd)
         if kv is not None:
             k, v = kv.extend(k, v)  # (B, n_kv_heads, S, hd): the cached tokens, then these T
@@ -303,11 +298,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) · up(x))."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, kernels: Kernels = REFERENCE):
         super().__init__()
-        self.gate_proj = Linear(args.dim, args.ffn_dim)
-        self.up_proj = Linear(args.dim, args.ffn_dim)
-        self.down_proj = Linear(args.ffn_dim, args.dim)
+        self.gate_proj = kernels.projection(args.dim, args.ffn_dim)
+        self.up_proj = kernels.projection(args.dim, args.ffn_dim)
+        self.down_proj = kernels.projection(args.ffn_dim, args.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -316,12 +311,12 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h))."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, kernels: Kernels = REFERENCE):
         super().__init__()
-        self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
-        self.self_attn = Attention(args)
-        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
-        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.dim, args.norm_eps, kernels.rms_norm)
+        self.self_attn = Attention(args, kernels)
+        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps, kernels.rms_norm)
+        self.mlp = MLP(args, kernels)
 
     def forward(
         self,
@@ -342,21 +337,25 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     """HF's `LlamaModel`: embeddings, the blocks, the final norm (`model.*` parameter names)."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, kernels: Kernels = REFERENCE):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
-        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.layers = nn.ModuleList(Block(args, kernels) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps, kernels.rms_norm)
 
 
 class Llama(nn.Module):
-    """Llama causal LM. forward(input_ids (B, T), doc_ids=None) -> fp32 logits (B, T, vocab)."""
+    """Llama causal LM. forward(input_ids (B, T), doc_ids=None) -> fp32 logits (B, T, vocab).
 
-    def __init__(self, args: ModelArgs):
+    `kernels` (default: the reference) are the functions its layers compute with; the parameters
+    and the state dict are the same for every choice."""
+
+    def __init__(self, args: ModelArgs, kernels: Kernels = REFERENCE):
         super().__init__()
         self.args = args
-        self.model = Decoder(args)
-        self.lm_head = None if args.tie_embeddings else Linear(args.dim, args.vocab_size)
+        self.kernels = kernels
+        self.model = Decoder(args, kernels)
+        self.lm_head = None if args.tie_embeddings else kernels.projection(args.dim, args.vocab_size)
         cos, sin = rope_tables(args)
         # Not persistent: derived from args, never part of a checkpoint or an HF export.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -377,8 +376,8 @@ class Llama(nn.Module):
         labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits for every position, or — with `labels` (B, T) — the per-token cross entropy (B, T)
-        in fp32 nats (0 where the label is -100), computed without materialising the logits
-        (oreline.model.cross_entropy: ~12% of a CPU training step saved at the demo shapes).
+        in fp32 nats (0 where the label is -100; `kernels.token_loss`, which may never materialise
+        the logits: oreline.model.kernels.cross_entropy saved ~12% of a CPU training step).
         `cache` (one LayerKV per layer, generate's) continues a sequence: these tokens sit at
         positions len(cache)…, and the cache grows by them."""
         B, T = input_ids.shape
@@ -407,8 +406,8 @@ class Llama(nn.Module):
             h = block(h, cos, sin, mask, cache[i] if cache else None)
         h = self.model.norm(h)
         if labels is not None:
-            return linear_cross_entropy(h, self.output_weight, labels)  # (B, T)
-        logits = linear(h, self.output_weight)  # (B, T, vocab)
+            return self.kernels.token_loss(h, self.output_weight, labels)  # (B, T)
+        logits = self.kernels.logits(h, self.output_weight)  # (B, T, vocab)
         return logits.float()
 
     @torch.no_grad()

@@ -238,7 +238,8 @@ def training_memory(
     attention output and its projection input (6·dim), k and v (2·kv_dim), and the MLP's w1, w3,
     SiLU and product outputs (4·ffn_dim) — in the activation dtype (2 bytes under bf16 autocast).
     With activation checkpointing a layer keeps only its input (dim), plus one layer's full set
-    while it is recomputed. logits: the one fp32 (tokens × vocab) buffer of linear_cross_entropy.
+    while it is recomputed. logits: one fp32 (tokens × vocab) buffer, all the fused loss of the CPU
+    kernels keeps (oreline.model.kernels.cross_entropy; the reference loss keeps more).
     batch: the loader's int64 rows plus inputs and labels. Temporaries, the allocator's slack and
     the framework itself come on top, so this is a floor: a run that exceeds it cannot fit.
     """

@@ -349,8 +349,11 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
 
     FSDP2 shards `model` in place (its parameters become DTensors) and returns it; DDP returns a
     wrapper around it. Either way `model` stays the module to save, evaluate and generate with.
+    FSDP2 also applies at world size 1 when the caller started a process group itself
+    (benchmarks/gpu_check.py: one GPU with FSDP2's bf16 mixed precision, as each rank of a job runs).
     """
-    if not info.distributed:
+    one_rank_fsdp = cfg.parallel == "fsdp" and tdist.is_initialized()
+    if not info.distributed and not one_rank_fsdp:
         return model
     if cfg.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel

@@ -30,7 +30,7 @@ block in backward (non-reentrant `torch.utils.checkpoint`); `train.compile` wrap
 `torch.compile` block by block (`compile_blocks`: the first step compiles, then ~12-18% faster;
 the blocks keep oneDNN's matmuls where `train.cpu_matmul` picked it). On CPU the glibc allocator
 is tuned once (`train.cpu_allocator`, see `tune_cpu_allocator`) and the fp32 matmul library is
-chosen (`train.cpu_matmul`, see oreline.model.matmul).
+chosen (`train.cpu_matmul`, see oreline.model.kernels.matmul).
 
 Counting: `tokens_seen` counts the tokens of every step taken, a skipped one included (its data
 was consumed); after a rollback it is the checkpoint's count again. After a rollback the steps

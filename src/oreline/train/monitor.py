@@ -98,7 +98,7 @@ def measure_cpu_matmul_peak(
 
     For each (M, K, N): y = x·Wᵀ (forward), dx = dy·W and dW = dyᵀ·x (backward), i.e. the three
     products a Linear layer costs in training, 2·M·K·N FLOPs each. Timed with every product
-    backend this torch has (its BLAS and oneDNN, see oreline.model.matmul) and the FASTER one is
+    backend this torch has (its BLAS and oneDNN, see oreline.model.kernels.matmul) and the FASTER one is
     the peak: MFU is then a share of the best this CPU does, not of a slow library's figure.
     Measured once per process and arguments (cached; `measure_cpu_matmul_peak.cache_clear()` forgets).
     `clock=time.process_time` gives FLOPs per CPU-second (every busy thread counted) instead.
@@ -110,7 +110,7 @@ def measure_cpu_matmul_peak(
 def _measured_peak(
     shapes: tuple[tuple[int, int, int], ...], reps: int, dtype: torch.dtype, clock: Callable[[], float]
 ) -> float:
-    from oreline.model import matmul
+    from oreline.model.kernels import matmul
 
     gen = torch.Generator().manual_seed(0)
     mats = []
@@ -124,21 +124,20 @@ def _measured_peak(
         )
     flops = sum(3 * 2 * m * k * n for m, k, n in shapes)
 
-    def run_once() -> None:
+    def run_once(backend: str) -> None:
         for x, w, dy in mats:
-            matmul.mm_nt(x, w)
-            matmul.mm_nn(dy, w)
-            matmul.mm_tn(dy, x)
+            matmul.mm_nt(x, w, backend)
+            matmul.mm_nn(dy, w, backend)
+            matmul.mm_tn(dy, x, backend)
 
     best = math.inf
     # oneDNN only changes fp32 products (matmul.mm_* are torch's own for other dtypes)
     for backend in matmul.available_backends() if dtype == torch.float32 else ["blas"]:
-        with matmul.forced_backend(backend):
-            run_once()  # warm-up: allocations, thread pool, oneDNN primitives
-            for _ in range(reps):
-                t0 = clock()
-                run_once()
-                best = min(best, clock() - t0)
+        run_once(backend)  # warm-up: allocations, thread pool, oneDNN primitives
+        for _ in range(reps):
+            t0 = clock()
+            run_once(backend)
+            best = min(best, clock() - t0)
     return flops / best
 
 

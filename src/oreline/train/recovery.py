@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from oreline.config import Config, to_dict
-from oreline.model.matmul import adopt_recorded, cpu_matmul_backend
+from oreline.model.kernels.matmul import adopt_recorded
+from oreline.model.kernels.select import use_matmul_backend
 from oreline.runs import RunDir
 from oreline.train import dist
 from oreline.train.monitor import MetricsLogger
@@ -48,8 +49,8 @@ def checkpoint_meta(cfg: Config, s: Setup, state: TrainState, stability: Any) ->
         "model_args": s.args.to_dict(),
         "tokenizer_dir": str(s.tokenizer_dir.resolve()),
         "tokens_dir": str(s.tokens_dir.resolve()),
-        # the fp32 product backend on CPU: a resume keeps it (oreline.model.matmul.adopt_recorded)
-        "cpu_matmul": cpu_matmul_backend() if s.device.type == "cpu" else None,
+        # the fp32 product backend on CPU: a resume keeps it (oreline.model.kernels.matmul.adopt_recorded)
+        "cpu_matmul": s.cpu_matmul,
     }
 
 
@@ -159,8 +160,11 @@ def resume_if_asked(
     _restore(meta, s, state)
     s.loader.load_state_dict(meta["loader"])
     stability.load_state_dict(meta.get("stability", {}))
-    if s.device.type == "cpu":
-        note = adopt_recorded(meta.get("cpu_matmul"), str(path))
+    if s.cpu_matmul is not None:
+        backend, note = adopt_recorded(meta.get("cpu_matmul"), cfg.train.cpu_matmul, s.cpu_matmul, str(path))
+        if backend != s.cpu_matmul:
+            use_matmul_backend(s.model, backend)
+            s.cpu_matmul, s.cpu_matmul_source = backend, f"recorded in the checkpoint {path}"
         if note:
             say(note)
     say(
@@ -176,7 +180,7 @@ def resume_if_asked(
                 "path": str(path),
                 "tokens_seen": state.tokens_seen,
                 "allowed_changes": changed,
-                "cpu_matmul": cpu_matmul_backend() if s.device.type == "cpu" else None,
+                "cpu_matmul": s.cpu_matmul,
             },
             "action": "resume",
             "message": f"resumed from {path} at step {state.step}",

@@ -28,13 +28,8 @@ import torch
 from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
 from oreline.errors import ConfigError
 from oreline.io import write_json_atomic
-from oreline.model.matmul import (
-    cpu_matmul_backend,
-    describe_backend,
-    machine_choice,
-    pin_auto_choice,
-    set_cpu_matmul_backend,
-)
+from oreline.model.kernels.matmul import resolve_backend
+from oreline.model.kernels.select import kernels_for, resolve_choice
 from oreline.runs import RunDir
 from oreline.train import dist
 from oreline.train.batch import describe_batch, global_batch
@@ -80,6 +75,10 @@ class Setup:
     peak_flops: float | None
     peak_source: str
     autocast_dtype: torch.dtype | None
+    # the fp32 product backend of the CPU kernels ("onednn" | "blas"; None: plain nn.Linear) and how
+    # it was decided (this machine's cache, the config, a checkpoint's record): logged, recorded
+    cpu_matmul: str | None = None
+    cpu_matmul_source: str = ""
 
     def autocast(self) -> Any:
         if self.autocast_dtype is None:
@@ -126,11 +125,15 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     if device.type == "cpu" and tc.cpu_allocator == "tuned":
         tuned = tune_cpu_allocator()
         say(f"CPU allocator: {tuned}" if tuned else "CPU allocator: not glibc, left as it is")
-    if device.type == "cpu":
-        set_cpu_matmul_backend(tc.cpu_matmul)
-        if tc.cpu_matmul == "auto":  # this machine's decision, not one measured under today's load; rank 0's
-            pin_auto_choice(*dist.from_main(machine_choice() if info.is_main else None))
-        say(f"CPU fp32 matmuls: {describe_backend()}")
+    cpu_matmul, cpu_matmul_source = None, ""
+    if resolve_choice(tc.kernels, device) == "cpu":
+        # "auto": this machine's decision, not one measured under today's load; every rank takes rank 0's
+        cpu_matmul, cpu_matmul_source = dist.from_main(
+            resolve_backend(tc.cpu_matmul) if info.is_main else None
+        )
+        say(f"kernels: cpu; fp32 matmuls: {cpu_matmul} ({cpu_matmul_source})")
+    else:
+        say(f"kernels: reference ({tc.kernels})")
 
     autocast_dtype = None
     if tc.precision == "bf16":
@@ -188,7 +191,7 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     )
 
     torch.manual_seed(tc.seed)  # the initial weights are a function of the seed
-    model = Llama(args).to(device)
+    model = Llama(args, kernels_for(tc.kernels, device, cpu_matmul or "blas")).to(device)
     if tc.activation_checkpointing:
         enable_activation_checkpointing(model)
     if tc.compile:
@@ -248,6 +251,8 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         peak_flops=peak,
         peak_source=peak_source,
         autocast_dtype=autocast_dtype,
+        cpu_matmul=cpu_matmul,
+        cpu_matmul_source=cpu_matmul_source,
     )
 
 
@@ -271,8 +276,9 @@ def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, 
         + (f" ({torch.cuda.get_device_name(s.device)})" if s.device.type == "cuda" else ""),
         "world_size": info.world_size,
         "precision": cfg.train.precision,
-        "cpu_matmul": describe_backend() if s.device.type == "cpu" else None,
-        "cpu_matmul_backend": cpu_matmul_backend() if s.device.type == "cpu" else None,
+        "kernels": cfg.train.kernels,
+        "cpu_matmul": f"{s.cpu_matmul} ({s.cpu_matmul_source})" if s.cpu_matmul else None,
+        "cpu_matmul_backend": s.cpu_matmul,
         "peak_flops": s.peak_flops,
         "peak_source": s.peak_source,
         "schedule": schedule_samples(cfg.train),

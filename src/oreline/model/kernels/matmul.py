@@ -31,7 +31,10 @@ follows for "auto":
   cache or a measurement says now; a config naming the other backend explicitly wins, with a
   message that the resumed run will not be bit-identical.
 - every rank takes rank 0's decision (oreline.train.session).
-`cpu_matmul_backend()` used alone (outside a training run) still measures once per process.
+
+Nothing here is process-wide: the backend is a value, "onednn" or "blas", held by each
+`Linear` (and passed to `linear` / `mm_*`), chosen by oreline.model.kernels.select when the
+model is built.
 
 The three products of a Linear layer y = x·Wᵀ are written with oneDNN's linear primitive
 (`torch.ops.mkldnn._linear_pointwise`, dense in, dense out, strided views allowed):
@@ -53,8 +56,6 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -64,10 +65,6 @@ from oreline import compat
 from oreline.errors import ConfigError
 
 BACKENDS = ("auto", "onednn", "blas")
-_setting = "auto"
-_chosen: str | None = None  # what "auto" decided, once per process
-_source = ""  # how "auto" decided (measured now, this machine's cache, a checkpoint): for the logs
-_measured: dict[str, float] = {}
 
 
 def _onednn_available() -> bool:
@@ -95,9 +92,8 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.new_empty((*a.shape[:-1], b.shape[0]))
 
 
-def set_cpu_matmul_backend(backend: str) -> None:
-    """ "auto" (measure once), "onednn" or "blas" (torch's default) for fp32 CPU products."""
-    global _setting, _chosen
+def check_backend(backend: str) -> str:
+    """`backend` itself if it is a known setting this torch can run, else a ConfigError."""
     if backend not in BACKENDS:
         raise ConfigError(f"cpu matmul backend {backend!r} is unknown", f"use one of {', '.join(BACKENDS)}")
     if backend == "onednn" and not _onednn_available():
@@ -105,30 +101,16 @@ def set_cpu_matmul_backend(backend: str) -> None:
             "this torch build has no oneDNN (torch.backends.mkldnn is unavailable)",
             'set train.cpu_matmul = "blas" or "auto"',
         )
-    _setting, _chosen, _source = backend, None, ""
+    return backend
 
 
-@contextmanager
-def forced_backend(backend: str) -> Iterator[None]:
-    """Run a block with `backend` ("onednn" or "blas"), then restore the setting (peak measurements)."""
-    global _setting, _chosen, _source
-    saved = (_setting, _chosen, _source)
-    set_cpu_matmul_backend(backend)
-    try:
-        yield
-    finally:
-        _setting, _chosen, _source = saved
-
-
-def pin_auto_choice(backend: str, source: str) -> None:
-    """Make "auto" use `backend`, decided elsewhere (`machine_choice`, a checkpoint); `source` says where."""
-    global _chosen, _source
-    if backend not in available_backends():
-        raise ConfigError(
-            f"cpu matmul backend {backend!r} is not available in this torch build",
-            'set train.cpu_matmul = "blas"',
-        )
-    _chosen, _source = backend, source
+def resolve_backend(setting: str) -> tuple[str, str]:
+    """(backend, how it was decided) for a `train.cpu_matmul` setting: "auto" is this machine's
+    cached decision (`machine_choice`), an explicit backend is itself."""
+    check_backend(setting)
+    if setting == "auto":
+        return machine_choice()
+    return setting, "train.cpu_matmul"
 
 
 def available_backends() -> list[str]:
@@ -160,29 +142,6 @@ def _decide(measured: dict[str, float]) -> str:
 
 def _describe_measured(measured: dict[str, float], threads: int) -> str:
     return f"oneDNN {measured['onednn']:.0f} vs BLAS {measured['blas']:.0f} GFLOP/s on {threads} threads"
-
-
-def cpu_matmul_backend() -> str:
-    """The backend fp32 CPU products use in this process ("onednn" or "blas")."""
-    global _chosen, _source
-    if _setting != "auto":
-        return _setting
-    if _chosen is None:
-        if not _onednn_available():
-            _chosen, _source = "blas", "no oneDNN in this torch"
-        else:
-            _measured.update(_measure())
-            _chosen = _decide(_measured)
-            _source = "measured now: " + _describe_measured(_measured, torch.get_num_threads())
-    return _chosen
-
-
-def describe_backend() -> str:
-    """One line for logs: the backend, and how "auto" decided (measured, cached, recorded)."""
-    backend = cpu_matmul_backend()
-    if _setting == "auto":
-        return f"{backend} (auto: {_source})"
-    return f"{backend} ({_setting})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,67 +241,63 @@ def _publish_entry(path: Path, entry: dict) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def adopt_recorded(recorded: str | None, where: str) -> str | None:
-    """On resume: use the backend the checkpoint `where` recorded; returns a line to print, or None.
+def adopt_recorded(recorded: str | None, setting: str, current: str, where: str) -> tuple[str, str | None]:
+    """On resume: (the backend to continue with, a line to print or None).
 
-    With "auto" the recorded backend wins over this machine's decision (a resumed run must compute
-    as before). A backend the config names explicitly wins over the record, with a warning.
+    With `setting` "auto" the backend the checkpoint `where` recorded wins over `current` (this
+    machine's decision): a resumed run must compute as before. A backend the config names
+    explicitly wins over the record, with a warning.
     """
     if recorded not in BACKENDS[1:]:
-        return None  # an older checkpoint, or trained on a GPU
-    current = cpu_matmul_backend()
-    if _setting != "auto":
-        if _setting == recorded:
-            return None
-        return (
-            f'[yellow]warning:[/] train.cpu_matmul = "{_setting}" names another backend than the one the '
+        return current, None  # an older checkpoint, or trained on a GPU
+    if setting != "auto":
+        if setting == recorded:
+            return current, None
+        return current, (
+            f'[yellow]warning:[/] train.cpu_matmul = "{setting}" names another backend than the one the '
             f"checkpoint was trained with ({recorded}): the resumed run's products differ in the last bits from "
             f'an uninterrupted run\'s; set train.cpu_matmul = "auto" to keep {recorded}'
         )
     if recorded not in available_backends():
-        return (
+        return current, (
             f"[yellow]warning:[/] the checkpoint was trained with cpu matmul backend {recorded}, which this torch "
             f"build lacks: continuing with {current}; the run will not be bit-identical to an uninterrupted one"
         )
-    before = _source
-    pin_auto_choice(recorded, f"recorded in the checkpoint {where}")
     if recorded != current:
-        return (
-            f"CPU fp32 matmuls: {recorded}, recorded in the checkpoint {where}, instead of {current} ({before}): "
+        return recorded, (
+            f"CPU fp32 matmuls: {recorded}, recorded in the checkpoint {where}, instead of {current}: "
             "a resumed run keeps the backend it was trained with"
         )
-    return None
+    return current, None
 
 
-def _use_onednn(*tensors: torch.Tensor) -> bool:
+def _use_onednn(backend: str, *tensors: torch.Tensor) -> bool:
+    if backend != "onednn":
+        return False
     for t in tensors:
         if t.device.type != "cpu" or t.dtype != torch.float32:
             return False
-    if torch.is_autocast_enabled("cpu"):
-        return False
-    if torch.compiler.is_compiling() and _setting == "auto" and _chosen is None:
-        return False  # never time kernels while tracing; oreline train decides before it compiles
-    return cpu_matmul_backend() == "onednn"
+    return not torch.is_autocast_enabled("cpu")
 
 
 # ---------------------------------------------------------------------------------------------
 # the three products of a linear layer (no autograd: call them inside autograd Functions)
 
 
-def mm_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def mm_nt(a: torch.Tensor, b: torch.Tensor, backend: str) -> torch.Tensor:
     """a · bᵀ: a (…, K), b (N, K) → (…, N). The forward of a Linear layer."""
-    return _lp(a, b) if _use_onednn(a, b) else F.linear(a, b)
+    return _lp(a, b) if _use_onednn(backend, a, b) else F.linear(a, b)
 
 
-def mm_nn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def mm_nn(a: torch.Tensor, b: torch.Tensor, backend: str) -> torch.Tensor:
     """a · b: a (…, N), b (N, K) → (…, K). The input gradient dy · W."""
-    return _lp(a, b.t()) if _use_onednn(a, b) else torch.matmul(a, b)
+    return _lp(a, b.t()) if _use_onednn(backend, a, b) else torch.matmul(a, b)
 
 
-def mm_tn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def mm_tn(a: torch.Tensor, b: torch.Tensor, backend: str) -> torch.Tensor:
     """aᵀ · b over the flattened leading dims: a (…, N), b (…, K) → (N, K). The weight gradient dyᵀ · x."""
     a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
-    if not _use_onednn(a2, b2):
+    if not _use_onednn(backend, a2, b2):
         return a2.t().mm(b2)
     if a2.shape[1] > b2.shape[1]:  # N > K: (bᵀ · a)ᵀ is the faster order for oneDNN
         return _lp(b2.t(), a2.t()).t().contiguous()
@@ -351,30 +306,37 @@ def mm_tn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, backend: str) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        return mm_nt(x, weight)
+        ctx.backend = backend
+        return mm_nt(x, weight, backend)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         x, weight = ctx.saved_tensors
-        dx = mm_nn(g, weight) if ctx.needs_input_grad[0] else None
-        dw = mm_tn(g, x) if ctx.needs_input_grad[1] else None
-        return dx, dw
+        dx = mm_nn(g, weight, ctx.backend) if ctx.needs_input_grad[0] else None
+        dw = mm_tn(g, x, ctx.backend) if ctx.needs_input_grad[1] else None
+        return dx, dw, None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight) without bias; through oneDNN (forward and backward) when it is the faster backend."""
-    if _use_onednn(x, weight):
-        return _Linear.apply(x, weight)
+def linear(x: torch.Tensor, weight: torch.Tensor, backend: str) -> torch.Tensor:
+    """F.linear(x, weight) without bias; through oneDNN (forward and backward) when `backend` is
+    "onednn" and the product is an fp32 CPU one, else torch's own."""
+    if _use_onednn(backend, x, weight):
+        return _Linear.apply(x, weight, backend)
     return F.linear(x, weight)
 
 
 class Linear(torch.nn.Linear):
-    """nn.Linear without bias whose products go through `linear` (same parameters, same state dict)."""
+    """nn.Linear without bias whose products go through `linear` with its `backend` (same
+    parameters, same state dict as the reference model's nn.Linear)."""
 
-    def __init__(self, in_features: int, out_features: int):
+    def __init__(self, in_features: int, out_features: int, backend: str):
         super().__init__(in_features, out_features, bias=False)
+        self.backend = backend
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight)
+        return linear(x, self.weight, self.backend)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", backend={self.backend}"

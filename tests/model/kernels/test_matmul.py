@@ -1,11 +1,11 @@
-"""oreline.model.matmul: oneDNN products equal torch's own in value and gradient, and fall back where they must."""
+"""oreline.model.kernels.matmul: oneDNN products equal torch's own in value and gradient, and fall back where they must."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from oreline.errors import ConfigError
-from oreline.model import matmul
+from oreline.model.kernels import matmul
 
 needs_onednn = pytest.mark.skipif(
     "onednn" not in matmul.available_backends(),
@@ -32,9 +32,8 @@ def test_onednn_linear_is_fp32_exact_in_value_and_gradients(shape):
     ref = _f64_reference(x, w, g)
     for backend in ("onednn", "blas"):
         x.grad = w.grad = None
-        with matmul.forced_backend(backend):
-            y = matmul.linear(x, w)
-            y.backward(g)
+        y = matmul.linear(x, w, backend)
+        y.backward(g)
         for got, want in zip((y.detach(), x.grad, w.grad), ref, strict=True):
             assert got.dtype == torch.float32 and got.shape == want.shape
             # fp32 rounding of K- or M-term sums, nothing like bf16 (which is off by ~1e-2 relative)
@@ -48,41 +47,39 @@ def test_strided_inputs_and_no_grad_path():
     x = torch.randn(24, 6, 32, generator=gen).transpose(0, 1)  # (6, 24, 32), not contiguous
     w = torch.randn(40, 32, generator=gen)
     g = torch.randn(6, 24, 40, generator=gen)
-    with matmul.forced_backend("onednn"), torch.no_grad():
-        torch.testing.assert_close(matmul.mm_nt(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(matmul.mm_nn(g, w), g @ w, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(matmul.mm_nt(x, w, "onednn"), F.linear(x, w), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(matmul.mm_nn(g, w, "onednn"), g @ w, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(
-            matmul.mm_tn(g, x), g.reshape(-1, 40).t() @ x.reshape(-1, 32), rtol=1e-5, atol=1e-4
+            matmul.mm_tn(g, x, "onednn"), g.reshape(-1, 40).t() @ x.reshape(-1, 32), rtol=1e-5, atol=1e-4
         )
 
 
 @needs_onednn
 def test_falls_back_to_torch_for_other_dtypes_and_autocast():
     x, w = torch.randn(16, 32), torch.randn(24, 32)
-    with matmul.forced_backend("onednn"):
-        assert not matmul._use_onednn(x.bfloat16(), w.bfloat16())
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert not matmul._use_onednn(x, w)
-            y = matmul.linear(x, w)
-        assert y.dtype == torch.bfloat16  # autocast's own F.linear ran
-        assert matmul._use_onednn(x, w)
-    with matmul.forced_backend("blas"):
-        assert not matmul._use_onednn(x, w)
+    assert not matmul._use_onednn("onednn", x.bfloat16(), w.bfloat16())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not matmul._use_onednn("onednn", x, w)
+        y = matmul.linear(x, w, "onednn")
+    assert y.dtype == torch.bfloat16  # autocast's own F.linear ran
+    assert matmul._use_onednn("onednn", x, w)
+    assert not matmul._use_onednn("blas", x, w)
 
 
-def test_backend_setting_is_validated_and_auto_decides_once():
+def test_backend_setting_is_validated_and_auto_is_this_machines_decision(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="onednn, blas"):
-        matmul.set_cpu_matmul_backend("mkl")
-    with matmul.forced_backend("auto"):
-        first = matmul.cpu_matmul_backend()
-        assert first in matmul.available_backends()
-        assert matmul.cpu_matmul_backend() == first  # measured once per process, then fixed
-        line = matmul.describe_backend()
-        assert line.startswith(first) and ("GFLOP/s" in line or first == "blas")
+        matmul.resolve_backend("mkl")
+    assert matmul.resolve_backend("blas") == ("blas", "train.cpu_matmul")
+    monkeypatch.setenv("ORELINE_CACHE_DIR", str(tmp_path))
+    first, how = matmul.resolve_backend("auto")
+    assert first in matmul.available_backends()
+    assert matmul.resolve_backend("auto")[0] == first  # measured once per machine, then read back
+    assert first == "blas" or ("GFLOP/s" in how and str(tmp_path) in how)
 
 
 def test_linear_module_keeps_nn_linear_parameters():
-    layer = matmul.Linear(8, 4)
+    layer = matmul.Linear(8, 4, backend="onednn" if "onednn" in matmul.available_backends() else "blas")
     assert isinstance(layer, torch.nn.Linear) and layer.bias is None
     assert list(layer.state_dict()) == ["weight"]
     x = torch.randn(3, 8)
@@ -100,16 +97,15 @@ def test_compiled_linear_keeps_onednn_and_matches_eager():
     g = torch.randn(64, 96, generator=gen)
 
     def f(x, w):
-        return F.silu(matmul.linear(x, w)) * 2.0
+        return F.silu(matmul.linear(x, w, "onednn")) * 2.0
 
-    with matmul.forced_backend("onednn"):
-        eager = f(x, w)
-        eager.backward(g)
-        want = (eager.detach(), x.grad.clone(), w.grad.clone())
-        x.grad = w.grad = None
-        torch._dynamo.reset()
-        compiled = torch.compile(f, fullgraph=True)  # fullgraph: no graph break around the op
-        got = compiled(x, w)
-        got.backward(g)
+    eager = f(x, w)
+    eager.backward(g)
+    want = (eager.detach(), x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)  # fullgraph: no graph break around the op
+    got = compiled(x, w)
+    got.backward(g)
     for a, b in zip((got.detach(), x.grad, w.grad), want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import torch
 
-from oreline.model.matmul import mm_nn, mm_nt, mm_tn
+from oreline.model.kernels.matmul import mm_nn, mm_nt, mm_tn
 
 IGNORE_INDEX = -100
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        z = mm_nt(h, weight)  # (N, V) in the autocast/matmul dtype
+    def forward(
+        ctx, h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, backend: str
+    ) -> torch.Tensor:
+        z = mm_nt(h, weight, backend)  # (N, V) in the autocast/matmul dtype
         compute_dtype = z.dtype
         if z.dtype != torch.float32:
             z = z.float()
@@ -50,6 +52,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             z.div_(total)  # probabilities
             ctx.save_for_backward(h, weight, z, safe, valid)
             ctx.compute_dtype = compute_dtype
+            ctx.backend = backend
             ctx.used = False
         return loss
 
@@ -69,15 +72,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
         dz = p if ctx.compute_dtype == torch.float32 else p.to(ctx.compute_dtype)
         dh = dw = None
         if ctx.needs_input_grad[0]:
-            dh = (mm_nn(dz, weight.to(dz.dtype)).float() * g[:, None]).to(h.dtype)
+            dh = (mm_nn(dz, weight.to(dz.dtype), ctx.backend).float() * g[:, None]).to(h.dtype)
         if ctx.needs_input_grad[1]:
-            dw = mm_tn(dz, (h.float() * g[:, None]).to(dz.dtype)).to(weight.dtype)
-        return dh, dw, None
+            dw = mm_tn(dz, (h.float() * g[:, None]).to(dz.dtype), ctx.backend).to(weight.dtype)
+        return dh, dw, None, None
 
 
-def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def linear_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, backend: str = "blas"
+) -> torch.Tensor:
     """Per-token CE in nats of `h @ weight.T` against `labels`: (..., dim), (V, dim), (...) → (...) fp32,
-    0 where the label is -100. The logits never exist outside this function."""
+    0 where the label is -100. The logits never exist outside this function. `backend`: the fp32
+    CPU product backend (oreline.model.kernels.matmul), "blas" being torch's own products."""
     shape = labels.shape
     flat_h = h.reshape(-1, h.shape[-1])
     flat_labels = labels.reshape(-1)
@@ -87,4 +93,4 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Te
         dtype = torch.get_autocast_dtype(h.device.type)
         flat_h, weight = flat_h.to(dtype), weight.to(dtype)
     with torch.autocast(h.device.type, enabled=False):
-        return _LinearCrossEntropy.apply(flat_h, weight, flat_labels).view(shape)
+        return _LinearCrossEntropy.apply(flat_h, weight, flat_labels, backend).view(shape)

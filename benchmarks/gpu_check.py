@@ -1,0 +1,673 @@
+"""GPU figures in one unattended run: environment, throughput and MFU, the torchtitan peer, async
+checkpoint stall, NaN recovery and host syncs — one table.
+
+    .venv/bin/python benchmarks/gpu_check.py [--device auto|cuda|cpu] [--preset 1b,125m]
+        [--time-limit 480] [--out table.md]
+
+On CUDA (one H200 is what it is sized for) every row is real: the presets (default `1b` then
+`125m`) at seq 2048 in bf16, FSDP2 (oreline.train.dist.wrap_model with its bf16 mixed-precision
+policy, on a one-rank process group) with the largest micro-batch that fits (doubling until
+torch.cuda.OutOfMemoryError), activation checkpointing off and on, eager and with torch.compile
+(oreline's regional compile). tokens/s are timed over whole optimizer steps (forward, backward,
+clip, AdamW) after warm-up steps; MFU = oreline's flops_per_token (6·N + attention) × tokens/s over
+the device's dense bf16 peak from oreline.train.monitor.GPU_PEAKS (H200: 989 TFLOP/s dense bf16,
+NVIDIA's H200 data sheet; the 1,979 figure there is with 2:4 sparsity). On a CPU the same
+sections run with the debug preset and tiny sizes (fp32, MFU against oreline's measured matmul
+peak), so the script has run end to end before it first meets a GPU (tests/benchmarks).
+
+Sections (each in its own try/except: a failure is a row saying so, never a crash):
+- env: `oreline doctor env --distributed` findings (CUDA, NCCL, devices, ...).
+- throughput: as above. The model uses `train.kernels = "auto"` (the reference on CUDA).
+- torchtitan: its Llama 3 model (the PyPI release, if importable here; never installed at run time)
+  at the same shape, batch and FSDP2/bf16 setting, timed by the same step function.
+- async checkpoint: oreline.train.checkpoint.save_checkpoint, blocking vs `checkpoint.async`
+  (DCP async_save): how long the training thread stalled, and the next step's time.
+- NaN: `oreline.train.loop.train` with `train.debug.inject_nan_at_step` (the mechanism the tests
+  use): the step is skipped and training goes on with finite losses.
+- syncs: the same train() under torch.cuda.set_sync_debug_mode("warn"), every synchronising call
+  recorded with the oreline line that made it; the lines hit on (nearly) every step are the
+  ordinary-step syncs.
+Rows not reached before --time-limit say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+Row = tuple[str, str, str]
+
+
+class TimeLimit(Exception):
+    """Raised in the main thread when --time-limit is reached (a section's row then says so)."""
+
+
+class Budget:
+    """The time left; at the limit a SIGALRM stops whatever section runs (the table still prints)."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+        if hasattr(signal, "setitimer"):
+            signal.signal(signal.SIGALRM, self._expired)
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+
+    @staticmethod
+    def _expired(signum, frame):
+        raise TimeLimit("time limit reached: section stopped")
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def stop(self) -> None:
+        if hasattr(signal, "setitimer"):
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# sizes: the real ones on CUDA, tiny ones on a CPU
+
+
+def sizes(device: torch.device) -> dict:
+    if device.type == "cuda":
+        return {"seq": 2048, "max_batch": 64, "warmup": 3, "steps": 10, "precision": "bf16"}
+    return {"seq": 64, "max_batch": 2, "warmup": 1, "steps": 1, "precision": "fp32"}
+
+
+def peak_flops(device: torch.device, precision: str, args, tokens: int) -> tuple[float | None, str]:
+    from oreline.train.monitor import device_peak_flops, model_matmul_shapes
+
+    return device_peak_flops(device, precision, tuple(model_matmul_shapes(args, tokens)))
+
+
+# ---------------------------------------------------------------------------------------------
+# env
+
+
+def section_env(device: torch.device, tmp: Path) -> list[Row]:
+    from oreline.doctor.env import check_env
+
+    rows = []
+    for f in check_env(distributed=device.type == "cuda", run_dir=tmp):
+        rows.append(("env", f.check, f"{f.status}: {f.evidence}"))
+    if device.type == "cuda":
+        rows.append(
+            (
+                "env",
+                "device",
+                f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, "
+                f"NCCL {nccl_version()}, {torch.cuda.device_count()} device(s)",
+            )
+        )
+    return rows
+
+
+def nccl_version() -> str:
+    v = torch.cuda.nccl.version()  # a tuple in recent torch, an int (e.g. 21803) in older ones
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# throughput
+
+
+@contextlib.contextmanager
+def one_rank_group(device: torch.device):
+    """A one-process group, so that dist.wrap_model applies FSDP2 as on every rank of a job."""
+    import torch.distributed as tdist
+
+    mine = not tdist.is_initialized()
+    if mine:
+        tdist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            store=tdist.HashStore(),
+            rank=0,
+            world_size=1,
+            device_id=device if device.type == "cuda" else None,
+        )
+    try:
+        yield
+    finally:
+        if mine and tdist.is_initialized():
+            tdist.destroy_process_group()
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+class Trainer:
+    """One model as oreline trains it (kernels, AC, compile, FSDP2, AdamW), stepped on random tokens."""
+
+    def __init__(self, args, device, precision, ac, compile_, build=None):
+        from oreline.config import TrainConfig
+        from oreline.model.kernels.select import kernels_for
+        from oreline.model.llama import Llama
+        from oreline.train import dist
+        from oreline.train.optim import build_optimizer
+        from oreline.train.session import compile_blocks, enable_activation_checkpointing
+
+        self.args, self.device = args, device
+        self.tc = TrainConfig(
+            precision=precision, parallel="fsdp", activation_checkpointing=ac, compile=compile_
+        )
+        torch.manual_seed(0)
+        with torch.device(device):  # initialised where it trains: a 1B model's CPU init takes long
+            if build is None:
+                self.model = Llama(args, kernels_for(self.tc.kernels, device))
+            else:
+                self.model = build()
+        if build is None:
+            if ac:
+                enable_activation_checkpointing(self.model)
+            if compile_:
+                compile_blocks(self.model)
+        if build is None:
+            info = dist.DistInfo(0, 1, 0, device, None, True, "fsdp")
+            self.train_model = dist.wrap_model(self.model, self.tc, info)
+        else:  # torchtitan's model: its blocks are model.layers, sharded with the same policy
+            self.train_model = shard_titan(self.model, device, precision)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        self.optimizer = build_optimizer(self.model, self.tc.optim, device)
+        self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
+        self.forward = None if build is None else self._titan_loss
+
+    def _titan_loss(self, ids, labels):
+        logits = self.train_model(ids)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum")
+
+    def step(self, batch: int, seq: int) -> None:
+        ids = torch.randint(0, self.args.vocab_size, (batch, seq), device=self.device)
+        labels = torch.roll(ids, -1, dims=1)
+        ctx = (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype
+            else contextlib.nullcontext()
+        )
+        with ctx:
+            if self.forward is None:
+                loss = self.train_model(ids, labels=labels).sum()
+            else:
+                loss = self.forward(ids, labels)
+        (loss / labels.numel()).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def timed(self, batch: int, seq: int, warmup: int, steps: int) -> float:
+        """Seconds per step, after `warmup` untimed steps."""
+        for _ in range(warmup):
+            self.step(batch, seq)
+        self.sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.step(batch, seq)
+        self.sync()
+        return (time.perf_counter() - t0) / steps
+
+    def largest_batch(self, seq: int, max_batch: int, budget: Budget) -> tuple[int | None, bool]:
+        """(largest batch, whether a step ran out of memory): doubling from 1 until a step runs
+        out of memory (or max_batch, or the time limit)."""
+        best, b, oom = None, 1, False
+        while b <= max_batch and budget.left() > 20:
+            try:
+                self.step(b, seq)
+                self.sync()
+                best = b
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                free(self.device)
+                oom = True
+                break
+            b *= 2
+        return best, oom
+
+
+def throughput_rows(presets, device, budget, size) -> list[Row]:
+    from oreline.config import ModelConfig
+    from oreline.model.presets import flops_per_token, resolve_model_args
+
+    rows: list[Row] = []
+    seq = size["seq"]
+    for preset in presets:
+        args = resolve_model_args(ModelConfig(preset=preset))
+        s = min(seq, args.max_seq_len)
+        fpt = flops_per_token(args, s)
+        batches: dict[bool, int | None] = {}
+        for compile_ in (False, True):
+            for ac in (False, True):
+                name = f"{preset} {'compile' if compile_ else 'eager'} AC {'on' if ac else 'off'}"
+                if budget.left() < 30:
+                    rows.append(("throughput", name, "skipped: time limit"))
+                    continue
+                try:
+                    rows.append(
+                        (
+                            "throughput",
+                            name,
+                            one_throughput(args, device, size, s, fpt, ac, compile_, batches, budget),
+                        )
+                    )
+                except Exception as exc:
+                    rows.append(("throughput", name, error(exc)))
+                finally:
+                    free(device)
+                    torch._dynamo.reset()
+    return rows
+
+
+def one_throughput(args, device, size, seq, fpt, ac, compile_, batches, budget, build=None) -> str:
+    def make() -> Trainer:
+        return Trainer(args, device, size["precision"], ac, compile_, build)
+
+    trainer = make()
+    try:
+        if ac in batches:  # compile reuses eager's batch: a new shape per probe would recompile
+            batch, how = batches[ac], "eager's largest"
+        else:
+            (batch, oom), how = trainer.largest_batch(seq, size["max_batch"], budget), "largest that fits"
+            batches[ac] = batch
+            if oom and batch is not None:  # a step that died half-way leaves FSDP's state behind: rebuild
+                del trainer
+                free(device)
+                trainer = make()
+        if batch is None:
+            return "no micro-batch fits (batch 1 ran out of memory)"
+        sec = trainer.timed(batch, seq, size["warmup"], size["steps"])
+    finally:
+        del trainer
+    tps = batch * seq / sec
+    peak, source = peak_flops(device, size["precision"], args, batch * seq)
+    mfu = f"MFU {100 * fpt * tps / peak:.1f}%" if peak else f"MFU n/a ({source})"
+    mem = (
+        f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
+        if device.type == "cuda"
+        else ""
+    )
+    return (
+        f"micro-batch {batch} ({how}) × seq {seq}: {tps:,.0f} tokens/s, {1000 * sec:.0f} ms/step, {mfu}{mem}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# torchtitan
+
+
+def torchtitan_rows(presets, device, budget, size) -> list[Row]:
+    try:
+        import torchtitan  # noqa: F401
+    except ImportError:
+        return [("torchtitan", ", ".join(presets), "not installed (pip install torchtitan)")]
+    from oreline.config import ModelConfig
+    from oreline.model.presets import PRESETS, flops_per_token, resolve_model_args
+
+    rows: list[Row] = []
+    for preset in presets:
+        if budget.left() < 30:
+            rows.append(("torchtitan", preset, "skipped: time limit"))
+            continue
+        try:
+            args = resolve_model_args(ModelConfig(preset=preset))
+            seq = min(size["seq"], args.max_seq_len)
+            build = titan_builder(args, PRESETS[preset], seq)
+            text = one_throughput(
+                args, device, size, seq, flops_per_token(args, seq), False, False, {}, budget, build
+            )
+            rows.append(("torchtitan", f"{preset} eager AC off", text))
+        except Exception as exc:
+            rows.append(("torchtitan", preset, error(exc)))
+        finally:
+            free(device)
+    return rows
+
+
+def shard_titan(model, device: torch.device, precision: str):
+    """FSDP2 as oreline.train.dist.wrap_model applies it (each block, then the root; bf16 params
+    with fp32 reduction on CUDA), over torchtitan's block container."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (1,))
+    if device.type == "cuda" and precision == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy()
+    layers = model.layers.values() if hasattr(model.layers, "values") else model.layers
+    for block in layers:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def titan_builder(args, spec: dict, seq: int):
+    """torchtitan's Llama 3 Transformer with oreline's shape (its module paths moved between releases)."""
+    try:  # 0.1 and later
+        from torchtitan.models.llama3.model.args import TransformerModelArgs
+        from torchtitan.models.llama3.model.model import Transformer
+    except ImportError:
+        try:
+            from torchtitan.models.llama3 import Transformer, TransformerModelArgs
+        except ImportError:  # the 2024 layout
+            from torchtitan.models.llama.model import ModelArgs as TransformerModelArgs
+            from torchtitan.models.llama.model import Transformer
+
+    targs = TransformerModelArgs(
+        dim=args.dim,
+        n_layers=args.n_layers,
+        n_heads=args.n_heads,
+        n_kv_heads=args.n_kv_heads,
+        vocab_size=args.vocab_size,
+        multiple_of=int(spec.get("multiple_of", 256)),
+        ffn_dim_multiplier=spec.get("ffn_multiplier"),
+        norm_eps=args.norm_eps,
+        rope_theta=args.rope_theta,
+        max_seq_len=seq,
+    )
+
+    def build():
+        model = Transformer(targs)
+        model.init_weights()
+        return model
+
+    return build
+
+
+# ---------------------------------------------------------------------------------------------
+# async checkpoint stall
+
+
+def section_async(device: torch.device, budget: Budget, tmp: Path) -> list[Row]:
+    from oreline.config import CheckpointConfig, ModelConfig
+    from oreline.model.presets import resolve_model_args
+    from oreline.train import checkpoint
+
+    preset = "125m" if device.type == "cuda" else "debug"
+    args = resolve_model_args(ModelConfig(preset=preset))
+    size = sizes(device)
+    seq, batch = min(size["seq"], args.max_seq_len), 4 if device.type == "cuda" else 2
+    before = checkpoint.ASYNC_ON_CPU
+    checkpoint.ASYNC_ON_CPU = True  # on a CPU the same background path, staging CPU tensors
+    rows: list[Row] = []
+    with one_rank_group(device):
+        trainer = Trainer(args, device, size["precision"], False, False)
+        try:
+            base = trainer.timed(batch, seq, 2, 3)
+            for mode in ("blocking", "async"):
+                trainer.step(batch, seq)
+                trainer.sync()
+                t0 = time.perf_counter()
+                checkpoint.save_checkpoint(
+                    tmp / f"ckpt-{mode}",
+                    1,
+                    trainer.model,
+                    trainer.optimizer,
+                    {"config": {}, "model_args": args.to_dict()},
+                    cfg=CheckpointConfig(async_save=mode == "async", every=1),
+                )
+                stall = time.perf_counter() - t0
+                after = trainer.timed(batch, seq, 0, 1)  # the step that overlaps the background write
+                checkpoint.wait_for_pending_save()
+                total = checkpoint.last_save_stats().get("total_s", stall)
+                rows.append(
+                    (
+                        "async checkpoint",
+                        f"{preset} {mode}",
+                        f"step stalled {stall:.2f} s (save total {total:.2f} s); next step {1000 * after:.0f} ms "
+                        f"vs {1000 * base:.0f} ms ordinary",
+                    )
+                )
+        finally:
+            checkpoint.wait_for_pending_save()
+            checkpoint.ASYNC_ON_CPU = before
+            del trainer
+            free(device)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# train(): NaN recovery and host syncs on ordinary steps
+
+
+def build_data(root: Path) -> tuple[Path, Path]:
+    """The start of Austen's Emma from the samples → a 512-token BPE (the debug preset's) → token shards."""
+    from oreline.config import TokenizeConfig, TokenizerConfig, samples_dir
+    from oreline.tokens.tokenize import tokenize_corpus
+    from oreline.tokens.train_bpe import train_tokenizer
+
+    docs = root / "emma.jsonl"
+    with zipfile.ZipFile(samples_dir() / "english-prose" / "nltk-gutenberg.zip") as zf, docs.open("w") as fh:
+        text = zf.read("gutenberg/austen-emma.txt").decode("utf-8", "replace")[:200_000]  # ~60k tokens
+        for i in range(0, len(text), 3000):
+            fh.write(json.dumps({"id": f"emma-{i}", "text": text[i : i + 3000]}) + "\n")
+    train_tokenizer([docs], root / "tokenizer", TokenizerConfig(vocab_size=512, heldout_docs=10))
+    tokenize_corpus([docs], root / "tokenizer", root / "tokens", TokenizeConfig(val_fraction=0.05, workers=1))
+    return root / "tokens", root / "tokenizer"
+
+
+def train_config(root: Path, data: tuple[Path, Path], name: str, device: torch.device, **dotted):
+    from oreline.config import _set_dotted, config_from_dict, load_config, to_dict
+
+    tree = to_dict(load_config())
+    base = {
+        "run.runs_dir": str(root / "runs"),
+        "run.name": name,
+        "model.preset": "debug",
+        "train.tokens": str(data[0]),
+        "train.tokenizer": str(data[1]),
+        "train.seq_len": 64,
+        "train.micro_batch": 4,
+        "train.steps": 8,
+        "train.log_every": 1000,
+        "train.eval_every": 0,
+        "train.eval_batches": 1,
+        "train.optim.warmup_steps": 1,
+        "train.precision": "bf16" if device.type == "cuda" else "fp32",
+        "checkpoint.every": 0,
+        "eval.prompts": [],
+    }
+    base.update({k.replace("__", "."): v for k, v in dotted.items()})
+    for key, value in base.items():
+        _set_dotted(tree, key, value)
+    return config_from_dict(tree)
+
+
+def run_train(cfg) -> list[dict]:
+    from rich.console import Console
+
+    from oreline.train.loop import train
+
+    out = train(cfg, resume="none", console=Console(file=io.StringIO()))
+    lines = (Path(out["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines if x.strip()]
+
+
+def section_nan(device: torch.device, root: Path, data) -> list[Row]:
+    recs = run_train(train_config(root, data, "nan", device, train__debug__inject_nan_at_step=3))
+    events = [r for r in recs if r["type"] == "event" and r.get("step") == 3]
+    trains = [r for r in recs if r["type"] == "train"]
+    end = next((r for r in recs if r["type"] == "end"), {})
+    last = trains[-1] if trains else {}
+    ok = events and last.get("step") == 8 and math.isfinite(last.get("loss", math.nan))
+    what = (
+        ", ".join(f"{e.get('action')}: {e.get('message', '')[:80]}" for e in events) or "no event at step 3"
+    )
+    return [
+        (
+            "NaN injected",
+            f"debug preset on {device.type}, step 3 of 8",
+            f"{'recovered' if ok else 'NOT recovered'} ({what}); step {last.get('step')} loss "
+            f"{last.get('loss', float('nan')):.3f}, skipped steps {end.get('skipped_steps', '?')}",
+        )
+    ]
+
+
+def section_syncs(device: torch.device, root: Path, data) -> list[Row]:
+    if device.type != "cuda":
+        return [("syncs", "set_sync_debug_mode on ordinary steps", "skipped: no CUDA")]
+    steps = 20
+    cfg = train_config(root, data, "syncs", device, train__steps=steps)
+    sites: Counter[str] = Counter()
+    src = str(Path(__file__).resolve().parents[1] / "src")
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(src)]
+        if frames:
+            f = frames[-1]
+            sites[f"{Path(f.filename).name}:{f.lineno} ({f.name})"] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        saved, warnings.showwarning = warnings.showwarning, record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run_train(cfg)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = saved
+    every = {site: n for site, n in sites.items() if n >= steps - 2}
+    if not every:
+        text = (
+            f"none on ordinary steps ({sum(sites.values())} syncs outside them, e.g. setup, first/last step)"
+        )
+    else:
+        text = "syncs on every step: " + "; ".join(f"{s} ×{n}" for s, n in sorted(every.items()))
+    return [("syncs", f"set_sync_debug_mode('warn'), {steps} steps", text)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+
+def error(exc: BaseException) -> str:
+    if isinstance(exc, TimeLimit):
+        return f"stopped: {exc}"
+    return f"error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
+def render(rows: list[Row], header: str) -> str:
+    widths = [max(len(r[i]) for r in [("section", "setting", "result"), *rows]) for i in range(2)]
+    lines = [header, "", f"| {'section':<{widths[0]}} | {'setting':<{widths[1]}} | result |"]
+    lines.append(f"|{'-' * (widths[0] + 2)}|{'-' * (widths[1] + 2)}|--------|")
+    lines += [f"| {a:<{widths[0]}} | {b:<{widths[1]}} | {c} |" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    ap.add_argument(
+        "--preset", default=None, help="comma-separated presets (default: 1b,125m on CUDA, debug on CPU)"
+    )
+    ap.add_argument("--time-limit", type=float, default=480.0, help="seconds for the whole run")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table to this file")
+    a = ap.parse_args(argv)
+    budget = Budget(a.time_limit)
+    # FSDP2 warns that the model returns a view (the (B, T) loss): nothing here writes into it
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+    t_start = time.perf_counter()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device here", file=sys.stderr)
+        return 2
+    cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if not cuda:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # train() picks CUDA when it sees one
+    if cuda:
+        torch.cuda.set_device(device)
+    presets = a.preset.split(",") if a.preset else (["1b", "125m"] if cuda else ["debug"])
+    size = sizes(device)
+    rows: list[Row] = []
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        data: list = []
+
+        def section(name: str, fn, min_left: float = 10.0) -> None:
+            if budget.left() < min_left:
+                rows.append((name, "", "skipped: time limit"))
+                return
+            try:
+                try:
+                    rows.extend(fn())
+                finally:
+                    free(device)
+            except Exception as exc:
+                rows.append((name, "", error(exc)))
+
+        section("env", lambda: section_env(device, tmp))
+
+        def throughput() -> list[Row]:
+            with one_rank_group(device):
+                return throughput_rows(presets, device, budget, size)
+
+        def titan() -> list[Row]:
+            with one_rank_group(device):
+                return torchtitan_rows(presets, device, budget, size)
+
+        def nan() -> list[Row]:
+            data[:] = data or [build_data(tmp)]
+            return section_nan(device, tmp, data[0])
+
+        def syncs() -> list[Row]:
+            if device.type != "cuda":
+                return section_syncs(device, tmp, None)
+            data[:] = data or [build_data(tmp)]
+            return section_syncs(device, tmp, data[0])
+
+        # the small sections first (they need seconds), the long throughput ones with what is left
+        later: list[Row] = []
+        rows_before = len(rows)
+        section("NaN injected", nan)
+        section("syncs", syncs)
+        section("async checkpoint", lambda: section_async(device, budget, tmp))
+        later, rows[rows_before:] = rows[rows_before:], []
+        section("throughput", throughput, min_left=30)
+        section("torchtitan", titan, min_left=30)
+        rows.extend(later)
+        budget.stop()
+
+    head = (
+        f"oreline gpu_check on {torch.cuda.get_device_name(device) if cuda else 'CPU'}: torch {torch.__version__}, "
+        f"presets {', '.join(presets)}, {size['precision']}, {time.perf_counter() - t_start:.0f} s of "
+        f"{a.time_limit:.0f} s"
+    )
+    table = render(rows, head)
+    print(table)
+    if a.out:
+        a.out.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
