@@ -296,6 +296,11 @@ class DebugConfig(Section):
     param_digest: bool = Field(
         False, description="each rank writes <run>/debug/params-rankN.sha256 at the end"
     )
+    count_host_reads: bool = Field(
+        False,
+        description="count the device values each step reads on the host (item, float, bool, device→host "
+        "copies); each rank writes <run>/debug/host-reads-rankN.json at the end (slow: every op is intercepted)",
+    )
 
 
 class OptimConfig(Section):
@@ -380,6 +385,11 @@ class TrainConfig(Section):
     )
     doc_mask: bool = Field(False, description="attention masked at document boundaries")
     log_every: int = 10
+    profile: bool = Field(
+        False,
+        description="precise per-step timings: wait for the device after every step and time FSDP2's "
+        "gradient reduce-scatters (slower; ordinary steps never wait for the device)",
+    )
     eval_every: int = 200
     eval_batches: int = 20
     generate_every: int = Field(0, description="greedy generations every N steps (0: at eval only)")

@@ -14,8 +14,9 @@ token shards. Rank 0 prints one `RESULT {json}` line per scenario:
 - reentrant_unused: reentrant checkpointing, find_unused_parameters=true → DDP's "mark a variable
   ready only once" error (last: DDP's reducer is left broken)
 - TIMEOUT: the process group's collective timeout (train.dist_timeout_s=321)
-- agree: `dist.agree_on_step` when only rank 1 sees a NaN grad norm, and when ranks differ in the
-  last bits of a finite one: every rank gets the same values (each rank prints its own line)
+- agree: `dist.agree_on_step` (device tensors) when only rank 1 sees a NaN grad norm, and when ranks
+  differ in the last bits of a finite one: every rank gets the same values; `dist.any_rank` of a
+  stop request rank 1 alone got (each rank prints its own line)
 """
 
 from __future__ import annotations
@@ -115,15 +116,18 @@ def main() -> None:
     scenario("unused_allowed", info, tokens, unused=True, find_unused=True, checkpointing=None)
     scenario("ours_checkpointing", info, tokens, unused=True, find_unused=True, checkpointing="ours")
     scenario("reentrant_no_unused", info, tokens, unused=False, find_unused=False, checkpointing="reentrant")
-    nan_on_one = dist.agree_on_step(2.5, math.nan if info.rank == 1 else 1.0)
-    differ = dist.agree_on_step(2.5, 1.0 + 1e-12 * info.rank)
+    f64 = functools.partial(torch.tensor, dtype=torch.float64)
+    nan_on_one = dist.agree_on_step(f64(2.5), f64(math.nan if info.rank == 1 else 1.0))
+    differ = dist.agree_on_step(f64(2.5), f64(1.0 + 1e-12 * info.rank))
+    stop = [dist.any_rank(info.rank == 1), dist.any_rank(False)]
     print(
         "AGREE "
         + json.dumps(
             {
                 "rank": info.rank,
-                "nan_on_one": [repr(v) for v in nan_on_one],
-                "differ": [repr(v) for v in differ],
+                "nan_on_one": [repr(float(v)) for v in nan_on_one],
+                "differ": [repr(float(v)) for v in differ],
+                "stop": stop,
             }
         ),
         flush=True,

@@ -402,3 +402,4 @@ def test_ddp_checkpointing_and_unused_parameters(runs):
     assert sorted(r["rank"] for r in agree) == [0, 1], agree
     for r in agree:
         assert r["nan_on_one"] == ["2.5", "nan"] and r["differ"] == ["2.5", repr(1.0 + 1e-12)], agree
+        assert r["stop"] == [True, False], agree

@@ -131,3 +131,37 @@ def test_heavy_tailed_grad_norms_of_small_batches_are_not_spikes():
     assert mon.check(201, 5.3, 2.5).kind == "grad_spike"
     assert mon.check(202, 5.9, 0.5) is None  # 1.13× the mean loss: noise at this batch size
     assert mon.check(203, 6.5, 0.5).kind == "loss_spike"
+
+
+def test_device_judge_reaches_the_monitors_verdicts():
+    """DeviceJudge (the loop's judge, on tensors) against StabilityMonitor.check on one series: a
+    noisy start, a constant plateau (σ floor), spikes of both kinds, NaN/inf, a window that rolls
+    over, and a reload of the window from the monitor (resume, rollback)."""
+    import torch
+
+    from oreline.train.stability import KINDS, DeviceJudge
+
+    cfg = StabilityConfig(window=32, min_history=8)
+    mon, judge = StabilityMonitor(cfg), DeviceJudge(cfg, torch.device("cpu"))
+    series = noisy_losses(60) + [(3.0, 1.0)] * 20
+    series[20], series[30], series[40] = (30.0, 1.0), (4.0, 40.0), (math.nan, 1.0)
+    series[50], series[70] = (4.0, math.inf), (3.0 * 1.1, 1.0)  # 10% above a plateau: under the ratio
+    kinds = []
+    for step, (loss, gn) in enumerate(series):
+        if step == 45:  # as after a resume: the device takes the host's window
+            judge = DeviceJudge(cfg, torch.device("cpu"))
+            judge.load(mon)
+        expected = mon.check(step, loss, gn)
+        lt, gt = torch.tensor(loss, dtype=torch.float64), torch.tensor(gn, dtype=torch.float64)
+        kind, z, mean, std = judge.judge(lt, gt).tolist()
+        assert KINDS[int(kind)] == (expected.kind if expected else "ok"), step
+        if expected is not None and expected.z is not None:
+            assert (z, mean, std) == pytest.approx((expected.z, expected.mean, expected.std), rel=1e-12)
+        applied = expected is None
+        if applied:
+            mon.accept(loss, gn)
+        judge.accept(lt, gt, torch.tensor(applied))
+        kinds.append(KINDS[int(kind)])
+    assert kinds.count("loss_spike") == 1 and kinds.count("grad_spike") == 1 and kinds.count("nonfinite") == 2
+    host = torch.tensor(list(mon.losses), dtype=torch.float64)
+    assert torch.equal(judge.losses[-len(host) :], host) and int(judge.n_losses) == len(host)

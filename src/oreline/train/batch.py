@@ -24,7 +24,10 @@ def to_device(batch: Any, device: torch.device) -> Any:
     def move(x: Any) -> torch.Tensor | None:
         if x is None:
             return None
-        return torch.as_tensor(x).to(device=device, dtype=torch.long, non_blocking=True)
+        t = torch.as_tensor(x, dtype=torch.long)
+        if device.type == "cuda":  # a copy from pageable memory may wait for the stream; from pinned, never
+            t = t.pin_memory()
+        return t.to(device=device, non_blocking=True)
 
     return _Batch(move(batch.input_ids), move(batch.labels), move(getattr(batch, "doc_ids", None)))
 

@@ -33,18 +33,21 @@ find_unused_parameters=False it happens to work in torch 2.13 (tests/train/test_
 shows both).
 
 Communication time (`comm_ms`, `comm_frac` in metrics.jsonl): for DDP a comm hook wraps each
-bucket's all-reduce and records when it started and when its future completed; for FSDP2 a
-custom reduce-scatter records the span of each gradient reduce-scatter (synchronous on CPU; on
-CUDA with events on the reduce-scatter stream). The loop adds the span of its own small
-all-reduces (target counts, loss sums). Overlapping spans are merged (their union is counted,
-not their sum), so comm_ms is the wall time during which a gradient collective was in flight,
-part of which overlaps backward compute; comm_frac = comm_ms / step_ms. FSDP's parameter
-all-gathers are not included.
+bucket's all-reduce and records when it started and when its future completed (perf_counter on
+CPU, CUDA events on GPU: nothing waits for the device); the loop adds the span of its own small
+all-reduces (target counts, loss sums, the step's agreement). The spans are read on logging steps
+(`CommTimer.take`). For FSDP2 the gradient reduce-scatters are timed only with `train.profile`:
+the timer replaces FSDP2's private reduce-scatter (oreline.compat) and waits for each one, so it
+stays out of ordinary runs, whose FSDP comm_ms then holds the loop's own all-reduces only.
+Overlapping spans are merged (their union is counted, not their sum), so comm_ms is the wall time
+during which a collective was in flight, part of which overlaps backward compute;
+comm_frac = comm_ms / step_ms. FSDP's parameter all-gathers are not included.
 
 Metrics are logged by rank 0 only; loss, grad norm and tokens are already global (all-reduced),
 timings are averaged over ranks with `mean_over_ranks`. `agree_on_step` all-reduces the loss,
-grad norm and a non-finite flag before the stability monitor's check so every rank makes the
-same skip / rollback decision.
+grad norm and a non-finite flag on the device before the stability verdict so every rank makes
+the same skip / rollback decision without reading a value on the host; `any_rank` ORs a host flag
+(a stop request) over ranks through a CPU (gloo) group, so it never waits for the device.
 
 Checkpoints (oreline.train.checkpoint) are written by every rank with DCP, which stores global
 shapes, so a run resumes at any world size (model and optimizer resharded) and the loader, whose
@@ -99,6 +102,9 @@ class DistInfo:
 
 
 _DEVICE = torch.device("cpu")  # where this process's collective tensors live (CUDA for NCCL)
+_HOST_GROUP: Any = (
+    None  # a gloo group for host flags when the collectives run on NCCL (None: the default group)
+)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -115,7 +121,7 @@ def _env_int(name: str, default: int) -> int:
 
 def init_distributed(cfg: TrainConfig) -> DistInfo:
     """Read torchrun's environment; start a process group when WORLD_SIZE > 1."""
-    global _DEVICE
+    global _DEVICE, _HOST_GROUP
     world = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -153,6 +159,9 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
                 f"could not start the {backend} process group (rank {rank}/{world}): {exc}",
                 "check MASTER_ADDR/MASTER_PORT and that every rank was launched (oreline doctor env --distributed)",
             ) from exc
+    # host flags (stop requests) travel through gloo on the CPU: through NCCL they would be device
+    # tensors, and reading one waits for everything queued on the device
+    _HOST_GROUP = tdist.new_group(backend="gloo") if backend == "nccl" else None
     return DistInfo(rank, world, local_rank, device, backend, rank == 0, cfg.parallel)
 
 
@@ -183,43 +192,40 @@ def mean_over_ranks(values: list[float]) -> list[float]:
     if not _active():
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=_DEVICE)
-    return [float(v) for v in all_reduce_mean(t).cpu()]
+    return all_reduce_mean(t).cpu().tolist()  # one transfer
 
 
-def agree_on_step(loss: float, grad_norm: float) -> tuple[float, float]:
-    """(loss, grad_norm) every rank agrees on: the max over ranks, NaN if any rank saw a non-finite value.
+def agree_on_step(loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, grad_norm) every rank agrees on, as device tensors: the max over ranks, NaN if any
+    rank saw a non-finite value (a rank's own inf stays inf).
 
     The loss is all-reduced and DDP/FSDP grad norms are global, so ranks normally hold equal
     values already; this makes the stability decision identical by construction (a NaN on one
-    rank only, or a last-bit difference at a spike threshold, cannot split the ranks).
-    """
-    loss, grad_norm, _ = agree_on_step_and_stop(loss, grad_norm, False)
-    return loss, grad_norm
-
-
-def agree_on_step_and_stop(loss: float, grad_norm: float, stop: bool) -> tuple[float, float, bool]:
-    """`agree_on_step`, and whether ANY rank was asked to stop (SIGTERM/SIGINT, oreline.train.shutdown).
-
-    The stop flag rides in the same all-reduce (one more float): a signal reaches the ranks at
-    different moments (or one rank only), and a rank that stopped alone would leave its peers
-    waiting in the next collective; a separate collective per step would cost a round trip.
+    rank only, or a last-bit difference at a spike threshold, cannot split the ranks). Nothing is
+    read on the host: the all-reduce is queued on the device like the step's other kernels.
     """
     if not _active():
-        return loss, grad_norm, stop
-    vals = [loss, grad_norm]
-    t = torch.tensor(
-        [v if math.isfinite(v) else 0.0 for v in vals]
-        + [0.0 if math.isfinite(v) else 1.0 for v in vals]
-        + [1.0 if stop else 0.0],
-        dtype=torch.float64,
-        device=_DEVICE,
-    )
+        return loss, grad_norm
+    vals = torch.stack([loss.double().reshape(()), grad_norm.double().reshape(())]).to(_DEVICE)
+    ok = torch.isfinite(vals)
+    t = torch.cat([torch.where(ok, vals, 0.0), (~ok).double()])
     tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-    out = []
-    for i, v in enumerate(vals):
-        bad = float(t[2 + i]) > 0
-        out.append((v if not math.isfinite(v) else math.nan) if bad else float(t[i]))
-    return out[0], out[1], float(t[4]) > 0
+    out = torch.where(t[2:] > 0, torch.where(ok, math.nan, vals), t[:2]).to(loss.device)
+    return out[0], out[1]
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` holds on ANY rank (a stop request), through a host collective: no device wait.
+
+    A signal reaches the ranks at different moments (or one rank only), and a rank that stopped
+    alone would leave its peers waiting in the next collective. The flag is read with `.numpy()`,
+    which works on CPU tensors only: it cannot turn into a device read.
+    """
+    if not _active():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX, group=_HOST_GROUP)
+    return bool(t.numpy()[0] > 0)
 
 
 def from_main(value: Any) -> Any:
@@ -252,10 +258,10 @@ def cleanup(graceful: bool = True) -> None:
 
 
 class CommTimer:
-    """Spans of gradient collectives; `take()` returns the seconds of their union since the last take.
+    """Spans of collectives; `take()` returns the seconds of their union since the last take.
 
     CPU spans are perf_counter pairs. CUDA spans are event pairs, turned into seconds relative to
-    a reference event at take time (the loop synchronises the device before it logs).
+    a reference event at take time, which waits for the device: the loop takes on logging steps only.
     """
 
     def __init__(self) -> None:
@@ -278,6 +284,10 @@ class CommTimer:
         with self._lock:
             self._spans.append((start, end))
 
+    def span(self) -> Any:
+        """`with COMM.span():` around a collective the loop itself makes."""
+        return _Span(self)
+
     def take(self) -> float:
         with self._lock:
             spans, ref = self._spans, self._ref
@@ -296,6 +306,18 @@ class CommTimer:
             else:
                 cur_end = max(cur_end, b)
         return total + (cur_end - cur_start)
+
+
+class _Span:
+    def __init__(self, timer: CommTimer):
+        self.timer = timer
+
+    def __enter__(self) -> None:
+        self.start = self.timer.stamp() if _active() else None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.start is not None:
+            self.timer.add(self.start, self.timer.stamp())
 
 
 COMM = CommTimer()
@@ -377,7 +399,8 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
-        comm = _timed_reduce_scatter()
+        # the timed reduce-scatter waits for each collective: a profiling tool, not the default path
+        comm = _timed_reduce_scatter() if cfg.profile else None
         if comm is not None:  # None: a torch outside the tested range (oreline.compat), comm_ms not measured
             for m in (*blocks, model):
                 m.set_custom_reduce_scatter(comm)
@@ -407,12 +430,13 @@ def check_unused_parameters(model: nn.Module, train_model: nn.Module) -> None:
         )
 
 
-def clip_grad_norm(parameters: Any, max_norm: float) -> float:
-    """Clip to the global norm over all ranks' gradients (DTensor-aware); returns the pre-clip norm."""
+def clip_grad_norm(parameters: Any, max_norm: float) -> torch.Tensor:
+    """Clip to the global norm over all ranks' gradients (DTensor-aware); returns the pre-clip norm
+    as a tensor on the device (a NaN norm turns the gradients NaN: the step's verdict masks them)."""
     norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
     if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor holding the global norm
         norm = norm.full_tensor()
-    return float(norm)
+    return norm
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

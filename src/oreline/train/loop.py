@@ -12,7 +12,7 @@ Per optimizer step (step N is the N-th; the checkpoint "step N" holds the state 
    is an error, never a silently smaller batch.
 3. forward + backward per micro-batch, `(Σ CE) · world / n_targets_global` each: DDP averages
    gradients over ranks, so the factor `world` turns its mean back into the global sum.
-4. clip the global grad norm (the PRE-clip norm is logged), then the stability decision BEFORE
+4. clip the global grad norm (the PRE-clip norm is logged), then the stability verdict BEFORE
    the optimizer step: a NaN/inf loss or grad norm never reaches the optimizer; spikes are
    skipped, rolled back (reload the last good checkpoint, lr multiplier × lr_factor, the loader
    moves on past the offending batches) or logged, per `train.stability.action`.
@@ -20,6 +20,33 @@ Per optimizer step (step N is the N-th; the checkpoint "step N" holds the state 
    `checkpoint.model_only_every`, validation loss / bits per byte and greedy generations every
    `eval_every` steps and at the end. A final full checkpoint is written at the end whenever
    checkpointing is on.
+
+What is read when. A CUDA step is a queue of kernels the host launches ahead of the device;
+reading a device value on the host (`.item()`, `float(t)`, `if t:`, a copy to the CPU) waits
+until the queue has run dry, and at small models that wait costs more than the step. So an
+ordinary step — one that neither logs, evaluates, checkpoints nor stops — reads nothing
+(`train.debug.count_host_reads` counts it, tests/train/test_host_reads.py checks it):
+- the global target count is all-reduced and stays a device tensor; the loss scale is divided there;
+- loss and grad norm stay tensors; `dist.agree_on_step` makes them equal on every rank with a
+  device all-reduce; `DeviceJudge` (oreline.train.stability) judges NaN/inf and spikes on the device;
+- the verdict masks the update on the device: the fused AdamW kernels take it as `found_inf`
+  (the GradScaler mechanism), which leaves weights, both moments and the step count bit for bit
+  as they were, exactly a skipped `optimizer.step()`; with `optim.fused=false` the loop reads the
+  verdict instead (one read per step);
+- each step's values and verdict ([loss, grad norm, applied, clipped, kind, z, mean, std, the loss
+  breakdown sums]) wait on the device in `pending`; the next step that logs, evaluates,
+  checkpoints or stops reads them all in one transfer (`settle`) and runs the host side of each
+  verdict in order: the monitor's counters, events and messages, the skip count, the train-loss sums;
+- a stop request is a host flag, ORed over ranks through a CPU (gloo) collective (`dist.any_rank`);
+- timings: step times are host clocks; a step that reads has waited for the device, so the sum
+  over a log window is the device's time even though single steps are not; communication spans
+  are CUDA events (DDP's comm hook, the loop's own all-reduces) read on logging steps.
+  `train.profile` waits for the device after every step and times FSDP2's gradient
+  reduce-scatters (through its private API, so only when asked).
+A rollback verdict is therefore carried out at the next read, not at its step: the device froze
+every update from the anomalous step on, the loader goes back to where that step left it and debug
+injections after it are forgotten, so weights, data order, lr and the metrics are those of an
+immediate rollback; only the steps in between were computed in vain (at most `log_every` - 1).
 
 Precision: fp32, or bf16 autocast (`train.precision`). On a CPU without native bf16 (no
 avx512_bf16 / amx_bf16 flag) bf16 matmuls are emulated and ran ~20× slower than fp32 on this
@@ -58,6 +85,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +93,11 @@ import torch
 from rich.console import Console
 
 from oreline.config import Config
+from oreline.errors import TrainingError
 from oreline.model.scoring import breakdown_means, loss_breakdown
 from oreline.train import dist
 from oreline.train.batch import check_batch_tokens, to_device
+from oreline.train.host_reads import StepReads
 from oreline.train.monitor import MetricsLogger, memory_stats, mfu
 from oreline.train.optim import lr_at, set_lr
 from oreline.train.recovery import move_previous_training, resume_if_asked, rollback, save
@@ -114,7 +144,7 @@ def _train(
     tc, stab = cfg.train, cfg.train.stability
     say = console.print if info.is_main else (lambda *a, **k: None)
     s = setup_run(cfg, info, say)
-    from oreline.train.stability import Anomaly, StabilityMonitor
+    from oreline.train.stability import DeviceJudge, StabilityMonitor
 
     stability = StabilityMonitor(stab)
     state = TrainState()
@@ -187,148 +217,178 @@ def _train(
                 "left to do after it (final evaluation, generations, end record)"
             )
     s.train_model.train()
+    judge = DeviceJudge(stab, s.device)
+    judge.load(stability)
+    frozen = torch.zeros((), dtype=torch.bool, device=s.device)  # a rollback is pending (see settle)
+    pending: list[Pending] = []  # the steps since the last read, oldest first
+    # the fused AdamW kernels skip a step on the device (found_inf); the others need the verdict on the host
+    fused = bool(s.optimizer.defaults.get("fused"))
+    reads = StepReads(tc.debug.count_host_reads)
 
-    while state.step < tc.steps:
-        n = state.step + 1
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        lr = lr_at(state.step, tc, state.lr_multiplier)
-        set_lr(s.optimizer, lr)
+    try:
+        while state.step < tc.steps:
+            n = state.step + 1
+            reads.start()
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            lr = lr_at(state.step, tc, state.lr_multiplier)
+            set_lr(s.optimizer, lr)
 
-        # -- data: the whole step's micro-batches first (their target count normalises the loss)
-        batches = [to_device(s.loader.next_batch(), s.device) for _ in range(tc.grad_accum)]
-        t_data = time.perf_counter() - t0
-        tokens_in_step = check_batch_tokens(batches, s.batch, info, n)
-        counts = torch.stack([(b.labels != -100).sum() for b in batches]).sum().double().reshape(1)
-        t_comm = time.perf_counter()
-        n_targets = float(dist.all_reduce_sum(counts)[0])
-        comm = time.perf_counter() - t_comm
+            # -- data: the whole step's micro-batches first (their target count normalises the loss)
+            batches = [to_device(s.loader.next_batch(), s.device) for _ in range(tc.grad_accum)]
+            t_data = time.perf_counter() - t0
+            tokens_in_step = check_batch_tokens(batches, s.batch, info, n)
+            counts = torch.stack([(b.labels != -100).sum() for b in batches]).sum().double().reshape(1)
+            with dist.COMM.span():
+                n_targets = dist.all_reduce_sum(counts)[0]  # stays on the device: the loss is divided there
 
-        # -- debug hooks: applied once, the first time step n is reached (not again after a rollback)
-        loss_factor = 1.0
-        for at, factor in (
-            (tc.debug.inject_nan_at_step, math.nan),
-            (tc.debug.inject_spike_at_step, tc.debug.spike_factor),
-        ):
-            if at == n and n not in state.debug_injected:
-                loss_factor *= factor
-                state.debug_injected.append(n)
+            # -- debug hooks: applied once, the first time step n is reached (not again after a rollback)
+            loss_factor = 1.0
+            for at, factor in (
+                (tc.debug.inject_nan_at_step, math.nan),
+                (tc.debug.inject_spike_at_step, tc.debug.spike_factor),
+            ):
+                if at == n and n not in state.debug_injected:
+                    loss_factor *= factor
+                    state.debug_injected.append(n)
 
-        # -- forward and backward of every micro-batch, the loss normalised by the global target count
-        sums = forward_backward(s.train_model, batches, n_targets, info, s.autocast, bos, eos, loss_factor)
-        t_comm = time.perf_counter()
-        dist.all_reduce_sum(sums)
-        comm += time.perf_counter() - t_comm + dist.COMM.take()  # + the gradient collectives' span
-        if info.distributed and not checked_unused:  # DDP would fail a step later, naming nothing
-            dist.check_unused_parameters(s.model, s.train_model)
-            checked_unused = True
-        parts = breakdown_means(sums)
-        loss = parts["loss"] if parts["loss"] is not None else math.nan
-        max_norm = tc.optim.grad_clip if tc.optim.grad_clip > 0 else math.inf
-        grad_norm = dist.clip_grad_norm(s.model.parameters(), max_norm)  # global over ranks (DDP and FSDP)
-        clipped = math.isfinite(grad_norm) and grad_norm > max_norm
-
-        # -- the stability decision, before the optimizer sees anything (the same on every rank)
-        # the same all-reduce carries the stop flag: every rank stops after the same step
-        loss, grad_norm, stop = dist.agree_on_step_and_stop(loss, grad_norm, stops.requested)
-        anomaly = stability.check(n, loss, grad_norm)
-        if anomaly is None and not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            anomaly = Anomaly("nonfinite", n, {"loss": loss, "grad_norm": grad_norm})  # monitor disabled
-        action = "step"
-        if anomaly is not None:
-            action = stab.action if stab.enabled else "skip"
-            if anomaly.kind == "nonfinite" and action == "log":
-                action = "skip"  # logged, but a NaN never reaches the optimizer
-        if action == "rollback":
-            target = last_ckpt
-            if target is None:
-                action = "skip"
-                log.log(event(n, anomaly, "skip", "no checkpoint to roll back to yet: step skipped instead"))
-            else:
-                stability.record_rollback(anomaly, where=str(target))  # raises past max_retries
-                log.log(event(n, anomaly, "rollback", anomaly.describe()))
-                rollback(s, state, stability, target, n, cfg, log)
-                s.optimizer.zero_grad(set_to_none=True)
-                continue
-        if action in ("step", "log"):
-            s.optimizer.step()
-            stability.accept(loss, grad_norm)
-            if action == "log":
-                log.log(event(n, anomaly, "log", anomaly.describe() + " (stepped anyway: action=log)"))
-        else:  # skip
-            stability.record_skip()
-            state.skipped_steps += 1
-            log.log(event(n, anomaly, "skip", anomaly.describe() + ": optimizer step skipped"))
-        s.optimizer.zero_grad(set_to_none=True)
-        state.step = n
-        state.tokens_seen += tokens_in_step
-        if tc.debug.sleep_per_step_s > 0:
-            time.sleep(tc.debug.sleep_per_step_s)
-        if s.device.type == "cuda":
-            torch.cuda.synchronize(s.device)  # honest step times (optimizer.step is asynchronous)
-        window["steps"] += 1
-        window["seconds"] += time.perf_counter() - t0
-        window["cpu"] += time.process_time() - cpu0
-        window["data"] += t_data
-        window["comm"] += comm
-        window["tokens"] += tokens_in_step
-        if math.isfinite(loss) and action != "skip":
-            state.loss_sum += loss
-            state.loss_count += 1
-            state.last_loss = loss
-
-        # -- metrics
-        if n % tc.log_every == 0 or n == 1 or n == tc.steps:
-            if (
-                info.distributed
-            ):  # timings averaged over ranks (tokens, loss and grad norm are global already)
-                window["seconds"], window["data"], window["comm"] = dist.mean_over_ranks(
-                    [window["seconds"], window["data"], window["comm"]]
-                )
-            tps = window["tokens"] / window["seconds"]
-            log.log(
-                {
-                    "type": "train",
-                    "step": n,
-                    "tokens_seen": state.tokens_seen,
-                    "tokens_in_step": tokens_in_step,
-                    "loss": loss,
-                    "loss_token": parts["loss_token"],
-                    "loss_eos": parts["loss_eos"],
-                    "loss_bos": parts["loss_bos"],
-                    "lr": lr,
-                    "grad_norm": grad_norm,
-                    "clipped": clipped,
-                    "tokens_per_s": tps,
-                    "mfu": mfu(s.flops_per_token, tps / info.world_size, s.peak_flops),
-                    "step_ms": 1000 * window["seconds"] / window["steps"],
-                    # process CPU time (all threads) per step: cpu_ms / step_ms is how many cores were busy
-                    "cpu_ms": 1000 * window["cpu"] / window["steps"],
-                    "data_ms": 1000 * window["data"] / window["steps"],
-                    "data_wait_frac": window["data"] / window["seconds"],
-                    **memory_stats(s.device),
-                    "comm_ms": 1000 * window["comm"] / window["steps"] if info.distributed else None,
-                    "comm_frac": window["comm"] / window["seconds"] if info.distributed else None,
-                }
+            # -- forward and backward of every micro-batch, the loss normalised by the global target count
+            sums = forward_backward(
+                s.train_model, batches, n_targets, info, s.autocast, bos, eos, loss_factor
             )
-            window = {"steps": 0, "seconds": 0.0, "cpu": 0.0, "data": 0.0, "comm": 0.0, "tokens": 0}
+            with dist.COMM.span():
+                dist.all_reduce_sum(sums)
+            if info.distributed and not checked_unused:  # DDP would fail a step later, naming nothing
+                dist.check_unused_parameters(s.model, s.train_model)
+                checked_unused = True
+            # Σ CE / Σ targets as breakdown_means divides it (NaN or inf without targets: non-finite)
+            loss = (sums[0] + sums[2] + sums[4]) / (sums[1] + sums[3] + sums[5])
+            max_norm = tc.optim.grad_clip if tc.optim.grad_clip > 0 else math.inf
+            # the pre-clip norm, global over ranks (DDP and FSDP)
+            grad_norm = dist.clip_grad_norm(s.model.parameters(), max_norm)
+            clipped = torch.isfinite(grad_norm) & (grad_norm > max_norm)
 
-        # -- checkpoints
-        ckpt = cfg.checkpoint
-        saved_full = False
-        if ckpt.every and (n % ckpt.every == 0 or n == tc.steps):
-            last_ckpt = save(cfg, s, state, stability, "full", log)
-            saved_full = True
-        elif ckpt.model_only_every and (n % ckpt.model_only_every == 0 or (n == tc.steps and not ckpt.every)):
-            save(cfg, s, state, stability, "model_only", log)
+            # -- the stability verdict, on the device and before the optimizer sees anything (the same
+            # on every rank); a stop request (SIGTERM/SIGINT on any rank) is a host flag ORed over ranks
+            with dist.COMM.span():
+                loss, grad_norm = dist.agree_on_step(loss, grad_norm)
+            stop = dist.any_rank(stops.requested)
+            verdict = judge.judge(loss, grad_norm)  # [kind, z, mean, std]
+            rollback_ready = stab.enabled and stab.action == "rollback" and last_ckpt is not None
+            applied = verdict[0] == 0
+            if stab.enabled and stab.action == "log":
+                applied = applied | (verdict[0] >= 2)  # spikes step anyway; a NaN never does
+            if rollback_ready:  # this step and every one after it until the read are no-ops
+                frozen = frozen | (verdict[0] != 0)
+                applied = applied & ~frozen
+            if fused:  # found_inf = 1: the kernels leave weights, moments and step count as they are
+                s.optimizer.found_inf = (~applied).float()
+                s.optimizer.step()
+            elif bool(applied):  # optim.fused=false: one host read per step
+                s.optimizer.step()
+            judge.accept(loss, grad_norm, applied)
+            s.optimizer.zero_grad(set_to_none=True)
+            values = torch.cat(
+                [
+                    torch.stack([loss.double(), grad_norm.double(), applied.double(), clipped.double()]),
+                    verdict,
+                    sums,
+                ]
+            )
+            pending.append(Pending(n, values, lr, rollback_ready, s.loader.state_dict()))
+            state.step = n
+            state.tokens_seen += tokens_in_step
+            if tc.debug.sleep_per_step_s > 0:
+                time.sleep(tc.debug.sleep_per_step_s)
 
-        # -- a stop request (SIGTERM/SIGINT on any rank): checkpoint this step and end; the step's
-        # evaluation, if due, is left to the resumed run (it completes the checkpoint's step first)
-        if stop:
-            stop_after_step(cfg, s, state, stability, log, info, stops, last_ckpt if saved_full else None)
+            # -- what this step does besides training decides whether it reads the device
+            ckpt = cfg.checkpoint
+            log_due = n % tc.log_every == 0 or n == 1 or n == tc.steps
+            full_due = bool(ckpt.every and (n % ckpt.every == 0 or n == tc.steps))
+            model_only_due = not full_due and bool(
+                ckpt.model_only_every
+                and (n % ckpt.model_only_every == 0 or (n == tc.steps and not ckpt.every))
+            )
+            why = [
+                w
+                for w, due in (
+                    ("log", log_due),
+                    ("checkpoint", full_due or model_only_due),
+                    ("eval", evals_due(tc, n)),
+                    ("stop", stop),
+                )
+                if due
+            ]
+            if why:  # one transfer: every verdict and value since the last read
+                last = settle(pending, cfg, s, state, stability, log, last_ckpt)
+                if last is None:  # rolled back: the loop goes on from the checkpoint's step
+                    judge.load(stability)
+                    frozen = torch.zeros((), dtype=torch.bool, device=s.device)
+                    reads.stop(n, [*why, "rollback"])
+                    continue
+            elif tc.profile and s.device.type == "cuda":
+                torch.cuda.synchronize(s.device)  # train.profile: honest per-step times
+            window["steps"] += 1
+            window["seconds"] += time.perf_counter() - t0  # after a read, the device has caught up
+            window["cpu"] += time.process_time() - cpu0
+            window["data"] += t_data
+            window["tokens"] += tokens_in_step
 
-        # -- evaluation and generations
-        v = evals_after_step(cfg, s, info, state, log, n, {})
-        final_val = v if v is not None else final_val
+            # -- metrics
+            if log_due:
+                window["comm"] = dist.COMM.take()
+                # timings averaged over ranks (tokens, loss and grad norm are global already)
+                if info.distributed:
+                    window["seconds"], window["data"], window["comm"] = dist.mean_over_ranks(
+                        [window["seconds"], window["data"], window["comm"]]
+                    )
+                tps = window["tokens"] / window["seconds"]
+                parts = breakdown_means(last["sums"])
+                log.log(
+                    {
+                        "type": "train",
+                        "step": n,
+                        "tokens_seen": state.tokens_seen,
+                        "tokens_in_step": tokens_in_step,
+                        "loss": last["loss"],
+                        "loss_token": parts["loss_token"],
+                        "loss_eos": parts["loss_eos"],
+                        "loss_bos": parts["loss_bos"],
+                        "lr": lr,
+                        "grad_norm": last["grad_norm"],
+                        "clipped": last["clipped"],
+                        "tokens_per_s": tps,
+                        "mfu": mfu(s.flops_per_token, tps / info.world_size, s.peak_flops),
+                        "step_ms": 1000 * window["seconds"] / window["steps"],
+                        # process CPU time (all threads) per step: cpu_ms / step_ms is how many cores were busy
+                        "cpu_ms": 1000 * window["cpu"] / window["steps"],
+                        "data_ms": 1000 * window["data"] / window["steps"],
+                        "data_wait_frac": window["data"] / window["seconds"],
+                        **memory_stats(s.device),
+                        "comm_ms": 1000 * window["comm"] / window["steps"] if info.distributed else None,
+                        "comm_frac": window["comm"] / window["seconds"] if info.distributed else None,
+                    }
+                )
+                window = {"steps": 0, "seconds": 0.0, "cpu": 0.0, "data": 0.0, "comm": 0.0, "tokens": 0}
+
+            # -- checkpoints
+            saved_full = False
+            if full_due:
+                last_ckpt = save(cfg, s, state, stability, "full", log)
+                saved_full = True
+            elif model_only_due:
+                save(cfg, s, state, stability, "model_only", log)
+
+            # -- a stop request (SIGTERM/SIGINT on any rank): checkpoint this step and end; the step's
+            # evaluation, if due, is left to the resumed run (it completes the checkpoint's step first)
+            if stop:
+                stop_after_step(cfg, s, state, stability, log, info, stops, last_ckpt if saved_full else None)
+
+            # -- evaluation and generations
+            v = evals_after_step(cfg, s, info, state, log, n, {})
+            final_val = v if v is not None else final_val
+            reads.stop(n, why)
+    finally:
+        reads.abandon()  # a stop or an error inside a step leaves its counter active
 
     if cfg.checkpoint.every or cfg.checkpoint.model_only_every:
         from oreline.train.checkpoint.async_save import wait_for_pending_save
@@ -336,6 +396,7 @@ def _train(
         wait_for_pending_save()  # an async save's meta, checksums and rename
     if tc.debug.param_digest:
         dist.write_param_digest(s.model, s.run.root, info.rank)
+    reads.write(s.run.root, info.rank)
     seconds = time.perf_counter() - t_run
     last_loss = state.last_loss
     log.log(
@@ -493,7 +554,7 @@ def stop_after_step(
 def forward_backward(
     model: torch.nn.Module,
     batches: list[Any],
-    n_targets: float,
+    n_targets: float | torch.Tensor,
     info: dist.DistInfo,
     autocast: Any,
     bos_id: int,
@@ -506,9 +567,15 @@ def forward_backward(
     micro-batch contributes (Σ its per-token CE) · world / n_targets: gradients accumulate over
     micro-batches by addition and DDP averages over ranks, so the `world` factor makes the result
     exactly ∇ (Σ CE over the global batch / n_targets). DDP synchronises only on the last micro-batch.
+    The loop passes n_targets as the all-reduced device tensor (reading it would wait for the device);
+    the scale is then computed there, in float64 as from a Python float, and multiplied in the loss's
+    dtype, as a Python float scale would be.
     """
     sums = None
-    scale = info.world_size / max(n_targets, 1.0)
+    if isinstance(n_targets, torch.Tensor):
+        scale: Any = info.world_size / n_targets.double().clamp(min=1.0)
+    else:
+        scale = info.world_size / max(n_targets, 1.0)
     for i, b in enumerate(batches):
         last = i == len(batches) - 1
         with dist.sync_context(model, last) if info.distributed else _nullcontext():
@@ -516,11 +583,99 @@ def forward_backward(
                 per_token = model(b.input_ids, b.doc_ids, labels=b.labels)
             if loss_factor != 1.0:
                 per_token = per_token * loss_factor
-            (per_token.sum() * scale).backward()
+            total = per_token.sum()
+            (total * (scale.to(total.dtype) if isinstance(scale, torch.Tensor) else scale)).backward()
         part = loss_breakdown(per_token, b.input_ids, b.labels, bos_id, eos_id)
         sums = part if sums is None else sums + part
         del per_token
     return sums
+
+
+@dataclass
+class Pending:
+    """A step taken whose verdict and values are still on the device (`values`, see the loop), with
+    what the host knew then: its lr, whether a rollback had a checkpoint, the loader position after it."""
+
+    step: int
+    values: torch.Tensor
+    lr: float
+    rollback_ready: bool
+    loader_after: dict
+
+
+def evals_due(tc: Any, n: int) -> bool:
+    """Whether step n evaluates or generates (evals_after_step): such a step reads the device anyway."""
+    return bool(
+        (tc.eval_every and n % tc.eval_every == 0)
+        or n == tc.steps
+        or (tc.generate_every and n % tc.generate_every == 0)
+    )
+
+
+def settle(
+    pending: list[Pending],
+    cfg: Config,
+    s: Setup,
+    state: TrainState,
+    stability: Any,
+    log: MetricsLogger,
+    last_ckpt: Path | None,
+) -> dict[str, Any] | None:
+    """Read the pending steps' values in one transfer and do what the host does with each verdict.
+
+    For each step in order: the stability monitor's counters and anomaly log, the skip / log
+    events, the skipped-step count and the train-loss sums. The device already applied or
+    masked each update (it reached the same decision). A rollback verdict is carried out here:
+    the device froze every update from that step on, so the steps after it changed nothing; the
+    loader goes back to where that step left it and debug injections after it are forgotten, so
+    the rollback is the one an immediate read would have made, only later. Returns the last
+    step's values (loss, grad_norm, clipped, sums), or None after a rollback.
+    """
+    from oreline.train.stability import KINDS
+
+    stab = cfg.train.stability
+    rows = torch.stack([p.values for p in pending]).tolist()  # the one device → host transfer
+    steps = list(pending)
+    pending.clear()
+    last: dict[str, Any] = {}
+    for p, row in zip(steps, rows, strict=True):
+        loss, grad_norm, applied, clipped, kind, z, mean, std = row[:8]
+        anomaly = stability.record_verdict(p.step, loss, grad_norm, KINDS[int(kind)], z, mean, std)
+        action = "step"
+        if anomaly is not None:
+            action = stab.action if stab.enabled else "skip"
+            if anomaly.kind == "nonfinite" and action == "log":
+                action = "skip"  # logged, but a NaN never reaches the optimizer
+        if action == "rollback" and not p.rollback_ready:
+            action = "skip"
+            log.log(event(p.step, anomaly, "skip", "no checkpoint to roll back to yet: step skipped instead"))
+        elif action == "rollback":
+            assert last_ckpt is not None
+            stability.record_rollback(anomaly, where=str(last_ckpt))  # raises past max_retries
+            log.log(event(p.step, anomaly, "rollback", anomaly.describe()))
+            s.loader.load_state_dict(p.loader_after)
+            state.debug_injected = [at for at in state.debug_injected if at <= p.step]
+            rollback(s, state, stability, last_ckpt, p.step, cfg, log)
+            return None
+        if (action != "skip") != (applied > 0):  # the device and the host judged alike, or nothing holds
+            raise TrainingError(
+                f"step {p.step}: the device {'applied' if applied else 'skipped'} the update, the host says {action}",
+                "report this as an oreline bug (oreline.train.loop.settle), with the run's metrics.jsonl",
+            )
+        if action in ("step", "log"):
+            stability.accept(loss, grad_norm)
+            if action == "log":
+                log.log(event(p.step, anomaly, "log", anomaly.describe() + " (stepped anyway: action=log)"))
+        else:  # skip
+            stability.record_skip()
+            state.skipped_steps += 1
+            log.log(event(p.step, anomaly, "skip", anomaly.describe() + ": optimizer step skipped"))
+        if math.isfinite(loss) and action != "skip":
+            state.loss_sum += loss
+            state.loss_count += 1
+            state.last_loss = loss
+        last = {"loss": loss, "grad_norm": grad_norm, "clipped": bool(clipped), "sums": row[8:]}
+    return last
 
 
 def event(step: int, anomaly: Any, action: str, message: str) -> dict[str, Any]:

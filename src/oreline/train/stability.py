@@ -35,8 +35,19 @@ This follows the practice of skipping or rolling back on loss spikes described f
 
 Distributed: the decision must be the same on every rank, otherwise ranks diverge (one steps, one
 skips) and the next collective hangs. The loop therefore all-reduces the loss and computes the
-*global* grad norm before calling `check`; every rank then holds the same floats, and the
-computation here is plain Python float arithmetic, deterministic on every rank.
+*global* grad norm before judging; every rank then holds the same values and makes the same
+deterministic computation.
+
+On the device (`DeviceJudge`): the training loop does not read the loss or grad norm on the host
+on an ordinary step (a read waits for the device to finish everything queued, oreline.train.loop).
+`DeviceJudge` applies the same rules with tensors on the training device, in float64, to a copy of
+this monitor's window, and its verdict masks the optimizer step there. The loop reads the verdicts
+of the steps since the last read in one transfer when it logs, evaluates or checkpoints, and hands
+each to `StabilityMonitor.record_verdict`, which keeps the counters, the anomaly log and (through
+`accept`) the window exactly as `check` would have; `DeviceJudge.load` copies the window back after
+a resume or rollback. The device sums in a fixed order (not `math.fsum`), so a value within a few
+ulps of a threshold could be judged differently than by `check`; the device's verdict is the one
+applied and recorded.
 
 State (`state_dict()`) is JSON: the window values, counters and anomaly log. It is saved in the
 checkpoint meta so that a resumed run judges step N exactly as the uninterrupted run did.
@@ -48,11 +59,14 @@ import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
+import torch
+
 from oreline.config import StabilityConfig
 from oreline.errors import TrainingError
 
 REL_SIGMA_FLOOR = 1e-3  # σ is at least 0.1% of the window mean (see the module docstring)
 MAX_LOGGED_ANOMALIES = 100  # anomalies kept in the state (the counters keep counting past this)
+KINDS = ("ok", "nonfinite", "loss_spike", "grad_spike")  # DeviceJudge's verdict codes
 
 
 @dataclass
@@ -175,6 +189,28 @@ class StabilityMonitor:
         if self.last_checked_step > self.last_rollback_step:
             self.retries_in_a_row = 0
 
+    def record_verdict(
+        self, step: int, loss: float, grad_norm: float | None, kind: str, z: float, mean: float, std: float
+    ) -> Anomaly | None:
+        """What `check` does, with the verdict `DeviceJudge` reached on the device for this step."""
+        if not self.cfg.enabled and kind != "nonfinite":
+            return None
+        if self.cfg.enabled:
+            self.counters.checked += 1
+            self.last_checked_step = step
+        values = {"loss": float(loss), "grad_norm": None if grad_norm is None else float(grad_norm)}
+        if kind == "ok":
+            return None
+        if kind == "nonfinite":
+            anomaly = Anomaly("nonfinite", step, values)
+        else:
+            anomaly = Anomaly(kind, step, values, z=z, threshold=self.cfg.z_threshold, mean=mean, std=std)
+        if self.cfg.enabled:
+            self.counters.by_kind[anomaly.kind] = self.counters.by_kind.get(anomaly.kind, 0) + 1
+            if len(self.anomalies) < MAX_LOGGED_ANOMALIES:
+                self.anomalies.append(anomaly.to_dict())
+        return anomaly
+
     # -- actions the loop took -------------------------------------------------------------------
 
     def record_skip(self) -> None:
@@ -236,3 +272,73 @@ class StabilityMonitor:
             "rollbacks": c.rollbacks,
             "anomalies": dict(c.by_kind),
         }
+
+
+class DeviceJudge:
+    """`StabilityMonitor.check` and `accept` on the training device: no value leaves it.
+
+    The windows are float64 buffers of `cfg.window` values, the newest last, the valid ones
+    right-aligned after zeros (adding 0.0 is exact, so the sums only see the values, always in
+    the same order: a resumed run judges bit for bit like the uninterrupted one).
+    `judge` returns the step's verdict as a float64 vector [kind code (index into KINDS), z,
+    window mean, window std] (z, mean, std of the spiking value; 0 otherwise).
+    """
+
+    def __init__(self, cfg: StabilityConfig, device: torch.device):
+        self.cfg = cfg
+        self.device = device
+        self.losses = torch.zeros(cfg.window, dtype=torch.float64, device=device)
+        self.grad_norms = torch.zeros(cfg.window, dtype=torch.float64, device=device)
+        self.n_losses = torch.zeros((), dtype=torch.float64, device=device)
+        self.n_grad_norms = torch.zeros((), dtype=torch.float64, device=device)
+
+    def load(self, monitor: StabilityMonitor) -> None:
+        """Take the host monitor's windows (start, resume, rollback): the one transfer host → device."""
+        for buf, count, values in (
+            (self.losses, self.n_losses, list(monitor.losses)),
+            (self.grad_norms, self.n_grad_norms, list(monitor.grad_norms)),
+        ):
+            host = torch.zeros(self.cfg.window, dtype=torch.float64)
+            if values:
+                host[-len(values) :] = torch.tensor(values, dtype=torch.float64)
+            buf.copy_(host)
+            count.fill_(len(values))
+
+    def _spike(
+        self, value: torch.Tensor, window: torch.Tensor, count: torch.Tensor, min_ratio: float
+    ) -> tuple[torch.Tensor, ...]:
+        n = count.clamp(min=1.0)
+        valid = torch.arange(window.numel(), device=self.device) >= window.numel() - count
+        mean = window.sum() / n
+        var = torch.where(valid, (window - mean) ** 2, 0.0).sum() / n
+        std = torch.maximum(var.sqrt(), (REL_SIGMA_FLOOR * mean.abs()).clamp(min=1e-12))
+        z = (value - mean) / std
+        enough = count >= max(self.cfg.min_history, 1)
+        return enough & (z > self.cfg.z_threshold) & (value > min_ratio * mean), z, mean, std
+
+    def judge(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        loss, grad_norm = loss.double(), grad_norm.double()
+        nonfinite = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        if not self.cfg.enabled:
+            return torch.stack([nonfinite.double(), zero, zero, zero])
+        ls, lz, lm, lsd = self._spike(loss, self.losses, self.n_losses, self.cfg.loss_spike_min_ratio)
+        gs, gz, gm, gsd = self._spike(
+            grad_norm, self.grad_norms, self.n_grad_norms, self.cfg.grad_spike_min_ratio
+        )
+        gs = gs & ~ls  # the loss is judged first, as in StabilityMonitor.check
+        kind = torch.where(nonfinite, 1.0, torch.where(ls, 2.0, torch.where(gs, 3.0, 0.0)))
+        pick = [torch.where(ls, a, torch.where(gs, b, 0.0)) for a, b in ((lz, gz), (lm, gm), (lsd, gsd))]
+        pick = [torch.where(nonfinite, 0.0, v) for v in pick]
+        return torch.stack([kind.double(), *pick])
+
+    def accept(self, loss: torch.Tensor, grad_norm: torch.Tensor, applied: torch.Tensor) -> None:
+        """`StabilityMonitor.accept` where `applied` (a bool tensor) holds: finite values join the window."""
+        for buf, count, value in (
+            (self.losses, self.n_losses, loss.double()),
+            (self.grad_norms, self.n_grad_norms, grad_norm.double()),
+        ):
+            take = applied & torch.isfinite(value)
+            shifted = torch.cat([buf[1:], value.reshape(1)])
+            buf.copy_(torch.where(take, shifted, buf))
+            count.copy_(torch.where(take, (count + 1).clamp(max=float(buf.numel())), count))
