@@ -31,17 +31,16 @@ ASYNC_ON_CPU = False
 @dataclass
 class _PendingSave:
     future: Any  # DCP's future of the background write
-    finalize: Callable[[], Path]
-    path: Path  # the folder the checkpoint will have once finalised
+    finalize: Callable[[], Path]  # meta, checksums, rename; returns the published folder
 
 
 _PENDING: _PendingSave | None = None
 
 
-def start(future: Any, finalize: Callable[[], Path], path: Path) -> None:
-    """Register a save whose tensors `future` is writing; `finalize` publishes it as `path`."""
+def start(future: Any, finalize: Callable[[], Path]) -> None:
+    """Register a save whose tensors `future` is writing and that `finalize` publishes."""
     global _PENDING
-    _PENDING = _PendingSave(future, finalize, Path(path))
+    _PENDING = _PendingSave(future, finalize)
 
 
 def wait_for_pending_save() -> Path | None:

@@ -248,7 +248,7 @@ def save_checkpoint(
             _LAST_SAVE["total_s"] = time.perf_counter() - t0
             return path
 
-        async_save.start(future, finalize_later, final)
+        async_save.start(future, finalize_later)
         _LAST_SAVE.clear()
         _LAST_SAVE["blocking_s"] = time.perf_counter() - t0
         log.info("async checkpoint %s started: the step waited %.3f s", name, _LAST_SAVE["blocking_s"])
