@@ -124,7 +124,7 @@ def test_two_gloo_ranks_read_nothing_on_ordinary_steps(tmp_path, prose_tokens):
 def test_verdicts_read_later_act_as_if_read_at_once(tmp_path, train_config, one_thread, action):
     """A NaN at step 6 read at once (every step logs) and read at step 8 (the next checkpoint):
     the same events, losses, learning rates and final weights; a rollback returns to step 4 either way."""
-    from oreline.train.checkpoint import load_model_state
+    from oreline.train.checkpoint.load import load_model_state
 
     common = dict(
         train__steps=12,
