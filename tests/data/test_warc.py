@@ -311,11 +311,17 @@ def test_blank_line_gaps_are_read_in_linear_time(tmp_path):
     assert time.perf_counter() - start < 5
     assert [r.payload for r in records] == [b"one", b"two"] and not report.errors
     assert [r.offset for r in records] == [0, sum(len(m) for m in members[:3])]
-    # plain file: byte offsets; whitespace before "WARC/" on the same line is still malformed
+    # plain file: byte offsets
     (tmp_path / "gap.warc").write_bytes(first + b"\r\n" * 100_000 + second + b"\n\n  " + second)
     records, report = read(tmp_path / "gap.warc")
-    assert [r.offset for r in records] == [0, len(first) + 200_000]
-    assert "expected a WARC/<version> line" in report.errors[0]["error"]
+    third = len(first) + 200_000 + len(second) + 2  # the line "  WARC/1.1"
+    assert [r.offset for r in records] == [0, len(first) + 200_000, third + 2]
+    # blanks before "WARC/" on the same line are damage, skipped to the header after them
+    (err,) = report.errors
+    assert "expected a WARC/<version> line" in err["error"] and (err["offset"], err["skipped_bytes"]) == (
+        third,
+        2,
+    )
 
 
 def test_folded_header_lines_are_joined_once(tmp_path):

@@ -182,7 +182,8 @@ class _Damage(Exception):
 _FEED = 1 << 16  # compressed bytes given to zlib per call: bounds the copy zlib makes of what is left
 _KEEP_RAW = 4 << 20  # compressed bytes of the current gzip member kept for resync (scan from its start)
 _CANDIDATE_HEAD = 1 << 16  # decompressed bytes a resync candidate must start with a record header in
-_WARC_LINE = re.compile(rb"(?m)^(?=WARC/[0-9])")
+# a WARC version line, wherever it starts: garbage without a newline may run into the next header
+_WARC_LINE = re.compile(rb"WARC/[0-9]\.[0-9]{1,2}\r?\n")
 # an ARC v1/v2 record line: `url ip date(14 digits) mime ... length`
 _ARC_LINE = re.compile(rb"(?m)^(?=[^\s:]{1,20}:[^\n]{0,4096}? (?:\d{1,3}\.){3}\d{1,3} \d{14} )")
 _RECORD_ID = re.compile(rb"(?im)^WARC-Record-ID:[ \t]*<?([^>\r\n]*)>?")
@@ -409,15 +410,15 @@ class _Stream:
         return self.buf[self.start : self.start + n]
 
     def scan(self, line_start: re.Pattern) -> tuple[int, bool]:
-        """Consume bytes up to the next line that `line_start` finds (a pattern matching the
-        newline before it); returns (bytes consumed, found). Stops at the end or at damage.
+        """Consume bytes up to where `line_start` next matches; returns (bytes consumed, found).
+        Stops at the end or at damage.
         Linear: a window at a time, keeping a tail that a line split across windows needs."""
         skipped = 0
         keep = 1 << 14
         while True:
             m = line_start.search(self.buf, self.start)
             if m is not None:
-                n = m.end() - self.start
+                n = m.start() - self.start
                 self._take(n)
                 return skipped + n, True
             avail = len(self.buf) - self.start
@@ -465,6 +466,12 @@ class _Stream:
             return self.member_offsets[max(i, 0)]
         return None
 
+    def file_position(self, dpos: int) -> int | None:
+        """Like file_offset, but the end of the file for the end of the stream."""
+        if self.kind == "gzip" and dpos >= self.produced and self.eof:
+            return self.raw_off + len(self.raw)
+        return self.file_offset(dpos)
+
     def seek_offset(self, dpos: int, gap: int) -> int:
         """The offset to report for a record starting at decompressed position dpos (after `gap`
         bytes of blank separator lines): the file offset of its gzip member when the member
@@ -486,21 +493,30 @@ class _Stream:
 def _inflate_head(data: bytes, limit: int, tolerant: bool = False) -> bytes:
     """Up to `limit` decompressed bytes of the gzip member that starts `data`; b"" when it does
     not inflate, unless `tolerant`: then what came out before the error (a damaged member's
-    header names its record)."""
+    header names its record), found by replaying the failing piece a byte at a time."""
     dec = zlib.decompressobj(31)
     step = 512 if tolerant else max(len(data), 1)
     out: list[bytes] = []
     n = 0
-    try:
-        for i in range(0, len(data), step):
+    for i in range(0, len(data), step):
+        saved = dec.copy() if tolerant else dec
+        try:
             piece = dec.decompress(data[i : i + step], limit - n)
-            out.append(piece)
-            n += len(piece)
-            if n >= limit or dec.eof:
-                break
-    except zlib.error:
-        if not tolerant:
-            return b""
+        except zlib.error:
+            if not tolerant:
+                return b""
+            dec = saved
+            for j in range(i, min(i + step, len(data))):
+                try:
+                    out.append(dec.decompress(data[j : j + 1], limit - n))
+                except zlib.error:
+                    break
+                n += len(out[-1])
+            break
+        out.append(piece)
+        n += len(piece)
+        if n >= limit or dec.eof:
+            break
     return b"".join(out)
 
 
@@ -535,18 +551,29 @@ def detect_compression(head: bytes) -> str:
 # records
 
 
+_UNIQUE_FIELDS = frozenset({"warc-type", "warc-record-id", "content-length", "warc-date"})
+_KEEP_HEADER_BYTES = 1 << 20  # header bytes kept to put back when the header proves bad
+
+
 def _parse_headers(src: _Stream) -> tuple[dict[str, str], str | None, bytes]:
-    """Header lines up to a blank line: (headers, problem or None, the last line read). The last
-    line is what a resync puts back when it may start the next record (a WARC/ line has no colon,
-    so it always ends a header early as a malformed line)."""
+    """Header lines up to a blank line: (headers, problem or None, the bytes read). The bytes are
+    what a resync puts back and rescans when the header is bad, since the next record may start
+    inside them (a header cut short runs into the next record's "WARC/1.0" line; only the last
+    line is kept past 1 MiB of header). A field that may appear once appearing twice is such
+    a run-on, as is a line without a colon."""
     # each header's parts are joined once at the end: `+=` on a dict value copies the whole
     # value per folded line (2,000 folded 64 KB lines: 128 GB of copying)
     parts: dict[str, list[str]] = {}
+    lines: list[bytes] = []
+    kept = 0
     last = None
     problem: str | None = "too many header lines"
     line = b""
     for _ in range(_MAX_HEADER_LINES):
         line = src.readline()
+        if kept <= _KEEP_HEADER_BYTES:
+            lines.append(line)
+            kept += len(line)
         if not line.endswith(b"\n"):
             long = len(line) >= _MAX_LINE
             problem = "header line too long" if long else "file ends inside a record header"
@@ -563,8 +590,12 @@ def _parse_headers(src: _Stream) -> tuple[dict[str, str], str | None, bytes]:
             problem = f"malformed header line {text[:80]!r}"
             break
         last = name.strip().lower()
+        if last in parts and last in _UNIQUE_FIELDS:
+            problem = f"{name.strip()} appears twice (a header cut short runs into the next one?)"
+            break
         parts[last] = [value.strip()]  # a repeated name keeps its last value, as before
-    return {key: " ".join(p) for key, p in parts.items()}, problem, line
+    consumed = b"".join(lines) if kept <= _KEEP_HEADER_BYTES else line
+    return {key: " ".join(p) for key, p in parts.items()}, problem, consumed
 
 
 def _mime_and_charset(content_type: str) -> tuple[str, str | None]:
@@ -658,10 +689,17 @@ class _WarcReader:
         self.compressed = src.kind != "plain"
 
     # -- reporting -----------------------------------------------------------------------------
-    def error(self, dpos, message, reason, skipped, rid=None, offset=None) -> None:
+    def error(self, dpos, message, reason, end, rid=None, offset=None) -> None:
+        """One damaged span, from stream position dpos to end (where reading went on); its
+        offset and length are in the file's bytes (gzip: member offsets, so a span inside one
+        member of a whole-file gzip has length 0 and only its stream_offset says where)."""
+        src = self.src
+        start = src.file_offset(dpos) if offset is None else offset
+        stop = src.file_position(end)
+        skipped = end - dpos if start is None or stop is None or src.kind == "plain" else max(stop - start, 0)
         self.report.error(
             self.name,
-            self.src.file_offset(dpos) if offset is None else offset,
+            start,
             message,
             reason=reason,
             skipped_bytes=skipped,
@@ -783,10 +821,10 @@ class _WarcReader:
                 problem = f"expected a WARC/<version> line, found {line[:40]!r} (not a WARC record)"
                 reason = "read:garbage"
             if problem:
-                if last.startswith(b"WARC/"):
-                    src.unread(last)
+                # put back what may hold the next header: the header lines read (the WARC/
+                # line itself stays read), or all of a garbage line but its first byte
+                src.unread(last if line.startswith(b"WARC/") else line[1:])
                 _, found = src.scan(_WARC_LINE)
-                skipped = src.pos - dpos
                 if pending is not None:
                     # garbage after a block that ended on a separator is garbage between records;
                     # a span that itself ends like a record (a blank line right before the next
@@ -803,7 +841,7 @@ class _WarcReader:
                             f"Content-Length {pending.length} does not match the {pending.rtype} record's block "
                             "(the next record header is not where it says): dropped",
                             "read:content_length_mismatch",
-                            src.pos - pending.dpos,
+                            src.pos,
                             pending.rid,
                             offset=self._file_offset(pending),
                         )
@@ -814,7 +852,8 @@ class _WarcReader:
                     pending = None
                     if rec is not None:
                         yield rec
-                self.error(dpos, f"{problem}; skipped {skipped} bytes to the next record", reason, skipped)
+                rid = headers.get("warc-record-id", "").strip("<>") or None
+                self.error(dpos, f"{problem}: skipped to the next record", reason, src.pos, rid)
                 if src.damage is not None:
                     self.damage(None)
                 continue
@@ -848,7 +887,7 @@ class _WarcReader:
                     dpos,
                     f"truncated {rtype} record: {got} of {length} bytes present",
                     "read:truncated",
-                    src.pos - dpos,
+                    src.pos,
                     rid,
                     offset=self._file_offset_at(dpos, offset),
                 )
@@ -865,7 +904,7 @@ class _WarcReader:
                     f"Content-Length {length} does not match the {rtype} record's block "
                     "(the next record header is not where it says): dropped",
                     "read:content_length_mismatch",
-                    src.pos - dpos,
+                    src.pos,
                     rid,
                     offset=self._file_offset_at(dpos, offset),
                 )
@@ -909,7 +948,7 @@ class _WarcReader:
             fields = _arc_fields(line, version2)
             if fields is None:
                 src.scan(_ARC_LINE)
-                self.error(dpos, f"invalid ARC header line {line[:80]!r}", "read:bad_header", src.pos - dpos)
+                self.error(dpos, f"invalid ARC header line {line[:80]!r}", "read:bad_header", src.pos)
             else:
                 url, date, mime, length = fields
                 is_desc = url.startswith("filedesc://")
@@ -932,7 +971,7 @@ class _WarcReader:
                         f"ARC record is {length - got} bytes shorter than its declared length at the end "
                         "of the file; its HTTP body is complete, so it is kept",
                         "read:arc_short_at_end",
-                        0,
+                        dpos,
                         rid,
                         offset=self._file_offset_at(dpos, offset),
                     )
@@ -948,7 +987,7 @@ class _WarcReader:
                             dpos,
                             f"truncated ARC record: {got} of {length} bytes present",
                             "read:truncated",
-                            src.pos - dpos,
+                            src.pos,
                             rid,
                             offset=self._file_offset_at(dpos, offset),
                         )
@@ -975,7 +1014,7 @@ class _WarcReader:
                         f"ARC length {length} does not match the record (the next record line is not where "
                         "it says): dropped",
                         "read:content_length_mismatch",
-                        src.pos - dpos,
+                        src.pos,
                         rid,
                         offset=self._file_offset_at(dpos, offset),
                     )
@@ -1020,13 +1059,19 @@ class _WarcReader:
 
 
 def _after_block(src: _Stream) -> tuple[bool, bool]:
-    """What follows a record's block: (a blank line, the WARC separator, comes first; the next
-    WARC/ line, or the end, comes after blank lines). Peeks without consuming."""
+    """What follows a record's block, peeked without consuming: (the WARC separator, a blank
+    line, comes right after it; the next WARC/ line or the end comes after the blanks, as it
+    must). Strict on purpose: one byte too many or too few leaves "\n\r\n" or "x\r\n\r\n"
+    behind the block, and a header with no separator at all must start right at its end."""
     window = src.peek(256)
     rest = window.lstrip(_BLANK)
     blanks = window[: len(window) - len(rest)]
-    sep_ok = blanks.count(b"\n") >= 2
-    follows = rest.startswith(b"WARC/") if rest else len(window) < 256
+    # a stray newline before the separator is tolerated (warcio's example-wrong-chunks has one)
+    sep_ok = blanks.startswith((b"\r\n\r\n", b"\n\n")) or blanks.count(b"\n") >= 3
+    if rest:
+        follows = rest.startswith(b"WARC/") and (sep_ok or not blanks)
+    else:  # blanks to the end (or to damage): a single trailing newline is a common ending
+        follows = len(window) < 256 and (sep_ok or blanks in (b"", b"\n", b"\r\n"))
     return sep_ok, follows
 
 
