@@ -551,11 +551,55 @@ def detect_compression(head: bytes) -> str:
 # records
 
 
-_UNIQUE_FIELDS = frozenset({"warc-type", "warc-record-id", "content-length", "warc-date"})
+# the WARC fields that may appear more than once; any other WARC field (and Content-Length,
+# Content-Type) appearing twice means a header cut short ran into the next record's header
+_REPEATABLE_FIELDS = frozenset({"warc-concurrent-to", "warc-protocol"})
 _KEEP_HEADER_BYTES = 1 << 20  # header bytes kept to put back when the header proves bad
 
 
 def _parse_headers(src: _Stream) -> tuple[dict[str, str], str | None, bytes]:
+    """Header lines up to a blank line: see _parse_header_lines. A header that is whole in the
+    buffer and parses cleanly is read in one piece (one decode, one split: the common case,
+    most of the framing time); anything else takes the line-by-line path, which says what is
+    wrong with it."""
+    fast = _parse_buffered_header(src)
+    return fast if fast is not None else _parse_header_lines(src)
+
+
+def _parse_buffered_header(src: _Stream) -> tuple[dict[str, str], None, bytes] | None:
+    src._fill(1 << 14)
+    buf, start = src.buf, src.start
+    limit = min(len(buf), start + (1 << 16))
+    if buf.startswith((b"\r\n", b"\n"), start):
+        return None  # an empty header: rare, the slow path has it
+    crlf = buf.find(b"\n\r\n", start, limit)
+    lf = buf.find(b"\n\n", start, crlf + 2 if crlf >= 0 else limit)  # only before it: no double scan
+    if crlf < 0 and lf < 0:
+        return None
+    end = (lf if lf >= 0 else crlf) + 1  # the blank line starts here
+    blank = 2 if buf.startswith(b"\r\n", end) else 1
+    lines = buf[start:end].decode("utf-8", "replace").split("\n")
+    lines.pop()  # "" after the last newline
+    if len(lines) > _MAX_HEADER_LINES:  # (every line is under _MAX_LINE: the header is under 64 KiB)
+        return None
+    headers: dict[str, str] = {}
+    for text in lines:
+        text = text.rstrip("\r")
+        name, sep, value = text.partition(":")
+        key = name.strip().lower()
+        if (
+            not sep
+            or text[:1] in (" ", "\t")  # a folded line: the slow path joins them
+            or (key in headers and key.startswith(("warc-", "content-")))  # a repeat: its rule is there
+            or not text.strip()
+        ):
+            return None
+        headers[key] = value.strip()
+    src._take(end + blank - start)
+    return headers, None, b""
+
+
+def _parse_header_lines(src: _Stream) -> tuple[dict[str, str], str | None, bytes]:
     """Header lines up to a blank line: (headers, problem or None, the bytes read). The bytes are
     what a resync puts back and rescans when the header is bad, since the next record may start
     inside them (a header cut short runs into the next record's "WARC/1.0" line; only the last
@@ -590,7 +634,7 @@ def _parse_headers(src: _Stream) -> tuple[dict[str, str], str | None, bytes]:
             problem = f"malformed header line {text[:80]!r}"
             break
         last = name.strip().lower()
-        if last in parts and last in _UNIQUE_FIELDS:
+        if last in parts and last.startswith(("warc-", "content-")) and last not in _REPEATABLE_FIELDS:
             problem = f"{name.strip()} appears twice (a header cut short runs into the next one?)"
             break
         parts[last] = [value.strip()]  # a repeated name keeps its last value, as before
@@ -675,6 +719,7 @@ class _Pending:
     length: int
     sep_ok: bool  # the block is followed by a blank line (the WARC separator)
     header_follows: bool  # ... and then directly by the next WARC/ line or the end
+    end: int = 0  # decompressed position after its block
     record: Record | None = None
     encoding: str | None = None  # the content encoding that grew past the limit (too_large)
 
@@ -751,6 +796,23 @@ class _WarcReader:
             report.rejected.append(entry)
         return None
 
+    def _in_damaged_member(self, p: _Pending) -> bool:
+        """Whether the gzip member the stream stopped at holds bytes of p's block: a member is
+        checked (CRC) only at its end, so its output before the damage is not to be trusted."""
+        d, src = self.src.damage, self.src
+        if d is None or src.kind != "gzip" or d.reason == "gzip:garbage" or d.offset is None:
+            return False
+        last = src.file_offset(max(p.end - 1, p.dpos))
+        return last is not None and d.offset <= last
+
+    def settle_at_damage(self, p: _Pending) -> tuple[Record | None, str | None]:
+        """Settle p when the stream stopped at damage right after it: (its record, None), or
+        (None, its id) when its bytes came from the damaged member (a damaged record)."""
+        if self._in_damaged_member(p):
+            self.report.damaged += 1
+            return None, p.rid
+        return self.settle(p, True), None
+
     def _reject(self, p: _Pending, reason: str) -> dict[str, Any]:
         return {
             "file": self.name,
@@ -772,12 +834,13 @@ class _WarcReader:
             dpos = src.pos
             line = src.readline()
             if src.damage is not None and not line.endswith(b"\n"):
-                # damaged compressed input at a record boundary: the pending block was whole
+                # damaged compressed input at a record boundary
+                rid = None
                 if pending is not None:
-                    rec, pending = self.settle(pending, True), None
+                    (rec, rid), pending = self.settle_at_damage(pending), None
                     if rec is not None:
                         yield rec
-                self.damage(None)
+                self.damage(rid)
                 first, gap = False, 0
                 continue
             if not line:
@@ -810,11 +873,12 @@ class _WarcReader:
                     if length < 0:
                         problem = f"invalid Content-Length {headers.get('content-length')!r}"
                 if problem and src.damage is not None:  # the header was cut by damaged compression
+                    rid = None
                     if pending is not None:
-                        rec, pending = self.settle(pending, True), None
+                        (rec, rid), pending = self.settle_at_damage(pending), None
                         if rec is not None:
                             yield rec
-                    self.damage(headers.get("warc-record-id", "").strip("<>"))
+                    self.damage(headers.get("warc-record-id", "").strip("<>") or rid)
                     continue
                 reason = "read:bad_header"
             else:
@@ -825,6 +889,9 @@ class _WarcReader:
                 # line itself stays read), or all of a garbage line but its first byte
                 src.unread(last if line.startswith(b"WARC/") else line[1:])
                 _, found = src.scan(_WARC_LINE)
+                if pending is not None and self._in_damaged_member(pending):
+                    report.damaged += 1
+                    pending = None
                 if pending is not None:
                     # garbage after a block that ended on a separator is garbage between records;
                     # a span that itself ends like a record (a blank line right before the next
@@ -892,7 +959,7 @@ class _WarcReader:
                     offset=self._file_offset_at(dpos, offset),
                 )
                 continue
-            p = _Pending("skip", rtype, rid, url, offset, dpos, length, False, False)
+            p = _Pending("skip", rtype, rid, url, offset, dpos, length, False, False, src.pos)
             p.sep_ok, p.header_follows = _after_block(src)
             if not (p.sep_ok or p.header_follows):
                 # the block does not end where the next record starts: the Content-Length is wrong
@@ -1070,8 +1137,9 @@ def _after_block(src: _Stream) -> tuple[bool, bool]:
     sep_ok = blanks.startswith((b"\r\n\r\n", b"\n\n")) or blanks.count(b"\n") >= 3
     if rest:
         follows = rest.startswith(b"WARC/") and (sep_ok or not blanks)
-    else:  # blanks to the end (or to damage): a single trailing newline is a common ending
-        follows = len(window) < 256 and (sep_ok or blanks in (b"", b"\n", b"\r\n"))
+    else:  # blanks to the end (or to damage): a single trailing newline is a common ending; none
+        # at all is not, and a Content-Length that runs exactly to the end swallowed something
+        follows = len(window) < 256 and (sep_ok or blanks in (b"\n", b"\r\n"))
     return sep_ok, follows
 
 
