@@ -1,33 +1,48 @@
 """Streaming WARC / WET / ARC reader: records with HTTP status, content type, charset, payload.
 
-Why a small pure-Python parser rather than fastwarc: the promise here is "every record before the
-damage is kept, the damage is recorded, nothing crashes". fastwarc stops silently or raises on
-several warcio edge cases (records split across gzip members, truncated members), and the
-payload work (chunked transfer-encoding, gzip/deflate/brotli/zstd content encoding, charset
-decoding) happens in Python either way. Reading is not the pipeline's bottleneck: measured on
-the sample archives (4,204 records, 26 MB), this reader does ~3,000-3,900 records/s including
-HTTP parsing, de-chunking and content decoding, fastwarc ~15,000-18,000 records/s reading raw
-blocks only; extraction runs at ~150-500 pages/s and the pipeline's target is ~35 docs/s.
+Why a small pure-Python parser rather than fastwarc: the promise here is "every intact record is
+kept, the damage is recorded and skipped, nothing crashes". fastwarc and warcio end the file at
+the first damage (a corrupt gzip member, garbage between records, a wrong Content-Length) or
+raise, and the payload work (chunked transfer-encoding, gzip/deflate/brotli/zstd content
+encoding, charset decoding) happens in Python either way. Framing speed, measured by
+benchmarks/reader_throughput.py on the largest sample archives: see that script; fastwarc's
+Rust framing is about twice as fast as this reader's, about half of which is zlib itself.
 
 Algorithm
 1. Compression is detected from magic bytes, never the file name: gzip (1f 8b; one member per
-   record *or* the whole file in one member; both are read as one stream of members), zstd
-   (28 b5 2f fd, read across frames), else plain. Decompression is incremental with a bounded
-   output size, so a 50 MB record (or a decompression bomb) is skipped without holding it whole.
+   record *or* the whole file in one member; read a member at a time from the compressed bytes,
+   so each member's file offset is known), zstd (28 b5 2f fd, read across frames), else plain.
+   Decompression is incremental with a bounded output size, so a 50 MB record (or a
+   decompression bomb) is skipped without holding it whole. The input is a path or a binary
+   file object read forward only (no seek), e.g. an fsspec stream.
 2. Records: a `WARC/<version>` line (0.17, 0.18, 1.0, 1.1 all share the named-field layout),
    header lines up to a blank line (folded continuation lines joined), `Content-Length` bytes of
-   block, separator lines. ARC v1/v2 files (`filedesc://` first line) are read too: one header
+   block, the separator. ARC v1/v2 files (`filedesc://` first line) are read too: one header
    line whose last field is the length. Only `record_types` are parsed and yielded (default:
-   response, conversion, resource); the others are skipped by length and counted by type, and
-   revisit records are counted on their own.
-3. HTTP responses: status line and headers are parsed; the body is de-chunked when
+   response, conversion, resource); the others are counted by type, and revisit records are
+   counted on their own.
+3. A record is passed on only once what follows its block confirms its Content-Length: the
+   separator (a blank line) and the next header, or the end. A block that does not end where
+   the next record starts is dropped as `read:content_length_mismatch` (in `report.rejected`
+   with its id and URL), never passed on with wrong bytes.
+4. HTTP responses: status line and headers are parsed; the body is de-chunked when
    `Transfer-Encoding: chunked` (kept as is when it is not actually chunked, as warcio does) and
    decoded per `Content-Encoding` (gzip, deflate in zlib or raw form, br, zstd). A body that fails
    to decode is kept raw and counted (`report.decoding`); one that decodes to more than
    `max_record_bytes` is dropped as `read:too_large` (decoding stops at the limit).
-4. Damage (corrupt gzip, truncated record, bad Content-Length, not a WARC at all) ends the file
-   cleanly: every record completed before it has been yielded, and `report.errors` gets
-   `{file, offset, error}`.
+5. Damage is skipped, not the end of the file (resynchronisation). A gzip member that does not
+   inflate (corrupt data or CRC, cut off) or bytes between members that are not gzip: the
+   compressed bytes are scanned for the next `1f 8b 08` whose member inflates and starts with a
+   record header that parses; the stream serves nothing past the damage until the record layer
+   has recorded it, so no record joins bytes from both sides, and a record whose bytes came
+   from the damaged member is dropped (a member's CRC is checked only at its end). Garbage
+   between records, a header that does not parse (or runs into the next record's header), a
+   truncated block or a wrong Content-Length: the decompressed stream is scanned for the next
+   `WARC/x.y` line (ARC: the next record line) whose header parses, from the start of the bad
+   block when its length was wrong. Each damaged span is one `report.errors` entry: {file,
+   offset in the file, skipped_bytes, reason, error, record_id when known, and stream_offset
+   for compressed files}. Limitation: inside one gzip member holding the whole file, damage that
+   still inflates shows only at the member's end, after the records before it were passed on.
 
 `Record.offset` is where a reader can seek to: for per-record gzip the file offset of the gzip
 member that holds the record (as in CDX indexes), for plain files the exact byte offset, and for
@@ -36,7 +51,8 @@ whole-file gzip or zstd (one stream) the offset within the decompressed stream.
 Time and memory are linear in the input and bounded per record (hostile input, issue 21): blank
 separator lines are skipped in bulk (`_Stream.skip_blank_lines`; a line at a time, with the gap
 built by `+=`, 1 MiB of newlines took 18.5 s and 64 MiB never finished), folded header lines
-are joined once, and decoded payloads stop at `max_record_bytes`.
+are joined once, decoded payloads stop at `max_record_bytes`, and resync scans go a window at
+a time.
 
 HTTP parsing, content decoding and charset decoding live in `oreline.data.read.payload`.
 """
@@ -578,25 +594,29 @@ def _parse_buffered_header(src: _Stream) -> tuple[dict[str, str], None, bytes] |
         return None
     end = (lf if lf >= 0 else crlf) + 1  # the blank line starts here
     blank = 2 if buf.startswith(b"\r\n", end) else 1
-    lines = buf[start:end].decode("utf-8", "replace").split("\n")
-    lines.pop()  # "" after the last newline
-    if len(lines) > _MAX_HEADER_LINES:  # (every line is under _MAX_LINE: the header is under 64 KiB)
-        return None
-    headers: dict[str, str] = {}
-    for text in lines:
-        text = text.rstrip("\r")
-        name, sep, value = text.partition(":")
-        key = name.strip().lower()
-        if (
-            not sep
-            or text[:1] in (" ", "\t")  # a folded line: the slow path joins them
-            or (key in headers and key.startswith(("warc-", "content-")))  # a repeat: its rule is there
-            or not text.strip()
-        ):
-            return None
-        headers[key] = value.strip()
+    text = buf[start:end].decode("utf-8", "replace")
+    if "\n " in text or "\n\t" in text or text[:1] in (" ", "\t"):
+        return None  # folded lines: the slow path joins them
+    parts = [line.partition(":") for line in text.split("\n")]
+    parts.pop()  # "" after the last newline
+    # a line without a colon (whitespace-only lines have none either) is the slow path's to report
+    if len(parts) > _MAX_HEADER_LINES or not all(sep for _, sep, _ in parts):
+        return None  # (every line is under _MAX_LINE: the header is under 64 KiB)
+    headers = {name.strip().lower(): value.strip() for name, _, value in parts}
+    if len(headers) < len(parts) and any(
+        k.startswith(("warc-", "content-")) for k in _repeated(name.strip().lower() for name, _, _ in parts)
+    ):
+        return None  # a repeated field: the slow path applies its rule
     src._take(end + blank - start)
     return headers, None, b""
+
+
+def _repeated(keys) -> set[str]:
+    seen: set[str] = set()
+    again: set[str] = set()
+    for k in keys:
+        (again if k in seen else seen).add(k)
+    return again
 
 
 def _parse_header_lines(src: _Stream) -> tuple[dict[str, str], str | None, bytes]:
