@@ -29,7 +29,7 @@ GARBAGE = bytes(range(0x20, 0x60))  # 64 bytes: no newline, no gzip magic, no "W
 
 def read(path, **kw):
     report = ReadReport()
-    records = list(iter_records(path, report=report, record_types=EVERY, **kw))
+    records = list(iter_records(path, report=report, **{"record_types": EVERY, **kw}))
     return records, report
 
 
@@ -314,3 +314,17 @@ def test_inflate_of_a_candidate_member_is_what_decides(tmp_path):
     assert [r.payload for r in got] == [b"ab2"]
     (err,) = report.errors
     assert err["offset"] == 0 and err["skipped_bytes"] == 20 + len(fake) + len(not_a_record)
+
+
+def test_arc_record_whose_length_is_wrong_is_dropped_and_the_next_one_read(samples, tmp_path):
+    data = (samples / "web-archives/warcio-edge-cases/example.arc").read_bytes()
+    (orig,), _ = read(samples / "web-archives/warcio-edge-cases/example.arc", record_types=("response",))
+    at = data.index(b"http://example.com/ ")
+    line_end = data.index(b"\n", at)
+    wrong = data[at:line_end].replace(b" 1591", b" 1596")  # 5 bytes into the next record's line
+    (tmp_path / "wrong.arc").write_bytes(data[:at] + wrong + data[line_end:] + data[at:])
+    got, report = read(tmp_path / "wrong.arc", record_types=("response",))
+    assert [(r.url, r.http_status, r.payload) for r in got] == [(orig.url, orig.http_status, orig.payload)]
+    (err,) = report.errors
+    assert err["reason"] == "read:content_length_mismatch" and err["offset"] == at
+    assert err["offset"] + err["skipped_bytes"] == got[0].offset == len(data)
