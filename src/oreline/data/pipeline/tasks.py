@@ -86,7 +86,13 @@ class Reader:
                 break
             except Exception as exc:  # an unexpected reader failure ends this file, not the run
                 self.errors.append(
-                    {"file": str(self.path), "offset": None, "error": f"{type(exc).__name__}: {exc}"}
+                    {
+                        "file": str(self.path),
+                        "offset": None,
+                        "skipped_bytes": 0,
+                        "reason": "read:reader_error",
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
                 )
                 break
             self.stats.seconds += time.perf_counter() - t0
