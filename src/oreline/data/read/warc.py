@@ -683,10 +683,11 @@ class _Prepend:
     def read(self, n: int = -1) -> bytes:
         if not self.head:
             return self.f.read(n)
+        if 0 <= n < len(self.head):
+            out, self.head = self.head[:n], self.head[n:]
+            return out
         head, self.head = self.head, b""
-        if n < 0:
-            return head + self.f.read()
-        return head + self.f.read(n - len(head)) if n > len(head) else head
+        return head + (self.f.read() if n < 0 else self.f.read(n - len(head)))
 
 
 def iter_records(
@@ -846,6 +847,7 @@ class _WarcReader:
     # -- the loop ------------------------------------------------------------------------------
     def records(self) -> Iterator[Record]:
         src, report = self.src, self.report
+        errors_before = len(report.errors)  # the report may be shared by several files
         first = True
         gap = 0  # bytes of blank separator lines before the record
         pending: _Pending | None = None
@@ -868,7 +870,7 @@ class _WarcReader:
                     rec = self.settle(pending, True)
                     if rec is not None:
                         yield rec
-                if first and not report.errors:
+                if first and len(report.errors) == errors_before:
                     report.error(self.name, 0, "empty file (no records)", reason="read:empty_file")
                 return
             if not line.strip():  # a blank line longer than a window: rare, but the same gap
