@@ -43,11 +43,13 @@ EDGE_CASES = [
     ("example-space-in-target-uri.warc.gz", 2, 1, 0, False),
     ("example-wget-bad-target-uri.warc.gz", 6, 3, 0, False),
     ("post-test.warc.gz", 6, 3, 0, False),
-    ("example-trunc.warc", 3, 1, 0, True),  # a record's block is shorter than its Content-Length
+    # the response's block runs on past its Content-Length: dropped with that reason, the request after it read
+    ("example-trunc.warc", 4, 0, 0, True),
     ("example.arc", 2, 1, 0, False),
     ("example.arc.gz", 2, 1, 0, False),
-    ("example-space-in-url.arc", 2, 0, 0, True),  # declared length runs past the end of the file
-    ("bad.arc", 0, 0, 0, True),  # length -1
+    # the declared length runs a few bytes past the end of the file, the HTTP body is whole: kept (as warcio)
+    ("example-space-in-url.arc", 2, 1, 0, True),
+    ("bad.arc", 1, 0, 0, True),  # lengths -1 and "abc" skipped; a length-1 record that does not fit dropped
 ]
 
 
@@ -59,7 +61,9 @@ def test_edge_case_files(edge, name, n_records, n_yielded, n_revisits, has_error
     assert report.revisits == n_revisits
     assert bool(report.errors) == has_error, report.errors
     for err in report.errors:
-        assert set(err) == {"file", "offset", "error"} and err["file"].endswith(name)
+        assert {"file", "offset", "skipped_bytes", "reason", "error"} <= set(err) and err["file"].endswith(
+            name
+        )
     accounted = sum(report.skipped.values()) + report.yielded + sum(report.dropped.values()) + report.damaged
     assert accounted == report.records
 
@@ -73,11 +77,16 @@ def test_example_response_fields(edge):
         assert b"Example Domain" in rec.payload
 
 
-def test_truncated_file_keeps_records_before_damage(edge):
-    records, report = read(edge / "example-trunc.warc")
-    assert [r.record_type for r in records] == ["response"]
+def test_record_whose_block_runs_past_its_content_length_is_dropped(edge):
+    every = ("warcinfo", "response", "request")
+    records, report = read(edge / "example-trunc.warc", record_types=every)
+    assert [r.record_type for r in records] == ["warcinfo", "warcinfo", "request"]
     (err,) = report.errors
-    assert err["offset"] > records[0].offset
+    assert err["reason"] == "read:content_length_mismatch" and err["record_id"].endswith("0242ac120005")
+    assert err["offset"] == 1197 and err["offset"] + err["skipped_bytes"] == records[-1].offset
+    assert report.dropped["read:content_length_mismatch"] == 1
+    (rej,) = report.rejected
+    assert rej["url"] == "http://example.com/" and rej["reason"] == "read:content_length_mismatch"
 
 
 def test_chunked_transfer_encoding_is_decoded(edge):
@@ -239,8 +248,9 @@ def test_oversized_record_is_reported_and_skipped(tmp_path):
     records, report = read(path)
     assert [r.payload for r in records] == [b"small one", b"after the big one"]
     assert report.dropped["read:too_large"] == 1
-    (o,) = report.oversized
-    assert o["record_id"] == "urn:uuid:big" and o["bytes"] == 50_000_001
+    (o,) = report.rejected
+    assert o["record_id"] == "urn:uuid:big" and o["bytes"] == 50_000_001 and o["reason"] == "read:too_large"
+    assert o["url"] == "http://x.test/big"  # the reject keeps the URL and the id
 
 
 def test_record_to_document_metadata(edge):
@@ -301,11 +311,17 @@ def test_blank_line_gaps_are_read_in_linear_time(tmp_path):
     assert time.perf_counter() - start < 5
     assert [r.payload for r in records] == [b"one", b"two"] and not report.errors
     assert [r.offset for r in records] == [0, sum(len(m) for m in members[:3])]
-    # plain file: byte offsets; whitespace before "WARC/" on the same line is still malformed
+    # plain file: byte offsets
     (tmp_path / "gap.warc").write_bytes(first + b"\r\n" * 100_000 + second + b"\n\n  " + second)
     records, report = read(tmp_path / "gap.warc")
-    assert [r.offset for r in records] == [0, len(first) + 200_000]
-    assert "expected a WARC/<version> line" in report.errors[0]["error"]
+    third = len(first) + 200_000 + len(second) + 2  # the line "  WARC/1.1"
+    assert [r.offset for r in records] == [0, len(first) + 200_000, third + 2]
+    # blanks before "WARC/" on the same line are damage, skipped to the header after them
+    (err,) = report.errors
+    assert "expected a WARC/<version> line" in err["error"] and (err["offset"], err["skipped_bytes"]) == (
+        third,
+        2,
+    )
 
 
 def test_folded_header_lines_are_joined_once(tmp_path):
@@ -338,6 +354,6 @@ def test_decoded_body_over_the_limit_is_dropped_as_too_large(tmp_path):
     records, report = read(path, max_record_bytes=len(html) - 1)
     assert [r.payload for r in records] == [b"before", b"after"]
     assert report.dropped["read:too_large"] == 1 and report.decoding["content_encoding_too_large:zstd"] == 1
-    (o,) = report.oversized
+    (o,) = report.rejected
     assert o["record_id"] == "urn:uuid:bomb" and o["content_encoding"] == "zstd"
     assert [r.payload for r in read(path)[0]][1] == html  # under the limit it decodes as before

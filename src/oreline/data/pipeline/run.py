@@ -37,7 +37,8 @@ else in the folder is touched, hidden or not.
 The funnel (`stats.json`): `steps` lists name, docs_in, docs_out, bytes_in, bytes_out, seconds
 and dropped {reason: count} per step, with docs_out of step k equal to docs_in of step k+1;
 `inputs` has per-file facts (records, record types, revisits, bytes) and the files of unknown
-kind; `errors` lists `{file, offset, error}` for damage that ended a file early.
+kind; `errors` lists each damaged span of an input (WARC damage is skipped to the next readable
+record): `{file, offset (in the file), skipped_bytes, reason, error, record_id when known}`.
 """
 
 from __future__ import annotations
@@ -421,7 +422,7 @@ def print_funnel(stats: dict[str, Any], console: Console) -> None:
         )
     if stats["errors"]:
         console.print(
-            f"[yellow]{len(stats['errors'])} input error(s)[/] (damage that ended a file early; see stats.json errors):"
+            f"[yellow]{len(stats['errors'])} input error(s)[/] (damaged input skipped; see stats.json errors):"
         )
         for e in stats["errors"][:5]:
             console.print(f"  {Path(str(e['file'])).name} @ {e['offset']}: {str(e['error'])[:120]}")

@@ -86,7 +86,13 @@ class Reader:
                 break
             except Exception as exc:  # an unexpected reader failure ends this file, not the run
                 self.errors.append(
-                    {"file": str(self.path), "offset": None, "error": f"{type(exc).__name__}: {exc}"}
+                    {
+                        "file": str(self.path),
+                        "offset": None,
+                        "skipped_bytes": 0,
+                        "reason": "read:reader_error",
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
                 )
                 break
             self.stats.seconds += time.perf_counter() - t0
@@ -100,12 +106,13 @@ class Reader:
 
         rcfg = self.cfg.data.read
         report = ReadReport()
-        seen_oversized = 0
+        seen_rejected = 0
         name = str(self.path)
 
-        def oversized() -> None:
-            nonlocal seen_oversized
-            for o in report.oversized[seen_oversized:]:
+        def rejected() -> None:
+            """Records the reader dropped whole (too large, Content-Length not matching the block)."""
+            nonlocal seen_rejected
+            for o in report.rejected[seen_rejected:]:
                 meta = {
                     "source_file": name,
                     "offset": o["offset"],
@@ -114,9 +121,9 @@ class Reader:
                 }
                 if o.get("content_encoding"):  # the block fit, its decoded body did not
                     meta["content_encoding"] = o["content_encoding"]
-                doc = Document(o.get("record_id") or f"{name}:{o['offset']}", "", "", meta)
-                self._drop("read:too_large", doc, int(o["bytes"]))
-            seen_oversized = len(report.oversized)
+                doc = Document(o.get("record_id") or f"{name}:{o['offset']}", "", o.get("url") or "", meta)
+                self._drop(o["reason"], doc, int(o["bytes"]))
+            seen_rejected = len(report.rejected)
 
         try:
             records = iter_records(
@@ -126,7 +133,7 @@ class Reader:
                 record_types=tuple(rcfg.record_types),
             )
             for rec in records:
-                oversized()
+                rejected()
                 nbytes = len(rec.payload)
                 self.progress.add(1, nbytes)
                 before = Counter(report.dropped)
@@ -157,7 +164,7 @@ class Reader:
                     self._drop(reason, stub, nbytes)
                     continue
                 yield self._keep(doc, nbytes)
-            oversized()
+            rejected()
         finally:
             self.errors.extend(report.errors)
             self.info.update(

@@ -1,33 +1,48 @@
 """Streaming WARC / WET / ARC reader: records with HTTP status, content type, charset, payload.
 
-Why a small pure-Python parser rather than fastwarc: the promise here is "every record before the
-damage is kept, the damage is recorded, nothing crashes". fastwarc stops silently or raises on
-several warcio edge cases (records split across gzip members, truncated members), and the
-payload work (chunked transfer-encoding, gzip/deflate/brotli/zstd content encoding, charset
-decoding) happens in Python either way. Reading is not the pipeline's bottleneck: measured on
-the sample archives (4,204 records, 26 MB), this reader does ~3,000-3,900 records/s including
-HTTP parsing, de-chunking and content decoding, fastwarc ~15,000-18,000 records/s reading raw
-blocks only; extraction runs at ~150-500 pages/s and the pipeline's target is ~35 docs/s.
+Why a small pure-Python parser rather than fastwarc: the promise here is "every intact record is
+kept, the damage is recorded and skipped, nothing crashes". fastwarc and warcio end the file at
+the first damage (a corrupt gzip member, garbage between records, a wrong Content-Length) or
+raise, and the payload work (chunked transfer-encoding, gzip/deflate/brotli/zstd content
+encoding, charset decoding) happens in Python either way. Framing speed, measured by
+benchmarks/reader_throughput.py on the largest sample archives: see that script; fastwarc's
+Rust framing is about twice as fast as this reader's, about half of which is zlib itself.
 
 Algorithm
 1. Compression is detected from magic bytes, never the file name: gzip (1f 8b; one member per
-   record *or* the whole file in one member; both are read as one stream of members), zstd
-   (28 b5 2f fd, read across frames), else plain. Decompression is incremental with a bounded
-   output size, so a 50 MB record (or a decompression bomb) is skipped without holding it whole.
+   record *or* the whole file in one member; read a member at a time from the compressed bytes,
+   so each member's file offset is known), zstd (28 b5 2f fd, read across frames), else plain.
+   Decompression is incremental with a bounded output size, so a 50 MB record (or a
+   decompression bomb) is skipped without holding it whole. The input is a path or a binary
+   file object read forward only (no seek), e.g. an fsspec stream.
 2. Records: a `WARC/<version>` line (0.17, 0.18, 1.0, 1.1 all share the named-field layout),
    header lines up to a blank line (folded continuation lines joined), `Content-Length` bytes of
-   block, separator lines. ARC v1/v2 files (`filedesc://` first line) are read too: one header
+   block, the separator. ARC v1/v2 files (`filedesc://` first line) are read too: one header
    line whose last field is the length. Only `record_types` are parsed and yielded (default:
-   response, conversion, resource); the others are skipped by length and counted by type, and
-   revisit records are counted on their own.
-3. HTTP responses: status line and headers are parsed; the body is de-chunked when
+   response, conversion, resource); the others are counted by type, and revisit records are
+   counted on their own.
+3. A record is passed on only once what follows its block confirms its Content-Length: the
+   separator (a blank line) and the next header, or the end. A block that does not end where
+   the next record starts is dropped as `read:content_length_mismatch` (in `report.rejected`
+   with its id and URL), never passed on with wrong bytes.
+4. HTTP responses: status line and headers are parsed; the body is de-chunked when
    `Transfer-Encoding: chunked` (kept as is when it is not actually chunked, as warcio does) and
    decoded per `Content-Encoding` (gzip, deflate in zlib or raw form, br, zstd). A body that fails
    to decode is kept raw and counted (`report.decoding`); one that decodes to more than
    `max_record_bytes` is dropped as `read:too_large` (decoding stops at the limit).
-4. Damage (corrupt gzip, truncated record, bad Content-Length, not a WARC at all) ends the file
-   cleanly: every record completed before it has been yielded, and `report.errors` gets
-   `{file, offset, error}`.
+5. Damage is skipped, not the end of the file (resynchronisation). A gzip member that does not
+   inflate (corrupt data or CRC, cut off) or bytes between members that are not gzip: the
+   compressed bytes are scanned for the next `1f 8b 08` whose member inflates and starts with a
+   record header that parses; the stream serves nothing past the damage until the record layer
+   has recorded it, so no record joins bytes from both sides, and a record whose bytes came
+   from the damaged member is dropped (a member's CRC is checked only at its end). Garbage
+   between records, a header that does not parse (or runs into the next record's header), a
+   truncated block or a wrong Content-Length: the decompressed stream is scanned for the next
+   `WARC/x.y` line (ARC: the next record line) whose header parses, from the start of the bad
+   block when its length was wrong. Each damaged span is one `report.errors` entry: {file,
+   offset in the file, skipped_bytes, reason, error, record_id when known, and stream_offset
+   for compressed files}. Limitation: inside one gzip member holding the whole file, damage that
+   still inflates shows only at the member's end, after the records before it were passed on.
 
 `Record.offset` is where a reader can seek to: for per-record gzip the file offset of the gzip
 member that holds the record (as in CDX indexes), for plain files the exact byte offset, and for
@@ -36,20 +51,23 @@ whole-file gzip or zstd (one stream) the offset within the decompressed stream.
 Time and memory are linear in the input and bounded per record (hostile input, issue 21): blank
 separator lines are skipped in bulk (`_Stream.skip_blank_lines`; a line at a time, with the gap
 built by `+=`, 1 MiB of newlines took 18.5 s and 64 MiB never finished), folded header lines
-are joined once, and decoded payloads stop at `max_record_bytes`.
+are joined once, decoded payloads stop at `max_record_bytes`, and resync scans go a window at
+a time.
 
 HTTP parsing, content decoding and charset decoding live in `oreline.data.read.payload`.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
+import re
 import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from oreline.data.read.payload import (
     PayloadTooLarge,
@@ -87,7 +105,12 @@ class Record:
 
 @dataclass
 class ReadReport:
-    """What reading saw: counts by record type, skips, drops, damage. Merge reports with `merge`."""
+    """What reading saw: counts by record type, skips, drops, damage. Merge reports with `merge`.
+
+    `errors` has one entry per damaged span: {file, offset (in the file), skipped_bytes, reason,
+    error (the message), record_id (when known)}, plus `stream_offset` (the position in the
+    decompressed stream) for compressed files. `rejected` lists the wanted records dropped whole
+    ({file, offset, record_id, url, bytes, reason}) so the caller can keep them as rejects."""
 
     files: int = 0
     records: int = 0  # every record header parsed (all types)
@@ -99,11 +122,32 @@ class ReadReport:
     dropped: Counter = field(default_factory=Counter)  # reason -> count ("read:too_large", ...)
     decoding: Counter = field(default_factory=Counter)  # transfer/content/charset decoding events
     replacement_chars: int = 0
-    errors: list[dict[str, Any]] = field(default_factory=list)  # {file, offset, error}
-    oversized: list[dict[str, Any]] = field(default_factory=list)  # {file, offset, record_id, bytes}
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
 
-    def error(self, file: str, offset: int, message: str) -> None:
-        self.errors.append({"file": file, "offset": int(offset), "error": message})
+    def error(
+        self,
+        file: str,
+        offset: int | None,
+        message: str,
+        *,
+        reason: str = "read:error",
+        skipped_bytes: int = 0,
+        record_id: str | None = None,
+        stream_offset: int | None = None,
+    ) -> None:
+        entry: dict[str, Any] = {
+            "file": file,
+            "offset": None if offset is None else int(offset),
+            "skipped_bytes": int(skipped_bytes),
+            "reason": reason,
+            "error": message,
+        }
+        if record_id:
+            entry["record_id"] = record_id
+        if stream_offset is not None:
+            entry["stream_offset"] = int(stream_offset)
+        self.errors.append(entry)
 
     def merge(self, other: ReadReport) -> ReadReport:
         for name in ("files", "records", "yielded", "revisits", "damaged", "replacement_chars"):
@@ -111,7 +155,7 @@ class ReadReport:
         for name in ("by_type", "skipped", "dropped", "decoding"):
             getattr(self, name).update(getattr(other, name))
         self.errors.extend(other.errors)
-        self.oversized.extend(other.oversized)
+        self.rejected.extend(other.rejected)
         return self
 
     def as_dict(self) -> dict[str, Any]:
@@ -127,7 +171,7 @@ class ReadReport:
             "decoding": dict(self.decoding),
             "replacement_chars": self.replacement_chars,
             "errors": list(self.errors),
-            "oversized": list(self.oversized),
+            "rejected": list(self.rejected),
         }
 
 
@@ -136,28 +180,56 @@ class ReadReport:
 
 
 class _Damage(Exception):
-    """The stream cannot be read past this point (corrupt or truncated compression)."""
+    """Compressed input that cannot be read: where it starts in the file, how much was skipped to
+    the next readable gzip member (or the end), and the first decompressed bytes of the damaged
+    member when there were any (to name the record it held)."""
 
-    def __init__(self, offset: int, message: str):
+    def __init__(self, offset: int | None, message: str, reason: str, skipped: int = 0, head: bytes = b""):
         super().__init__(message)
-        self.offset = offset
-        self.message = message
+        self.offset, self.message, self.reason, self.skipped, self.head = (
+            offset,
+            message,
+            reason,
+            skipped,
+            head,
+        )
+
+
+_FEED = 1 << 16  # compressed bytes given to zlib per call: bounds the copy zlib makes of what is left
+_KEEP_RAW = 4 << 20  # compressed bytes of the current gzip member kept for resync (scan from its start)
+_CANDIDATE_HEAD = 1 << 16  # decompressed bytes a resync candidate must start with a record header in
+# a WARC version line, wherever it starts: garbage without a newline may run into the next header
+_WARC_LINE = re.compile(rb"WARC/[0-9]\.[0-9]{1,2}\r?\n")
+# an ARC v1/v2 record line: `url ip date(14 digits) mime ... length`
+_ARC_LINE = re.compile(rb"(?m)^(?=[^\s:]{1,20}:[^\n]{0,4096}? (?:\d{1,3}\.){3}\d{1,3} \d{14} )")
+_RECORD_ID = re.compile(rb"(?im)^WARC-Record-ID:[ \t]*<?([^>\r\n]*)>?")
 
 
 class _Stream:
-    """A decompressed view of a file with readline/read/skip and gzip member offsets."""
+    """A decompressed view of a file with readline/read/unread/scan and gzip member file offsets.
+
+    Gzip is read a member at a time from the compressed bytes (zlib.decompressobj per member), so
+    the file offset of every member is known. A member that fails to inflate (corrupt data or
+    CRC, cut off) or bytes between members that are not gzip are *damage*: the stream scans the
+    compressed bytes for the next `1f 8b 08` whose member inflates and starts with a record
+    header, and stops serving bytes (`damage` is set) until the reader calls `resume()`, so no
+    read ever joins bytes from both sides of the damage."""
 
     def __init__(self, f, kind: str):
         self.f, self.kind = f, kind
         self.buf = b""
         self.start = 0  # index of the first unconsumed byte in buf
         self.pos = 0  # decompressed offset of buf[start]
+        self.produced = 0  # decompressed bytes produced so far (the offset where new output goes)
         self.eof = False
         self.damage: _Damage | None = None
-        self.members: list[tuple[int, int]] = [(0, 0)]  # (decompressed start, file offset) per gzip member
+        self.member_starts: list[int] = [0]  # decompressed offset where each gzip member's output starts
+        self.member_offsets: list[int] = [0]  # ... and that member's offset in the file
         if kind == "gzip":
             self.raw = b""
-            self.comp_pos = 0  # file offset of raw[0]
+            self.ri = 0  # next unconsumed index in raw
+            self.raw_off = 0  # file offset of raw[0]
+            self.member_off = 0  # file offset of the member being inflated
             self.dec = zlib.decompressobj(31)
             self.member_fed = False
         elif kind == "zstd":
@@ -167,8 +239,8 @@ class _Stream:
 
     # -- filling -------------------------------------------------------------------------------
     def _more(self) -> bytes:
-        """The next piece of decompressed output (b"" at the end); records damage on failure."""
-        if self.eof:
+        """The next piece of decompressed output (b"" at the end or at damage not yet resumed)."""
+        if self.eof or self.damage is not None:
             return b""
         try:
             if self.kind == "gzip":
@@ -178,49 +250,104 @@ class _Stream:
             else:
                 out = self.f.read(_CHUNK)
         except _Damage as exc:
-            self.damage, self.eof = exc, True
+            self.damage = exc
             return b""
-        except Exception as exc:  # zstd.ZstdError, OSError: damage, never a crash
-            self.damage = _Damage(self.pos + len(self.buf) - self.start, f"{self.kind} stream error: {exc}")
+        except Exception as exc:  # zstd.ZstdError, OSError: damage, never a crash; no resync inside zstd
+            self.damage = _Damage(
+                0 if self.kind == "zstd" else self.produced,
+                f"{self.kind} stream error: {exc}",
+                f"{self.kind}:error",
+            )
             self.eof = True
             return b""
         if not out:
             self.eof = True
+        self.produced += len(out)
         return out
+
+    def resume(self) -> _Damage | None:
+        """Serve bytes again after damage (from the resync point); returns the damage."""
+        damage, self.damage = self.damage, None
+        return damage
+
+    def _read_raw(self) -> bool:
+        """Append the next compressed chunk, dropping consumed bytes (the current member's are
+        kept, up to _KEEP_RAW, so a resync can scan from its start)."""
+        chunk = self.f.read(_CHUNK)
+        if not chunk:
+            return False
+        keep = self.ri
+        if self.member_fed and self.ri - (self.member_off - self.raw_off) <= _KEEP_RAW:
+            keep = max(0, self.member_off - self.raw_off)
+        self.raw_off += keep
+        self.raw = self.raw[keep:] + chunk
+        self.ri -= keep
+        return True
 
     def _more_gzip(self) -> bytes:
         while True:
-            if not self.raw:
-                self.raw = self.f.read(_CHUNK)
-                if not self.raw:
-                    if self.member_fed:
-                        raise _Damage(self.members[-1][1], "truncated gzip member (file ends inside it)")
-                    return b""
+            if self.ri >= len(self.raw) and not self._read_raw():
+                if self.member_fed:
+                    self._gzip_damage(
+                        self.member_off, "truncated gzip member (the file ends inside it)", "gzip:truncated"
+                    )
+                return b""
             if not self.member_fed:
-                if len(self.raw) < 2:
-                    self.raw += self.f.read(_CHUNK)
-                if not self.raw.startswith(b"\x1f\x8b"):
-                    if not self.raw.strip(b"\x00\r\n\t "):
-                        self.comp_pos += len(self.raw)  # padding after the last member
-                        self.raw = b""
+                if len(self.raw) - self.ri < 3:
+                    self._read_raw()
+                if not self.raw.startswith(b"\x1f\x8b", self.ri):
+                    if not self.raw[self.ri :].strip(b"\x00\r\n\t "):
+                        self.ri = len(self.raw)  # padding after a member
                         continue
-                    raise _Damage(self.comp_pos, "bytes after a gzip member are not gzip")
-            data = self.raw
+                    self._gzip_damage(
+                        self.raw_off + self.ri, "bytes between gzip members are not gzip", "gzip:garbage"
+                    )
+                self.member_off = self.raw_off + self.ri
+                if self.member_starts[-1] == self.produced:  # the last member gave no output
+                    self.member_offsets[-1] = self.member_off
+                else:
+                    self.member_starts.append(self.produced)
+                    self.member_offsets.append(self.member_off)
+            piece = memoryview(self.raw)[self.ri : self.ri + _FEED]
             try:
-                out = self.dec.decompress(data, 4 * _CHUNK)
+                out = self.dec.decompress(piece, 4 * _CHUNK)
             except zlib.error as exc:
-                raise _Damage(self.members[-1][1], f"corrupt gzip member: {exc}") from None
+                self._gzip_damage(self.member_off, f"corrupt gzip member: {exc}", "gzip:corrupt")
             self.member_fed = True
-            rest = self.dec.unused_data if self.dec.eof else self.dec.unconsumed_tail
-            self.comp_pos += len(data) - len(rest)
-            self.raw = rest
+            self.ri += len(piece) - len(self.dec.unused_data if self.dec.eof else self.dec.unconsumed_tail)
             if self.dec.eof:
-                end = self.pos + len(self.buf) - self.start + len(out)
-                self.members.append((end, self.comp_pos))
                 self.dec = zlib.decompressobj(31)
                 self.member_fed = False
             if out:
                 return out
+
+    def _gzip_damage(self, offset: int, message: str, reason: str) -> None:
+        """Salvage the damaged member's first bytes, move to the next member that inflates and
+        starts with a record header (or to the end), and raise _Damage."""
+        head = b""
+        ms = self.member_off - self.raw_off
+        if reason != "gzip:garbage" and ms >= 0:
+            head = _inflate_head(self.raw[ms : ms + _FEED], 4096, tolerant=True)
+        self._reset_member()  # from here _read_raw keeps only what lies after the scan position
+        self.ri = max(offset + 1 - self.raw_off, 0)
+        while True:
+            cand = self.raw.find(b"\x1f\x8b\x08", self.ri)
+            if cand < 0:
+                self.ri = max(self.ri, len(self.raw) - 2)
+                if not self._read_raw():
+                    self.ri = len(self.raw)
+                    raise _Damage(offset, message, reason, self.raw_off + len(self.raw) - offset, head)
+                continue
+            self.ri = cand
+            while len(self.raw) - self.ri < _FEED and self._read_raw():  # the candidate's head is here
+                pass
+            if _looks_like_record_start(_inflate_head(self.raw[self.ri : self.ri + _FEED], _CANDIDATE_HEAD)):
+                raise _Damage(offset, message, reason, self.raw_off + self.ri - offset, head)
+            self.ri += 1
+
+    def _reset_member(self) -> None:
+        self.dec = zlib.decompressobj(31)
+        self.member_fed = False
 
     def _fill(self, need: int) -> bool:
         """Make at least `need` unconsumed bytes available if the stream has them."""
@@ -264,6 +391,13 @@ class _Stream:
             need -= len(out)
         return b"".join(parts)
 
+    def unread(self, data: bytes) -> None:
+        """Put back the bytes just read (a block whose Content-Length proved wrong is rescanned)."""
+        if data:
+            self.buf = data + self.buf[self.start :]
+            self.start = 0
+            self.pos -= len(data)
+
     def skip(self, n: int) -> int:
         """Consume up to n bytes without keeping them; returns how many were there."""
         done = 0
@@ -282,6 +416,35 @@ class _Stream:
         if self.start > _CHUNK:  # drop consumed bytes so the buffer stays small
             self.buf, self.start = self.buf[self.start :], 0
         return out
+
+    def behind(self, n: int) -> bytes:
+        """Up to n bytes just consumed (fewer when the buffer was trimmed)."""
+        return self.buf[max(0, self.start - n) : self.start]
+
+    def peek(self, n: int) -> bytes:
+        self._fill(n)
+        return self.buf[self.start : self.start + n]
+
+    def scan(self, line_start: re.Pattern) -> tuple[int, bool]:
+        """Consume bytes up to where `line_start` next matches; returns (bytes consumed, found).
+        Stops at the end or at damage.
+        Linear: a window at a time, keeping a tail that a line split across windows needs."""
+        skipped = 0
+        keep = 1 << 14
+        while True:
+            m = line_start.search(self.buf, self.start)
+            if m is not None:
+                n = m.start() - self.start
+                self._take(n)
+                return skipped + n, True
+            avail = len(self.buf) - self.start
+            if avail > keep:
+                self._take(avail - keep)
+                skipped += avail - keep
+            if not self._fill(len(self.buf) - self.start + 1):
+                rest = len(self.buf) - self.start
+                self._take(rest)
+                return skipped + rest, False
 
     def skip_blank_lines(self) -> int:
         """Consume the whole lines of whitespace at the read position in bulk; returns how many
@@ -308,17 +471,88 @@ class _Stream:
             skipped += cut
         return skipped
 
+    # -- offsets -------------------------------------------------------------------------------
+    def file_offset(self, dpos: int) -> int | None:
+        """The file offset of decompressed position dpos: itself for plain files, the start of
+        the gzip member holding it, None inside a zstd stream (no member index)."""
+        if self.kind == "plain":
+            return dpos
+        if self.kind == "gzip":
+            i = bisect.bisect_right(self.member_starts, dpos) - 1
+            return self.member_offsets[max(i, 0)]
+        return None
+
+    def file_position(self, dpos: int) -> int | None:
+        """Like file_offset, but the end of the file for the end of the stream."""
+        if self.kind == "gzip" and dpos >= self.produced and self.eof:
+            return self.raw_off + len(self.raw)
+        return self.file_offset(dpos)
+
     def seek_offset(self, dpos: int, gap: int) -> int:
         """The offset to report for a record starting at decompressed position dpos (after `gap`
         bytes of blank separator lines): the file offset of its gzip member when the member
         starts with this record (per-record gzip), else the decompressed position."""
         if self.kind == "gzip":
-            for start, comp in reversed(self.members):
-                if start <= dpos:
-                    if dpos - start <= gap:
-                        return comp
-                    break
+            i = bisect.bisect_right(self.member_starts, dpos) - 1
+            if i >= 0 and dpos - self.member_starts[i] <= gap:
+                return self.member_offsets[i]
         return dpos
+
+    def forget_before(self, dpos: int) -> None:
+        """Drop member index entries no offset question can reach any more (bounded memory)."""
+        if len(self.member_starts) > 256:
+            i = bisect.bisect_right(self.member_starts, dpos) - 1
+            if i > 0:
+                del self.member_starts[:i], self.member_offsets[:i]
+
+
+def _inflate_head(data: bytes, limit: int, tolerant: bool = False) -> bytes:
+    """Up to `limit` decompressed bytes of the gzip member that starts `data`; b"" when it does
+    not inflate, unless `tolerant`: then what came out before the error (a damaged member's
+    header names its record), found by replaying the failing piece a byte at a time."""
+    dec = zlib.decompressobj(31)
+    step = 512 if tolerant else max(len(data), 1)
+    out: list[bytes] = []
+    n = 0
+    for i in range(0, len(data), step):
+        saved = dec.copy() if tolerant else dec
+        try:
+            piece = dec.decompress(data[i : i + step], limit - n)
+        except zlib.error:
+            if not tolerant:
+                return b""
+            dec = saved
+            for j in range(i, min(i + step, len(data))):
+                try:
+                    out.append(dec.decompress(data[j : j + 1], limit - n))
+                except zlib.error:
+                    break
+                n += len(out[-1])
+            break
+        out.append(piece)
+        n += len(piece)
+        if n >= limit or dec.eof:
+            break
+    return b"".join(out)
+
+
+def _looks_like_record_start(head: bytes) -> bool:
+    """Whether decompressed bytes start with a WARC header that parses (or an ARC record line)."""
+    head = head.lstrip(_BLANK)
+    if head.startswith(b"WARC/"):
+        end = re.search(rb"\r?\n\r?\n", head)
+        if end is None:
+            return False
+        lines = head[: end.start()].split(b"\n")[1:]
+        for line in lines:
+            name, sep, value = line.partition(b":")
+            if not sep and not line[:1].isspace():
+                return False
+            if name.strip().lower() == b"content-length":
+                return value.strip().isdigit()
+        return False
+    nl = head.find(b"\n")
+    return nl > 0 and _ARC_LINE.match(head) is not None and _arc_fields(head[: nl + 1]) is not None
 
 
 def detect_compression(head: bytes) -> str:
@@ -333,19 +567,80 @@ def detect_compression(head: bytes) -> str:
 # records
 
 
-def _parse_headers(src: _Stream) -> tuple[dict[str, str], str | None]:
+# the WARC fields that may appear more than once; any other WARC field (and Content-Length,
+# Content-Type) appearing twice means a header cut short ran into the next record's header
+_REPEATABLE_FIELDS = frozenset({"warc-concurrent-to", "warc-protocol"})
+_KEEP_HEADER_BYTES = 1 << 20  # header bytes kept to put back when the header proves bad
+
+
+def _parse_headers(src: _Stream) -> tuple[dict[str, str], str | None, bytes]:
+    """Header lines up to a blank line: see _parse_header_lines. A header that is whole in the
+    buffer and parses cleanly is read in one piece (one decode, one split: the common case,
+    most of the framing time); anything else takes the line-by-line path, which says what is
+    wrong with it."""
+    fast = _parse_buffered_header(src)
+    return fast if fast is not None else _parse_header_lines(src)
+
+
+def _parse_buffered_header(src: _Stream) -> tuple[dict[str, str], None, bytes] | None:
+    src._fill(1 << 14)
+    buf, start = src.buf, src.start
+    limit = min(len(buf), start + (1 << 16))
+    if buf.startswith((b"\r\n", b"\n"), start):
+        return None  # an empty header: rare, the slow path has it
+    crlf = buf.find(b"\n\r\n", start, limit)
+    lf = buf.find(b"\n\n", start, crlf + 2 if crlf >= 0 else limit)  # only before it: no double scan
+    if crlf < 0 and lf < 0:
+        return None
+    end = (lf if lf >= 0 else crlf) + 1  # the blank line starts here
+    blank = 2 if buf.startswith(b"\r\n", end) else 1
+    text = buf[start:end].decode("utf-8", "replace")
+    if "\n " in text or "\n\t" in text or text[:1] in (" ", "\t"):
+        return None  # folded lines: the slow path joins them
+    parts = [line.partition(":") for line in text.split("\n")]
+    parts.pop()  # "" after the last newline
+    # a line without a colon (whitespace-only lines have none either) is the slow path's to report
+    if len(parts) > _MAX_HEADER_LINES or not all(sep for _, sep, _ in parts):
+        return None  # (every line is under _MAX_LINE: the header is under 64 KiB)
+    headers = {name.strip().lower(): value.strip() for name, _, value in parts}
+    if len(headers) < len(parts) and any(
+        k.startswith(("warc-", "content-")) for k in _repeated(name.strip().lower() for name, _, _ in parts)
+    ):
+        return None  # a repeated field: the slow path applies its rule
+    src._take(end + blank - start)
+    return headers, None, b""
+
+
+def _repeated(keys) -> set[str]:
+    seen: set[str] = set()
+    again: set[str] = set()
+    for k in keys:
+        (again if k in seen else seen).add(k)
+    return again
+
+
+def _parse_header_lines(src: _Stream) -> tuple[dict[str, str], str | None, bytes]:
+    """Header lines up to a blank line: (headers, problem or None, the bytes read). The bytes are
+    what a resync puts back and rescans when the header is bad, since the next record may start
+    inside them (a header cut short runs into the next record's "WARC/1.0" line; only the last
+    line is kept past 1 MiB of header). A field that may appear once appearing twice is such
+    a run-on, as is a line without a colon."""
     # each header's parts are joined once at the end: `+=` on a dict value copies the whole
     # value per folded line (2,000 folded 64 KB lines: 128 GB of copying)
     parts: dict[str, list[str]] = {}
+    lines: list[bytes] = []
+    kept = 0
     last = None
     problem: str | None = "too many header lines"
+    line = b""
     for _ in range(_MAX_HEADER_LINES):
         line = src.readline()
-        if not line:
-            problem = "file ends inside a record header"
-            break
+        if kept <= _KEEP_HEADER_BYTES:
+            lines.append(line)
+            kept += len(line)
         if not line.endswith(b"\n"):
-            problem = "header line too long"
+            long = len(line) >= _MAX_LINE
+            problem = "header line too long" if long else "file ends inside a record header"
             break
         text = line.decode("utf-8", "replace").rstrip("\r\n")
         if not text.strip():
@@ -359,8 +654,12 @@ def _parse_headers(src: _Stream) -> tuple[dict[str, str], str | None]:
             problem = f"malformed header line {text[:80]!r}"
             break
         last = name.strip().lower()
+        if last in parts and last.startswith(("warc-", "content-")) and last not in _REPEATABLE_FIELDS:
+            problem = f"{name.strip()} appears twice (a header cut short runs into the next one?)"
+            break
         parts[last] = [value.strip()]  # a repeated name keeps its last value, as before
-    return {key: " ".join(p) for key, p in parts.items()}, problem
+    consumed = b"".join(lines) if kept <= _KEEP_HEADER_BYTES else line
+    return {key: " ".join(p) for key, p in parts.items()}, problem, consumed
 
 
 def _mime_and_charset(content_type: str) -> tuple[str, str | None]:
@@ -374,125 +673,531 @@ def _mime_and_charset(content_type: str) -> tuple[str, str | None]:
     return mime, charset
 
 
+class _Prepend:
+    """A binary file object with bytes already read from it put back in front (the compression
+    sniff must not need seek: the input may be a stream)."""
+
+    def __init__(self, head: bytes, f):
+        self.head, self.f = head, f
+
+    def read(self, n: int = -1) -> bytes:
+        if not self.head:
+            return self.f.read(n)
+        if 0 <= n < len(self.head):
+            out, self.head = self.head[:n], self.head[n:]
+            return out
+        head, self.head = self.head, b""
+        return head + (self.f.read() if n < 0 else self.f.read(n - len(head)))
+
+
 def iter_records(
-    path: str | os.PathLike,
+    source: str | os.PathLike | BinaryIO,
     *,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     report: ReadReport,
     record_types: tuple[str, ...] | list[str] = DEFAULT_RECORD_TYPES,
 ) -> Iterator[Record]:
-    """Stream the wanted records of one WARC/WET/ARC file; damage ends the file cleanly."""
-    name = str(path)
+    """Stream the wanted records of one WARC/WET/ARC file (a path or a binary file object, which
+    is read forward only and not closed); damage is skipped to the next readable record and
+    recorded in `report.errors`."""
+    owned = not hasattr(source, "read")
+    name = str(source) if owned else str(getattr(source, "name", "<stream>"))
     report.files += 1
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - closed in finally, the generator may stop early
-    except OSError as exc:
-        report.error(name, 0, f"cannot open: {exc}")
-        return
-    try:
-        kind = detect_compression(f.read(4))
-        f.seek(0)
+    if owned:
         try:
-            src = _Stream(f, kind)
-        except Exception as exc:  # e.g. zstandard missing
-            report.error(name, 0, f"cannot read {kind} stream: {exc}")
+            f = open(source, "rb")  # noqa: SIM115 - closed in finally, the generator may stop early
+        except OSError as exc:
+            report.error(name, 0, f"cannot open: {exc}", reason="read:cannot_open")
+            return
+    else:
+        f = source
+    try:
+        try:
+            head = f.read(4)
+            kind = detect_compression(head)
+            src = _Stream(_Prepend(head, f), kind)
+        except Exception as exc:  # e.g. zstandard missing, an unreadable stream
+            report.error(name, 0, f"cannot read the file: {exc}", reason="read:cannot_open")
             return
         wanted = frozenset(t.lower() for t in record_types)
-        yield from _iter_stream(src, name, max_record_bytes, report, wanted)
-        if src.damage is not None:
-            report.error(name, src.damage.offset, src.damage.message)
+        yield from _WarcReader(src, name, max_record_bytes, report, wanted).records()
     finally:
-        f.close()
+        if owned:
+            f.close()
 
 
-def _iter_stream(src: _Stream, name: str, max_bytes: int, report: ReadReport, wanted) -> Iterator[Record]:
-    first = True
-    gap = 0  # bytes of blank separator lines before the record
-    while True:
-        gap += src.skip_blank_lines()
-        dpos = src.pos
-        line = src.readline()
-        if not line:
-            if first and src.damage is None:
-                report.error(name, 0, "empty file (no records)")
+@dataclass(slots=True)
+class _Pending:
+    """A record read whole whose Content-Length is confirmed only by what follows its block: the
+    next record header, the end of the file, or a separator then garbage."""
+
+    outcome: str  # "yield", "skip" (a type not wanted), "too_large"
+    rtype: str
+    rid: str
+    url: str
+    offset: int  # reported offset (seek offset)
+    dpos: int  # decompressed position of its header
+    length: int
+    sep_ok: bool  # the block is followed by a blank line (the WARC separator)
+    header_follows: bool  # ... and then directly by the next WARC/ line or the end
+    end: int = 0  # decompressed position after its block
+    record: Record | None = None
+    encoding: str | None = None  # the content encoding that grew past the limit (too_large)
+
+
+class _WarcReader:
+    """The record loop with resynchronisation: garbage, a header that does not parse, a block
+    that is cut off or whose Content-Length is wrong, and damaged gzip members are each recorded
+    once in report.errors and skipped to the next record header that parses."""
+
+    def __init__(self, src: _Stream, name: str, max_bytes: int, report: ReadReport, wanted):
+        self.src, self.name, self.max_bytes, self.report, self.wanted = src, name, max_bytes, report, wanted
+        self.compressed = src.kind != "plain"
+
+    # -- reporting -----------------------------------------------------------------------------
+    def error(self, dpos, message, reason, end, rid=None, offset=None) -> None:
+        """One damaged span, from stream position dpos to end (where reading went on); its
+        offset and length are in the file's bytes (gzip: member offsets, so a span inside one
+        member of a whole-file gzip has length 0 and only its stream_offset says where)."""
+        src = self.src
+        start = src.file_offset(dpos) if offset is None else offset
+        stop = src.file_position(end)
+        skipped = end - dpos if start is None or stop is None or src.kind == "plain" else max(stop - start, 0)
+        self.report.error(
+            self.name,
+            start,
+            message,
+            reason=reason,
+            skipped_bytes=skipped,
+            record_id=rid,
+            stream_offset=dpos if self.compressed else None,
+        )
+
+    def damage(self, rid: str | None) -> None:
+        """Record the compressed-input damage the stream stopped at, and read on past it."""
+        at = self.src.pos
+        d = self.src.resume()
+        if d is None:
             return
-        if not line.strip():  # a blank line longer than a window: rare, but the same gap
-            gap += len(line)
-            continue
-        offset = src.seek_offset(dpos, gap)
-        gap = 0
-        if first and line.startswith(b"filedesc://"):
-            yield from _iter_arc(src, line, offset, name, max_bytes, report, wanted)
-            return
-        first = False
-        if not line.startswith(b"WARC/"):
-            if src.damage is None:
-                report.error(
-                    name,
-                    offset,
-                    f"expected a WARC/<version> line, found {line[:40]!r} (not a WARC file or corrupt)",
-                )
-            return
-        version = line[5:].strip().decode("ascii", "replace")
-        headers, problem = _parse_headers(src)
-        if problem:
-            if src.damage is None:
-                report.error(name, offset, problem)
-            return
-        try:
-            length = int(headers.get("content-length", ""))
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            report.error(name, offset, f"invalid Content-Length {headers.get('content-length')!r}")
-            return
-        rtype = headers.get("warc-type", "").lower() or "unknown"
-        report.records += 1
-        report.by_type[rtype] += 1
-        if rtype == "revisit":
-            report.revisits += 1
-        rid = headers.get("warc-record-id", "").strip("<>")
-        if rtype not in wanted or length > max_bytes:
-            if src.skip(length) < length:
-                report.damaged += 1
-                if src.damage is None:
-                    report.error(
-                        name, offset, f"truncated {rtype} record: file ends inside its {length}-byte block"
-                    )
-                return
-            if rtype not in wanted:
-                report.skipped[rtype] += 1
+        if not rid and d.head:
+            m = _RECORD_ID.search(d.head)
+            rid = m.group(1).decode("utf-8", "replace").strip() if m else None
+        self.report.error(
+            self.name,
+            d.offset,
+            d.message,
+            reason=d.reason,
+            skipped_bytes=d.skipped,
+            record_id=rid,
+            stream_offset=at if self.compressed else None,
+        )
+
+    def settle(self, p: _Pending, ok: bool) -> Record | None:
+        """Count a pending record as confirmed (its record, if yielded) or as one whose
+        Content-Length did not match its block (dropped with that reason, never passed on)."""
+        report = self.report
+        if not ok:
+            if p.rtype in self.wanted:
+                report.dropped["read:content_length_mismatch"] += 1
+                report.rejected.append(self._reject(p, "read:content_length_mismatch"))
             else:
-                report.dropped["read:too_large"] += 1
-                report.oversized.append({"file": name, "offset": offset, "record_id": rid, "bytes": length})
-            continue
-        block = src.read(length)
-        if len(block) < length:
-            report.damaged += 1
-            if src.damage is None:
-                report.error(
-                    name, offset, f"truncated {rtype} record: {len(block)} of {length} bytes present"
+                report.damaged += 1
+            return None
+        if p.outcome == "yield":
+            report.yielded += 1
+            return p.record
+        if p.outcome == "skip":
+            report.skipped[p.rtype] += 1
+        else:
+            report.dropped["read:too_large"] += 1
+            entry = self._reject(p, "read:too_large")
+            if p.encoding:
+                report.decoding[f"content_encoding_too_large:{p.encoding}"] += 1
+                entry["content_encoding"] = p.encoding
+            report.rejected.append(entry)
+        return None
+
+    def _in_damaged_member(self, p: _Pending) -> bool:
+        """Whether the gzip member the stream stopped at holds bytes of p's block: a member is
+        checked (CRC) only at its end, so its output before the damage is not to be trusted."""
+        d, src = self.src.damage, self.src
+        if d is None or src.kind != "gzip" or d.reason == "gzip:garbage" or d.offset is None:
+            return False
+        last = src.file_offset(max(p.end - 1, p.dpos))
+        return last is not None and d.offset <= last
+
+    def settle_at_damage(self, p: _Pending) -> tuple[Record | None, str | None]:
+        """Settle p when the stream stopped at damage right after it: (its record, None), or
+        (None, its id) when its bytes came from the damaged member (a damaged record)."""
+        if self._in_damaged_member(p):
+            self.report.damaged += 1
+            return None, p.rid
+        return self.settle(p, True), None
+
+    def _reject(self, p: _Pending, reason: str) -> dict[str, Any]:
+        return {
+            "file": self.name,
+            "offset": p.offset,
+            "record_id": p.rid,
+            "url": p.url,
+            "bytes": p.length,
+            "reason": reason,
+        }
+
+    # -- the loop ------------------------------------------------------------------------------
+    def records(self) -> Iterator[Record]:
+        src, report = self.src, self.report
+        errors_before = len(report.errors)  # the report may be shared by several files
+        first = True
+        gap = 0  # bytes of blank separator lines before the record
+        pending: _Pending | None = None
+        while True:
+            gap += src.skip_blank_lines()
+            dpos = src.pos
+            line = src.readline()
+            if src.damage is not None and not line.endswith(b"\n"):
+                # damaged compressed input at a record boundary
+                rid = None
+                if pending is not None:
+                    (rec, rid), pending = self.settle_at_damage(pending), None
+                    if rec is not None:
+                        yield rec
+                self.damage(rid)
+                first, gap = False, 0
+                continue
+            if not line:
+                if pending is not None:
+                    rec = self.settle(pending, True)
+                    if rec is not None:
+                        yield rec
+                if first and len(report.errors) == errors_before:
+                    report.error(self.name, 0, "empty file (no records)", reason="read:empty_file")
+                return
+            if not line.strip():  # a blank line longer than a window: rare, but the same gap
+                gap += len(line)
+                continue
+            offset = src.seek_offset(dpos, gap)
+            gap = 0
+            if first and line.startswith(b"filedesc://"):
+                yield from self.arc(line, offset, dpos)
+                return
+            first = False
+            headers: dict[str, str] = {}
+            last = b""
+            length = -1
+            if line.startswith(b"WARC/"):
+                headers, problem, last = _parse_headers(src)
+                if problem is None:
+                    try:
+                        length = int(headers.get("content-length", ""))
+                    except ValueError:
+                        length = -1
+                    if length < 0:
+                        problem = f"invalid Content-Length {headers.get('content-length')!r}"
+                if problem and src.damage is not None:  # the header was cut by damaged compression
+                    rid = None
+                    if pending is not None:
+                        (rec, rid), pending = self.settle_at_damage(pending), None
+                        if rec is not None:
+                            yield rec
+                    self.damage(headers.get("warc-record-id", "").strip("<>") or rid)
+                    continue
+                reason = "read:bad_header"
+            else:
+                problem = f"expected a WARC/<version> line, found {line[:40]!r} (not a WARC record)"
+                reason = "read:garbage"
+            if problem:
+                # put back what may hold the next header: the header lines read (the WARC/
+                # line itself stays read), or all of a garbage line but its first byte
+                src.unread(last if line.startswith(b"WARC/") else line[1:])
+                _, found = src.scan(_WARC_LINE)
+                if pending is not None and self._in_damaged_member(pending):
+                    report.damaged += 1
+                    pending = None
+                if pending is not None:
+                    # garbage after a block that ended on a separator is garbage between records;
+                    # a span that itself ends like a record (a blank line right before the next
+                    # header) is the rest of the pending block: its Content-Length was short
+                    tail = src.behind(4)
+                    looks_like_tail = (
+                        found and reason == "read:garbage" and tail.endswith((b"\n\n", b"\n\r\n"))
+                    )
+                    keep = pending.header_follows or (pending.sep_ok and not looks_like_tail)
+                    rec = self.settle(pending, keep)
+                    if not keep:
+                        self.error(
+                            pending.dpos,
+                            f"Content-Length {pending.length} does not match the {pending.rtype} record's block "
+                            "(the next record header is not where it says): dropped",
+                            "read:content_length_mismatch",
+                            src.pos,
+                            pending.rid,
+                            offset=self._file_offset(pending),
+                        )
+                        pending = None
+                        if src.damage is not None:
+                            self.damage(None)
+                        continue
+                    pending = None
+                    if rec is not None:
+                        yield rec
+                rid = headers.get("warc-record-id", "").strip("<>") or None
+                self.error(dpos, f"{problem}: skipped to the next record", reason, src.pos, rid)
+                if src.damage is not None:
+                    self.damage(None)
+                continue
+            if pending is not None:
+                rec, pending = self.settle(pending, True), None
+                if rec is not None:
+                    yield rec
+            src.forget_before(dpos)
+            rtype = headers.get("warc-type", "").lower() or "unknown"
+            report.records += 1
+            report.by_type[rtype] += 1
+            if rtype == "revisit":
+                report.revisits += 1
+            rid = headers.get("warc-record-id", "").strip("<>")
+            url = headers.get("warc-target-uri", "").strip("<>")
+            if length > self.max_bytes:
+                got, block = src.skip(length), b""
+            else:
+                block = src.read(length)
+                got = len(block)
+            if got < length:
+                report.damaged += 1
+                if src.damage is not None:  # damaged compression inside the block
+                    self.damage(rid)
+                    continue
+                # the file ends inside the block; a wrong Content-Length may have swallowed
+                # whole records, so the block is scanned for record headers
+                src.unread(block)
+                src.scan(_WARC_LINE)
+                self.error(
+                    dpos,
+                    f"truncated {rtype} record: {got} of {length} bytes present",
+                    "read:truncated",
+                    src.pos,
+                    rid,
+                    offset=self._file_offset_at(dpos, offset),
                 )
-            return
+                continue
+            p = _Pending("skip", rtype, rid, url, offset, dpos, length, False, False, src.pos)
+            p.sep_ok, p.header_follows = _after_block(src)
+            if not (p.sep_ok or p.header_follows):
+                # the block does not end where the next record starts: the Content-Length is wrong
+                self.settle(p, False)
+                src.unread(block)
+                src.scan(_WARC_LINE)
+                self.error(
+                    dpos,
+                    f"Content-Length {length} does not match the {rtype} record's block "
+                    "(the next record header is not where it says): dropped",
+                    "read:content_length_mismatch",
+                    src.pos,
+                    rid,
+                    offset=self._file_offset_at(dpos, offset),
+                )
+                continue
+            if rtype in self.wanted:
+                if length > self.max_bytes:
+                    p.outcome = "too_large"
+                else:
+                    try:
+                        p.record = _make_record(
+                            headers,
+                            block,
+                            rtype,
+                            rid,
+                            offset,
+                            self.name,
+                            line[5:].strip().decode("ascii", "replace"),
+                            report,
+                            self.max_bytes,
+                        )
+                        p.outcome = "yield"
+                    except PayloadTooLarge as exc:
+                        p.outcome, p.encoding = "too_large", exc.encoding
+            pending = p
+
+    def _file_offset(self, p: _Pending) -> int | None:
+        return self._file_offset_at(p.dpos, p.offset)
+
+    def _file_offset_at(self, dpos: int, offset: int) -> int | None:
+        """A record's file offset: its seek offset when that is one (plain, per-record gzip)."""
+        if self.src.kind == "plain":
+            return offset
+        return self.src.file_offset(dpos)
+
+    # -- ARC -----------------------------------------------------------------------------------
+    def arc(self, line: bytes, offset: int, dpos: int) -> Iterator[Record]:
+        """ARC v1/v2: `url ip date mime [...] length` lines, each followed by `length` bytes."""
+        src, report, name = self.src, self.report, self.name
+        version2 = False
+        while True:
+            fields = _arc_fields(line, version2)
+            if fields is None:
+                src.scan(_ARC_LINE)
+                self.error(dpos, f"invalid ARC header line {line[:80]!r}", "read:bad_header", src.pos)
+            else:
+                url, date, mime, length = fields
+                is_desc = url.startswith("filedesc://")
+                rtype = "warcinfo" if is_desc else "response"
+                rid = content_id(f"{Path(name).name}:{offset}", prefix="arc:")
+                report.records += 1
+                report.by_type[rtype] += 1
+                if length > self.max_bytes and not is_desc:
+                    got, block = src.skip(length), b""
+                else:
+                    block = src.read(length)
+                    got = len(block)
+                    if is_desc:  # the version block starts with the ARC major version
+                        version2 = block.lstrip().startswith(b"2")
+                ok = got == length
+                if not ok and src.damage is None and rtype in self.wanted and _http_body_complete(block):
+                    # a few bytes short at the very end but the HTTP body is whole: kept, as warcio does
+                    self.error(
+                        dpos,
+                        f"ARC record is {length - got} bytes shorter than its declared length at the end "
+                        "of the file; its HTTP body is complete, so it is kept",
+                        "read:arc_short_at_end",
+                        dpos,
+                        rid,
+                        offset=self._file_offset_at(dpos, offset),
+                    )
+                    ok = True
+                elif not ok:
+                    report.damaged += 1
+                    if src.damage is not None:
+                        self.damage(rid)
+                    else:
+                        src.unread(block)
+                        src.scan(_ARC_LINE)
+                        self.error(
+                            dpos,
+                            f"truncated ARC record: {got} of {length} bytes present",
+                            "read:truncated",
+                            src.pos,
+                            rid,
+                            offset=self._file_offset_at(dpos, offset),
+                        )
+                elif not _arc_follows(src):
+                    ok = False
+                    if rtype in self.wanted:
+                        report.dropped["read:content_length_mismatch"] += 1
+                        report.rejected.append(
+                            {
+                                "file": name,
+                                "offset": offset,
+                                "record_id": rid,
+                                "url": url,
+                                "bytes": length,
+                                "reason": "read:content_length_mismatch",
+                            }
+                        )
+                    else:
+                        report.damaged += 1
+                    src.unread(block)
+                    src.scan(_ARC_LINE)
+                    self.error(
+                        dpos,
+                        f"ARC length {length} does not match the record (the next record line is not where "
+                        "it says): dropped",
+                        "read:content_length_mismatch",
+                        src.pos,
+                        rid,
+                        offset=self._file_offset_at(dpos, offset),
+                    )
+                if ok:
+                    rec = self._arc_record(block, rtype, rid, url, date, mime, offset, length)
+                    if rec is not None:
+                        yield rec
+            while True:  # separator lines, then the next header (or the end)
+                gap = src.skip_blank_lines()
+                dpos = src.pos
+                line = src.readline()
+                if src.damage is not None and not line.endswith(b"\n"):
+                    self.damage(None)
+                    continue
+                if not line:
+                    return
+                if line.strip():
+                    offset = src.seek_offset(dpos, gap)
+                    break
+
+    def _arc_record(self, block, rtype, rid, url, date, mime, offset, length) -> Record | None:
+        report = self.report
+        if rtype not in self.wanted:
+            report.skipped[rtype] += 1
+            return None
+        p = _Pending("too_large", rtype, rid, url, offset, 0, length, True, True)
+        if length > self.max_bytes:
+            self.settle(p, True)
+            return None
+        status, payload = None, block
         try:
-            rec = _make_record(headers, block, rtype, rid, offset, name, version, report, max_bytes)
+            if block.startswith(b"HTTP/"):
+                status, http_headers, payload = parse_http(block, report.decoding, self.max_bytes)
+                mime = http_headers.get("content-type", mime)
         except PayloadTooLarge as exc:
-            _too_large(report, name, offset, rid, length, exc)
-            continue
+            p.encoding = exc.encoding
+            self.settle(p, True)
+            return None
+        mime, charset = _mime_and_charset(mime)
         report.yielded += 1
-        yield rec
+        return Record(rid, rtype, url, date, status, mime, charset, offset, payload, self.name, "arc")
 
 
-def _too_large(
-    report: ReadReport, name: str, offset: int, rid: str, length: int, exc: PayloadTooLarge
-) -> None:
-    """A record whose content decoding stopped at the limit: dropped and listed like one whose
-    block alone is too large."""
-    report.dropped["read:too_large"] += 1
-    report.decoding[f"content_encoding_too_large:{exc.encoding}"] += 1
-    report.oversized.append(
-        {"file": name, "offset": offset, "record_id": rid, "bytes": length, "content_encoding": exc.encoding}
-    )
+def _after_block(src: _Stream) -> tuple[bool, bool]:
+    """What follows a record's block, peeked without consuming: (the WARC separator, a blank
+    line, comes right after it; the next WARC/ line or the end comes after the blanks, as it
+    must). Strict on purpose: one byte too many or too few leaves "\n\r\n" or "x\r\n\r\n"
+    behind the block, and a header with no separator at all must start right at its end."""
+    window = src.peek(256)
+    rest = window.lstrip(_BLANK)
+    blanks = window[: len(window) - len(rest)]
+    # a stray newline before the separator is tolerated (warcio's example-wrong-chunks has one)
+    sep_ok = blanks.startswith((b"\r\n\r\n", b"\n\n")) or blanks.count(b"\n") >= 3
+    if rest:
+        follows = rest.startswith(b"WARC/") and (sep_ok or not blanks)
+    else:  # blanks to the end (or to damage): a single trailing newline is a common ending; none
+        # at all is not, and a Content-Length that runs exactly to the end swallowed something
+        follows = len(window) < 256 and (sep_ok or blanks in (b"\n", b"\r\n"))
+    return sep_ok, follows
+
+
+def _arc_follows(src: _Stream) -> bool:
+    """Whether the next non-blank line after an ARC block is an ARC record line (or the end)."""
+    window = src.peek(8192)
+    rest = window.lstrip(_BLANK)
+    if not rest:
+        return len(window) < 8192
+    return _ARC_LINE.match(rest) is not None
+
+
+def _arc_fields(line: bytes, version2: bool = False) -> tuple[str, str, str, int] | None:
+    """(url, date, mime, length) of an ARC record line, or None when it is not one."""
+    parts = line.decode("utf-8", "replace").split()
+    try:
+        length = int(parts[-1])
+    except (ValueError, IndexError):
+        return None
+    if length < 0 or len(parts) < 5:
+        return None
+    if version2 and not parts[0].startswith("filedesc://"):
+        return parts[0], parts[2], parts[3], length
+    # v1: the URL may contain spaces, so read the fixed fields from the right
+    return " ".join(parts[:-4]), parts[-3], parts[-2], length
+
+
+def _http_body_complete(block: bytes) -> bool:
+    """Whether an HTTP response's body is all there by its own Content-Length."""
+    if not block.startswith(b"HTTP/"):
+        return False
+    end = re.search(rb"\r?\n\r?\n", block)
+    if end is None:
+        return False
+    m = re.search(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$", block[: end.start() + 1])
+    return m is not None and len(block) - end.end() >= int(m.group(1))
 
 
 def _make_record(headers, block, rtype, rid, offset, name, version, report, max_bytes) -> Record:
@@ -519,67 +1224,6 @@ def _make_record(headers, block, rtype, rid, offset, name, version, report, max_
         language=headers.get("warc-identified-content-language"),
         truncated=headers.get("warc-truncated"),
     )
-
-
-def _iter_arc(src, line, offset, name, max_bytes, report, wanted) -> Iterator[Record]:
-    """ARC v1/v2: `url ip date mime [...] length` lines, each followed by `length` bytes."""
-    version2 = False
-    while True:
-        parts = line.decode("utf-8", "replace").split()
-        try:
-            length = int(parts[-1])
-            if length < 0 or len(parts) < 5:
-                raise ValueError
-        except (ValueError, IndexError):
-            report.error(name, offset, f"invalid ARC header line {line[:80]!r}")
-            return
-        is_desc = parts[0].startswith("filedesc://")
-        if version2 and not is_desc:
-            url, date, mime = parts[0], parts[2], parts[3]
-        else:  # v1: the URL may contain spaces, so read the fixed fields from the right
-            url, date, mime = " ".join(parts[:-4]), parts[-3], parts[-2]
-        rtype = "warcinfo" if is_desc else "response"
-        report.records += 1
-        report.by_type[rtype] += 1
-        if is_desc or (rtype in wanted and length <= max_bytes):
-            block = src.read(length)
-            got = len(block)
-            if is_desc:  # the version block starts with the ARC major version
-                version2 = block.lstrip().startswith(b"2")
-        else:
-            got = src.skip(length)
-        if got < length:
-            report.damaged += 1
-            if src.damage is None:
-                report.error(name, offset, "truncated ARC record")
-            return
-        if rtype not in wanted:
-            report.skipped[rtype] += 1
-        elif length > max_bytes:
-            report.dropped["read:too_large"] += 1
-            report.oversized.append({"file": name, "offset": offset, "record_id": "", "bytes": length})
-        else:
-            status, payload = None, block
-            rid = content_id(f"{Path(name).name}:{offset}", prefix="arc:")
-            try:
-                if block.startswith(b"HTTP/"):
-                    status, http_headers, payload = parse_http(block, report.decoding, max_bytes)
-                    mime = http_headers.get("content-type", mime)
-            except PayloadTooLarge as exc:
-                _too_large(report, name, offset, "", length, exc)
-            else:
-                mime, charset = _mime_and_charset(mime)
-                report.yielded += 1
-                yield Record(rid, rtype, url, date, status, mime, charset, offset, payload, name, "arc")
-        while True:  # separator lines, then the next header (or the end)
-            src.skip_blank_lines()
-            dpos = src.pos
-            line = src.readline()
-            if not line:
-                return
-            if line.strip():
-                offset = src.seek_offset(dpos, 1)
-                break
 
 
 # ---------------------------------------------------------------------------------------------
