@@ -9,7 +9,7 @@ caller takes the public path, and one warning per feature says what was given up
 |---|---|---|
 | `torch.ops.mkldnn._linear_pointwise` | fp32 CPU products through oneDNN (~2x on AMD AVX-512) | `F.linear` / `torch.mm` (BLAS) |
 | `torch.distributed.checkpoint.filesystem` internals (`_StorageInfo`, `_StoragePrefix`, `_split_by_size_and_type`, `DEFAULT_SUFFIX`) | raw tensor files under DCP (train/checkpoint/raw_tensors.py), ~3x faster saves | DCP's stock `FileSystemWriter` (torch.save per tensor; loads with weights_only=True) |
-| `torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultReduceScatter` | FSDP2 gradient communication time in metrics | FSDP2's own reduce-scatter, `comm_ms` not measured |
+| `torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultReduceScatter` | FSDP2 gradient communication time in metrics, with `train.profile` only | FSDP2's own reduce-scatter, `comm_ms` without the reduce-scatters |
 | `torch.utils.serialization.config.save.compute_crc32` | skip torch.save's CRC32 (checksums.json covers it) | CRC32 stays on |
 
 One public API changed inside the range: DCP's `save`/`load` gained `no_dist` after 2.6

@@ -64,6 +64,27 @@ def test_ordinary_steps_read_nothing_from_the_device(tmp_path, train_config, one
     assert summary["skipped_steps"] == 1
 
 
+def test_unfused_adamw_reads_the_verdict_once_per_step(tmp_path, train_config, one_thread):
+    """optim.fused=false: torch's other AdamW paths take no found_inf, so the verdict is read (the
+    documented fallback, one read per step)."""
+    cfg = train_config(
+        train__steps=6,
+        train__log_every=5,
+        train__eval_every=0,
+        train__optim__fused=False,
+        train__debug__count_host_reads=True,
+        train__debug__inject_nan_at_step=3,
+        eval__prompts=[],
+    )
+    assert train(cfg, resume="none")["skipped_steps"] == 1
+    ordinary = [s for s in host_reads(tmp_path / "t") if not s["why"]]
+    assert [s["step"] for s in ordinary] == [2, 3, 4]
+    # the skipped step reads only the verdict; the others also read torch's own AdamW step counts
+    # (CPU tensors on the foreach path, one per parameter, so not a device wait on CUDA either)
+    assert ordinary[1]["ops"] == {"_local_scalar_dense": 1}, ordinary
+    assert all(s["reads"] > 1 for s in (ordinary[0], ordinary[2])), ordinary
+
+
 def write_config(path, runs, corpus, parallel: str) -> None:
     path.write_text(f"""
 [run]

@@ -102,9 +102,8 @@ class DistInfo:
 
 
 _DEVICE = torch.device("cpu")  # where this process's collective tensors live (CUDA for NCCL)
-_HOST_GROUP: Any = (
-    None  # a gloo group for host flags when the collectives run on NCCL (None: the default group)
-)
+# a gloo group for host flags when the collectives run on NCCL (None: the default group)
+_HOST_GROUP: Any = None
 
 
 def _env_int(name: str, default: int) -> int:
