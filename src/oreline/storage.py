@@ -152,12 +152,25 @@ def publish_first(path: str | os.PathLike, data: bytes) -> bool:
     On a filesystem the first writer wins: the complete temporary file is hard-linked to the
     final name, which fails when the name exists (atomic on local disks and NFS). Where links do
     not exist (object stores, some FUSE mounts) the last writer wins; every contender writes a
-    complete, valid marker, so readers still see one whole attempt.
+    complete, valid marker, so readers still see one whole attempt. On an object store with
+    conditional writes (S3's If-None-Match, through s3fs) the first writer wins there too.
     """
     if is_url(path):
-        if exists(path):
+        fs, p = _fs(str(path))
+        try:  # a conditional PUT (If-None-Match: *) where the store has one: first writer wins
+            fs.pipe_file(p, data, mode="create")
+            return True
+        except FileExistsError:
             return False
-        write_bytes(path, data)
+        except TypeError:  # this filesystem has no exclusive create
+            pass
+        except Exception as exc:
+            if "PreconditionFailed" in repr(exc) or "412" in str(exc):
+                return False
+            raise
+        if fs.exists(p):
+            return False
+        fs.pipe_file(p, data)
         return True
     target = Path(local(path))
     tmp = _local_tmp(target, data)
