@@ -21,6 +21,7 @@ from oreline.data.pipeline.run import run_data
 from oreline.data.pipeline.tasks import phase1_dir, phase1_marker, run_phase1, run_phase3
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
+from oreline.executors.progress import LocalQueue, set_progress_queue
 
 pytestmark = pytest.mark.ray
 
@@ -202,6 +203,17 @@ def test_two_concurrent_attempts_of_one_task_leave_one_valid_output(samples, ray
     first, second = executor.map(run_phase1, [job, job], label="filter")
     assert not isinstance(first, TaskCrashed) and not isinstance(second, TaskCrashed)
     assert _untimed(first) == _untimed(second)
+    # the tasks' progress reached the driver through the cluster: both attempts read the whole
+    # file (they did run at once; a late one would have found the marker and read nothing)
+    alone = LocalQueue()
+    set_progress_queue(alone)
+    try:
+        run_phase1(0, big, "warc", str(tmp_path / "inline"), cfg)
+    finally:
+        set_progress_queue(None)
+    assert executor.rates.records == 2 * sum(r for r, _ in alone.items) > 0
+    assert executor.rates.bytes == 2 * sum(b for _, b in alone.items)
+    assert executor.nodes == 2
     marker = json.loads(phase1_marker(work, 0).read_text())
     committed = phase1_dir(work, 0)
     assert committed.name == marker["attempt"]

@@ -17,8 +17,9 @@ Failures, as in the local pool:
   (`task_oom_retries`): oreline sets it on a Ray it starts itself; a running cluster takes it from
   `RAY_task_oom_retries` at `ray start`.
 
-Progress: tasks put `(records, bytes)` increments on a small actor, fire-and-forget; the driver
-drains it four times a second into the bar, next to the count of live nodes. A lost increment
+Progress: tasks put `(records, bytes)` increments on a small actor, fire-and-forget, and wait for
+it once at their end (one round trip, so the driver's count is complete when the task is done);
+the driver drains it four times a second into the bar, next to the count of live nodes. A lost increment
 (the actor's node died) only makes the bar less precise.
 
 Connection (`data.ray.address`): empty starts a Ray on this machine for the run; `auto` joins the
@@ -29,6 +30,7 @@ inputs and the output folder under the same paths (a shared filesystem).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -89,6 +91,11 @@ def _call(fn: Callable[..., Any], job: tuple, sink) -> Any:
         return fn(*job)
     finally:
         progress_mod.set_progress_queue(None)
+        if sink is not None:  # calls of one caller run in order: the task's increments are all in
+            import ray
+
+            with contextlib.suppress(Exception):
+                ray.get(sink.put.remote((0, 0)), timeout=5)
 
 
 class RayExecutor:
@@ -102,6 +109,8 @@ class RayExecutor:
         self.ray = import_ray()
         self._remote = None
         self._sink_cls = None
+        self.rates = progress_mod.Rates()  # what the last map's tasks reported (records, bytes)
+        self.nodes = 0  # live nodes the last map saw
 
     def connect(self) -> None:
         """Join (or start) the cluster once per process; later maps reuse the connection."""
@@ -172,16 +181,23 @@ class RayExecutor:
         refs = [remote.remote(fn, tuple(job), sink) for job in jobs]
         index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
-        rates = progress_mod.Rates()
+        rates = self.rates = progress_mod.Rates()
         console = self.console or Console(stderr=True)
         nodes, nodes_at = self.live_nodes(), time.monotonic()
 
-        def drain() -> None:
-            try:
-                for item in ray.get(sink.drain.remote(), timeout=5):
-                    rates.add(item)
-            except Exception:  # the actor's node died: the bar goes on without rates
-                pass
+        asked: list = []  # the drain call in flight: never dropped, so no increment is lost
+
+        def drain(wait: float = 0.0) -> None:
+            if not asked:
+                asked.append(sink.drain.remote())
+            ready, _ = ray.wait(asked, timeout=wait)
+            if ready:
+                ref = asked.pop()
+                try:
+                    for item in ray.get(ref):
+                        rates.add(item)
+                except Exception:  # the actor's node died: the bar goes on without rates
+                    pass
 
         with progress_bar(console) as bar:
             tid = bar.add_task(label, total=len(jobs), rate="")
@@ -206,6 +222,8 @@ class RayExecutor:
                     nodes, nodes_at = self.live_nodes(), time.monotonic()
                 rate = rates.text()
                 bar.update(tid, rate=(rate + " · " if rate else "") + f"{nodes} node(s)")
-        drain()
+        drain(wait=30.0)  # what is still in flight, then what the last tasks put
+        drain(wait=30.0)
+        self.nodes = nodes
         ray.kill(sink)
         return results
