@@ -237,3 +237,16 @@ def test_without_ray_the_ray_executor_names_the_install_command(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "pip install 'oreline[ray]'" in done.stdout
+
+
+def test_a_task_that_kills_its_worker_every_time_comes_back_as_a_crash_result(ray_overrides):
+    """os.abort kills the Ray worker running it: Ray retries it on a fresh worker (max_retries=1),
+    then the map returns TaskCrashed naming the job instead of failing or hanging; a task that
+    raises reaches the caller as its own exception, as in the local pool."""
+    executor = make_executor("ray", ray=load_config(overrides=ray_overrides).data.ray)
+    crashed, alive = executor.map(os.abort, [(), ()], label="crash")
+    assert isinstance(crashed, TaskCrashed) and isinstance(alive, TaskCrashed)
+    assert crashed.args == () and "WorkerCrashedError" in crashed.error
+    assert executor.map(os.getpid, [()], label="after")[0] > 0  # the cluster is still fine
+    with pytest.raises(ValueError, match="invalid literal"):
+        executor.map(int, [("12",), ("not a number",)], label="raise")
