@@ -1,5 +1,10 @@
 """A real 2-node Ray cluster on this machine (one CPU per node), shared by the Ray tests of a run.
 
+Module-scoped, and every Ray test lives in test_ray.py: the driver disconnects and the nodes stop
+when that module is done, so the rest of the suite runs without Ray's threads in the test process
+(some tests fork) or its ~1 GB of RAM. (A "package" scope would last the whole session here: the
+test folders have no __init__.py.)
+
 Started with `ray.cluster_utils.Cluster`: a head node and a worker node, each its own raylet and
 worker processes, talking over the machine's own address. Start-up measured here: ~7 s and ~1 GB
 of RAM for both nodes (more under load). The cluster's settings are those oreline sets on a Ray it
@@ -18,7 +23,7 @@ import os
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip(
         "ray", reason="Ray is not installed: pip install 'oreline[ray]' (the dev extra includes it)"
@@ -44,7 +49,7 @@ def ray_cluster():
         cluster.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_overrides(ray_cluster) -> list[str]:
     """Config overrides that run `oreline data` / `tokenize` as Ray tasks on the test cluster."""
     return ["data.executor=ray", f"data.ray.address={ray_cluster.address}", "tokenize.executor=ray"]
