@@ -86,3 +86,43 @@ def test_racing_attempts_publish_exactly_one_whole_marker(base):
     assert len(won) == 1
     assert storage.read_json(path)["attempt"] == won[0]
     assert storage.listdir(base) == ["task-00002.json"]  # no temporary left beside it
+
+
+def test_a_data_run_reads_its_inputs_from_the_object_store(s3_bucket, samples, tmp_path):
+    """`oreline data s3://…/` finds the inputs under the prefix and reads them (a local copy per
+    task): the same documents, rejects and funnel as the same files on disk, named by their URLs."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    from oreline.config import load_config
+    from oreline.data.pipeline.run import run_data
+
+    names = [
+        "commoncrawl-samples/whirlwind.warc.gz",
+        "dolma-wget-2024/sample-0000.warc.gz",
+        "warcio-edge-cases/example-trunc.warc",  # damaged: its error must name the URL
+    ]
+    local_dir = tmp_path / "inputs"
+    prefix = f"{s3_bucket}/{tmp_path.name}/inputs"
+    fs = fsspec.filesystem("s3")
+    for name in names:
+        (local_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (local_dir / name).write_bytes((samples / "web-archives" / name).read_bytes())
+        fs.put_file(str(local_dir / name), f"{prefix}/{name}")
+    on_disk = run_data([str(local_dir)], tmp_path / "disk", load_config(), workers=1)
+    on_s3 = run_data([prefix + "/"], tmp_path / "s3", load_config(), workers=1)
+
+    def untimed(steps):
+        return [{k: v for k, v in s.items() if k != "seconds"} for s in steps]
+
+    assert untimed(on_s3["steps"]) == untimed(on_disk["steps"])
+    assert on_s3["output"]["docs"] == on_disk["output"]["docs"] > 0
+    assert sorted(on_s3["inputs"]["files"]) == sorted(f"{prefix}/{n}" for n in names)
+    assert [e["file"] for e in on_s3["errors"]] == [f"{prefix}/{names[2]}"]
+    cols = ["id", "text", "source_file"]
+    disk = pq.read_table(sorted((tmp_path / "disk" / "docs").glob("*.parquet")), columns=cols).to_pylist()
+    s3 = pq.read_table(sorted((tmp_path / "s3" / "docs").glob("*.parquet")), columns=cols).to_pylist()
+    assert [(r["id"], r["text"]) for r in s3] == [(r["id"], r["text"]) for r in disk]
+    assert {r["source_file"].removeprefix(prefix) for r in s3} == {
+        r["source_file"].removeprefix(str(local_dir)) for r in disk
+    }

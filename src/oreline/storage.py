@@ -22,8 +22,12 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+COPY_BLOCK = 8 << 20  # streamed copies of remote inputs: 8 MiB at a time
 
 
 def is_url(path: str | os.PathLike) -> bool:
@@ -195,3 +199,38 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 def json_bytes(obj: Any) -> bytes:
     """Stable JSON bytes (sorted keys, final newline), as `io.write_json_atomic` writes them."""
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def find(url: str) -> list[str]:
+    """The files a URL names: itself, every file under it (a prefix/folder, sorted), or the
+    matches of a glob; [] when it names nothing. URLs keep their protocol (`s3://b/k`)."""
+    fs, p = _fs(url)
+    if any(c in p for c in "*?["):
+        hits = sorted(fs.glob(p))
+    elif fs.isdir(p):
+        hits = sorted(fs.find(p))
+    elif fs.exists(p):
+        hits = [p]
+    else:
+        hits = []
+    return [fs.unstrip_protocol(h) for h in hits if not fs.isdir(h)]
+
+
+@contextmanager
+def local_copy(path: str | os.PathLike) -> Iterator[Path]:
+    """A local path with the file's bytes: the path itself when it is local, else a streamed copy
+    under the same file name (kind and compression are read from the name) deleted afterwards.
+
+    The WARC reader takes a file path; reading an object-store input through a local copy costs one
+    input file of local disk per running task (Common Crawl files are ~1 GB)."""
+    if not is_url(path):
+        yield Path(local(path))
+        return
+    folder = Path(tempfile.mkdtemp(prefix="oreline-input-"))
+    target = folder / str(path).rstrip("/").rsplit("/", 1)[-1]
+    try:
+        with open_read(path) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst, COPY_BLOCK)
+        yield target
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -66,7 +66,7 @@ from oreline.data.pipeline.tasks import (
     run_phase3,
     task_name,
 )
-from oreline.data.read.inputs import KINDS, discover_inputs
+from oreline.data.read.inputs import KINDS, discover_inputs, input_kind
 from oreline.errors import FingerprintMismatch, InputError
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
@@ -162,9 +162,11 @@ def run_data(
     console = console or Console(stderr=True)
     workers = max(1, int(workers or cfg.data.workers))
     unreadable: list[dict[str, Any]] = []
-    files, unknown = discover_inputs(
-        [expand(str(i)) for i in inputs], errors=unreadable
-    )  # {samples} in config inputs
+    items = [expand(str(i)) for i in inputs]  # {samples} in config inputs
+    paths = [i for i in items if not storage.is_url(i)]
+    files, unknown = discover_inputs(paths, errors=unreadable) if paths else ([], [])
+    url_files, url_unknown = _discover_urls([i for i in items if storage.is_url(i)])
+    files, unknown = files + url_files, unknown + url_unknown
     if not files:
         raise InputError(
             f"no readable input among {len(unknown)} file(s) given ({', '.join(str(u) for u in unknown[:3])})",
@@ -173,6 +175,30 @@ def run_data(
     claim_folder(out, "data", "oreline data", force=force, reserved=DATA_NAMES.fullmatch, legacy=is_data_run)
     with FolderLock(out, "oreline data"):
         return _run_data(files, unknown, unreadable, out, cfg, workers, console, t_start)
+
+
+def _discover_urls(urls: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """Inputs on an object store (fsspec URLs): each URL, the files under it, or a glob's matches."""
+    files: list[tuple[str, str]] = []
+    unknown: list[str] = []
+    seen: set[str] = set()
+    for url in urls:
+        found = storage.find(url)
+        if not found:
+            raise InputError(
+                f"input {url!r} names no object",
+                "check the URL (and the credentials of its store, e.g. AWS_* for s3://)",
+            )
+        for f in found:
+            if f in seen:
+                continue
+            seen.add(f)
+            kind = input_kind(f)
+            if kind is None:
+                unknown.append(f)
+            else:
+                files.append((f, kind))
+    return files, unknown
 
 
 def _run_data(

@@ -100,7 +100,8 @@ def phase3_marker(work: Path, index: int) -> Path:
 class Reader:
     """Documents of one input file, with the read step's counts, rejects, input facts and errors."""
 
-    def __init__(self, path: Path, kind: str, cfg, reject, progress: Progress):
+    def __init__(self, path: Path | str, kind: str, cfg, reject, progress: Progress):
+        # `path`: a local path, or an fsspec URL (read through a local copy, named by its URL)
         self.path, self.kind, self.cfg, self.reject, self.progress = path, kind, cfg, reject, progress
         self.stats = StepStats("read")
         self.errors: list[dict[str, Any]] = []
@@ -139,6 +140,15 @@ class Reader:
         self.progress.flush()
 
     def _warc(self) -> Iterator[Document]:
+        with storage.local_copy(self.path) as local:
+            yield from self._warc_file(local)
+
+    def _named(self, errors: list[dict[str, Any]], local: Path) -> list[dict[str, Any]]:
+        """Errors of a local copy, named by the input's own path or URL."""
+        name = str(self.path)
+        return [{**e, "file": name} if e.get("file") == str(local) else e for e in errors]
+
+    def _warc_file(self, local: Path) -> Iterator[Document]:
         from oreline.data.read.warc import ReadReport, iter_records, record_to_document
 
         rcfg = self.cfg.data.read
@@ -163,13 +173,14 @@ class Reader:
 
         try:
             records = iter_records(
-                self.path,
+                local,
                 max_record_bytes=rcfg.max_record_bytes,
                 report=report,
                 record_types=tuple(rcfg.record_types),
             )
             for rec in records:
                 oversized()
+                rec.source_file = name  # the input's path or URL, also when read from a local copy
                 nbytes = len(rec.payload)
                 self.progress.add(1, nbytes)
                 before = Counter(report.dropped)
@@ -202,7 +213,7 @@ class Reader:
                 yield self._keep(doc, nbytes)
             oversized()
         finally:
-            self.errors.extend(report.errors)
+            self.errors.extend(self._named(report.errors, local))
             self.info.update(
                 records=report.records,
                 by_type=dict(report.by_type),
@@ -213,6 +224,10 @@ class Reader:
             )
 
     def _other(self) -> Iterator[Document]:
+        with storage.local_copy(self.path) as local:
+            yield from self._other_file(local)
+
+    def _other_file(self, local: Path) -> Iterator[Document]:
         from oreline.data.read.inputs import iter_input_documents
 
         name = str(self.path)
@@ -225,7 +240,9 @@ class Reader:
 
         records = 0
         try:
-            for doc in iter_input_documents(self.path, self.cfg, report=report):
+            for doc in iter_input_documents(local, self.cfg, report=report):
+                if doc.metadata.get("source_file") == str(local):
+                    doc.metadata["source_file"] = name
                 records += 1
                 nbytes = text_bytes(doc.text)
                 self.progress.add(1, nbytes)
@@ -268,7 +285,7 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
         def reject(doc: Document, step: str, reason: str) -> None:
             rejects.write_row(reject_row(doc, step, reason))
 
-        reader = Reader(Path(path), kind, cfg, reject, progress)
+        reader = Reader(path if storage.is_url(path) else Path(path), kind, cfg, reject, progress)
         survivors = run_steps(reader, steps, step_stats, reject)
         upstream = [0.0]
 
