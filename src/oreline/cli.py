@@ -167,7 +167,15 @@ def tokenize(
         overrides.append(f"tokenize.val_fraction={val_fraction}")
     cfg = _load(config, overrides)
     manifest = tokenize_corpus(
-        inputs, tokenizer, out, cfg.tokenize, workers=workers, force=force, allow_incomplete=allow_incomplete
+        inputs,
+        tokenizer,
+        out,
+        cfg.tokenize,
+        workers=workers,
+        force=force,
+        allow_incomplete=allow_incomplete,
+        ray=cfg.data.ray,
+        console=console,
     )
     print_manifest_summary(manifest, console)
 

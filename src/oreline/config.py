@@ -177,6 +177,22 @@ class RayConfig(Section):
         "",
         description="'auto' (a running cluster), 'ray://host:10001', or empty for a local Ray started by oreline",
     )
+    max_retries: int = Field(
+        1,
+        ge=0,
+        description="retries of a task whose worker or node died (a task that raised is never retried)",
+    )
+    max_oom_retries: int = Field(
+        1,
+        ge=0,
+        description="retries of a task Ray's memory monitor killed (Ray's own default is unbounded); applied "
+        "to a Ray oreline starts — on a running cluster, start it with RAY_task_oom_retries",
+    )
+    memory_mb: int | None = Field(
+        None,
+        ge=1,
+        description="memory Ray reserves per task (None: no reservation, CPUs alone bound the load)",
+    )
 
 
 class SlurmConfig(Section):

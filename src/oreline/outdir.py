@@ -47,6 +47,7 @@ from oreline.errors import DataIntegrityError, InputError, OrelineError
 OWNER = ".oreline-owner"
 LOCK = ".oreline-lock"
 _MKSTEMP_TAIL = re.compile(r"[a-z0-9_]{8}")  # tempfile.mkstemp's random part
+_ATTEMPT_TAIL = re.compile(r"[0-9a-f]{16}")  # an attempt-unique shard temporary (data/read/shards.py)
 
 
 class FolderInUse(OrelineError):
@@ -188,13 +189,14 @@ def require_finished_data_run(path: Path, allow_incomplete: bool = False) -> Pat
 
 
 def is_temp_of(name: str, final: re.Pattern[str] | Callable[[str], bool]) -> bool:
-    """Whether `name` is oreline's temporary form of a final name: `.FINAL.tmp-PID` (shard writers)
-    or `.FINAL.XXXXXXXX` (tempfile.mkstemp in write_json_atomic / write_bytes_atomic)."""
+    """Whether `name` is oreline's temporary form of a final name: `.FINAL.tmp-PID` (token shard
+    writers), `.FINAL.tmp-<16 hex>` (document shard writers: attempt-unique across nodes) or
+    `.FINAL.XXXXXXXX` (tempfile.mkstemp in write_json_atomic / write_bytes_atomic)."""
     if not name.startswith("."):
         return False
     match = final.fullmatch if isinstance(final, re.Pattern) else final
     head, _, tail = name[1:].rpartition(".")
-    if tail.startswith("tmp-") and tail[4:].isdigit():
+    if tail.startswith("tmp-") and (tail[4:].isdigit() or _ATTEMPT_TAIL.fullmatch(tail[4:])):
         return bool(head) and bool(match(head))
     return bool(head) and bool(_MKSTEMP_TAIL.fullmatch(tail)) and bool(match(head))
 

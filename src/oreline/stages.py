@@ -152,7 +152,13 @@ def stage_tokenize(cfg: Config, rd: RunDir, console: Console) -> str:
     from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus
 
     manifest = tokenize_corpus(
-        [str(d) for d in _docs_dirs(rd)], rd.tokenizer, rd.tokens, cfg.tokenize, workers=cfg.tokenize.workers
+        [str(d) for d in _docs_dirs(rd)],
+        rd.tokenizer,
+        rd.tokens,
+        cfg.tokenize,
+        workers=cfg.tokenize.workers,
+        ray=cfg.data.ray,
+        console=console,
     )
     print_manifest_summary(manifest, console)
     return files_fingerprint([rd.tokens / "manifest.json"])

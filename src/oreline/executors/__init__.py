@@ -39,6 +39,10 @@ def make_executor(
         from oreline.executors.local import LocalExecutor
 
         return LocalExecutor(workers=workers, preload=preload, console=console)
+    if name == "ray":  # options: ray=RayConfig (data.ray); workers and preload are the cluster's affair
+        from oreline.executors.ray import RayExecutor
+
+        return RayExecutor(options.get("ray"), console=console)
     raise ConfigError(
         f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)} (data.executor or --executor)"
     )

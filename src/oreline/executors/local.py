@@ -62,6 +62,20 @@ class LocalExecutor:
         return run_tasks(fn, jobs, self.workers, label, self.console, preload=self.preload)
 
 
+def progress_bar(console: Console) -> Progress:
+    """The live bar every executor shows: label, bar, tasks done/total, rates, elapsed time."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+        transient=False,
+    )
+
+
 def run_tasks(
     fn: Callable[..., Any],
     jobs: Sequence[tuple],
@@ -76,16 +90,7 @@ def run_tasks(
         return results
     console = console or Console(stderr=True)
     rates = progress_mod.Rates()
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not console.is_terminal,
-        transient=False,
-    ) as bar:
+    with progress_bar(console) as bar:
         tid = bar.add_task(label, total=len(jobs), rate="")
         if workers <= 1 or len(jobs) == 1:
             local = progress_mod.LocalQueue()

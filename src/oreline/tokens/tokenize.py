@@ -11,7 +11,9 @@ documents to a corpus never moves an existing document between train and validat
 Tasks: one per input file; when there are fewer files than workers, multi-row-group Parquet
 files are split into row-group ranges. Each task streams its file batch by batch and writes
 `{split}-{generation}-{task:05d}-{part:03d}.tok` shards (a new part every `max_shard_tokens`).
-Tasks run in a process pool (each worker single-threaded), or in this process for workers=1.
+Tasks run on the executor `tokenize.executor` names (executors/): a local process pool (each
+worker single-threaded, or this process for workers=1) or Ray core tasks on a cluster
+(`data.ray`). The plan depends on `workers` alone, so every executor writes the same shards.
 
 Re-runs: the manifest records a key = sha256(tokenizer fingerprint, input file sha256s,
 settings). When the key matches and every shard is present with its recorded size, nothing is
@@ -36,14 +38,15 @@ import os
 import re
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from oreline.config import TokenizeConfig
+from oreline.config import RayConfig, TokenizeConfig
 from oreline.errors import DataIntegrityError, InputError
+from oreline.executors import make_executor
+from oreline.executors.interface import TaskCrashed
 from oreline.io import file_sha256, write_json_atomic
 from oreline.outdir import LOCK, OWNER, FolderLock, claim_folder, is_temp_of, remove_listed
 from oreline.tokens import shards as fmt
@@ -99,11 +102,6 @@ def plan_tasks(paths: list[Path], workers: int) -> list[tuple[Path, tuple[int, i
 _TOKENIZER: OrelineTokenizer | None = None
 
 
-def _worker_init() -> None:
-    # One process per core: keep the tokenizer's own thread pool out of the way.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-
-
 def _encode(
     tok: OrelineTokenizer,
     ids: list[str],
@@ -129,6 +127,8 @@ def _encode(
 def run_task(task: Task) -> dict:
     """Tokenize one input file (or row-group range) into train/val shards; return their records."""
     global _TOKENIZER
+    if _TOKENIZER is None:  # a worker process: one task per core, keep the tokenizer's thread pool out
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if _TOKENIZER is None or str(_TOKENIZER.dir) != str(Path(task.tokenizer_dir).resolve()):
         _TOKENIZER = load_tokenizer(task.tokenizer_dir)
         _TOKENIZER.dir = _TOKENIZER.dir.resolve()
@@ -300,11 +300,14 @@ def tokenize_corpus(
     workers: int | None = None,
     force: bool = False,
     allow_incomplete: bool = False,
+    ray: RayConfig | None = None,
+    console=None,
 ) -> dict:
     """Tokenize documents into packed shards + manifest.json; a no-op when nothing changed.
 
     `force` writes into a non-empty folder oreline did not create; `allow_incomplete` reads a data
-    run that has not finished (see the module docstring)."""
+    run that has not finished (see the module docstring); `ray` is the cluster of
+    `cfg.executor = "ray"` (the config's data.ray)."""
     out = Path(out_dir)
     paths = expand_inputs(inputs, allow_incomplete)
     tok = load_tokenizer(tokenizer_dir)
@@ -312,11 +315,17 @@ def tokenize_corpus(
         out, "tokens", "oreline tokenize", force=force, reserved=TOKENS_NAMES.fullmatch, legacy=_legacy_tokens
     )
     with FolderLock(out, "oreline tokenize"):
-        return _tokenize(paths, tok, out, cfg, workers)
+        return _tokenize(paths, tok, out, cfg, workers, ray, console)
 
 
 def _tokenize(
-    paths: list[Path], tok: OrelineTokenizer, out: Path, cfg: TokenizeConfig, workers: int | None
+    paths: list[Path],
+    tok: OrelineTokenizer,
+    out: Path,
+    cfg: TokenizeConfig,
+    workers: int | None,
+    ray: RayConfig | None = None,
+    console=None,
 ) -> dict:
     t0 = time.perf_counter()
     workers = max(1, workers or cfg.workers)
@@ -346,20 +355,21 @@ def _tokenize(
         )
         for i, (p, rg) in enumerate(plan_tasks(paths, workers))
     ]
-    if workers == 1 or len(tasks) == 1:
-        global _TOKENIZER
-        _TOKENIZER = tok  # in-process: reuse the tokenizer loaded above
-        _TOKENIZER.dir = _TOKENIZER.dir.resolve()
-        results = [run_task(t) for t in tasks]
-    else:
-        import multiprocessing as mp
-
-        # spawn, not fork: the caller may hold threads (torch, tensorboard, rayon) whose locks a
-        # forked child would inherit; a worker's start-up (~1 s of imports) is noise next to its task.
-        with ProcessPoolExecutor(
-            max_workers=min(workers, len(tasks)), mp_context=mp.get_context("spawn"), initializer=_worker_init
-        ) as pool:
-            results = list(pool.map(run_task, tasks))
+    global _TOKENIZER
+    _TOKENIZER = tok  # tasks run in this process (workers=1) reuse the tokenizer loaded above
+    _TOKENIZER.dir = _TOKENIZER.dir.resolve()
+    # a local pool forks its workers from a forkserver: safe with the threads the caller may hold
+    # (torch, tensorboard, rayon), unlike a plain fork
+    executor = make_executor(cfg.executor, workers=workers, ray=ray, console=console)
+    results = executor.map(run_task, [(t,) for t in tasks], label="tokenize")
+    crashed = [r for r in results if isinstance(r, TaskCrashed)]
+    if crashed:
+        names = ", ".join(sorted({r.args[0].path for r in crashed}))
+        raise DataIntegrityError(
+            f"{len(crashed)} tokenize task(s) lost their worker twice ({crashed[0].error}); input(s): {names}",
+            "re-run oreline tokenize (finished runs are not repeated); if it fails again, check those "
+            "files and the machine's memory",
+        )
 
     shard_records = sorted(
         (s for r in results for s in r["shards"]),

@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -55,17 +54,20 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+import oreline.storage as storage
 from oreline.config import Config, expand, fingerprint, to_dict, write_resolved
 from oreline.data.pipeline.runner import merge_step_stats
 from oreline.data.pipeline.tasks import (
     dedup_enabled,
     phase1_dir,
+    phase1_files,
     phase3_marker,
+    remove_stale_attempts,
     run_phase1,
     run_phase3,
     task_name,
 )
-from oreline.data.read.inputs import KINDS, discover_inputs
+from oreline.data.read.inputs import KINDS, discover_inputs, input_kind
 from oreline.errors import FingerprintMismatch, InputError
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
@@ -108,7 +110,7 @@ def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
     data = to_dict(cfg.data)
     for key in ("workers", "executor", "ray", "slurm", "inputs", "extra_inputs"):
         data.pop(key, None)
-    listed = [[str(p), kind, p.stat().st_size] for p, kind in files]
+    listed = [[str(p), kind, storage.size(p)] for p, kind in files]
     if cfg.data.quality.perplexity_model:  # a retrained reference model is another run
         from oreline.data.filters.perplexity import reference_fingerprint
 
@@ -161,9 +163,11 @@ def run_data(
     console = console or Console(stderr=True)
     workers = max(1, int(workers or cfg.data.workers))
     unreadable: list[dict[str, Any]] = []
-    files, unknown = discover_inputs(
-        [expand(str(i)) for i in inputs], errors=unreadable
-    )  # {samples} in config inputs
+    items = [expand(str(i)) for i in inputs]  # {samples} in config inputs
+    paths = [i for i in items if not storage.is_url(i)]
+    files, unknown = discover_inputs(paths, errors=unreadable) if paths else ([], [])
+    url_files, url_unknown = _discover_urls([i for i in items if storage.is_url(i)])
+    files, unknown = files + url_files, unknown + url_unknown
     if not files:
         raise InputError(
             f"no readable input among {len(unknown)} file(s) given ({', '.join(str(u) for u in unknown[:3])})",
@@ -172,6 +176,30 @@ def run_data(
     claim_folder(out, "data", "oreline data", force=force, reserved=DATA_NAMES.fullmatch, legacy=is_data_run)
     with FolderLock(out, "oreline data"):
         return _run_data(files, unknown, unreadable, out, cfg, workers, console, t_start)
+
+
+def _discover_urls(urls: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """Inputs on an object store (fsspec URLs): each URL, the files under it, or a glob's matches."""
+    files: list[tuple[str, str]] = []
+    unknown: list[str] = []
+    seen: set[str] = set()
+    for url in urls:
+        found = storage.find(url)
+        if not found:
+            raise InputError(
+                f"input {url!r} names no object",
+                "check the URL (and the credentials of its store, e.g. AWS_* for s3://)",
+            )
+        for f in found:
+            if f in seen:
+                continue
+            seen.add(f)
+            kind = input_kind(f)
+            if kind is None:
+                unknown.append(f)
+            else:
+                files.append((f, kind))
+    return files, unknown
 
 
 def _run_data(
@@ -197,12 +225,9 @@ def _run_data(
     left = _jobs_left(tasks, lambda i: (phase1_dir(work, i) / "DONE").is_file())
     jobs = [(i, str(tasks[i][1]), tasks[i][2], str(work), cfg) for i in left]
     crashes = [r for r in executor.map(run_phase1, jobs, label="filter") if isinstance(r, TaskCrashed)]
-    for stale in (work / "phase1").iterdir() if (work / "phase1").is_dir() else []:
-        if re.fullmatch(
-            r"\.task-\d{5}\.tmp-\d+", stale.name
-        ):  # wrecks of killed attempts (the tasks are done now)
-            shutil.rmtree(stale, ignore_errors=True)
     finished = [t for t in tasks if (phase1_dir(work, t[0]) / "DONE").is_file()]
+    # folders of killed or beaten attempts of the finished tasks (their markers name another one)
+    remove_stale_attempts(work, [i for i, _, _ in finished])
 
     # phase 2: the global dedup plan, split per task
     dedup_stats = _dedup_phase(work, finished, cfg) if dedup_enabled(cfg) else {}
@@ -225,9 +250,8 @@ def _run_data(
     write_json_atomic(out / "stats.json", stats)
     if not crashes and len(finished) == len(tasks):
         for t in finished:  # the final shards hold everything; drop the intermediate copies
-            for p in phase1_dir(work, t[0]).glob("*.parquet"):
-                if not p.name.startswith("signatures"):
-                    p.unlink()
+            for p in phase1_files(work, t[0], "kept-") + phase1_files(work, t[0], "rejects-"):
+                storage.remove(p)
         _remove_wrecks(out)
         write_json_atomic(out / "_SUCCESS", {"data": fp, "docs": stats["output"]["docs"]})
     return stats

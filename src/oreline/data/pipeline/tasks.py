@@ -1,15 +1,23 @@
 """The per-task work of a data run: phase 1 (read → filters → signatures) and phase 3 (dedup → chunk → shards).
 
 A task is one input file. Both phases are idempotent and atomic, so a run killed at any moment
-(SIGKILL included) resumes by running them again:
+(SIGKILL included) resumes by running them again, and two attempts of one task running at once
+(a zombie worker and its retry, on two nodes of a cluster) leave one valid output. The commits
+hold on a filesystem shared by the nodes (`oreline.storage`):
 
-- Phase 1 writes everything of a task (kept documents, rejects, dedup signatures, stats) into a
-  temporary folder `work/phase1/.task-NNNNN.tmp-PID`, writes `DONE` there last, and renames the
-  folder to `work/phase1/task-NNNNN`. A folder with that name is a finished task; a temporary
-  folder is the wreck of a killed one and is deleted before the task runs again.
-- Phase 3 first deletes any shard of its task left by a killed attempt (`docs/part-NNNNN-*`,
-  `rejects/part-NNNNN-*`), writes the final shards (each renamed into place when complete), and
-  writes its marker `work/phase3/task-NNNNN.json` (the task's stats) last.
+- Phase 1 writes everything of a task (kept documents, rejects, dedup signatures, stats) into its
+  own attempt folder `work/phase1/attempts/task-NNNNN-<attempt id>` (an id no other attempt on
+  any node uses), writes `DONE` there, and then publishes the task's marker
+  `work/phase1/task-NNNNN.json`, which names the attempt and lists its exact files with their
+  sizes. The first marker wins (`storage.publish_first`); an attempt that lost deletes its own
+  folder. Readers find a task's files through its marker only (`phase1_dir`); folders of attempts
+  no marker names (killed or losing attempts) are deleted at the end of the run
+  (`remove_stale_attempts`), by the names the attempts were given.
+- Phase 3 writes the final shards (each under an attempt-unique temporary name, renamed into place
+  when complete) and then its marker `work/phase3/task-NNNNN.json` (the task's stats and shard
+  names). Shard names and contents depend only on the task, so a killed attempt's shards are
+  overwritten by identical ones and concurrent attempts rename identical files into place: nothing
+  is deleted by pattern before the task runs.
 
 Everything a task decides depends only on its input file, the config and the dedup plan, never
 on timing or worker count, so a resumed run produces exactly the same documents.
@@ -18,15 +26,14 @@ on timing or worker count, so a resumed run produces exactly the same documents.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import oreline.storage as storage
 from oreline.data.pipeline.runner import StepStats, run_steps, text_bytes
 from oreline.data.pipeline.steps import filter_steps
 from oreline.data.read.shards import REJECT_SCHEMA, ShardWriter, read_documents, reject_row
@@ -42,8 +49,44 @@ def task_name(index: int) -> str:
     return f"task-{index:05d}"
 
 
+ATTEMPT = re.compile(r"task-(\d{5})-([0-9a-f]{16})")  # work/phase1/attempts/<name>
+
+
+def phase1_marker(work: Path, index: int) -> Path:
+    """The commit of a task's phase 1: which attempt folder holds its files, and which files."""
+    return work / "phase1" / f"{task_name(index)}.json"
+
+
 def phase1_dir(work: Path, index: int) -> Path:
-    return work / "phase1" / task_name(index)
+    """The folder of the task's committed phase-1 attempt (a path that does not exist before the
+    commit, so `phase1_dir(…) / "DONE"` is false until the marker is there)."""
+    marker = storage.read_json(phase1_marker(work, index))
+    attempt = marker.get("attempt") if isinstance(marker, dict) else None
+    if not isinstance(attempt, str) or not ATTEMPT.fullmatch(attempt):
+        return work / "phase1" / "attempts" / f"{task_name(index)}-uncommitted"
+    return work / "phase1" / "attempts" / attempt
+
+
+def phase1_files(work: Path, index: int, prefix: str) -> list[Path]:
+    """The committed files of a task whose names start with `prefix`, as its marker lists them."""
+    marker = storage.read_json(phase1_marker(work, index)) or {}
+    folder = phase1_dir(work, index)
+    return [folder / name for name in sorted(marker.get("files", {})) if name.startswith(prefix)]
+
+
+def remove_stale_attempts(work: Path, indices) -> list[str]:
+    """Delete the phase-1 attempt folders of these tasks that no marker names (attempts killed or
+    beaten by another attempt of the same task); only names of the form oreline gives them."""
+    folder = work / "phase1" / "attempts"
+    wanted = {int(i) for i in indices}
+    committed = {phase1_dir(work, i).name for i in wanted}
+    removed = []
+    for name in storage.listdir(folder):
+        m = ATTEMPT.fullmatch(name)
+        if m and int(m.group(1)) in wanted and name not in committed:
+            storage.remove(folder / name)
+            removed.append(name)
+    return removed
 
 
 def phase3_marker(work: Path, index: int) -> Path:
@@ -57,11 +100,12 @@ def phase3_marker(work: Path, index: int) -> Path:
 class Reader:
     """Documents of one input file, with the read step's counts, rejects, input facts and errors."""
 
-    def __init__(self, path: Path, kind: str, cfg, reject, progress: Progress):
+    def __init__(self, path: Path | str, kind: str, cfg, reject, progress: Progress):
+        # `path`: a local path, or an fsspec URL (read through a local copy, named by its URL)
         self.path, self.kind, self.cfg, self.reject, self.progress = path, kind, cfg, reject, progress
         self.stats = StepStats("read")
         self.errors: list[dict[str, Any]] = []
-        self.info: dict[str, Any] = {"kind": kind, "bytes": path.stat().st_size if path.exists() else 0}
+        self.info: dict[str, Any] = {"kind": kind, "bytes": storage.size(path) if storage.exists(path) else 0}
 
     def _drop(self, reason: str, doc: Document, nbytes: int) -> None:
         self.stats.docs_in += 1
@@ -102,6 +146,15 @@ class Reader:
         self.progress.flush()
 
     def _warc(self) -> Iterator[Document]:
+        with storage.local_copy(self.path) as local:
+            yield from self._warc_file(local)
+
+    def _named(self, errors: list[dict[str, Any]], local: Path) -> list[dict[str, Any]]:
+        """Errors of a local copy, named by the input's own path or URL."""
+        name = str(self.path)
+        return [{**e, "file": name} if e.get("file") == str(local) else e for e in errors]
+
+    def _warc_file(self, local: Path) -> Iterator[Document]:
         from oreline.data.read.warc import ReadReport, iter_records, record_to_document
 
         rcfg = self.cfg.data.read
@@ -127,13 +180,14 @@ class Reader:
 
         try:
             records = iter_records(
-                self.path,
+                local,
                 max_record_bytes=rcfg.max_record_bytes,
                 report=report,
                 record_types=tuple(rcfg.record_types),
             )
             for rec in records:
                 rejected()
+                rec.source_file = name  # the input's path or URL, also when read from a local copy
                 nbytes = len(rec.payload)
                 self.progress.add(1, nbytes)
                 before = Counter(report.dropped)
@@ -166,7 +220,7 @@ class Reader:
                 yield self._keep(doc, nbytes)
             rejected()
         finally:
-            self.errors.extend(report.errors)
+            self.errors.extend(self._named(report.errors, local))
             self.info.update(
                 records=report.records,
                 by_type=dict(report.by_type),
@@ -177,6 +231,10 @@ class Reader:
             )
 
     def _other(self) -> Iterator[Document]:
+        with storage.local_copy(self.path) as local:
+            yield from self._other_file(local)
+
+    def _other_file(self, local: Path) -> Iterator[Document]:
         from oreline.data.read.inputs import iter_input_documents
 
         name = str(self.path)
@@ -189,7 +247,9 @@ class Reader:
 
         records = 0
         try:
-            for doc in iter_input_documents(self.path, self.cfg, report=report):
+            for doc in iter_input_documents(local, self.cfg, report=report):
+                if doc.metadata.get("source_file") == str(local):
+                    doc.metadata["source_file"] = name
                 records += 1
                 nbytes = text_bytes(doc.text)
                 self.progress.add(1, nbytes)
@@ -209,15 +269,14 @@ def dedup_enabled(cfg) -> bool:
 
 
 def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, Any]:
-    """Read and filter one input file into work/phase1/task-NNNNN (skipped when already done)."""
+    """Read and filter one input file into its own attempt folder, then commit it with the task's
+    marker (skipped when a marker is already there; see the module docstring)."""
     work_dir = Path(work)
-    final = phase1_dir(work_dir, index)
-    if (final / "DONE").is_file():
-        return json.loads((final / "stats.json").read_text())
-    if final.exists():  # a folder without DONE cannot come from this code; be safe anyway
-        shutil.rmtree(final)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    done = phase1_dir(work_dir, index)
+    if (done / "DONE").is_file():
+        return json.loads((done / "stats.json").read_text())
+    attempt = f"{task_name(index)}-{storage.attempt_id()}"
+    tmp = work_dir / "phase1" / "attempts" / attempt
     tmp.mkdir(parents=True)
     t_start = time.perf_counter()
 
@@ -233,7 +292,7 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
         def reject(doc: Document, step: str, reason: str) -> None:
             rejects.write_row(reject_row(doc, step, reason))
 
-        reader = Reader(Path(path), kind, cfg, reject, progress)
+        reader = Reader(path if storage.is_url(path) else Path(path), kind, cfg, reject, progress)
         survivors = run_steps(reader, steps, step_stats, reject)
         upstream = [0.0]
 
@@ -272,28 +331,20 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
         "seconds": round(time.perf_counter() - t_start, 6),
     }
     write_json_atomic(tmp / "stats.json", stats)
-    write_json_atomic(tmp / "DONE", {"task": index})
-    os.replace(tmp, final)
+    write_json_atomic(tmp / "DONE", {"task": index, "attempt": attempt})
+    files = {p.name: storage.size(p) for p in sorted(tmp.iterdir()) if p.name != "DONE"}
+    marker = {"task": index, "attempt": attempt, "files": files}
+    if not storage.publish_first(phase1_marker(work_dir, index), storage.json_bytes(marker)):
+        # another attempt of this task committed first: its output is the task's, ours goes
+        if phase1_dir(work_dir, index).name != attempt:
+            storage.remove(tmp)
+        done = phase1_dir(work_dir, index)
+        return json.loads((done / "stats.json").read_text())
     return stats
 
 
 # ---------------------------------------------------------------------------------------------
 # phase 3
-
-
-def _clear_task_outputs(out_dir: Path, index: int) -> None:
-    """Delete what a killed attempt of this task left: its shards and their temporary files, by
-    their exact names (`part-NNNNN-KKK.parquet`, `.part-NNNNN-KKK.parquet.tmp-PID`), nothing else."""
-    from oreline.outdir import is_temp_of, remove_listed
-
-    mine = re.compile(rf"part-{index:05d}-\d{{3}}\.parquet")
-    for sub in ("docs", "rejects"):
-        folder = out_dir / sub
-        if folder.is_dir():
-            remove_listed(
-                folder,
-                [p.name for p in folder.iterdir() if mine.fullmatch(p.name) or is_temp_of(p.name, mine)],
-            )
 
 
 def chunk_docs(doc: Document, cfg) -> list[Document]:
@@ -309,9 +360,8 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
     if marker.is_file():
         return json.loads(marker.read_text())
     t_start = time.perf_counter()
-    _clear_task_outputs(out_dir, index)
     src = phase1_dir(work_dir, index)
-    kept_files = sorted(src.glob("kept-*.parquet"))
+    kept_files = [p for p in phase1_files(work_dir, index, "kept-") if p.is_file()]
     expected = json.loads((src / "stats.json").read_text())["kept"]
     if expected and not kept_files:  # intermediates are deleted once a run succeeds
         raise DataIntegrityError(
@@ -336,7 +386,7 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
         ShardWriter(out_dir / "docs", prefix, cfg.data.max_shard_bytes) as docs_w,
         ShardWriter(out_dir / "rejects", prefix, cfg.data.max_shard_bytes, REJECT_SCHEMA) as rej_w,
     ):
-        for path in sorted(src.glob("rejects-*.parquet")):  # phase-1 rejects, in their order
+        for path in phase1_files(work_dir, index, "rejects-"):  # phase-1 rejects, in their order
             import pyarrow.parquet as pq
 
             for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):

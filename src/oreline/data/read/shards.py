@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -233,7 +234,9 @@ class ShardWriter:
         if self._writer is None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._final = self.out_dir / f"{self.prefix}-{len(self.paths):03d}.parquet"
-            self._tmp = self.out_dir / f".{self._final.name}.tmp-{os.getpid()}"
+            # attempt-unique: two attempts of a task (a zombie and its retry, maybe on two nodes
+            # with the same PID) may write the same shard at once; each renames its own whole file
+            self._tmp = self.out_dir / f".{self._final.name}.tmp-{uuid.uuid4().hex[:16]}"
             self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd")
         table = pa.Table.from_pylist(self._buffer, schema=self.schema)
         self._writer.write_table(table)

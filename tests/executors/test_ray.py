@@ -1,0 +1,252 @@
+"""`oreline data` and `oreline tokenize` on a real 2-node Ray cluster give the local run's output,
+byte for byte, also when a worker node dies mid-run, when the driver is SIGKILLed and the command is
+run again, and when two attempts of one task run at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from oreline.config import TokenizerConfig, load_config
+from oreline.data.pipeline.run import run_data
+from oreline.data.pipeline.tasks import phase1_dir, phase1_marker, run_phase1, run_phase3
+from oreline.executors import make_executor
+from oreline.executors.interface import TaskCrashed
+from oreline.executors.progress import LocalQueue, set_progress_queue
+
+pytestmark = pytest.mark.ray
+
+INPUTS = [
+    "commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz",
+    "commoncrawl-samples/whirlwind.warc.gz",
+    "dolma-wget-2024/sample-0000.warc.gz",
+    "dolma-wget-2024/sample-0001.warc.gz",
+    "ia-blackbook-2008/IAH-20080430204825-00000-blackbook.warc.gz",
+    "warcio-edge-cases/example.warc.gz",
+]
+TIMING = {"seconds", "signature_seconds", "pid", "workers", "tokens_per_second"}
+
+
+def _inputs(samples) -> list[str]:
+    return [str(samples / "web-archives" / p) for p in INPUTS]
+
+
+def _untimed(obj):
+    if isinstance(obj, dict):
+        return {k: _untimed(v) for k, v in obj.items() if k not in TIMING}
+    if isinstance(obj, list):
+        return [_untimed(v) for v in obj]
+    return obj
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def assert_same_data_output(ref: Path, out: Path) -> None:
+    for sub in ("docs", "rejects"):
+        a, b = _files(ref / sub), _files(out / sub)
+        assert sorted(a) == sorted(b), sub
+        assert a == b, f"{sub} shards differ"
+    assert (out / "_SUCCESS").is_file()
+    stats_ref = _untimed(json.loads((ref / "stats.json").read_text()))
+    stats_out = _untimed(json.loads((out / "stats.json").read_text()))
+    assert stats_out == stats_ref
+    # one attempt folder per task is left: the committed one (killed attempts' folders are gone)
+    work = out / "work"
+    committed = {phase1_dir(work, i).name for i in range(len(INPUTS))}
+    assert {p.name for p in (work / "phase1" / "attempts").iterdir()} == committed
+
+
+@pytest.fixture(scope="module")
+def local_run(samples, tmp_path_factory) -> Path:
+    """The reference: the sample inputs through the local executor (a 2-process pool)."""
+    out = tmp_path_factory.mktemp("local") / "out"
+    run_data(_inputs(samples), out, load_config(), workers=2)
+    return out
+
+
+def test_data_on_ray_equals_the_local_run(samples, local_run, ray_overrides, tmp_path):
+    out = tmp_path / "ray"
+    stats = run_data(_inputs(samples), out, load_config(overrides=ray_overrides))
+    assert stats["output"]["docs"] > 0
+    assert_same_data_output(local_run, out)
+
+
+def test_tokenize_on_ray_equals_the_local_run(local_run, ray_overrides, tmp_path):
+    from oreline.tokens.tokenize import tokenize_corpus
+    from oreline.tokens.train_bpe import train_tokenizer
+
+    tok = tmp_path / "tok"
+    train_tokenizer([str(local_run / "docs")], tok, TokenizerConfig(vocab_size=512))
+    ray_cfg = load_config(overrides=ray_overrides)
+    results = {}
+    for name, cfg in (("local", load_config()), ("ray", ray_cfg)):
+        cfg.tokenize.max_shard_tokens = 20_000  # several shards per task, so the split is exercised
+        results[name] = tokenize_corpus(
+            [str(local_run / "docs")], tok, tmp_path / name, cfg.tokenize, workers=2, ray=cfg.data.ray
+        )
+    assert len(results["ray"]["shards"]) > 2
+    assert _untimed(results["ray"]) == _untimed(results["local"])
+    local_files, ray_files = _files(tmp_path / "local"), _files(tmp_path / "ray")
+    for f in (local_files, ray_files):
+        f.pop(".oreline-owner")  # the folder's owner record: its creation time and pid
+    manifests = [_untimed(json.loads(f.pop("manifest.json"))) for f in (local_files, ray_files)]
+    assert manifests[0] == manifests[1]
+    assert local_files == ray_files
+
+
+def _task_running_on(node) -> bool:
+    """Whether one of `node`'s worker processes is running a task now (Ray titles it ray::_call)."""
+    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+    for child in raylet.children(recursive=True):
+        try:
+            if child.cmdline() and child.cmdline()[0].startswith("ray::_call"):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+@pytest.mark.slow
+def test_worker_node_killed_in_phase1_the_run_completes_with_identical_output(
+    samples, local_run, ray_cluster, ray_overrides, tmp_path
+):
+    victim = ray_cluster.add_node(num_cpus=1)
+    ray_cluster.wait_for_nodes()
+    out = tmp_path / "ray"
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["stats"] = run_data(_inputs(samples), out, load_config(overrides=ray_overrides))
+        except BaseException as exc:  # reported by the main thread
+            result["error"] = exc
+
+    driver = threading.Thread(target=run)
+    driver.start()
+    phase1 = out / "work" / "phase1"
+    deadline = time.monotonic() + 120
+    killed_running = False
+    while driver.is_alive() and time.monotonic() < deadline:
+        committed = list(phase1.glob("task-*.json")) if phase1.is_dir() else []
+        if 0 < len(committed) < len(INPUTS) and _task_running_on(victim):
+            ray_cluster.remove_node(victim, allow_graceful=False)  # SIGKILL of its raylet and workers
+            killed_running = True
+            break
+        time.sleep(0.005)
+    driver.join(timeout=300)
+    assert not driver.is_alive()
+    assert "error" not in result, result.get("error")
+    assert killed_running, "the node could not be killed while it ran a phase-1 task"
+    assert_same_data_output(local_run, out)
+
+
+def _wait_and_kill(cmd, ready, env, timeout=120.0) -> bool:
+    proc = subprocess.Popen(
+        cmd, start_new_session=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return False
+            if ready():
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return True
+            time.sleep(0.005)
+        raise AssertionError("the run never reached the kill point")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_driver_sigkilled_mid_run_resumes_to_identical_output(samples, local_run, ray_overrides, tmp_path):
+    out = tmp_path / "ray"
+    cmd = [sys.executable, "-m", "oreline", "data", *_inputs(samples), "--out", str(out), *ray_overrides]
+    env = dict(os.environ)
+    phase1 = out / "work" / "phase1"
+    killed = _wait_and_kill(
+        cmd, lambda: phase1.is_dir() and 0 < len(list(phase1.glob("task-*.json"))) < len(INPUTS), env
+    )
+    assert killed, "the run finished before the driver could be killed in phase 1"
+    assert not (out / "_SUCCESS").exists()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_data_output(local_run, out)
+
+
+def test_two_concurrent_attempts_of_one_task_leave_one_valid_output(samples, ray_overrides, tmp_path):
+    """Both nodes run the same phase-1 task at once, then the same phase-3 task at once (a zombie
+    worker and its retry): one committed attempt, the loser's files gone, and shards equal to a
+    local run's."""
+    cfg = load_config(overrides=[*ray_overrides, "data.dedup.exact=false", "data.dedup.minhash=false"])
+    big = str(samples / "web-archives" / INPUTS[4])  # the largest sample: the attempts overlap in time
+    ref = tmp_path / "ref"
+    run_data([big], ref, load_config(overrides=["data.dedup.exact=false", "data.dedup.minhash=false"]))
+
+    work, out = tmp_path / "out" / "work", tmp_path / "out"
+    executor = make_executor("ray", ray=cfg.data.ray)
+    job = (0, big, "warc", str(work), cfg)
+    first, second = executor.map(run_phase1, [job, job], label="filter")
+    assert not isinstance(first, TaskCrashed) and not isinstance(second, TaskCrashed)
+    assert _untimed(first) == _untimed(second)
+    # the tasks' progress reached the driver through the cluster: both attempts read the whole
+    # file (they did run at once; a late one would have found the marker and read nothing)
+    alone = LocalQueue()
+    set_progress_queue(alone)
+    try:
+        run_phase1(0, big, "warc", str(tmp_path / "inline"), cfg)
+    finally:
+        set_progress_queue(None)
+    assert executor.rates.records == 2 * sum(r for r, _ in alone.items) > 0
+    assert executor.rates.bytes == 2 * sum(b for _, b in alone.items)
+    assert executor.nodes == 2
+    marker = json.loads(phase1_marker(work, 0).read_text())
+    committed = phase1_dir(work, 0)
+    assert committed.name == marker["attempt"]
+    assert {p.name: p.stat().st_size for p in committed.iterdir() if p.name != "DONE"} == marker["files"]
+    attempts = sorted(p.name for p in (work / "phase1" / "attempts").iterdir())
+    assert attempts == [marker["attempt"]], "the losing attempt left its folder behind"
+
+    a, b = executor.map(run_phase3, [(0, str(work), str(out), cfg)] * 2, label="write")
+    assert a["output"] == b["output"]
+    assert _files(out / "docs") == _files(ref / "docs")
+    assert _files(out / "rejects") == _files(ref / "rejects")
+
+
+def test_without_ray_the_ray_executor_names_the_install_command(tmp_path):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # an interpreter where `import ray` fails
+        "from oreline.errors import OrelineError\n"
+        "from oreline.executors import make_executor\n"
+        "try:\n    make_executor('ray')\nexcept OrelineError as exc:\n    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'oreline[ray]'" in done.stdout
+
+
+def test_a_task_that_kills_its_worker_every_time_comes_back_as_a_crash_result(ray_overrides):
+    """os.abort kills the Ray worker running it: Ray retries it on a fresh worker (max_retries=1),
+    then the map returns TaskCrashed naming the job instead of failing or hanging; a task that
+    raises reaches the caller as its own exception, as in the local pool."""
+    executor = make_executor("ray", ray=load_config(overrides=ray_overrides).data.ray)
+    crashed, alive = executor.map(os.abort, [(), ()], label="crash")
+    assert isinstance(crashed, TaskCrashed) and isinstance(alive, TaskCrashed)
+    assert crashed.args == () and "WorkerCrashedError" in crashed.error
+    assert executor.map(os.getpid, [()], label="after")[0] > 0  # the cluster is still fine
+    with pytest.raises(ValueError, match="invalid literal"):
+        executor.map(int, [("12",), ("not a number",)], label="raise")
