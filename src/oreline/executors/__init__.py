@@ -39,6 +39,10 @@ def make_executor(
         from oreline.executors.local import LocalExecutor
 
         return LocalExecutor(workers=workers, preload=preload, console=console)
+    if name == "slurm":
+        from oreline.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor(options.get("slurm"), work=options.get("work"), console=console)
     raise ConfigError(
         f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)} (data.executor or --executor)"
     )
