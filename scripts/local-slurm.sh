@@ -55,7 +55,8 @@ SlurmUser=$(id -un)
 SlurmdUser=$(id -un)
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$STATE/munge/munge.socket
+AuthInfo=socket=$STATE/munge/munge.socket,cred_expire=10
+# cred_expire is also the delay before a requeued job may start again (default 120 s): short for tests
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/spool
 SlurmctldPidFile=$STATE/slurmctld.pid
