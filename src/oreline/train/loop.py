@@ -42,7 +42,7 @@ stability window, the lr multiplier and counters, and drops metrics records of s
 checkpoint, so an interrupted run continues bit-exactly (on CPU) and its metrics.jsonl reads as
 one clean run. A resumed run first completes what a kill left undone after its checkpoint's step
 (evaluation, generations, and at the last step the end record: a run is finished when its end
-record is written, `evals_after_step`). SIGTERM/SIGINT stop every rank after the same step with
+record is written, `evals_after_step`). SIGTERM/SIGINT/SIGUSR1 stop every rank after the same step with
 a checkpoint and the command that resumes (oreline.train.shutdown, `stop_after_step`).
 
 metrics.jsonl record types (`type`): start, train, eval, generation, event, checkpoint, end —
@@ -79,7 +79,7 @@ from oreline.train.session import (
     start_record,
     to_device,
 )
-from oreline.train.shutdown import StopRequests, TrainingStopped, resume_command
+from oreline.train.shutdown import StopRequests, TrainingStopped, ask_for_requeue, resume_command
 from oreline.train.shutdown import signal_name as shutdown_signal_name
 
 
@@ -485,9 +485,14 @@ def stop_after_step(
         }
     )
     log.close()
+    hint = f"resume with: {command}"
+    if stops.requeue and info.is_main:  # SIGUSR1: Slurm's time-limit notice; the batch script requeues
+        job = ask_for_requeue(path)
+        if job is not None:
+            hint = f"the batch script requeues Slurm job {job}, which resumes from this checkpoint"
     raise TrainingStopped(
         f"stopped by {what} after step {state.step} of {cfg.train.steps}; checkpoint {path}",
-        f"resume with: {command}",
+        hint,
         int(signum),
         show=info.is_main,
     )
