@@ -435,12 +435,30 @@ def run(
     from_stage: Annotated[
         Optional[str], typer.Option("--from", help="force this stage and all after it")
     ] = None,
+    executor: Annotated[
+        Optional[str],
+        typer.Option(
+            "--executor",
+            help="local: run the stages here; slurm: submit each stage as a Slurm job, chained with afterok "
+            "(the data tasks then run as array jobs); ray: data and tokenize tasks on Ray",
+        ),
+    ] = None,
+    only: Annotated[
+        Optional[str],
+        typer.Option("--only", help="run this stage alone, once the stages before it finished (a stage job)"),
+    ] = None,
 ) -> None:
     """Crawl to exported model: data, tokenizer, tokenize, train, eval, export, report."""
-    from oreline.stages import run_all
+    from oreline.stages import run_all, submit_stage_jobs
 
+    overrides = list(overrides or [])
+    if executor is not None:
+        overrides += [f"data.executor={executor}", f"tokenize.executor={executor}"]
     cfg = _load(config, overrides)
-    run_all(cfg, from_stage=from_stage, console=console)
+    if executor == "slurm" and only is None:
+        submit_stage_jobs(cfg, from_stage=from_stage, console=console)
+        return
+    run_all(cfg, from_stage=from_stage, console=console, only=only)
 
 
 @config_app.command("show")
