@@ -184,7 +184,9 @@ def dead_lock():
 # Tests marked `slurm` submit real jobs to the cluster `sinfo` reaches: the single-node cluster of
 # scripts/local-slurm.sh (`.ci/run` starts it; SLURM_CONF names its config). Without one they are
 # skipped, with the command that starts it in the reason.
-LOCAL_SLURM_CONF = Path(os.environ.get("ORELINE_SLURM_DIR") or f"/tmp/oreline-slurm-{os.getuid()}") / "slurm.conf"
+LOCAL_SLURM_CONF = (
+    Path(os.environ.get("ORELINE_SLURM_DIR") or f"/tmp/oreline-slurm-{os.getuid()}") / "slurm.conf"
+)
 
 
 @pytest.fixture(scope="session")
