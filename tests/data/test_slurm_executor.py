@@ -113,6 +113,7 @@ def test_scancel_of_one_array_task_then_the_rerun_completes_it(slurm_cluster, lo
     log = failed[0]["error"].split("log: ")[1].split(";")[0]
     assert victim in failed[0]["error"] and Path(log).is_file(), failed[0]
     assert "CANCELLED" in Path(log).read_text()
+    assert f"re-run `oreline data {inputs[0]}" in failed[0]["error"]  # the command that resumes
 
     again = subprocess.run(_cli(inputs, out, *FAST), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -254,7 +254,7 @@ class SlurmExecutor:
                     TaskCrashed(
                         job,
                         f"Slurm array task {tid} ({label}) failed {int(s.max_retries) + 1} time(s); "
-                        f"log: {folder / 'logs' / (tid + '.out')}; re-run the command to retry it",
+                        f"log: {folder / 'logs' / (tid + '.out')}; {_rerun_hint()}",
                     )
                 )
         return results
@@ -270,6 +270,16 @@ class SlurmExecutor:
             if not left:
                 return
             time.sleep(float(self.settings.poll_s))
+
+
+def _rerun_hint() -> str:
+    """What resumes: the oreline command of this process when there is one (its markers make the re-run
+    submit only the missing tasks)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    is_oreline = getattr(spec, "name", "") == "oreline.__main__" or Path(sys.argv[0] or "x").name == "oreline"
+    if is_oreline and len(sys.argv) > 1:
+        return f"re-run `oreline {shlex.join(sys.argv[1:])}` to retry it (it submits only what is missing)"
+    return "re-run the command to retry it (it submits only what is missing)"
 
 
 def _pack_jobs(pack_index: int, pack: int, n: int) -> range:
