@@ -15,28 +15,68 @@
 # The node declares ORELINE_SLURM_CPUS CPUs (default: at least 8, more than this machine may
 # have; `SlurmdParameters=config_overrides` lets slurmd accept it), so that a 2-rank training job
 # and a few array tasks can be scheduled side by side on a small CI machine; the tasks then share
-# the real cores. Accounting: without slurmdbd there is no `sacct`; every job end (including each
-# requeue) is written to $STATE/jobcomp.txt by jobcomp/filetxt, which is what the tests read.
+# the real cores.
+#
+# ORELINE_SLURM_ACCOUNTING=1 adds job accounting, so that `sacct` works: a private MariaDB server
+# (data folder, socket and port of its own in the state folder) and slurmdbd; mariadb-server and
+# slurmdbd are installed like the others. Without it (the default: it starts faster) there is no
+# sacct, and every job end (each requeue included) is written to $STATE/jobcomp.txt.
 set -euo pipefail
 
 STATE="${ORELINE_SLURM_DIR:-/tmp/oreline-slurm-$(id -u)}"
 CTLD_PORT="${ORELINE_SLURM_PORT:-6917}"
 SLURMD_PORT=$((CTLD_PORT + 1))
+DBD_PORT=$((CTLD_PORT + 2))
+MARIADB_PORT=$((CTLD_PORT + 3))
+ACCOUNTING="${ORELINE_SLURM_ACCOUNTING:-0}"
 
 log() { echo "[local-slurm] $*" >&2; }
 
 install_if_missing() {
-  if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
-    && command -v sbatch >/dev/null; then
-    return
+  local packages="slurm-wlm munge" commands="slurmctld slurmd munged sbatch" missing=0 c
+  if [ "$ACCOUNTING" = 1 ]; then
+    packages="$packages slurmdbd mariadb-server"
+    commands="$commands slurmdbd mariadbd mariadb-install-db"
   fi
+  for c in $commands; do command -v "$c" >/dev/null || missing=1; done
+  [ "$missing" = 0 ] && return
   if [ "$(id -u)" != 0 ]; then
-    log "slurmctld/slurmd/munged are not installed and this is not root: install slurm-wlm and munge"
+    log "one of $commands is not installed and this is not root: install $packages"
     exit 1
   fi
-  log "installing slurm-wlm and munge (apt)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null ||
-    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null; }
+  log "installing $packages (apt)"
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $packages >/dev/null ||
+    { apt-get update -q >/dev/null &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $packages >/dev/null; }
+}
+
+start_accounting() {
+  # a private MariaDB without grant tables: only slurmdbd reaches it, on 127.0.0.1
+  if [ ! -d "$STATE/db/mysql" ]; then
+    mariadb-install-db --no-defaults --datadir="$STATE/db" --user="$(id -un)" >"$STATE/mariadb-install.log" 2>&1
+  fi
+  setsid mariadbd --no-defaults --datadir="$STATE/db" --socket="$STATE/mariadb.sock" --port="$MARIADB_PORT" \
+    --bind-address=127.0.0.1 --pid-file="$STATE/mariadb.pid" --log-error="$STATE/mariadb.err" \
+    --user="$(id -un)" --skip-grant-tables </dev/null >/dev/null 2>&1 &
+  for _ in $(seq 1 120); do
+    [ -S "$STATE/mariadb.sock" ] && [ -s "$STATE/mariadb.pid" ] && break
+    sleep 0.25
+  done
+  printf '%s\n' "AuthType=auth/munge" "AuthInfo=socket=$STATE/munge/munge.socket" "DbdHost=localhost" \
+    "DbdPort=$DBD_PORT" "SlurmUser=$(id -un)" "PidFile=$STATE/slurmdbd.pid" "LogFile=$STATE/slurmdbd.log" \
+    "StorageType=accounting_storage/mysql" "StorageHost=127.0.0.1" "StoragePort=$MARIADB_PORT" \
+    "StorageUser=$(id -un)" "StorageLoc=slurm_acct_db" >"$STATE/slurmdbd.conf"
+  chmod 600 "$STATE/slurmdbd.conf"
+  slurmdbd # reads the slurmdbd.conf beside $SLURM_CONF
+  local until=$((SECONDS + 60))
+  until sacctmgr -i add cluster oreline >/dev/null 2>&1 || sacctmgr -n list cluster 2>/dev/null | grep -q oreline; do
+    if [ "$SECONDS" -ge "$until" ]; then
+      log "slurmdbd did not answer within 60 s: see $STATE/slurmdbd.log and $STATE/mariadb.err"
+      exit 1
+    fi
+    sleep 0.5
+  done
 }
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -73,7 +113,11 @@ ReturnToService=2
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=1,bf_interval=1
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+$(if [ "$ACCOUNTING" = 1 ]; then
+    printf 'AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=localhost\nAccountingStoragePort=%s\nAccountingStoragePass=%s\n' "$DBD_PORT" "$STATE/munge/munge.socket"
+  else
+    echo "AccountingStorageType=accounting_storage/none"
+  fi)
 JobCompType=jobcomp/filetxt
 JobCompLoc=$STATE/jobcomp.txt
 JobRequeue=1
@@ -107,8 +151,9 @@ start() {
     munged --force --key-file="$STATE/munge/munge.key" --socket="$STATE/munge/munge.socket" \
       --pid-file="$STATE/munge/munged.pid" --log-file="$STATE/munge/munged.log" \
       --seed-file="$STATE/munge/munged.seed"
-    # -i: ignore a state folder from an earlier cluster's run (old jobs would come back)
-    slurmctld -i
+    if [ "$ACCOUNTING" = 1 ]; then start_accounting; fi
+    # job ids continue from the state an earlier start saved (the accounting database keeps them)
+    slurmctld
     slurmd
   fi
   # ready when the node is idle (or mixed/allocated from a job submitted before `start` returned)
@@ -132,7 +177,8 @@ start() {
 
 stop() {
   local pf pid
-  for pf in "$STATE/slurmd.pid" "$STATE/slurmctld.pid" "$STATE/munge/munged.pid"; do
+  for pf in "$STATE/slurmd.pid" "$STATE/slurmctld.pid" "$STATE/slurmdbd.pid" "$STATE/mariadb.pid" \
+    "$STATE/munge/munged.pid"; do
     if pid_alive "$pf"; then
       pid=$(cat "$pf")
       kill "$pid" 2>/dev/null || true
