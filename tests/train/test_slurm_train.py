@@ -186,3 +186,37 @@ def test_cpu_job_script_fits_the_allocation(prose_tokens, tmp_path):
         path = tmp_path / "s.sbatch"
         path.write_text(text)
         subprocess.run(["bash", "-n", str(path)], check=True)
+
+
+@pytest.mark.slow
+def test_sigusr1_stops_at_a_step_boundary_and_asks_the_script_to_requeue(prose_tokens, tmp_path):
+    """The training loop's own part, without Slurm: USR1 → checkpoint at the next step boundary, exit
+    128 + 10, the requeue file for the batch script; the relaunch resumes from that checkpoint."""
+    import os
+    import signal
+
+    cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens)
+    run, log = tmp_path / "runs" / "r", tmp_path / "log"
+    flag = tmp_path / ".oreline-requeue-4242"
+    env = {**kr.env(), "ORELINE_REQUEUE_FILE": str(flag), "SLURM_JOB_ID": "4242"}
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "oreline", "train", "-c", str(cfg)], env=env, stdout=out, stderr=out
+        )
+    assert kr.wait_for(proc, lambda: kr.has(run, "train", 5), timeout=300), log.read_text()[-3000:]
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert proc.wait(timeout=300) == 128 + signal.SIGUSR1, log.read_text()[-3000:]
+    [stop] = events(run, "stopped")
+    ckpt = run / "checkpoints" / f"step-{stop['step']:08d}"
+    assert stop["values"]["signal"] == "SIGUSR1" and ckpt.is_dir()
+    assert flag.read_text().strip() == str(ckpt)
+    assert "the batch script requeues Slurm job 4242" in log.read_text()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "oreline", "train", "-c", str(cfg)],
+        env=kr.env(),
+        capture_output=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in events(run, "resume")] == [stop["step"]]
+    assert [r["step"] for r in kr.records(run) if r["type"] == "train"] == list(range(1, kr.STEPS + 1))
