@@ -132,8 +132,11 @@ def test_a_failing_task_is_retried_then_reported_with_its_log(slurm_cluster, tmp
     flag = tmp_path / "failed-once"
     # fails on its first attempt only (a module-level function, as every task function is)
     job = (["bash", "-c", f"test -e {flag} || {{ touch {flag}; echo first attempt fails >&2; exit 3; }}"],)
-    ex = SlurmExecutor(SlurmConfig(max_retries=1, poll_s=0.3), work=tmp_path / "w")
-    assert ex.map(subprocess.check_call, [job, (["true"],)], label="retry") == [0, 0]
+    # packs of two: the failing job's pack is resubmitted, and its retry skips nothing it finished
+    ex = SlurmExecutor(SlurmConfig(max_retries=1, poll_s=0.3, tasks_per_job=2), work=tmp_path / "w")
+    assert ex.map(subprocess.check_call, [job, (["true"],), (["true"],)], label="retry") == [0, 0, 0]
+    logs = sorted((tmp_path / "w" / "slurm" / "retry-0" / "logs").glob("*.out"))
+    assert len(logs) == 3  # packs 0 and 1, then pack 0 again
 
     ex = SlurmExecutor(SlurmConfig(max_retries=0, poll_s=0.3), work=tmp_path / "w")
     [crashed] = ex.map(subprocess.check_call, [(["false"],)], label="fail")

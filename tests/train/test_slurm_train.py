@@ -138,9 +138,11 @@ def test_requeued_then_cancelled_and_resubmitted_job_equals_an_uninterrupted_one
     kr.assert_identical(ref_run, run)
     losses = {r["step"]: r["loss"] for r in kr.records(run) if r.get("type") == "train"}
     print("per-step losses (requeued + cancelled + resubmitted == uninterrupted):", json.dumps(losses))
+    print(f"USR1 stop after step {at1} (requeued), scancel stop after step {stop2['step']} (resubmitted)")
     acct = accounting(job)
     if acct is not None:  # the cluster keeps accounting (CI's does: ORELINE_SLURM_ACCOUNTING=1)
-        print("sacct:\n" + "\n".join(acct + (accounting(again) or [])[2:]))
+        others = (accounting(again) or [])[2:] + (accounting(ref_job) or [])[2:]
+        print("sacct (the job, its resubmission, the reference):\n" + "\n".join(acct + others))
         assert [line.split()[2].rstrip("+") for line in acct[2:]] == ["REQUEUED", "CANCELLED"], acct
     print(
         "scontrol show job:",
