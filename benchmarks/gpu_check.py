@@ -20,7 +20,7 @@ Sections (each in its own try/except: a failure is a row saying so, never a cras
 - throughput: as above. The model uses `train.kernels = "auto"` (the reference on CUDA).
 - torchtitan: its Llama 3 model (the PyPI release, if importable here; never installed at run time)
   at the same shape, batch and FSDP2/bf16 setting, timed by the same step function.
-- async checkpoint: oreline.train.checkpoint.save_checkpoint, blocking vs `checkpoint.async`
+- async checkpoint: oreline.train.checkpoint.save.save_checkpoint, blocking vs `checkpoint.async`
   (DCP async_save): how long the training thread stalled, and the next step's time.
 - NaN: `oreline.train.loop.train` with `train.debug.inject_nan_at_step` (the mechanism the tests
   use): the step is skipped and training goes on with finite losses.
@@ -167,7 +167,7 @@ class Trainer:
         from oreline.model.llama import Llama
         from oreline.train import dist
         from oreline.train.optim import build_optimizer
-        from oreline.train.session import compile_blocks, enable_activation_checkpointing
+        from oreline.train.performance import compile_blocks, enable_activation_checkpointing
 
         self.args, self.device = args, device
         self.tc = TrainConfig(
@@ -408,14 +408,14 @@ def titan_builder(args, spec: dict, seq: int):
 def section_async(device: torch.device, budget: Budget, tmp: Path) -> list[Row]:
     from oreline.config import CheckpointConfig, ModelConfig
     from oreline.model.presets import resolve_model_args
-    from oreline.train import checkpoint
+    from oreline.train.checkpoint import async_save, save
 
     preset = "125m" if device.type == "cuda" else "debug"
     args = resolve_model_args(ModelConfig(preset=preset))
     size = sizes(device)
     seq, batch = min(size["seq"], args.max_seq_len), 4 if device.type == "cuda" else 2
-    before = checkpoint.ASYNC_ON_CPU
-    checkpoint.ASYNC_ON_CPU = True  # on a CPU the same background path, staging CPU tensors
+    before = async_save.ASYNC_ON_CPU
+    async_save.ASYNC_ON_CPU = True  # on a CPU the same background path, staging CPU tensors
     rows: list[Row] = []
     with one_rank_group(device):
         trainer = Trainer(args, device, size["precision"], False, False)
@@ -425,7 +425,7 @@ def section_async(device: torch.device, budget: Budget, tmp: Path) -> list[Row]:
                 trainer.step(batch, seq)
                 trainer.sync()
                 t0 = time.perf_counter()
-                checkpoint.save_checkpoint(
+                save.save_checkpoint(
                     tmp / f"ckpt-{mode}",
                     1,
                     trainer.model,
@@ -435,8 +435,8 @@ def section_async(device: torch.device, budget: Budget, tmp: Path) -> list[Row]:
                 )
                 stall = time.perf_counter() - t0
                 after = trainer.timed(batch, seq, 0, 1)  # the step that overlaps the background write
-                checkpoint.wait_for_pending_save()
-                total = checkpoint.last_save_stats().get("total_s", stall)
+                async_save.wait_for_pending_save()
+                total = save.last_save_stats().get("total_s", stall)
                 rows.append(
                     (
                         "async checkpoint",
@@ -446,8 +446,8 @@ def section_async(device: torch.device, budget: Budget, tmp: Path) -> list[Row]:
                     )
                 )
         finally:
-            checkpoint.wait_for_pending_save()
-            checkpoint.ASYNC_ON_CPU = before
+            async_save.wait_for_pending_save()
+            async_save.ASYNC_ON_CPU = before
             del trainer
             free(device)
     return rows

@@ -179,3 +179,32 @@ def dead_lock():
         return proc.pid
 
     return dead
+
+
+# Tests marked `slurm` submit real jobs to the cluster `sinfo` reaches: the single-node cluster of
+# scripts/local-slurm.sh (`.ci/run` starts it; SLURM_CONF names its config). Without one they are
+# skipped, with the command that starts it in the reason.
+LOCAL_SLURM_CONF = (
+    Path(os.environ.get("ORELINE_SLURM_DIR") or f"/tmp/oreline-slurm-{os.getuid()}") / "slurm.conf"
+)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> str:
+    """SLURM_CONF of a reachable cluster (exported to this process and its children)."""
+    import shutil
+    import subprocess
+
+    if not os.environ.get("SLURM_CONF") and LOCAL_SLURM_CONF.is_file():
+        os.environ["SLURM_CONF"] = str(LOCAL_SLURM_CONF)
+    reason = "no Slurm cluster: start one with `scripts/local-slurm.sh start` (CI does)"
+    if shutil.which("sinfo") is None:
+        pytest.skip(f"{reason}; `sinfo` is not installed")
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"{reason}; `sinfo` did not answer in 20 s")
+    states = proc.stdout.split()
+    if proc.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in states):
+        pytest.skip(f"{reason}; sinfo: {(proc.stderr or proc.stdout).strip()[:200] or 'no usable node'}")
+    return os.environ.get("SLURM_CONF", "")

@@ -381,16 +381,42 @@ def quality_score(
 def launch_slurm(
     config: Annotated[Path, typer.Option("-c", "--config", help="TOML config")],
     nodes: Annotated[int, typer.Option(help="number of nodes")] = 1,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node")] = 8,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node; 0: a CPU job (gloo)")] = 8,
+    nproc_per_node: Annotated[
+        Optional[int], typer.Option(help="training processes per node (default: one per GPU; 1 on CPU)")
+    ] = None,
+    cpus_per_task: Annotated[
+        Optional[int], typer.Option(help="CPUs per node's task (default: whole nodes, --exclusive)")
+    ] = None,
     partition: Annotated[Optional[str], typer.Option(help="Slurm partition")] = None,
+    time: Annotated[str, typer.Option("--time", help="sbatch --time limit")] = "48:00:00",
+    signal_lead: Annotated[
+        int, typer.Option(help="seconds before the time limit when the ranks checkpoint and the job requeues")
+    ] = 120,
+    job_name: Annotated[Optional[str], typer.Option(help="job name (default: oreline-RUN)")] = None,
     out: Annotated[
         Optional[Path], typer.Option(help="write the sbatch script here (default: stdout)")
     ] = None,
+    submit: Annotated[
+        bool, typer.Option("--submit", help="submit it with sbatch and print the job id")
+    ] = False,
 ) -> None:
-    """Write an sbatch script running torchrun with a rendezvous on the first node."""
+    """Write an sbatch script running torchrun with a rendezvous on the first node (and submit it)."""
     from oreline.train.launch import slurm_cli
 
-    slurm_cli(config, nodes=nodes, gpus_per_node=gpus_per_node, partition=partition, out=out)
+    slurm_cli(
+        config,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        partition=partition,
+        out=out,
+        submit=submit,
+        nproc_per_node=nproc_per_node,
+        cpus_per_task=cpus_per_task,
+        time_limit=time,
+        signal_lead_s=signal_lead,
+        job_name=job_name,
+    )
 
 
 @launch_app.command("torchrun")
@@ -417,12 +443,30 @@ def run(
     from_stage: Annotated[
         Optional[str], typer.Option("--from", help="force this stage and all after it")
     ] = None,
+    executor: Annotated[
+        Optional[str],
+        typer.Option(
+            "--executor",
+            help="local: run the stages here; slurm: submit each stage as a Slurm job, chained with afterok "
+            "(the data tasks then run as array jobs); ray: data and tokenize tasks on Ray",
+        ),
+    ] = None,
+    only: Annotated[
+        Optional[str],
+        typer.Option("--only", help="run this stage alone, once the stages before it finished (a stage job)"),
+    ] = None,
 ) -> None:
     """Crawl to exported model: data, tokenizer, tokenize, train, eval, export, report."""
-    from oreline.stages import run_all
+    from oreline.stages import run_all, submit_stage_jobs
 
+    overrides = list(overrides or [])
+    if executor is not None:
+        overrides += [f"data.executor={executor}", f"tokenize.executor={executor}"]
     cfg = _load(config, overrides)
-    run_all(cfg, from_stage=from_stage, console=console)
+    if executor == "slurm" and only is None:
+        submit_stage_jobs(cfg, from_stage=from_stage, console=console)
+        return
+    run_all(cfg, from_stage=from_stage, console=console, only=only)
 
 
 @config_app.command("show")

@@ -198,6 +198,32 @@ class RayConfig(Section):
 class SlurmConfig(Section):
     """How `executor = "slurm"` submits tasks (array jobs on the cluster sbatch reaches)."""
 
+    partition: str = Field("", description="sbatch --partition (empty: the cluster's default partition)")
+    throttle: int = Field(
+        0, ge=0, description="at most this many array tasks running at once (%N); 0: no limit"
+    )
+    tasks_per_job: int = Field(
+        1, ge=1, description="tasks one array index runs in sequence (packs small tasks)"
+    )
+    max_retries: int = Field(
+        2, ge=0, description="times a failed array task is resubmitted before it is reported as failed"
+    )
+    time_limit: str = Field("2:00:00", description="sbatch --time of one array task")
+    cpus_per_task: int = Field(1, ge=1, description="sbatch --cpus-per-task of one array task")
+    mem_mb: int = Field(0, ge=0, description="sbatch --mem of one array task in MB; 0: the cluster's default")
+    poll_s: float = Field(2.0, gt=0, description="seconds between two squeue polls while waiting for a stage")
+    stage_time_limit: str = Field(
+        "48:00:00", description="sbatch --time of one stage job of `oreline run --executor slurm`"
+    )
+    stage_cpus: int = Field(
+        0,
+        ge=0,
+        description="CPUs of one stage job of `oreline run --executor slurm`; 0: the workers settings",
+    )
+    sbatch_args: list[str] = Field(
+        [], description="further sbatch options, e.g. ['--account=abc', '--qos=low']"
+    )
+
 
 class DataConfig(Section):
     inputs: list[str] = Field(

@@ -42,3 +42,7 @@ class TrainingError(OrelineError):
 
 class DistributedError(OrelineError):
     """torch.distributed set-up or a peer rank failed."""
+
+
+class ClusterError(OrelineError):
+    """A cluster scheduler (Slurm) cannot be reached, refused a job, or a job failed for good."""

@@ -16,6 +16,7 @@ training from scratch (the old checkpoints and metrics are moved aside, never mi
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from oreline.io import files_fingerprint
 from oreline.runs import RunDir
 
 STAGES = ["data", "tokenizer", "tokenize", "train", "eval", "export", "report"]
+# settings that say where and how tasks run, never what they produce: not part of a stage's key
+EXECUTION = ("workers", "executor", "ray", "slurm")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,18 +258,41 @@ def stage_plan(cfg: Config, from_stage: str | None = None) -> list[tuple[str, st
     return plan
 
 
-def run_all(cfg: Config, from_stage: str | None = None, console: Console | None = None) -> dict:
-    """Run every stage whose key changed (or from `from_stage` on); return the summary."""
+def run_all(
+    cfg: Config, from_stage: str | None = None, console: Console | None = None, only: str | None = None
+) -> dict:
+    """Run every stage whose key changed (or from `from_stage` on); return the summary.
+
+    `only`: run that stage alone (if its plan says so) after checking that every stage before it
+    is finished and unchanged — what each job of a Slurm stage chain does (`submit_stage_jobs`)."""
     console = console or Console(stderr=True)
     _check_samples(cfg)
     rd = RunDir.for_config(cfg)
     from oreline.outdir import FolderLock
 
     with FolderLock(rd.root, "oreline run"):  # one writer per run folder (train re-enters it)
-        return _run_stages(cfg, rd, stage_plan(cfg, from_stage), console)
+        plan = stage_plan(cfg, from_stage)
+        if only is not None:
+            plan = _only(plan, only)
+        return _run_stages(cfg, rd, plan, console, summary=only is None or only == STAGES[-1])
 
 
-def _run_stages(cfg: Config, rd: RunDir, plan: list[tuple[str, str]], console: Console) -> dict:
+def _only(plan: list[tuple[str, str]], only: str) -> list[tuple[str, str]]:
+    if only not in STAGES:
+        raise OrelineError(f"unknown stage {only!r}", f"use one of {', '.join(STAGES)}")
+    before = plan[: STAGES.index(only)]
+    pending = [stage for stage, action in before if action != "skip"]
+    if pending:
+        raise OrelineError(
+            f"stage {only} needs {', '.join(pending)} first, which did not finish (or changed since)",
+            "run `oreline run` (or `oreline run --executor slurm` to submit the stage jobs again)",
+        )
+    return before + [plan[STAGES.index(only)]]
+
+
+def _run_stages(
+    cfg: Config, rd: RunDir, plan: list[tuple[str, str]], console: Console, summary: bool = True
+) -> dict:
     write_resolved(cfg, rd.root, section="run")
     lineage = rd.lineage()
 
@@ -299,20 +325,22 @@ def _run_stages(cfg: Config, rd: RunDir, plan: list[tuple[str, str]], console: C
                 "finished_at": time.time(),
             },
         )
-    summary = summarize(rd)
-    summary["plan"] = plan
-    summary["seconds"] = timings
-    print_summary(summary, timings, console)
-    return summary
+    if not summary:  # one stage of a chain: the last stage's job prints the summary
+        return {"plan": plan, "seconds": timings}
+    result = summarize(rd)
+    result["plan"] = plan
+    result["seconds"] = timings
+    print_summary(result, timings, console)
+    return result
 
 
 def _stage_key(stage: str, cfg: Config, outputs: dict[str, str]) -> str:
     if stage == "data":
-        return stage_key(_section(cfg, "data", drop=("workers",)))
+        return stage_key(_section(cfg, "data", drop=EXECUTION))
     if stage == "tokenizer":
         return stage_key(_section(cfg, "tokenizer"), outputs["data"])
     if stage == "tokenize":
-        return stage_key(_section(cfg, "tokenize", drop=("workers",)), outputs["data"], outputs["tokenizer"])
+        return stage_key(_section(cfg, "tokenize", drop=EXECUTION), outputs["data"], outputs["tokenizer"])
     if stage == "train":
         return stage_key(_section(cfg, "model", "train", "checkpoint", "run"), outputs["tokenize"])
     if stage == "eval":
@@ -405,3 +433,74 @@ def print_summary(summary: dict, timings: dict[str, float], console: Console) ->
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
+
+
+# ---------------------------------------------------------------------------------------------
+# the stages as a chain of Slurm jobs
+
+
+def submit_stage_jobs(
+    cfg: Config, from_stage: str | None = None, console: Console | None = None
+) -> list[dict]:
+    """Submit every stage `oreline run` would run now as its own Slurm job, each `afterok` the one
+    before, and return [{stage, job, script}]; the driver does not wait (nor need to stay alive).
+
+    Each job runs `oreline run -c RUN/jobs/config.toml --only STAGE` (the resolved config, so every
+    job sees the same settings): it checks that the stages before it finished, runs its own, and
+    records it in lineage.json, as `oreline run` does. A failed job cancels the jobs after it
+    (--kill-on-invalid-dep); `oreline run --executor slurm` again submits from the first stage that
+    did not finish. Job settings come from data.slurm (partition, stage_time_limit, sbatch_args)."""
+    import shlex
+    import sys
+
+    from oreline.config import to_toml
+    from oreline.executors.slurm import submit
+
+    console = console or Console(stderr=True)
+    _check_samples(cfg)
+    rd = RunDir.for_config(cfg)
+    todo = [(stage, action) for stage, action in stage_plan(cfg, from_stage) if action != "skip"]
+    if not todo:
+        console.print("every stage is finished and unchanged: nothing to submit")
+        return []
+    jobs_dir = (rd.root / "jobs").resolve()
+    jobs_dir.mkdir(parents=True, exist_ok=True)
+    config = jobs_dir / "config.toml"
+    config.write_text(to_toml(cfg), encoding="utf-8")
+    s = cfg.data.slurm
+    cpus = s.stage_cpus or max(cfg.data.workers, cfg.tokenize.workers, 1)
+    submitted: list[dict] = []
+    for i, (stage, _action) in enumerate(todo):
+        command = [sys.executable, "-m", "oreline", "run", "-c", str(config), "--only", stage]
+        if i == 0 and from_stage is not None:
+            command += ["--from", from_stage]
+        lines = [
+            "#!/usr/bin/env bash",
+            f"#SBATCH --job-name=oreline-{cfg.run.name}-{stage}",
+            f"#SBATCH --output={jobs_dir}/{stage}-%j.out",
+            f"#SBATCH --cpus-per-task={cpus}",
+            f"#SBATCH --time={s.stage_time_limit}",
+            f"#SBATCH --chdir={Path.cwd()}",
+            "#SBATCH --kill-on-invalid-dep=yes   # a failed stage cancels the stages after it",
+        ]
+        if s.partition:
+            lines.append(f"#SBATCH --partition={s.partition}")
+        lines += [f"#SBATCH {a}" for a in s.sbatch_args]
+        lines += ["", f"exec {shlex.join(command)}", ""]
+        script = jobs_dir / f"{stage}.sbatch"
+        script.write_text("\n".join(lines))
+        options = [f"--dependency=afterok:{submitted[-1]['job']}"] if submitted else []
+        job = submit(script, options)
+        submitted.append({"stage": stage, "job": job, "script": str(script)})
+        console.print(
+            f"{stage}: Slurm job {job}"
+            + (f" (after {submitted[-2]['job']} succeeds)" if len(submitted) > 1 else "")
+            + f"; log {jobs_dir}/{stage}-{job}.out"
+        )
+    (jobs_dir / "chain.json").write_text(json.dumps(submitted, indent=2) + "\n", encoding="utf-8")
+    console.print(
+        f"{len(submitted)} stage job(s) submitted; follow them with `squeue -j {','.join(j['job'] for j in submitted)}`. "
+        "If one fails, the jobs after it are cancelled: fix the cause and run `oreline run --executor slurm` "
+        "again, which submits from the first stage that did not finish."
+    )
+    return submitted

@@ -43,6 +43,10 @@ def make_executor(
         from oreline.executors.ray import RayExecutor
 
         return RayExecutor(options.get("ray"), console=console)
+    if name == "slurm":
+        from oreline.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor(options.get("slurm"), work=options.get("work"), console=console)
     raise ConfigError(
         f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)} (data.executor or --executor)"
     )

@@ -9,9 +9,12 @@ default where the default is right for most clusters.
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
+from typing import Any
 
-from oreline.config import load_config
+from oreline.config import Config, load_config
+from oreline.errors import ConfigError
 
 # (variable, value, enabled by default, when to set it)
 NCCL_SETTINGS: list[tuple[str, str, bool, str]] = [
@@ -66,6 +69,26 @@ NCCL_SETTINGS: list[tuple[str, str, bool, str]] = [
 ]
 
 
+def check_allocation(cfg: Config, nodes: int, nproc_per_node: int) -> dict[str, Any]:
+    """The global batch on nodes × processes (session.global_batch's arithmetic); a TrainingError when
+    it contradicts train.global_batch_tokens or the batch of the run's last checkpoint (which the
+    job would resume). Checked on the login node, before the job waits in the queue and spends its
+    allocation."""
+    from oreline.runs import RunDir
+    from oreline.train.batch import global_batch
+    from oreline.train.checkpoint.format import read_latest, read_meta
+    from oreline.train.dist import check_resume_batch
+
+    world = nodes * nproc_per_node
+    batch = global_batch(cfg, world)
+    root = RunDir.for_config(cfg).root / "checkpoints"
+    name = read_latest(root) if root.is_dir() else None
+    meta = read_meta(root / name) if name else None
+    if meta is not None:  # the job resumes this checkpoint (--resume auto): its batch must match
+        check_resume_batch(meta, batch, [])
+    return batch
+
+
 def slurm_script(
     config: Path,
     nodes: int,
@@ -74,56 +97,134 @@ def slurm_script(
     job_name: str | None = None,
     time_limit: str = "48:00:00",
     port: int = 29500,
+    nproc_per_node: int | None = None,
+    cpus_per_task: int | None = None,
+    signal_lead_s: int = 120,
+    output: str = "%x-%j.out",
+    script_path: Path | None = None,
 ) -> str:
-    """The text of an sbatch script running `oreline train -c CONFIG` on nodes × gpus_per_node."""
-    if nodes < 1 or gpus_per_node < 1:
-        raise ValueError("nodes and gpus_per_node must be at least 1")
+    """The text of an sbatch script running `oreline train -c CONFIG` on nodes × processes.
+
+    gpus_per_node = 0 is a CPU job: gloo, `nproc_per_node` processes per node (default 1). The
+    allocation is checked against the config first (`check_allocation`)."""
+    if nodes < 1 or gpus_per_node < 0:
+        raise ConfigError(
+            f"--nodes {nodes} --gpus-per-node {gpus_per_node}", "ask for at least 1 node and 0 or more GPUs"
+        )
+    nproc = nproc_per_node or gpus_per_node or 1
+    if gpus_per_node and nproc != gpus_per_node:
+        raise ConfigError(
+            f"--nproc-per-node {nproc} with --gpus-per-node {gpus_per_node}",
+            "run one process per GPU (leave --nproc-per-node out), or use --gpus-per-node 0 for a CPU job",
+        )
+    if cpus_per_task is not None and cpus_per_task < nproc:
+        raise ConfigError(
+            f"--cpus-per-task {cpus_per_task} is fewer than the {nproc} processes per node",
+            f"ask for at least {nproc} CPUs (or leave it out: the job then takes whole nodes)",
+        )
+    config = Path(config).resolve()  # the job may start in another folder
     cfg = load_config(config)
+    batch = check_allocation(cfg, nodes, nproc)
     name = job_name or f"oreline-{cfg.run.name}"
+    gpu = gpus_per_node > 0
     lines = [
         "#!/usr/bin/env bash",
         f"#SBATCH --job-name={name}",
         f"#SBATCH --nodes={nodes}",
-        "#SBATCH --ntasks-per-node=1          # one torchrun per node; it starts the GPU processes",
-        f"#SBATCH --gpus-per-node={gpus_per_node}",
-        f"#SBATCH --cpus-per-task={8 * gpus_per_node}",
+        "#SBATCH --ntasks-per-node=1          # one torchrun per node; it starts the training processes",
+    ]
+    if gpu:
+        lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
+    lines.append(
+        f"#SBATCH --cpus-per-task={cpus_per_task}"
+        if cpus_per_task
+        else "#SBATCH --exclusive                  # whole nodes: the CPUs per process follow the node's count"
+    )
+    lines += [
         f"#SBATCH --time={time_limit}",
-        "#SBATCH --output=%x-%j.out",
-        # SIGTERM 120 s before the time limit: the ranks checkpoint after their current step and exit
-        # (oreline.train.shutdown); the next job resumes. (USR1 would kill torchrun: it does not handle it.)
-        "#SBATCH --signal=TERM@120            # checkpoint and stop before the time limit; the next job resumes",
+        f"#SBATCH --output={output}",
+        "#SBATCH --open-mode=append           # a requeued job appends to its log",
+        "#SBATCH --requeue                    # the job may be requeued (by itself on USR1, or by preemption)",
+        # USR1 to every process of the job's steps LEAD seconds before the time limit: the ranks stop
+        # after the step in flight with a checkpoint (oreline.train.shutdown), then the job requeues.
+        f"#SBATCH --signal=USR1@{signal_lead_s}            # checkpoint at the next step boundary, then requeue",
     ]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
+    python = shlex.quote(sys.executable)
     lines += [
         "",
         "set -euo pipefail",
+        f"# global batch = micro {batch['micro']} × accum {batch['accum']} × {nodes} node(s) × {nproc} process(es)"
+        f" × seq_len {batch['seq_len']} = {batch['tokens']:,} tokens (checked when this script was written)",
+        f'if [ "${{SLURM_JOB_NUM_NODES:-{nodes}}}" != {nodes} ]; then',
+        f'  echo "oreline: this script was written for {nodes} node(s), the job has $SLURM_JOB_NUM_NODES:'
+        f' write it again with oreline launch slurm --nodes $SLURM_JOB_NUM_NODES" >&2',
+        "  exit 1",
+        "fi",
+        f"PYTHON={python}",
         "",
         "# Rendezvous on the first node of the allocation.",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"MASTER_PORT={port}",
+        f"MASTER_PORT=$(({port} + ${{SLURM_JOB_ID:-0}} % 1000))  # two jobs sharing a node meet on two ports",
         "export MASTER_ADDR MASTER_PORT",
         "",
-        "# NCCL settings (the seed article's list). Uncomment the ones your cluster needs.",
     ]
-    for var, value, enabled, why in NCCL_SETTINGS:
-        lines.append(f"# {why}")
-        lines.append(("" if enabled else "# ") + f"export {var}={value}")
+    if gpu:
+        lines.append("# NCCL settings (the seed article's list). Uncomment the ones your cluster needs.")
+        for var, value, enabled, why in NCCL_SETTINGS:
+            lines.append(f"# {why}")
+            lines.append(("" if enabled else "# ") + f"export {var}={value}")
+    else:
+        lines.append(
+            "# A CPU job: the processes talk over gloo (train.backend = auto picks it without CUDA)."
+        )
     lines += [
         "",
+        "# Threads per process: the CPUs Slurm gave this node's task, shared by its processes.",
+        "CPUS=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-$(nproc)}}",
+        f"THREADS=$((CPUS / {nproc}))",
+        'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$((THREADS > 0 ? THREADS : 1))}"',
+        "",
         "# Check the environment before spending the allocation (versions, devices, port, clocks).",
-        "srun --ntasks-per-node=1 oreline doctor env --distributed || exit 1",
+        'srun --ntasks-per-node=1 "$PYTHON" -m oreline doctor env --distributed || exit 1',
         "",
         "# How long torchrun lets the ranks finish a step and write a checkpoint after SIGTERM before",
-        "# it SIGKILLs them (its default is 30 s); keep it below the --signal lead time above.",
-        "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=100",
+        f"# it SIGKILLs them (its default is 30 s); keep it below the --signal lead time ({signal_lead_s} s).",
+        f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={max(10, signal_lead_s - 20)}",
+        "",
+        "# Rank 0 writes this file when the ranks stopped on USR1 (the time limit is near): requeue then.",
+        'export ORELINE_REQUEUE_FILE="${SLURM_SUBMIT_DIR:-$PWD}/.oreline-requeue-$SLURM_JOB_ID"',
+        'rm -f "$ORELINE_REQUEUE_FILE"',
+    ]
+    if script_path is not None:  # what a stop (scancel, SIGTERM) names as the command that resumes
+        lines.append(
+            f"export ORELINE_RESUME_COMMAND={shlex.quote('sbatch ' + shlex.quote(str(script_path)))}"
+        )
+    lines += [
+        "# USR1 meant for the ranks must not end this shell (scancel --full -s USR1 signals it too)",
+        "trap 'echo \"oreline: USR1 reached the batch shell; the ranks act on it\" >&2' USR1",
         "",
         "# --resume auto (the default) continues from the newest valid checkpoint, so a requeued",
-        "# or resubmitted job picks up where the last one stopped.",
-        "srun --kill-on-bad-exit=1 torchrun \\",
-        f"  --nnodes={nodes} --nproc_per_node={gpus_per_node} \\",
+        "# or resubmitted job picks up where the last one stopped. torchrun runs with USR1 ignored (its",
+        "# default action would end it and, with it, the ranks); the ranks install their own handler.",
+        "set +e",
+        'srun --kill-on-bad-exit=1 bash -c \'trap "" USR1; exec "$@"\' torchrun \\',
+        '  "$PYTHON" -m torch.distributed.run \\',
+        f"  --nnodes={nodes} --nproc_per_node={nproc} \\",
         '  --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" \\',
-        f"  -m oreline train -c {shlex.quote(str(config))}",
+        f"  -m oreline train -c {shlex.quote(str(config))}"
+        # several processes and parallel = none: DDP, as `oreline train --nproc N` does
+        + (" train.parallel=ddp" if nodes * nproc > 1 and cfg.train.parallel == "none" else ""),
+        "rc=$?",
+        "set -e",
+        'if [ -e "$ORELINE_REQUEUE_FILE" ]; then',
+        '  echo "oreline: checkpoint $(cat "$ORELINE_REQUEUE_FILE") written on USR1; requeueing job $SLURM_JOB_ID" >&2',
+        '  rm -f "$ORELINE_REQUEUE_FILE"',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "  exit 0",
+        "fi",
+        'exit "$rc"',
         "",
     ]
     return "\n".join(lines)
@@ -141,14 +242,34 @@ def torchrun_commands(config: Path, nodes: int, gpus_per_node: int, master: str)
     ]
 
 
-def slurm_cli(config: Path, nodes: int, gpus_per_node: int, partition: str | None, out: Path | None) -> None:
-    text = slurm_script(config, nodes, gpus_per_node, partition)
+def slurm_cli(
+    config: Path,
+    nodes: int,
+    gpus_per_node: int,
+    partition: str | None,
+    out: Path | None,
+    submit: bool = False,
+    **options: Any,
+) -> str | None:
+    """Write (or print) the sbatch script; with `submit`, sbatch it and print the job id (returned)."""
+    if out is None and not submit:
+        print(slurm_script(config, nodes, gpus_per_node, partition, **options), end="")
+        return None
     if out is None:
-        print(text, end="")
-    else:
-        out.write_text(text)
-        out.chmod(0o755)
+        out = Path(f"oreline-{load_config(config).run.name}.sbatch")
+    out = out.resolve()
+    text = slurm_script(config, nodes, gpus_per_node, partition, script_path=out, **options)
+    out.write_text(text)
+    out.chmod(0o755)
+    if not submit:
         print(f"wrote {out}: submit with `sbatch {out}`")
+        return None
+    from oreline.executors.slurm import submit as sbatch
+
+    job = sbatch(out)
+    print(f"wrote {out}; submitted as Slurm job {job}", file=sys.stderr)
+    print(job)  # alone on stdout, for scripts: JOB=$(oreline launch slurm ... --submit)
+    return job
 
 
 def torchrun_cli(config: Path, nodes: int, gpus_per_node: int, master: str) -> None:

@@ -69,7 +69,7 @@ stability window, the lr multiplier and counters, and drops metrics records of s
 checkpoint, so an interrupted run continues bit-exactly (on CPU) and its metrics.jsonl reads as
 one clean run. A resumed run first completes what a kill left undone after its checkpoint's step
 (evaluation, generations, and at the last step the end record: a run is finished when its end
-record is written, `evals_after_step`). SIGTERM/SIGINT stop every rank after the same step with
+record is written, `evals_after_step`). SIGTERM/SIGINT/SIGUSR1 stop every rank after the same step with
 a checkpoint and the command that resumes (oreline.train.shutdown, `stop_after_step`).
 
 metrics.jsonl record types (`type`): start, train, eval, generation, event, checkpoint, end —
@@ -102,7 +102,7 @@ from oreline.train.monitor import MetricsLogger, memory_stats, mfu
 from oreline.train.optim import lr_at, set_lr
 from oreline.train.recovery import move_previous_training, resume_if_asked, rollback, save
 from oreline.train.session import Setup, TrainState, _nullcontext, setup_run, start_record
-from oreline.train.shutdown import StopRequests, TrainingStopped, resume_command
+from oreline.train.shutdown import StopRequests, TrainingStopped, ask_for_requeue, resume_command
 from oreline.train.shutdown import signal_name as shutdown_signal_name
 
 
@@ -539,9 +539,14 @@ def stop_after_step(
         }
     )
     log.close()
+    hint = f"resume with: {command}"
+    if stops.requeue and info.is_main:  # SIGUSR1: Slurm's time-limit notice; the batch script requeues
+        job = ask_for_requeue(path)
+        if job is not None:
+            hint = f"the batch script requeues Slurm job {job}, which resumes from this checkpoint"
     raise TrainingStopped(
         f"stopped by {what} after step {state.step} of {cfg.train.steps}; checkpoint {path}",
-        f"resume with: {command}",
+        hint,
         int(signum),
         show=info.is_main,
     )

@@ -30,6 +30,17 @@ Two faults this module answers (issue 20, item 1):
   every rank and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (default 30) before it SIGKILLs
   them; `oreline train --nproc` raises that wait to `STOP_GRACE_S` unless it is set, because a
   step plus a checkpoint of a large model can take longer than 30 s.
+
+- **The time limit or a preemption notice on Slurm** (issue 16). SIGUSR1 is a stop request too,
+  with the outcome "requeue": the sbatch script of `oreline launch slurm` asks Slurm for USR1
+  some minutes before the time limit (`--signal=USR1@LEAD`, delivered to every process of the
+  job's steps; torchrun's agent runs with USR1 ignored, so only the ranks act on it). The ranks
+  stop after the same step with a full checkpoint, exactly as on SIGTERM; rank 0 then writes the
+  file named by ORELINE_REQUEUE_FILE (set by the script), and the script, once the step has
+  ended, runs `scontrol requeue` on its own job: the requeued job starts the same command, which
+  resumes from that checkpoint (`--resume auto`). A preemption that sends SIGTERM (GraceTime)
+  stops the same way; Slurm's PreemptMode=REQUEUE then requeues the job itself, and a `scancel`
+  stops it for good, to be resumed by submitting the script again.
 """
 
 from __future__ import annotations
@@ -106,10 +117,14 @@ class TrainingStopped(TrainingError):
         self.show = show  # printed by rank 0 only
 
 
-class StopRequests:
-    """SIGTERM / SIGINT as a flag the loop reads at step boundaries."""
+REQUEUE_FILE_ENV = "ORELINE_REQUEUE_FILE"  # set by the sbatch script of `oreline launch slurm`
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+class StopRequests:
+    """SIGTERM / SIGINT / SIGUSR1 as a flag the loop reads at step boundaries."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    REQUEUE = (signal.SIGUSR1,)  # Slurm's notice before the time limit: stop, then requeue the job
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -139,6 +154,11 @@ class StopRequests:
     def requested(self) -> bool:
         return self.signum is not None
 
+    @property
+    def requeue(self) -> bool:
+        """The stop asks for the job to be requeued (it will resume from the stop's checkpoint)."""
+        return self.signum in self.REQUEUE
+
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
@@ -156,12 +176,15 @@ def resume_command(argv: list[str] | None = None, env: dict[str, str] | None = N
     """The command that resumes this run: the one that started it, without `--resume`.
 
     `--resume auto` is the default, so dropping an explicit `--resume PATH` makes the relaunch take
-    the newest checkpoint (the one just written) instead of the old one PATH named. Under
+    the newest checkpoint (the one just written) instead of the old one PATH named. In a job of
+    `oreline launch slurm` it is the script's `sbatch` command (ORELINE_RESUME_COMMAND). Under
     `oreline train --nproc N` the ranks see ORELINE_LAUNCHED_NPROC and add `--nproc N` back;
     under torchrun started by hand the torchrun part is named, since its options are not known here.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if env is None else env
+    if env.get("ORELINE_RESUME_COMMAND"):  # set by the sbatch script of `oreline launch slurm`
+        return env["ORELINE_RESUME_COMMAND"]
+    argv = list(sys.argv[1:] if argv is None else argv)
     args: list[str] = []
     skip = False
     for a in argv:
@@ -182,3 +205,21 @@ def resume_command(argv: list[str] | None = None, env: dict[str, str] | None = N
     if world and world != "1":
         return f"torchrun <the same options> -m {command}"
     return command
+
+
+def ask_for_requeue(checkpoint: Any, env: dict[str, str] | None = None) -> str | None:
+    """Tell the sbatch script that the ranks stopped for a requeue (rank 0, after the checkpoint).
+
+    Writes the file ORELINE_REQUEUE_FILE names (the checkpoint's path in it); the script requeues
+    the job when it finds it. Returns the job that will be requeued, or None outside such a script."""
+    env = os.environ if env is None else env
+    target = env.get(REQUEUE_FILE_ENV)
+    if not target:
+        return None
+    from pathlib import Path
+
+    path = Path(target)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(f"{checkpoint}\n")
+    tmp.replace(path)
+    return env.get("SLURM_JOB_ID", "?")

@@ -1,0 +1,313 @@
+"""Run a stage's tasks as Slurm array jobs, and the Slurm client calls the rest of oreline uses.
+
+`SlurmExecutor.map(fn, jobs)` is synchronous from the driver's side, like the local pool:
+
+1. the jobs are pickled once into a folder of the run's work folder (`work/slurm/<label>-<k>/`);
+   `fn` travels by its qualified name (pickle stores module + name), so the array task runs the
+   same task function the local and Ray executors run, and writes the same markers;
+2. one array index runs `tasks_per_job` consecutive jobs (`python -m oreline.executors.slurm_task
+   FOLDER BASE`; index = BASE + $SLURM_ARRAY_TASK_ID); the task writes each job's result
+   atomically as `results/<job>.pkl`, and skips a job whose result is already there;
+3. an array never exceeds the cluster's MaxArraySize (larger stages are split into several array
+   jobs) and `throttle` becomes `%N` on each;
+4. the driver polls `squeue` until the arrays have left the queue; a job without a result file
+   (the task raised, was cancelled, hit its time limit, lost its node) is resubmitted, at most
+   `max_retries` times, and then comes back as a `TaskCrashed` naming the array task and its
+   log file, so the caller lists the input and the log in the run's errors, and a re-run of
+   the command submits only what its markers say is missing.
+
+Nothing here needs `sacct` (a cluster without slurmdbd has none): the result files are the
+record of what finished. The driver can be killed at any time: the array jobs it submitted
+finish on their own, and the re-run skips every task whose marker they wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from oreline.errors import ClusterError
+from oreline.executors.interface import Resources, TaskCrashed
+
+JOBS_FILE = "jobs.pkl"
+
+
+# ---------------------------------------------------------------------------------------------
+# the Slurm client
+
+
+def _client(cmd: str) -> str:
+    path = shutil.which(cmd)
+    if path is None:
+        raise ClusterError(
+            f"`{cmd}` is not on PATH, so no Slurm cluster can be reached from here",
+            "run oreline on a Slurm login node (or start the local test cluster: scripts/local-slurm.sh start "
+            "and set SLURM_CONF as it says), or choose executor = 'local'",
+        )
+    return path
+
+
+def slurm_call(args: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """Run a Slurm client command; ClusterError with its stderr when it fails."""
+    cmd = [_client(args[0]), *args[1:]]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise ClusterError(
+            f"`{shlex.join(args)}` did not answer within {timeout:.0f} s",
+            "check that slurmctld is up (`sinfo`) and retry",
+        ) from e
+    if proc.returncode != 0:
+        raise ClusterError(
+            f"`{shlex.join(args)}` failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}",
+            "check the cluster with `sinfo`, and the options in the script named above",
+        )
+    return proc
+
+
+def submit(script: Path, options: Sequence[str] = (), args: Sequence[str] = ()) -> str:
+    """sbatch OPTIONS SCRIPT ARGS; the job id (of an array: the array's id)."""
+    out = slurm_call(["sbatch", "--parsable", *options, str(script), *args]).stdout.strip()
+    return out.split(";")[0]  # "<id>[;<cluster>]"
+
+
+def queued(job_ids: Sequence[str]) -> dict[str, str]:
+    """{job or array task id: state} of the given jobs still in the queue (pending, running, ...)."""
+    if not job_ids:
+        return {}
+    cmd = [_client("squeue"), "-h", "-j", ",".join(job_ids), "-o", "%i %T"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        if "Invalid job id" in proc.stderr:  # every one of them has left the controller's memory
+            return {}
+        raise ClusterError(f"squeue failed: {proc.stderr.strip()[-500:]}", "check the cluster with `sinfo`")
+    out = {}
+    for line in proc.stdout.splitlines():
+        if line.strip():
+            jid, _, state = line.strip().partition(" ")
+            out[jid] = state
+    return out
+
+
+def cluster_setting(name: str, default: str | None = None) -> str | None:
+    """One line of `scontrol show config` (e.g. MaxArraySize)."""
+    with contextlib.suppress(ClusterError, subprocess.SubprocessError, OSError):
+        for line in slurm_call(["scontrol", "show", "config"]).stdout.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == name:
+                return value.strip()
+    return default
+
+
+def array_chunks(indices: Sequence[int], max_array_size: int) -> list[tuple[int, list[int]]]:
+    """Split sorted indices into (base, offsets) with every offset < max_array_size."""
+    out: list[tuple[int, list[int]]] = []
+    for i in sorted(indices):
+        if out and i - out[-1][0] < max_array_size:
+            out[-1][1].append(i - out[-1][0])
+        else:
+            out.append((i, [0]))
+    return out
+
+
+def array_spec(offsets: Sequence[int]) -> str:
+    """0,1,2,3,7 → '0-3,7' (sbatch --array)."""
+    parts: list[str] = []
+    start = prev = None
+    for o in offsets:
+        if start is None:
+            start = prev = o
+        elif o == prev + 1:
+            prev = o
+        else:
+            parts.append(f"{start}-{prev}" if prev != start else str(start))
+            start = prev = o
+    if start is not None:
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# the executor
+
+
+class SlurmExecutor:
+    """Array jobs on the cluster `sbatch` reaches; `work` is a folder every node can read and write."""
+
+    name = "slurm"
+
+    def __init__(self, settings: Any = None, work: Path | str | None = None, console: Console | None = None):
+        from oreline.config import SlurmConfig
+
+        self.settings = settings if settings is not None else SlurmConfig()
+        if work is None:
+            raise ClusterError(
+                "the Slurm executor needs a folder shared by every node for its job files",
+                "pass one (the data pipeline uses its output's work folder)",
+            )
+        self.root = Path(work).resolve() / "slurm"
+        self.console = console or Console(stderr=True)
+        _client("sbatch")
+
+    def _folder(self, label: str) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        k = 0
+        while True:
+            folder = self.root / f"{label}-{k}"
+            try:
+                folder.mkdir()
+                return folder
+            except FileExistsError:
+                k += 1
+
+    def _script(self, folder: Path, label: str, resources: Resources) -> Path:
+        s = self.settings
+        cpus = max(int(s.cpus_per_task), int(-(-resources.cpus // 1)))
+        lines = [
+            "#!/usr/bin/env bash",
+            f"#SBATCH --job-name=oreline-{label}",
+            f"#SBATCH --output={folder}/logs/%A_%a.out",
+            f"#SBATCH --cpus-per-task={cpus}",
+            f"#SBATCH --time={s.time_limit}",
+            f"#SBATCH --chdir={os.getcwd()}",
+        ]
+        mem = s.mem_mb or resources.memory_mb or 0
+        if mem:
+            lines.append(f"#SBATCH --mem={mem}")
+        if s.partition:
+            lines.append(f"#SBATCH --partition={s.partition}")
+        lines += [f"#SBATCH {a}" for a in s.sbatch_args]
+        lines += [
+            "# one array index runs a pack of tasks; BASE (the argument) + the index is the pack",
+            f"exec {shlex.quote(sys.executable)} -m oreline.executors.slurm_task "
+            f'{shlex.quote(str(folder))} "$1" "$SLURM_ARRAY_TASK_ID"',
+            "",
+        ]
+        path = folder / "task.sbatch"
+        path.write_text("\n".join(lines))
+        return path
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        jobs: Sequence[tuple],
+        *,
+        label: str,
+        resources: Resources = Resources(),
+    ) -> list[Any]:
+        if not jobs:
+            return []
+        s = self.settings
+        folder = self._folder(label)
+        (folder / "logs").mkdir()
+        (folder / "results").mkdir()
+        pack = int(s.tasks_per_job)
+        tmp = folder / f".{JOBS_FILE}.tmp-{os.getpid()}"
+        tmp.write_bytes(pickle.dumps({"fn": fn, "jobs": list(jobs), "pack": pack}))
+        tmp.replace(folder / JOBS_FILE)
+        script = self._script(folder, label, resources)
+        max_array = int(cluster_setting("MaxArraySize", "1001") or 1001)
+        packs = -(-len(jobs) // pack)
+        where: dict[int, str] = {}  # pack → "jobid_index" of its last attempt (its log file's name)
+        missing = list(range(packs))
+        for attempt in range(int(s.max_retries) + 1):
+            submitted: list[str] = []
+            for base, offsets in array_chunks(missing, max_array):
+                spec = array_spec(offsets) + (f"%{s.throttle}" if s.throttle else "")
+                jid = submit(script, [f"--array={spec}"], [str(base)])  # BASE reaches the script as $1
+                submitted.append(jid)
+                for o in offsets:
+                    where[base + o] = f"{jid}_{o}"
+            self.console.print(
+                f"{label}: {len(missing)} array task(s) submitted as job(s) {', '.join(submitted)}"
+                + (f" (retry {attempt} of {s.max_retries})" if attempt else "")
+                + f"; logs in {folder / 'logs'}"
+            )
+            self._wait(submitted, folder, len(jobs), label)
+            missing = [
+                p
+                for p in missing
+                if not all(_result(folder, j).is_file() for j in _pack_jobs(p, pack, len(jobs)))
+            ]
+            if not missing:
+                break
+        results: list[Any] = []
+        for j, job in enumerate(jobs):
+            path = _result(folder, j)
+            if path.is_file():
+                results.append(pickle.loads(path.read_bytes()))
+            else:
+                tid = where[j // pack]
+                results.append(
+                    TaskCrashed(
+                        job,
+                        f"Slurm array task {tid} ({label}) failed {int(s.max_retries) + 1} time(s); "
+                        f"log: {folder / 'logs' / (tid + '.out')}; {_rerun_hint()}",
+                    )
+                )
+        return results
+
+    def _wait(self, job_ids: list[str], folder: Path, total: int, label: str) -> None:
+        seen = -1
+        while True:
+            left = queued(job_ids)
+            done = sum(1 for _ in (folder / "results").glob("*.pkl"))
+            if done != seen and self.console.is_terminal:
+                self.console.print(f"{label}: {done}/{total} done, {len(left)} in the queue", end="\r")
+                seen = done
+            if not left:
+                return
+            time.sleep(float(self.settings.poll_s))
+
+
+def _rerun_hint() -> str:
+    """What resumes: the oreline command of this process when there is one (its markers make the re-run
+    submit only the missing tasks)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    is_oreline = getattr(spec, "name", "") == "oreline.__main__" or Path(sys.argv[0] or "x").name == "oreline"
+    if is_oreline and len(sys.argv) > 1:
+        return f"re-run `oreline {shlex.join(sys.argv[1:])}` to retry it (it submits only what is missing)"
+    return "re-run the command to retry it (it submits only what is missing)"
+
+
+def _pack_jobs(pack_index: int, pack: int, n: int) -> range:
+    return range(pack_index * pack, min(n, (pack_index + 1) * pack))
+
+
+def _result(folder: Path, job: int) -> Path:
+    return folder / "results" / f"{job:08d}.pkl"
+
+
+def run_pack(folder: Path, pack_index: int) -> int:
+    """The body of one array task: run the pack's jobs that have no result yet; 0 when all succeeded."""
+    spec = pickle.loads((folder / JOBS_FILE).read_bytes())
+    fn, jobs, pack = spec["fn"], spec["jobs"], spec["pack"]
+    for j in _pack_jobs(pack_index, pack, len(jobs)):
+        out = _result(folder, j)
+        if out.is_file():
+            continue  # an earlier attempt of this pack finished this job
+        print(f"[oreline slurm task] job {j}: {getattr(fn, '__qualname__', fn)}{_short(jobs[j])}", flush=True)
+        result = fn(*jobs[j])
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(pickle.dumps(result))
+        tmp.replace(out)
+    return 0
+
+
+def _short(job: tuple) -> str:
+    text = repr(
+        tuple(a if isinstance(a, (str, int, float, bool, type(None))) else type(a).__name__ for a in job)
+    )
+    return re.sub(r"\s+", " ", text)[:300]

@@ -1,0 +1,152 @@
+"""The data pipeline as Slurm array jobs on a real cluster (scripts/local-slurm.sh; CI starts it).
+
+- `data.executor = "slurm"` gives byte-identical shards, the same rejects and the same stats as
+  the local executor on the sample web archives;
+- one array task cancelled mid-run (`scancel JOB_INDEX`) with no retries left: the run lists that
+  input with the array task's log in its errors and writes no _SUCCESS; the re-run of the same
+  command submits only the missing task and the output is then identical to the local run;
+- a task that fails is resubmitted up to `max_retries` times, and reported with its log after that.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from oreline.config import load_config
+from oreline.data.pipeline.run import run_data
+from oreline.executors.interface import TaskCrashed
+from oreline.executors.slurm import SlurmExecutor, array_chunks, array_spec, queued
+
+pytestmark = pytest.mark.slurm
+
+INPUTS = [
+    "commoncrawl-samples/resiliparse-CC-MAIN-2020-34-excerpt.warc.gz",
+    "dolma-wget-2024/sample-0000.warc.gz",
+    "warcio-edge-cases/example.warc.gz",
+]
+FAST = ["data.slurm.poll_s=0.3"]
+
+
+@pytest.fixture(scope="module")
+def local_ref(samples, tmp_path_factory) -> tuple[list[str], Path]:
+    inputs = [str(samples / "web-archives" / p) for p in INPUTS]
+    out = tmp_path_factory.mktemp("local") / "out"
+    run_data(inputs, out, load_config(), workers=1)
+    return inputs, out
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for sub in ("docs", "rejects")
+        for p in sorted((out / sub).glob("*.parquet"))
+    }
+
+
+def _same_as_local(out: Path, ref: Path) -> None:
+    assert (out / "_SUCCESS").is_file()
+    got, want = _files(out), _files(ref)
+    assert list(got) == list(want) and got == want, "the shards differ from the local run's"
+    strip = lambda s: [{k: v for k, v in st.items() if k != "seconds"} for st in s["steps"]]  # noqa: E731
+    s_got, s_want = (json.loads((o / "stats.json").read_text()) for o in (out, ref))
+    assert strip(s_got) == strip(s_want)
+    assert s_got["output"] == s_want["output"] and s_got["output"]["docs"] > 0
+    assert s_got["errors"] == s_want["errors"]
+
+
+def test_slurm_executor_output_is_byte_identical_to_local(slurm_cluster, local_ref, tmp_path):
+    inputs, ref = local_ref
+    out = tmp_path / "slurm"
+    stats = run_data(inputs, out, load_config(None, ["data.executor=slurm", *FAST]))
+    assert stats["output"]["docs"] > 0
+    _same_as_local(out, ref)
+    # the stages ran as array jobs: one per map call, one index per input file, each with its log
+    filt = out / "work" / "slurm" / "filter-0"
+    assert len(list((filt / "logs").glob("*_*.out"))) == len(INPUTS)
+    assert "#SBATCH --cpus-per-task=1" in (filt / "task.sbatch").read_text()
+
+
+def _cli(inputs: list[str], out: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "oreline",
+        "data",
+        *inputs,
+        "--out",
+        str(out),
+        "--executor",
+        "slurm",
+        *overrides,
+    ]
+
+
+def test_scancel_of_one_array_task_then_the_rerun_completes_it(slurm_cluster, local_ref, tmp_path):
+    inputs, ref = local_ref
+    out = tmp_path / "slurm"
+    # one task at a time (throttle), no retry: the cancelled index stays missing in this run
+    args = ["data.slurm.throttle=1", "data.slurm.max_retries=0", *FAST]
+    proc = subprocess.Popen(
+        _cli(inputs, out, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    victim = None
+    deadline = time.monotonic() + 120
+    while victim is None and time.monotonic() < deadline and proc.poll() is None:
+        for tid, state in queued_by_name("oreline-filter").items():
+            if tid.endswith("_1") and state == "RUNNING":
+                victim = tid
+        time.sleep(0.05)
+    assert victim, "array task 1 of the filter stage was never seen running"
+    subprocess.run(["scancel", victim], check=True)
+    text, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, text[-3000:]
+    assert not (out / "_SUCCESS").exists()
+    stats = json.loads((out / "stats.json").read_text())
+    failed = [e for e in stats["errors"] if "Slurm array task" in e["error"]]
+    assert len(failed) == 1 and failed[0]["file"] == inputs[1], stats["errors"]
+    log = failed[0]["error"].split("log: ")[1].split(";")[0]
+    assert victim in failed[0]["error"] and Path(log).is_file(), failed[0]
+    assert "CANCELLED" in Path(log).read_text()
+    assert f"re-run `oreline data {inputs[0]}" in failed[0]["error"]  # the command that resumes
+
+    again = subprocess.run(_cli(inputs, out, *FAST), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "filter: 1 array task(s) submitted" in again.stderr  # only the missing one
+    _same_as_local(out, ref)
+
+
+def queued_by_name(name: str) -> dict[str, str]:
+    proc = subprocess.run(["squeue", "-h", "--name", name, "-o", "%i %T"], capture_output=True, text=True)
+    return dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.strip())
+
+
+def test_a_failing_task_is_retried_then_reported_with_its_log(slurm_cluster, tmp_path):
+    from oreline.config import SlurmConfig
+
+    flag = tmp_path / "failed-once"
+    # fails on its first attempt only (a module-level function, as every task function is)
+    job = (["bash", "-c", f"test -e {flag} || {{ touch {flag}; echo first attempt fails >&2; exit 3; }}"],)
+    # packs of two: the failing job's pack is resubmitted, and its retry skips nothing it finished
+    ex = SlurmExecutor(SlurmConfig(max_retries=1, poll_s=0.3, tasks_per_job=2), work=tmp_path / "w")
+    assert ex.map(subprocess.check_call, [job, (["true"],), (["true"],)], label="retry") == [0, 0, 0]
+    logs = sorted((tmp_path / "w" / "slurm" / "retry-0" / "logs").glob("*.out"))
+    assert len(logs) == 3  # packs 0 and 1, then pack 0 again
+
+    ex = SlurmExecutor(SlurmConfig(max_retries=0, poll_s=0.3), work=tmp_path / "w")
+    [crashed] = ex.map(subprocess.check_call, [(["false"],)], label="fail")
+    assert isinstance(crashed, TaskCrashed) and crashed.args == (["false"],)
+    log = Path(crashed.error.split("log: ")[1].split(";")[0])
+    assert "CalledProcessError" in log.read_text() and "re-run the command" in crashed.error
+    assert queued([crashed.error.split()[3].split("_")[0]]) == {}
+
+
+def test_arrays_are_split_below_max_array_size():
+    assert array_chunks(range(7), 3) == [(0, [0, 1, 2]), (3, [0, 1, 2]), (6, [0])]
+    assert array_chunks([1, 2, 9], 1001) == [(1, [0, 1, 8])]
+    assert array_spec([0, 1, 2, 3, 7, 9, 10]) == "0-3,7,9-10"

@@ -1,0 +1,224 @@
+"""Training jobs on a real Slurm cluster (scripts/local-slurm.sh; CI starts it), with the sbatch script
+`oreline launch slurm --gpus-per-node 0 --nproc-per-node 2 --submit` writes and submits.
+
+- a 2-process gloo job runs to the end (the reference);
+- the same job, signalled with USR1 mid-run (what `--signal=USR1@LEAD` sends before the time
+  limit: `scancel --signal=USR1` reaches the same processes the same way), stops after a step with
+  a checkpoint, requeues itself (`scontrol requeue`) and resumes; then cancelled (`scancel`: SIGTERM)
+  it stops with a checkpoint again, and the script submitted again resumes and ends. Its per-step
+  losses, grad norms, learning rates and final weights equal the reference's bit for bit.
+- an allocation that contradicts the config's global batch is refused before anything is submitted.
+
+The runs use the prose token shards and the debug preset of tests/train (test_kill_resume_train).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from oreline.errors import TrainingError
+from oreline.train.launch import slurm_script
+
+_spec = importlib.util.spec_from_file_location(
+    "oreline_test_kill_resume", Path(__file__).parent / "test_kill_resume_train.py"
+)
+kr = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(kr)
+
+TIMEOUT = 400
+
+
+def submit(cfg: Path, folder: Path) -> tuple[str, Path]:
+    """`oreline launch slurm ... --submit` in `folder` (the job's submit folder); (job id, script)."""
+    script = folder / f"{cfg.stem}.sbatch"
+    proc = subprocess.run(
+        [sys.executable, "-m", "oreline", "launch", "slurm", "-c", str(cfg), "--gpus-per-node", "0"]
+        + ["--nproc-per-node", "2", "--cpus-per-task", "2", "--time", "15", "--out", str(script), "--submit"],
+        cwd=folder,
+        env=kr.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = proc.stdout.strip().splitlines()[-1]
+    assert job.isdigit(), proc.stdout
+    return job, script
+
+
+def job_info(job: str) -> dict[str, str]:
+    proc = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
+    return dict(kv.split("=", 1) for kv in proc.stdout.split() if "=" in kv)
+
+
+def accounting(job: str) -> list[str] | None:
+    """`sacct` lines of every run of the job (a requeue included), or None on a cluster without accounting."""
+    proc = subprocess.run(
+        ["sacct", "-j", job, "--duplicates", "-X", "-o", "JobID,JobName,State,ExitCode,Start,End"],
+        capture_output=True,
+        text=True,
+    )
+    return proc.stdout.splitlines() if proc.returncode == 0 else None
+
+
+def wait(cond, what: str, logs: list[Path], timeout: float = TIMEOUT) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(
+        f"timed out waiting for {what}: " + "\n".join(p.read_text()[-3000:] for p in logs if p.exists())
+    )
+
+
+def gone(job: str) -> bool:
+    return job_info(job).get("JobState") in ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", None)
+
+
+def events(run: Path, kind: str) -> list[dict]:
+    return [r for r in kr.records(run) if r.get("type") == "event" and r.get("kind") == kind]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_requeued_then_cancelled_and_resubmitted_job_equals_an_uninterrupted_one(
+    slurm_cluster, prose_tokens, tmp_path
+):
+    ref_cfg = kr.write_config(tmp_path / "ref.toml", tmp_path / "ref", prose_tokens)
+    cfg = kr.write_config(tmp_path / "job.toml", tmp_path / "job", prose_tokens)
+    run, ref_run = tmp_path / "job" / "r", tmp_path / "ref" / "r"
+    ref_job, _ = submit(ref_cfg, tmp_path)  # uninterrupted, alongside
+    job, script = submit(cfg, tmp_path)
+    logs = [tmp_path / f"oreline-r-{job}.out", tmp_path / f"oreline-r-{ref_job}.out"]
+    print(f"submitted script ({script}):\n{script.read_text()}")
+
+    # 1. USR1 (the time-limit notice): checkpoint at the next step boundary, requeue, resume
+    wait(lambda: kr.has(run, "train", 5), "step 5", logs)
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    wait(lambda: events(run, "stopped"), "the USR1 stop", logs)
+    [stop1] = events(run, "stopped")
+    assert stop1["values"]["signal"] == "SIGUSR1", stop1
+    at1 = stop1["step"]
+    assert (run / "checkpoints" / f"step-{at1:08d}").is_dir()
+    wait(lambda: job_info(job).get("Restarts") == "1", "the requeue", logs)
+    wait(lambda: kr.has(run, "train", at1 + 3), f"step {at1 + 3} of the requeued job", logs)
+    [resume1] = events(run, "resume")
+    assert resume1["step"] == at1, resume1
+
+    # 2. scancel (SIGTERM): checkpoint at the next step boundary, the job ends; resubmission resumes
+    subprocess.run(["scancel", job], check=True)
+    wait(lambda: gone(job), "the cancelled job to end", logs)
+    stop2 = events(run, "stopped")[-1]
+    assert stop2["values"]["signal"] == "SIGTERM" and stop2["step"] > at1, stop2
+    assert job_info(job)["JobState"] == "CANCELLED"
+    assert f"resume with: sbatch {script}" in logs[0].read_text()
+    again = subprocess.run(
+        ["sbatch", "--parsable", str(script)],
+        cwd=tmp_path,
+        env=kr.env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    logs.append(tmp_path / f"oreline-r-{again}.out")
+    wait(lambda: gone(again) and gone(ref_job), "the resubmitted and the reference jobs to end", logs)
+    assert job_info(again)["JobState"] == job_info(ref_job)["JobState"] == "COMPLETED", logs[-1].read_text()[
+        -3000:
+    ]
+    assert [r["step"] for r in events(run, "resume")] == [at1, stop2["step"]]
+
+    kr.assert_identical(ref_run, run)
+    losses = {r["step"]: r["loss"] for r in kr.records(run) if r.get("type") == "train"}
+    print("per-step losses (requeued + cancelled + resubmitted == uninterrupted):", json.dumps(losses))
+    print(f"USR1 stop after step {at1} (requeued), scancel stop after step {stop2['step']} (resubmitted)")
+    acct = accounting(job)
+    if acct is not None:  # the cluster keeps accounting (CI's does: ORELINE_SLURM_ACCOUNTING=1)
+        others = (accounting(again) or [])[2:] + (accounting(ref_job) or [])[2:]
+        print("sacct (the job, its resubmission, the reference):\n" + "\n".join(acct + others))
+        assert [line.split()[2].rstrip("+") for line in acct[2:]] == ["REQUEUED", "CANCELLED"], acct
+    print(
+        "scontrol show job:",
+        {k: job_info(job).get(k) for k in ("JobState", "Restarts", "Requeue", "ExitCode")},
+    )
+    assert not list(tmp_path.glob(".oreline-requeue-*"))
+
+
+def test_an_allocation_that_contradicts_the_global_batch_is_refused(prose_tokens, tmp_path):
+    # 4 sequences of 64 tokens per micro-batch, no accumulation: 2 processes make 512 tokens
+    cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens, extra="")
+    text = cfg.read_text().replace("seq_len = 64", "seq_len = 64\nglobal_batch_tokens = 512")
+    cfg.write_text(text)
+    assert "global batch = micro 4 × accum 1 × 1 node(s) × 2 process(es)" in slurm_script(
+        cfg, nodes=1, gpus_per_node=0, nproc_per_node=2
+    )
+    with pytest.raises(TrainingError) as err:
+        slurm_script(cfg, nodes=2, gpus_per_node=0, nproc_per_node=2)
+    assert "micro 4 × accum 1 × world 4 × seq_len 64 = 1,024 tokens" in str(err.value)
+    assert "train.global_batch_tokens = 512" in str(err.value)
+    cli = subprocess.run(
+        [sys.executable, "-m", "oreline", "launch", "slurm", "-c", str(cfg), "--gpus-per-node", "0"]
+        + ["--nodes", "2", "--nproc-per-node", "2", "--submit", "--out", str(tmp_path / "s.sbatch")],
+        capture_output=True,
+        text=True,
+        env=kr.env(),
+    )
+    assert cli.returncode != 0 and "1,024 tokens" in cli.stderr + cli.stdout
+    assert not (tmp_path / "s.sbatch").exists()  # nothing written, nothing submitted
+
+
+def test_cpu_job_script_fits_the_allocation(prose_tokens, tmp_path):
+    cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens)
+    cpu = slurm_script(cfg, nodes=2, gpus_per_node=0, nproc_per_node=3, cpus_per_task=12)
+    assert "--gpus-per-node" not in cpu and "NCCL" not in cpu and "gloo" in cpu
+    assert "#SBATCH --cpus-per-task=12" in cpu and "--nnodes=2 --nproc_per_node=3" in cpu
+    assert "THREADS=$((CPUS / 3))" in cpu and "train.parallel=ddp" in cpu
+    assert "#SBATCH --signal=USR1@120" in cpu and "scontrol requeue" in cpu
+    whole = slurm_script(cfg, nodes=1, gpus_per_node=4)
+    assert "#SBATCH --exclusive" in whole and "--cpus-per-task" not in whole
+    assert "#SBATCH --gpus-per-node=4" in whole and "--nproc_per_node=4" in whole
+    for text in (cpu, whole):
+        path = tmp_path / "s.sbatch"
+        path.write_text(text)
+        subprocess.run(["bash", "-n", str(path)], check=True)
+
+
+@pytest.mark.slow
+def test_sigusr1_stops_at_a_step_boundary_and_asks_the_script_to_requeue(prose_tokens, tmp_path):
+    """The training loop's own part, without Slurm: USR1 → checkpoint at the next step boundary, exit
+    128 + 10, the requeue file for the batch script; the relaunch resumes from that checkpoint."""
+    import os
+    import signal
+
+    cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens)
+    run, log = tmp_path / "runs" / "r", tmp_path / "log"
+    flag = tmp_path / ".oreline-requeue-4242"
+    env = {**kr.env(), "ORELINE_REQUEUE_FILE": str(flag), "SLURM_JOB_ID": "4242"}
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "oreline", "train", "-c", str(cfg)], env=env, stdout=out, stderr=out
+        )
+    assert kr.wait_for(proc, lambda: kr.has(run, "train", 5), timeout=300), log.read_text()[-3000:]
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert proc.wait(timeout=300) == 128 + signal.SIGUSR1, log.read_text()[-3000:]
+    [stop] = events(run, "stopped")
+    ckpt = run / "checkpoints" / f"step-{stop['step']:08d}"
+    assert stop["values"]["signal"] == "SIGUSR1" and ckpt.is_dir()
+    assert flag.read_text().strip() == str(ckpt)
+    assert "the batch script requeues Slurm job 4242" in log.read_text()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "oreline", "train", "-c", str(cfg)],
+        env=kr.env(),
+        capture_output=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in events(run, "resume")] == [stop["step"]]
+    assert [r["step"] for r in kr.records(run) if r["type"] == "train"] == list(range(1, kr.STEPS + 1))
