@@ -19,15 +19,15 @@ Two faults this module answers (issue 20, item 1):
   itself; the run resumes from its last periodic checkpoint.
 
 - **SIGTERM killed a run without a checkpoint** (exit −15). `StopRequests.install()` turns
-  SIGTERM and SIGINT into a flag; the loop ORs it over ranks once per step (it travels in the
-  all-reduce `oreline.train.dist.agree_on_step` already makes for the stability decision, so a
-  stop costs no collective of its own), and every rank then stops after the same step: a full
+  SIGTERM and SIGINT into a flag; the loop ORs it over ranks once per step (`dist.any_rank`, a
+  host all-reduce through a CPU gloo group, so it never waits for the device and the training
+  step stays free of host reads), and every rank then stops after the same step: a full
   checkpoint at that step, a message with the command that resumes, and `TrainingStopped`, whose
   exit code is 128 + the signal (143 for TERM, 130 for INT, as a shell reports a process killed
   by them). A second SIGINT while the first is pending acts at once (KeyboardInterrupt): Ctrl-C
   twice stops without waiting for the step; repeated SIGTERMs are one request (a service manager
-  or Slurm may signal every process of the job, and torchrun passes it on to the ranks again). torchrun passes SIGTERM/SIGINT on to
-  every rank and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (default 30) before it SIGKILLs
+  or Slurm may signal every process of the job, and torchrun passes it on to the ranks again).
+  torchrun passes SIGTERM/SIGINT on to every rank and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (default 30) before it SIGKILLs
   them; `oreline train --nproc` raises that wait to `STOP_GRACE_S` unless it is set, because a
   step plus a checkpoint of a large model can take longer than 30 s.
 
