@@ -253,6 +253,20 @@ def test_resume_compatibility_rules():
         check_resume_compatible(meta, same, [], model_args={"dim": 32})
 
 
+def test_a_key_added_after_the_checkpoint_resumes_at_its_default():
+    """A checkpoint written before a config key existed (train.kernels, train.profile, data.executor
+    came later) resumes without --allow-config-change while the key keeps its default; a
+    non-default value is a change like any other."""
+    saved = {"train": {"steps": 100}, "checkpoint": {"every": 5}}
+    meta = {"step": 40, "config": saved}
+    later = {"train": {"steps": 100, "kernels": "auto", "profile": False}, "checkpoint": {"every": 5}}
+    assert check_resume_compatible(meta, later, []) == []
+    later["train"]["kernels"] = "reference"
+    with pytest.raises(CheckpointError, match="train.kernels"):
+        check_resume_compatible(meta, later, [])
+    assert check_resume_compatible(meta, later, ["train.kernels"]) == ["train.kernels"]
+
+
 def test_cli_ls_verify_inspect(tmp_path):
     model, opt = build()
     train_step(model, opt, torch.Generator().manual_seed(0))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from oreline.config import diff_keys
+from oreline.config import Config, diff_keys, to_dict
 from oreline.errors import CheckpointError
 from oreline.train.checkpoint.async_save import wait_for_pending_save
 from oreline.train.checkpoint.format import checkpoints_root, latest_problem, list_checkpoints
@@ -70,6 +70,17 @@ NEVER_ALLOWED = {
 }
 
 
+_ABSENT = object()
+
+
+def _lookup(d: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return _ABSENT
+        d = d[part]
+    return d
+
+
 def check_resume_compatible(
     meta: dict,
     current_config: dict,
@@ -88,6 +99,16 @@ def check_resume_compatible(
     allow = list(allow_keys or [])
     saved = meta.get("config")
     diffs = diff_keys(saved, current_config) if isinstance(saved, dict) else []
+    if diffs:
+        # A key the checkpoint's config does not have was added by a later oreline; at its default
+        # it changes nothing, so a checkpoint written before the key existed resumes without
+        # --allow-config-change (a non-default value is still a change the user must allow).
+        defaults = to_dict(Config())
+        diffs = [
+            k
+            for k in diffs
+            if not (_lookup(saved, k) is _ABSENT and _lookup(current_config, k) == _lookup(defaults, k))
+        ]
 
     def allowed(key: str) -> bool:
         return any(key == a or key.startswith(a + ".") for a in allow)
