@@ -16,6 +16,14 @@
    log file, so the caller lists the input and the log in the run's errors, and a re-run of
    the command submits only what its markers say is missing.
 
+The job and result files are pickles (a config object and the tasks' result dicts travel as they
+are, so the output is the local run's), and a pickle that someone else wrote runs their code when
+loaded. So each `map` draws a random key that reaches its array tasks only through the job's
+environment (sbatch passes the submitting environment on), never through the work folder: the
+driver seals the jobs file with an HMAC-SHA256 under that key, the task checks the seal before it
+unpickles and seals each result the same way, and the driver checks a result's seal before it
+loads it. A file planted or altered in the work folder is refused with its path named.
+
 Nothing here needs `sacct` (a cluster without slurmdbd has none): the result files are the
 record of what finished. The driver can be killed at any time: the array jobs it submitted
 finish on their own, and the re-run skips every task whose marker they wrote.
@@ -24,9 +32,12 @@ finish on their own, and the re-run skips every task whose marker they wrote.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import pickle
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -42,6 +53,25 @@ from oreline.errors import ClusterError
 from oreline.executors.interface import Resources, TaskCrashed
 
 JOBS_FILE = "jobs.pkl"
+KEY_ENV = "ORELINE_SLURM_TASK_KEY"  # the per-map HMAC key; in the job's environment, never on disk
+
+
+def seal(data: bytes, key: str) -> bytes:
+    """`data` prefixed with its HMAC-SHA256 under `key`."""
+    return hmac.new(key.encode(), data, hashlib.sha256).digest() + data
+
+
+def unseal(blob: bytes, key: str, path: Path) -> Any:
+    """The object pickled in a sealed file, after its seal is checked (nothing is unpickled before)."""
+    mac, data = blob[:32], blob[32:]
+    if not key or not hmac.compare_digest(mac, hmac.new(key.encode(), data, hashlib.sha256).digest()):
+        raise ClusterError(
+            f"{path} does not carry the seal of the oreline process that submitted this stage "
+            "(written or changed by someone else, or by another submission); it was not loaded",
+            "check who can write to the run's work folder, delete the stage's folder under work/slurm/ "
+            "and re-run the command",
+        )
+    return pickle.loads(data)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,11 +89,13 @@ def _client(cmd: str) -> str:
     return path
 
 
-def slurm_call(args: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
+def slurm_call(
+    args: Sequence[str], timeout: float = 60.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run a Slurm client command; ClusterError with its stderr when it fails."""
     cmd = [_client(args[0]), *args[1:]]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         raise ClusterError(
             f"`{shlex.join(args)}` did not answer within {timeout:.0f} s",
@@ -77,9 +109,12 @@ def slurm_call(args: Sequence[str], timeout: float = 60.0) -> subprocess.Complet
     return proc
 
 
-def submit(script: Path, options: Sequence[str] = (), args: Sequence[str] = ()) -> str:
-    """sbatch OPTIONS SCRIPT ARGS; the job id (of an array: the array's id)."""
-    out = slurm_call(["sbatch", "--parsable", *options, str(script), *args]).stdout.strip()
+def submit(
+    script: Path, options: Sequence[str] = (), args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> str:
+    """sbatch OPTIONS SCRIPT ARGS; the job id (of an array: the array's id). `env` is the environment
+    sbatch runs in, which the job inherits."""
+    out = slurm_call(["sbatch", "--parsable", *options, str(script), *args], env=env).stdout.strip()
     return out.split(";")[0]  # "<id>[;<cluster>]"
 
 
@@ -215,7 +250,9 @@ class SlurmExecutor:
         (folder / "results").mkdir()
         pack = int(s.tasks_per_job)
         tmp = folder / f".{JOBS_FILE}.tmp-{os.getpid()}"
-        tmp.write_bytes(pickle.dumps({"fn": fn, "jobs": list(jobs), "pack": pack}))
+        key = secrets.token_hex(32)
+        env = {**os.environ, KEY_ENV: key}
+        tmp.write_bytes(seal(pickle.dumps({"fn": fn, "jobs": list(jobs), "pack": pack}), key))
         tmp.replace(folder / JOBS_FILE)
         script = self._script(folder, label, resources)
         max_array = int(cluster_setting("MaxArraySize", "1001") or 1001)
@@ -226,7 +263,9 @@ class SlurmExecutor:
             submitted: list[str] = []
             for base, offsets in array_chunks(missing, max_array):
                 spec = array_spec(offsets) + (f"%{s.throttle}" if s.throttle else "")
-                jid = submit(script, [f"--array={spec}"], [str(base)])  # BASE reaches the script as $1
+                jid = submit(
+                    script, [f"--array={spec}", "--export=ALL"], [str(base)], env=env
+                )  # BASE reaches the script as $1
                 submitted.append(jid)
                 for o in offsets:
                     where[base + o] = f"{jid}_{o}"
@@ -247,7 +286,7 @@ class SlurmExecutor:
         for j, job in enumerate(jobs):
             path = _result(folder, j)
             if path.is_file():
-                results.append(pickle.loads(path.read_bytes()))
+                results.append(unseal(path.read_bytes(), key, path))
             else:
                 tid = where[j // pack]
                 results.append(
@@ -292,7 +331,8 @@ def _result(folder: Path, job: int) -> Path:
 
 def run_pack(folder: Path, pack_index: int) -> int:
     """The body of one array task: run the pack's jobs that have no result yet; 0 when all succeeded."""
-    spec = pickle.loads((folder / JOBS_FILE).read_bytes())
+    key = os.environ.get(KEY_ENV, "")
+    spec = unseal((folder / JOBS_FILE).read_bytes(), key, folder / JOBS_FILE)
     fn, jobs, pack = spec["fn"], spec["jobs"], spec["pack"]
     for j in _pack_jobs(pack_index, pack, len(jobs)):
         out = _result(folder, j)
@@ -301,7 +341,7 @@ def run_pack(folder: Path, pack_index: int) -> int:
         print(f"[oreline slurm task] job {j}: {getattr(fn, '__qualname__', fn)}{_short(jobs[j])}", flush=True)
         result = fn(*jobs[j])
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        tmp.write_bytes(pickle.dumps(result))
+        tmp.write_bytes(seal(pickle.dumps(result), key))
         tmp.replace(out)
     return 0
 
