@@ -466,10 +466,10 @@ def build_data(root: Path) -> tuple[Path, Path]:
     docs = root / "emma.jsonl"
     with zipfile.ZipFile(samples_dir() / "english-prose" / "nltk-gutenberg.zip") as zf, docs.open("w") as fh:
         text = zf.read("gutenberg/austen-emma.txt").decode("utf-8", "replace")[:200_000]  # ~60k tokens
-        for i in range(0, len(text), 3000):
-            fh.write(json.dumps({"id": f"emma-{i}", "text": text[i : i + 3000]}) + "\n")
+        for i in range(0, len(text), 1500):
+            fh.write(json.dumps({"id": f"emma-{i}", "text": text[i : i + 1500]}) + "\n")
     train_tokenizer([docs], root / "tokenizer", TokenizerConfig(vocab_size=512, heldout_docs=10))
-    tokenize_corpus([docs], root / "tokenizer", root / "tokens", TokenizeConfig(val_fraction=0.05, workers=1))
+    tokenize_corpus([docs], root / "tokenizer", root / "tokens", TokenizeConfig(val_fraction=0.1, workers=1))
     return root / "tokens", root / "tokenizer"
 
 
