@@ -1,0 +1,843 @@
+"""The dedup plan: which documents to drop as exact or near duplicates, and for which survivor.
+
+Two implementations with one result (tests/data/test_dedup_staged.py checks they agree):
+
+- `dedup_plan`, the single-process reference: every signature in one process (num_perm × 4 + ~60
+  bytes per document: 2.7 GB at 1M documents measured by benchmarks/dedup_scale.py's predecessor,
+  so a 1B-document dump would need ~2 TB on one node). Kept as the reference of tests and
+  benchmarks, and used by nothing else.
+- `staged_plan`, what `oreline data` runs: stages of jobs over partitioned files, each job a
+  module-level function of plain arguments mapped through an executor (`oreline.executors`), so
+  the local pool, Ray or Slurm can run them. No job holds all documents:
+
+  | stage       | jobs                         | reads                                | writes (stages/…)                   |
+  |-------------|------------------------------|--------------------------------------|-------------------------------------|
+  | scatter     | one per signature file       | its signature file                   | scatter/fF: rows by exact-key hash; |
+  |             |                              |                                      | ids/fF: (row, id) by id hash        |
+  | exact       | one per exact-key partition  | its partition of every scatter file  | exact/hH: removals by id hash;      |
+  |             |                              |                                      | bands/hH: band keys of survivors    |
+  |             |                              |                                      | by (band, key range)                |
+  | buckets     | one per (band, key range)    | its bucket of every bands file       | pairs/qQ: candidate pairs by the    |
+  |             |                              |                                      | id hash of their first document     |
+  | candidates  | one per id partition         | its rows of every pairs file, their  | cands/pP: id, sort fields,          |
+  |             |                              | signature rows and (exact) texts     | signature, shingle set              |
+  | verify      | one per id partition         | its pairs; cands/pP, then each other | edges/pP: verified edges            |
+  |             |                              | cands file filtered to its pairs     |                                     |
+  | components  | one (star rounds when large) | every edges file; sort fields of the | near: removal, survivor by id hash  |
+  |             |                              | touched documents                    |                                     |
+  | similarity  | one per id partition         | its removals; cands files            | similarity/pP                       |
+  | assign      | one per id partition         | its ids, exact and near removals     | assign/pP: removals by input file   |
+  | lists       | one per input file           | its rows of every assign file        | out/task-NNNNN.json                 |
+
+  Rows are numbered as the reference numbers them (position in the concatenation of the
+  signature files in sorted-path order), the survivor rule is the same (lowest (source, offset,
+  doc id, row)), bucket pairs come from the same function (`buckets.bucket_pairs`), and the
+  verification reads texts per id partition, so removals and stats are identical to the
+  reference's whatever the partition counts or the order jobs run in.
+
+Each job writes its files atomically (`oreline.io`: a unique temporary name per attempt, then a
+rename) and a `.done` marker with its counts last; a job whose marker exists is skipped, so a
+killed run resumes and two attempts of one job leave one valid output.
+
+Memory per job (formulas measured by benchmarks/dedup_scale.py and stated in docs/design.md):
+scatter ≈ one signature file; exact ≈ (N/X)·(B·8 + 100) bytes; buckets ≈ (N'/R)·24 bytes with N'
+the exact survivors and R key ranges per band; candidates/verify ≈ the candidates of two id
+partitions (num_perm·4 + 8·shingles each); components ≈ 40 bytes per edge and touched document.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
+
+from oreline.config import DedupConfig
+from oreline.data.dedup.buckets import band_keys, bucket_pairs, key_range, lsh_candidates
+from oreline.data.dedup.components import components, near_duplicate_clusters, star_components
+from oreline.data.dedup.exact import exact_duplicates
+from oreline.data.dedup.minhash import (
+    Signatures,
+    atomic_write_table,
+    bands_rows,
+    check_signature_file,
+    dedup_config,
+    estimated_jaccard,
+    read_signatures,
+    signature_matrix,
+    signature_width,
+    verify_mode,
+)
+from oreline.data.dedup.shingles import TextSource, jaccard
+from oreline.data.dedup.verify import (
+    pair_stats,
+    parquet_text_source,
+    read_candidate_sets,
+    verify_exact,
+    verify_pairs,
+)
+from oreline.errors import DataIntegrityError, InputError
+from oreline.io import write_json_atomic, write_with
+
+# ---------------------------------------------------------------------------------------------
+# the single-process reference
+
+
+def _active_rows(s: Signatures, exact_dups: dict[int, int]) -> np.ndarray:
+    active = s.n_shingles > 0
+    if exact_dups:
+        active[list(exact_dups)] = False
+    return active
+
+
+@dataclass
+class NearDups:
+    removed: dict[int, int]  # {row: survivor_row}
+    stats: dict
+    sets: dict[int, np.ndarray]  # shingle hashes of the candidates whose text was read (exact mode)
+
+
+def _near_dups(s: Signatures, pairs: np.ndarray, dc: DedupConfig, text_source: TextSource | None) -> NearDups:
+    """Verify candidate pairs (verify.py) and cluster the verified edges (components.py)."""
+    mode = verify_mode(dc)
+    sims = verify_pairs(pairs, s.sig, dc.threshold).astype(np.float64)
+    stats: dict[str, Any] = {"verify": mode}
+    sets: dict[int, np.ndarray] = {}
+    if mode == "exact" and text_source is not None:
+        v = verify_exact(pairs, sims, s.ids, s.exact, dc.threshold, text_source, dc.shingle_words)
+        sims, sets = v.sims, v.sets
+        stats.update(v.stats)
+    elif mode == "exact":
+        stats.update(_NO_TEXT)
+    edges = pairs if mode == "none" else pairs[sims >= dc.threshold]
+    removed = near_duplicate_clusters(len(s.ids), edges, s.rank)
+    stats.update(
+        candidate_pairs=int(len(pairs)),
+        verified_pairs=int(len(edges)),
+        rejected_pairs=int(len(pairs) - len(edges)),
+    )
+    return NearDups(removed, stats, sets)
+
+
+_NO_TEXT = {
+    "verify": "signature",
+    "verify_note": "exact verification asked for, but no text source was given: MinHash estimate used",
+}
+
+
+def _removal_similarity(s: Signatures, near: NearDups) -> tuple[list[float], list[str]]:
+    """Similarity of each near-duplicate to its survivor: exact when both texts were read."""
+    sims, methods = [], []
+    for r, k in near.removed.items():
+        if r in near.sets and k in near.sets:
+            sims.append(jaccard(near.sets[r], near.sets[k]))
+            methods.append("jaccard")
+        else:
+            sims.append(float(estimated_jaccard(s.sig[r], s.sig[k])))
+            methods.append("minhash")
+    return sims, methods
+
+
+REMOVALS_SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("reason", pa.string()),
+        ("survivor_id", pa.string()),
+        ("similarity", pa.float32()),
+        ("similarity_method", pa.string()),
+    ]
+)
+
+
+def dedup_plan(
+    signature_paths: Sequence[str | Path],
+    out_dir: str | Path,
+    cfg: Any,
+    text_source: TextSource | None = None,
+) -> dict[str, tuple[str, str]]:
+    """Exact and near-duplicate removals across all signature files: {doc_id: (reason, survivor_id)}.
+
+    The single-process reference of `staged_plan`. text_source: `(ids) -> Iterator[(id, text)]`
+    giving the texts of the ids it is asked for (only documents in some LSH candidate pair are
+    asked for), used by exact verification; without it candidates are verified with the signature
+    estimate. Writes out_dir/removals.parquet (doc_id, reason, survivor_id, similarity to the
+    survivor, similarity_method: "exact_text" for exact duplicates, "jaccard" when computed from
+    both shingle sets, "minhash" when estimated) and out_dir/dedup_stats.json with the counts of
+    every stage.
+    """
+    dc = dedup_config(cfg)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    s = read_signatures(signature_paths, dc)
+    exact = exact_duplicates(s.exact, s.rank) if dc.exact else {}
+    stats: dict[str, Any] = {
+        "docs": len(s.ids),
+        "signature_files": len(s.files),
+        "exact_duplicates": len(exact),
+    }
+    near = NearDups({}, {}, {})
+    if dc.minhash and dc.num_perm:
+        bands, rows = bands_rows(dc)
+        pairs = lsh_candidates(s.sig, bands, rows, _active_rows(s, exact))
+        near = _near_dups(s, pairs, dc, text_source)
+        stats.update(bands=bands, rows=rows, threshold=dc.threshold, **near.stats)
+        stats["clusters"] = len(set(near.removed.values()))
+    stats["near_duplicates"] = len(near.removed)
+    plan = {s.ids[r]: ("dedup:exact", s.ids[k]) for r, k in exact.items()}
+    plan.update({s.ids[r]: ("dedup:near_dup", s.ids[k]) for r, k in near.removed.items()})
+    rows_removed = list(exact.items()) + list(near.removed.items())
+    near_sims, near_methods = _removal_similarity(s, near)
+    table = pa.table(
+        {
+            "doc_id": pa.array([s.ids[r] for r, _ in rows_removed], pa.string()),
+            "reason": pa.array(
+                ["dedup:exact"] * len(exact) + ["dedup:near_dup"] * len(near.removed), pa.string()
+            ),
+            "survivor_id": pa.array([s.ids[k] for _, k in rows_removed], pa.string()),
+            "similarity": pa.array([1.0] * len(exact) + near_sims, pa.float32()),
+            "similarity_method": pa.array(["exact_text"] * len(exact) + near_methods, pa.string()),
+        },
+        schema=REMOVALS_SCHEMA,
+    )
+    atomic_write_table(table, out_dir / "removals.parquet")
+    write_json_atomic(out_dir / "dedup_stats.json", stats)
+    return plan
+
+
+def split_by_file(
+    plan: dict[str, tuple[str, str]], ids_per_file: Sequence[Sequence[str]], keeper_order: Sequence[int]
+) -> list[dict[str, list[str]]]:
+    """The reference's removal list of each input file from a plan keyed by id.
+
+    The plan is keyed by id, so a document whose id is removed anywhere is removed everywhere,
+    except that when a survivor's own id occurs in several files, the copy in the file first in
+    `keeper_order` (the run's order of input paths) stays.
+    """
+    keeper: dict[str, int] = {}
+    for f in sorted(range(len(ids_per_file)), key=lambda f: keeper_order[f]):
+        for d in ids_per_file[f]:
+            keeper.setdefault(d, f)
+    out = []
+    for f, ids in enumerate(ids_per_file):
+        mine = {}
+        for d in ids:
+            removal = plan.get(d)
+            if removal is not None and not (removal[1] == d and keeper[d] == f):
+                mine[d] = list(removal)
+        out.append(mine)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the staged plan: layout and helpers
+
+DOCS_PER_PARTITION = 1_000_000  # documents per exact / id partition (≈100-300 MB per job, see docstring)
+DOCS_PER_KEY_RANGE = 4_000_000  # documents per (band, key range) bucket job (24 bytes each)
+STAR_EDGES = 20_000_000  # above this many verified edges, components run as distributed star rounds
+
+
+@dataclass(frozen=True)
+class Partitions:
+    exact: int  # X: exact-key hash partitions
+    ranges: int  # R: key ranges per band
+    ids: int  # P: id hash partitions (candidates, verify, similarity, assign)
+
+    @classmethod
+    def for_docs(cls, docs: int) -> Partitions:
+        n = max(1, math.ceil(docs / DOCS_PER_PARTITION))
+        return cls(n, max(1, math.ceil(docs / DOCS_PER_KEY_RANGE)), n)
+
+
+def id_partition(doc_ids: Sequence[str], parts: int) -> np.ndarray:
+    """Hash partition of each document id (int32): every record under one id lands in one partition."""
+    h = np.fromiter(
+        (xxhash.xxh3_64_intdigest(d.encode("utf-8", "surrogatepass")) for d in doc_ids),
+        dtype=np.uint64,
+        count=len(doc_ids),
+    )
+    return (h % np.uint64(parts)).astype(np.int32)
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(path.name + ".done")
+
+
+def _done(path: Path) -> dict | None:
+    m = _marker(path)
+    return json.loads(m.read_text()) if m.is_file() else None
+
+
+def _finish(path: Path, info: dict) -> dict:
+    write_json_atomic(_marker(path), info)
+    return info
+
+
+def _write_parts(path: Path, table: pa.Table, col: str = "part") -> int:
+    """Write `table` sorted by `col`, one row group per value, so readers of one partition skip the
+    rest by the row groups' statistics. Returns the bytes written."""
+    table = table.sort_by([(col, "ascending")])
+
+    def write(tmp: Path) -> None:
+        with pq.ParquetWriter(tmp, table.schema) as w:
+            parts = table.column(col).to_numpy()
+            starts = np.flatnonzero(np.concatenate(([True], parts[1:] != parts[:-1]))) if len(parts) else []
+            bounds = list(starts) + [len(parts)]
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+                w.write_table(table.slice(lo, hi - lo))
+
+    write_with(path, write)
+    return path.stat().st_size
+
+
+def _write_table(path: Path, table: pa.Table) -> int:
+    atomic_write_table(table, path)
+    return path.stat().st_size
+
+
+def _read_part(paths: Sequence[Path], part: int, columns: list[str], col: str = "part") -> pa.Table:
+    tables = [pq.read_table(p, columns=columns, filters=[(col, "=", part)]) for p in paths]
+    return pa.concat_tables(tables) if tables else None
+
+
+def _stage_files(stage: Path) -> list[Path]:
+    """A stage's output files (every job of a stage has finished before the next stage starts)."""
+    return sorted(stage.glob("*.parquet"))
+
+
+def _file_of(gid: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    return np.searchsorted(offsets, gid, side="right") - 1
+
+
+RANK = ["source", "offset", "doc_id", "gid"]  # the survivor rule: lowest of these, in this order
+
+
+# ---------------------------------------------------------------------------------------------
+# stage jobs (module-level functions of plain arguments: any executor can run them)
+
+
+def scatter_job(f: int, sig_path: str, offset: int, stages: str, parts: tuple[int, int, int], cfg) -> dict:
+    """Rows of one signature file by exact-key hash (with their band keys), and ids by id hash."""
+    out = Path(stages) / "scatter" / f"f{f:06d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    dc = dedup_config(cfg)
+    x, _, p = parts
+    table = pq.read_table(sig_path)
+    n = table.num_rows
+    gid = np.arange(offset, offset + n, dtype=np.int64)
+    doc_ids = table.column("doc_id").to_pylist()
+    idp = id_partition(doc_ids, p)
+    hi = table.column("exact_hi").to_numpy()
+    cols = {
+        "part": pa.array((hi % np.uint64(x)).astype(np.int32)),
+        "gid": pa.array(gid),
+        "exact_hi": table.column("exact_hi"),
+        "exact_lo": table.column("exact_lo"),
+        "n_shingles": table.column("n_shingles"),
+        "source": table.column("source"),
+        "offset": table.column("offset"),
+        "doc_id": table.column("doc_id"),
+        "idpart": pa.array(idp),
+    }
+    width = signature_width(dc)
+    if width:
+        bands, rows = bands_rows(dc)
+        keys = band_keys(signature_matrix(table, width), bands, rows)
+        cols["keys"] = pa.FixedSizeListArray.from_arrays(pa.array(keys.ravel()), bands)
+    written = _write_parts(out, pa.table(cols))
+    ids = pa.table({"part": pa.array(idp), "gid": pa.array(gid), "doc_id": table.column("doc_id")})
+    written += _write_parts(Path(stages) / "ids" / f"f{f:06d}.parquet", ids)
+    return _finish(out, {"docs": n, "bytes": written})
+
+
+def exact_job(h: int, stages: str, parts: tuple[int, int, int], cfg) -> dict:
+    """One exact-key partition: exact duplicates (survivor: lowest rank), band keys of the rest."""
+    out = Path(stages) / "exact" / f"h{h:05d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    dc = dedup_config(cfg)
+    _, ranges, _ = parts
+    width = signature_width(dc)
+    cols = ["gid", "exact_hi", "exact_lo", "n_shingles", "source", "offset", "doc_id", "idpart"]
+    t = _read_part(_stage_files(Path(stages) / "scatter"), h, cols + (["keys"] if width else []))
+    t = t.sort_by([("exact_hi", "ascending"), ("exact_lo", "ascending")] + [(c, "ascending") for c in RANK])
+    hi, lo = t.column("exact_hi").to_numpy(), t.column("exact_lo").to_numpy()
+    first = np.ones(t.num_rows, dtype=bool)
+    first[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+    dup = ~first if dc.exact else np.zeros(t.num_rows, dtype=bool)
+    survivor = np.maximum.accumulate(np.where(first, np.arange(t.num_rows), 0))
+    doc_id = t.column("doc_id")
+    removed = t.filter(pa.array(dup)).select(["gid", "doc_id", "exact_hi", "exact_lo", "source", "offset"])
+    removed = removed.append_column("survivor_id", doc_id.take(pa.array(survivor[dup])))
+    removed = removed.append_column("part", t.column("idpart").filter(pa.array(dup)))
+    written = _write_parts(out, removed)
+    if width:
+        bands, _ = bands_rows(dc)
+        active = ~dup & (t.column("n_shingles").to_numpy() > 0)
+        keys = t.column("keys").combine_chunks().flatten().to_numpy().reshape(-1, bands)[active]
+        gid = t.column("gid").to_numpy()[active]
+        idpart = t.column("idpart").to_numpy()[active]
+        q = key_range(keys, ranges).astype(np.int32) + np.arange(bands, dtype=np.int32) * ranges
+        band_rows = pa.table(
+            {
+                "part": pa.array(q.ravel()),
+                "key": pa.array(keys.ravel()),
+                "gid": pa.array(np.repeat(gid, bands)),
+                "idpart": pa.array(np.repeat(idpart, bands)),
+            }
+        )
+        written += _write_parts(Path(stages) / "bands" / f"h{h:05d}.parquet", band_rows)
+    return _finish(out, {"docs": t.num_rows, "exact_duplicates": int(dup.sum()), "bytes": written})
+
+
+def bucket_job(q: int, stages: str, cfg) -> dict:
+    """One (band, key range): candidate pairs of documents sharing a band key, by id partition."""
+    out = Path(stages) / "pairs" / f"q{q:06d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    t = _read_part(_stage_files(Path(stages) / "bands"), q, ["key", "gid", "idpart"])
+    gid = t.column("gid").to_numpy()
+    pairs = bucket_pairs(t.column("key").to_numpy(), gid)
+    order = np.argsort(gid, kind="stable")
+    idpart = t.column("idpart").to_numpy()
+    part_of = idpart[order][np.searchsorted(gid[order], pairs.ravel())].reshape(-1, 2)
+    table = pa.table(
+        {
+            "part": pa.array(part_of[:, 0]),
+            "a": pa.array(pairs[:, 0]),
+            "b": pa.array(pairs[:, 1]),
+            "bpart": pa.array(part_of[:, 1]),
+        }
+    )
+    return _finish(out, {"rows": t.num_rows, "pairs": len(pairs), "bytes": _write_parts(out, table)})
+
+
+def _pairs_of(stages: Path, p: int) -> np.ndarray:
+    """Unique candidate pairs (a, b, bpart) whose first document is in id partition p."""
+    t = _read_part(_stage_files(stages / "pairs"), p, ["a", "b", "bpart"])
+    arr = np.stack([t.column(c).to_numpy() for c in ("a", "b", "bpart")], axis=1).astype(np.int64)
+    return np.unique(arr, axis=0) if len(arr) else arr.reshape(0, 3)
+
+
+def candidates_job(
+    p: int,
+    stages: str,
+    sig_paths: list[str],
+    offsets: list[int],
+    text_files: list[str] | None,
+    cfg,
+) -> dict:
+    """One id partition of the candidate documents: sort fields, signature and (exact mode) shingle set."""
+    out = Path(stages) / "cands" / f"p{p:05d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    dc = dedup_config(cfg)
+    st = Path(stages)
+    rows = [_pairs_of(st, p)[:, 0]]
+    for f in _stage_files(st / "pairs"):
+        t = pq.read_table(f, columns=["b", "bpart"])
+        rows.append(t.column("b").to_numpy()[t.column("bpart").to_numpy() == p])
+    gids = np.unique(np.concatenate(rows)).astype(np.int64)
+    offs = np.asarray(offsets, dtype=np.int64)
+    files = _file_of(gids, offs)
+    cols = ["doc_id", "source", "offset", "exact_hi", "exact_lo", "signature"]
+    parts = []
+    for f in np.unique(files).tolist():
+        t = pq.read_table(sig_paths[f], columns=cols)
+        parts.append(t.take(pa.array(gids[files == f] - offs[f])))
+    if not parts:  # no candidates here: an empty table of the same schema
+        parts.append(pq.read_table(sig_paths[0], columns=cols).slice(0, 0))
+    t = pa.concat_tables(parts)
+    t = t.append_column("gid", pa.array(gids))
+    info: dict[str, Any] = {"candidates": len(gids)}
+    sets: dict[int, np.ndarray] = {}
+    if verify_mode(dc) == "exact" and text_files is not None:
+        ids = t.column("doc_id").to_pylist()
+        exact = np.stack([t.column("exact_hi").to_numpy(), t.column("exact_lo").to_numpy()], axis=1)
+        source = parquet_text_source(text_files)
+        sets, info["read"] = read_candidate_sets(np.arange(len(ids)), ids, exact, source, dc.shingle_words)
+    shingle_sets = [sets.get(i) for i in range(len(gids))]
+    table = pa.table(
+        {
+            "gid": pa.array(gids),
+            "doc_id": t.column("doc_id").cast(pa.string()),
+            "source": t.column("source").cast(pa.string()),
+            "offset": t.column("offset").cast(pa.int64()),
+            "signature": t.column("signature"),
+            "shingles": pa.array(shingle_sets, pa.list_(pa.uint64())),
+        }
+    )
+    info["bytes"] = _write_table(out, table)
+    return _finish(out, info)
+
+
+class _Cands:
+    """Signatures and shingle sets of some candidate documents, looked up by global row."""
+
+    def __init__(self, table: pa.Table, width: int):
+        order = np.argsort(table.column("gid").to_numpy(), kind="stable")
+        table = table.take(pa.array(order))
+        self.gid = table.column("gid").to_numpy()
+        self.sig = signature_matrix(table, width)
+        self.sets = [
+            None if s is None else np.asarray(s, dtype=np.uint64)
+            for s in table.column("shingles").to_pylist()
+        ]
+
+    def index(self, gid: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(self.gid, gid)
+        if len(gid) and (i.max(initial=0) >= len(self.gid) or not np.array_equal(self.gid[i], gid)):
+            raise DataIntegrityError(
+                "a candidate document is missing from its partition's candidate file",
+                "delete the run's work/dedup folder and run oreline data again",
+            )
+        return i
+
+
+def _load_cands(stages: Path, p: int, width: int, gids: np.ndarray | None = None) -> _Cands:
+    t = pq.read_table(stages / "cands" / f"p{p:05d}.parquet", columns=["gid", "signature", "shingles"])
+    if gids is not None:
+        t = t.filter(pc.is_in(t.column("gid"), value_set=pa.array(np.unique(gids))))
+    return _Cands(t, width)
+
+
+def _similarities(
+    stages: Path, p: int, pairs: np.ndarray, width: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(estimates as the reference rounds them, similarities, exact?) of pairs (a, b, bpart), a in partition p."""
+    mine = _load_cands(stages, p, width)
+    ia = mine.index(pairs[:, 0])
+    est = np.empty(len(pairs), dtype=np.float32)
+    sims = np.empty(len(pairs), dtype=np.float64)
+    exact = np.zeros(len(pairs), dtype=bool)
+    for j in np.unique(pairs[:, 2]).tolist():
+        sel = np.flatnonzero(pairs[:, 2] == j)
+        other = mine if j == p else _load_cands(stages, j, width, pairs[sel, 1])
+        ib = other.index(pairs[sel, 1])
+        est[sel] = estimated_jaccard(mine.sig[ia[sel]], other.sig[ib])
+        for k, a, b in zip(sel.tolist(), ia[sel].tolist(), ib.tolist(), strict=True):
+            sa, sb = mine.sets[a], other.sets[b]
+            if sa is not None and sb is not None:
+                sims[k] = jaccard(sa, sb)
+                exact[k] = True
+    est64 = est.astype(np.float64)
+    sims[~exact] = est64[~exact]
+    return est64, sims, exact
+
+
+def verify_job(p: int, stages: str, cfg) -> dict:
+    """One id partition of the candidate pairs (by their first document): the verified edges."""
+    out = Path(stages) / "edges" / f"p{p:05d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    dc = dedup_config(cfg)
+    st = Path(stages)
+    pairs = _pairs_of(st, p)
+    est, sims, exact = _similarities(st, p, pairs, signature_width(dc))
+    keep = np.ones(len(pairs), dtype=bool) if verify_mode(dc) == "none" else sims >= dc.threshold
+    edges = pa.table({"a": pa.array(pairs[keep, 0]), "b": pa.array(pairs[keep, 1])})
+    info = {"candidate_pairs": len(pairs), "verified_pairs": int(keep.sum())}
+    info.update(pair_stats(exact, est, sims, dc.threshold))
+    info["bytes"] = _write_table(out, edges)
+    return _finish(out, info)
+
+
+def components_job(stages: str, ids: int, star: bool, cfg) -> dict:
+    """Connected components of every verified edge; each component's survivor is its lowest rank."""
+    out = Path(stages) / "near" / "near.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    st = Path(stages)
+    edges = [pq.read_table(f) for f in _stage_files(st / "edges")]
+    e = np.stack([np.concatenate([t.column(c).to_numpy() for t in edges]) for c in ("a", "b")], axis=1)
+    nodes, labels = (star_components if star else components)(e)
+    keys = []
+    for p in range(ids):
+        t = pq.read_table(st / "cands" / f"p{p:05d}.parquet", columns=["gid", "doc_id", "source", "offset"])
+        keys.append(t.filter(pc.is_in(t.column("gid"), value_set=pa.array(nodes))))
+    t = pa.concat_tables(keys).sort_by([("gid", "ascending")])
+    if not np.array_equal(t.column("gid").to_numpy(), nodes):
+        raise DataIntegrityError(
+            "a document on a verified edge is missing from the candidate files",
+            "delete the run's work/dedup folder and run oreline data again",
+        )
+    t = t.append_column("label", pa.array(labels)).sort_by(
+        [("label", "ascending")] + [(c, "ascending") for c in RANK]
+    )
+    lab = t.column("label").to_numpy()
+    first = np.concatenate(([True], lab[1:] != lab[:-1])) if len(lab) else np.zeros(0, bool)
+    survivor = np.maximum.accumulate(np.where(first, np.arange(len(lab)), 0))
+    gid = t.column("gid").to_numpy()
+    doc_ids = t.column("doc_id")
+    removed = pa.table(
+        {
+            "gid": pa.array(gid[~first]),
+            "survivor": pa.array(gid[survivor[~first]]),
+            "doc_id": doc_ids.filter(pa.array(~first)),
+            "survivor_id": doc_ids.take(pa.array(survivor[~first])),
+        }
+    )
+    removed = removed.append_column("part", pa.array(id_partition(removed.column("doc_id").to_pylist(), ids)))
+    removed = removed.append_column(
+        "kpart", pa.array(id_partition(removed.column("survivor_id").to_pylist(), ids))
+    )
+    info = {
+        "edges": len(e),
+        "touched": len(nodes),
+        "near_duplicates": removed.num_rows,
+        "clusters": int(first.sum()),
+        "bytes": _write_parts(out, removed),
+    }
+    return _finish(out, info)
+
+
+def similarity_job(p: int, stages: str, cfg) -> dict:
+    """Similarity of each near-duplicate of id partition p to its survivor (exact when both texts were read)."""
+    out = Path(stages) / "similarity" / f"p{p:05d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    st = Path(stages)
+    t = _read_part([st / "near" / "near.parquet"], p, ["gid", "survivor", "kpart", "doc_id", "survivor_id"])
+    t = t.sort_by([("gid", "ascending")])
+    pairs = np.stack([t.column(c).to_numpy() for c in ("gid", "survivor", "kpart")], axis=1).astype(np.int64)
+    _, sims, exact = _similarities(st, p, pairs, signature_width(dedup_config(cfg)))
+    table = pa.table(
+        {
+            "gid": t.column("gid"),
+            "doc_id": t.column("doc_id"),
+            "reason": pa.array(["dedup:near_dup"] * t.num_rows, pa.string()),
+            "survivor_id": t.column("survivor_id"),
+            "similarity": pa.array(sims, pa.float32()),
+            "similarity_method": pa.array(np.where(exact, "jaccard", "minhash").tolist(), pa.string()),
+            "part": pa.array(np.full(t.num_rows, p, dtype=np.int32)),
+        }
+    )
+    return _finish(out, {"near_duplicates": t.num_rows, "bytes": _write_table(out, table)})
+
+
+def _last_per_id(t: pa.Table) -> dict[str, str]:
+    """{doc_id: survivor_id} of the last row per id (the reference's dict keeps the last assignment)."""
+    return dict(zip(t.column("doc_id").to_pylist(), t.column("survivor_id").to_pylist(), strict=True))
+
+
+def assign_job(p: int, stages: str, offsets: list[int], keeper_order: list[int]) -> dict:
+    """Id partition p: which rows of which input file to drop, and why (the reference's `split_by_file`)."""
+    out = Path(stages) / "assign" / f"p{p:05d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    st = Path(stages)
+    exact = _read_part(
+        _stage_files(st / "exact"),
+        p,
+        ["gid", "doc_id", "survivor_id", "exact_hi", "exact_lo", "source", "offset"],
+    )
+    # the reference iterates exact removals by (key, rank) and near ones by row: the last one wins
+    exact = exact.sort_by(
+        [("exact_hi", "ascending"), ("exact_lo", "ascending")] + [(c, "ascending") for c in RANK]
+    )
+    plan = {d: ("dedup:exact", k) for d, k in _last_per_id(exact).items()}
+    near_path = st / "similarity" / f"p{p:05d}.parquet"
+    if near_path.is_file():
+        near = pq.read_table(near_path, columns=["gid", "doc_id", "survivor_id"]).sort_by(
+            [("gid", "ascending")]
+        )
+        plan.update({d: ("dedup:near_dup", k) for d, k in _last_per_id(near).items()})
+    ids = _read_part(_stage_files(st / "ids"), p, ["gid", "doc_id"]).sort_by([("gid", "ascending")])
+    gid = ids.column("gid").to_numpy()
+    doc_ids = ids.column("doc_id").to_pylist()
+    offs = np.asarray(offsets, dtype=np.int64)
+    files = _file_of(gid, offs)
+    order = np.asarray(keeper_order, dtype=np.int64)
+    keeper: dict[str, int] = {}
+    for d, f in zip(doc_ids, files.tolist(), strict=True):
+        if d in plan and (d not in keeper or order[f] < order[keeper[d]]):
+            keeper[d] = f
+    rows: dict[str, list] = {"part": [], "row": [], "doc_id": [], "reason": [], "survivor_id": []}
+    for g, d, f in zip(gid.tolist(), doc_ids, files.tolist(), strict=True):
+        removal = plan.get(d)
+        if removal is not None and not (removal[1] == d and keeper[d] == f):
+            for k, v in zip(rows, (f, g - int(offs[f]), d, *removal), strict=True):
+                rows[k].append(v)
+    table = pa.table(
+        {
+            "part": pa.array(rows["part"], pa.int32()),
+            "row": pa.array(rows["row"], pa.int64()),
+            "doc_id": pa.array(rows["doc_id"], pa.string()),
+            "reason": pa.array(rows["reason"], pa.string()),
+            "survivor_id": pa.array(rows["survivor_id"], pa.string()),
+        }
+    )
+    return _finish(out, {"removed_rows": table.num_rows, "bytes": _write_parts(out, table)})
+
+
+def list_job(f: int, stages: str, out_path: str) -> dict:
+    """The removal list of one input file, {doc_id: [reason, survivor_id]}, as phase 3 reads it."""
+    done = Path(stages) / "lists" / f"f{f:06d}"
+    if (info := _done(done)) is not None:
+        return info
+    t = _read_part(_stage_files(Path(stages) / "assign"), f, ["row", "doc_id", "reason", "survivor_id"])
+    t = t.sort_by([("row", "ascending")])
+    mine: dict[str, list[str]] = {}
+    for d, r, k in zip(*(t.column(c).to_pylist() for c in ("doc_id", "reason", "survivor_id")), strict=True):
+        mine.setdefault(d, [r, k])
+    write_json_atomic(Path(out_path), mine)
+    return _finish(done, {"removed": len(mine)})
+
+
+# ---------------------------------------------------------------------------------------------
+# orchestration
+
+
+def _run(executor, fn, jobs: list[tuple], label: str) -> list[dict]:
+    from oreline.executors.interface import TaskCrashed
+
+    results = executor.map(fn, jobs, label=label) if jobs else []
+    crashed = [r for r in results if isinstance(r, TaskCrashed)]
+    if crashed:
+        raise DataIntegrityError(
+            f"dedup stage {label}: {len(crashed)} job(s) crashed their worker twice ({crashed[0].error})",
+            "run the same command again: finished jobs are kept and the crashed ones retried",
+        )
+    return results
+
+
+def _merge_read_stats(parts: list[dict]) -> dict:
+    from oreline.data.dedup.verify import MAX_EXAMPLES
+
+    out: dict[str, Any] = {}
+    examples: dict[str, list[str]] = {}
+    for r in parts:
+        for k, v in r.items():
+            if k.endswith("_examples"):
+                examples.setdefault(k, []).extend(v)
+            else:
+                out[k] = out.get(k, 0) + v
+    for k, v in examples.items():
+        out[k] = sorted(set(v))[:MAX_EXAMPLES]
+    return out
+
+
+def staged_plan(
+    signature_paths: Sequence[str | Path],
+    out_dir: str | Path,
+    cfg: Any,
+    executor,
+    text_files: Sequence[str | Path] | None = None,
+    list_paths: Sequence[str | Path] | None = None,
+    keeper_order: Sequence[int] | None = None,
+    partitions: Partitions | None = None,
+) -> dict[str, Any]:
+    """The dedup plan as stages of jobs through `executor`; returns the stats (also dedup_stats.json).
+
+    Writes out_dir/removals.parquet and out_dir/dedup_stats.json like `dedup_plan` (same rows,
+    ordered by kind then row), its stage files under out_dir/stages, and, when `list_paths` is
+    given (one per signature path, in the given order), each input file's removal list there
+    (`split_by_file`'s content; `keeper_order`: the files' positions in the run's input order).
+    text_files: the Parquet documents (id, text) exact verification reads candidates' texts from.
+    """
+    dc = dedup_config(cfg)
+    out_dir = Path(out_dir)
+    stages = out_dir / "stages"
+    given = [str(p) for p in signature_paths]
+    order = sorted(range(len(given)), key=lambda i: given[i])
+    sig_paths = [given[i] for i in order]
+    if not sig_paths:
+        raise InputError("the dedup plan was given no signature files", "run phase 1 (oreline data) first")
+    counts = [check_signature_file(p, dc) for p in sig_paths]
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64).tolist()
+    docs = offsets[-1]
+    parts = partitions or Partitions.for_docs(docs)
+    pt = (parts.exact, parts.ranges, parts.ids)
+    texts = [str(p) for p in text_files] if text_files is not None else None
+    st = str(stages)
+
+    _run(
+        executor,
+        scatter_job,
+        [(f, p, offsets[f], st, pt, dc) for f, p in enumerate(sig_paths)],
+        "dedup:scatter",
+    )
+    ex = _run(executor, exact_job, [(h, st, pt, dc) for h in range(parts.exact)], "dedup:exact")
+    stats: dict[str, Any] = {
+        "docs": docs,
+        "signature_files": len(sig_paths),
+        "exact_duplicates": sum(r["exact_duplicates"] for r in ex),
+    }
+    minhash = bool(dc.minhash and dc.num_perm)
+    if minhash:
+        bands, rows = bands_rows(dc)
+        _run(executor, bucket_job, [(q, st, dc) for q in range(bands * parts.ranges)], "dedup:buckets")
+        cj = [(p, st, sig_paths, offsets, texts, dc) for p in range(parts.ids)]
+        cands = _run(executor, candidates_job, cj, "dedup:candidates")
+        ver = _run(executor, verify_job, [(p, st, dc) for p in range(parts.ids)], "dedup:verify")
+        mode = verify_mode(dc)
+        stats.update(bands=bands, rows=rows, threshold=dc.threshold, verify=mode)
+        if mode == "exact" and texts is not None:
+            stats.update(_merge_read_stats([c["read"] for c in cands]))
+            for k in (
+                "exact_verified_pairs",
+                "signature_verified_pairs",
+                "estimate_above_exact_below",
+                "estimate_below_exact_above",
+            ):
+                stats[k] = sum(v[k] for v in ver)
+        elif mode == "exact":
+            stats.update(_NO_TEXT)
+        candidate_pairs = sum(v["candidate_pairs"] for v in ver)
+        verified = sum(v["verified_pairs"] for v in ver)
+        stats.update(
+            candidate_pairs=candidate_pairs,
+            verified_pairs=verified,
+            rejected_pairs=candidate_pairs - verified,
+        )
+        comp = _run(
+            executor, components_job, [(st, parts.ids, verified > STAR_EDGES, dc)], "dedup:components"
+        )[0]
+        _run(executor, similarity_job, [(p, st, dc) for p in range(parts.ids)], "dedup:similarity")
+        stats["clusters"] = comp["clusters"]
+        stats["near_duplicates"] = comp["near_duplicates"]
+    else:
+        stats["near_duplicates"] = 0
+    if list_paths is not None:
+        keep = list(keeper_order) if keeper_order is not None else list(range(len(given)))
+        keep = [keep[i] for i in order]
+        lists = [str(list_paths[i]) for i in order]
+        _run(executor, assign_job, [(p, st, offsets, keep) for p in range(parts.ids)], "dedup:assign")
+        _run(executor, list_job, [(f, st, lists[f]) for f in range(len(sig_paths))], "dedup:lists")
+    _write_removals(stages, out_dir / "removals.parquet", minhash)
+    write_json_atomic(out_dir / "dedup_stats.json", stats)
+    return stats
+
+
+def _write_removals(stages: Path, path: Path, minhash: bool) -> None:
+    """removals.parquet from the partition files, one partition in memory at a time."""
+
+    def write(tmp: Path) -> None:
+        with pq.ParquetWriter(tmp, REMOVALS_SCHEMA) as w:
+            for f in _stage_files(stages / "exact"):
+                t = pq.read_table(f, columns=["gid", "doc_id", "survivor_id"]).sort_by([("gid", "ascending")])
+                n = t.num_rows
+                w.write_table(
+                    pa.table(
+                        {
+                            "doc_id": t.column("doc_id"),
+                            "reason": pa.array(["dedup:exact"] * n, pa.string()),
+                            "survivor_id": t.column("survivor_id"),
+                            "similarity": pa.array(np.ones(n, np.float32)),
+                            "similarity_method": pa.array(["exact_text"] * n, pa.string()),
+                        },
+                        schema=REMOVALS_SCHEMA,
+                    )
+                )
+            for f in _stage_files(stages / "similarity") if minhash else []:
+                w.write_table(pq.read_table(f, columns=REMOVALS_SCHEMA.names).cast(REMOVALS_SCHEMA))
+
+    write_with(path, write)
