@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -101,7 +102,8 @@ def _removal_rows(path: Path) -> list[tuple]:
     return sorted(tuple(r.values()) for r in pq.read_table(path).to_pylist())
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=cases())
 def test_staged_plan_equals_reference(case, tmp_path_factory):
     chosen, files, where, sources, offsets, parts, verify, exact, order, seed = case
@@ -138,6 +140,7 @@ def test_staged_plan_equals_reference(case, tmp_path_factory):
     assert [json.loads(p.read_text()) for p in lists] == expected
 
 
+@pytest.mark.slow
 def test_staged_plan_on_the_local_pool(tmp_path):
     """The same through the real process pool (two workers, jobs finishing in any order)."""
     cfg = DedupConfig()
@@ -172,3 +175,56 @@ def test_star_rounds_equal_union_find(edges):
     for a, b in e.tolist():  # connected nodes share a label, and a label is a member of its component
         assert labels[np.searchsorted(nodes, a)] == labels[np.searchsorted(nodes, b)]
     assert set(labels.tolist()) <= set(nodes.tolist())
+
+
+class Killed(Exception):
+    pass
+
+
+class DyingExecutor(ShuffledExecutor):
+    """Runs jobs like ShuffledExecutor until its budget of jobs is spent, then dies mid-stage."""
+
+    def __init__(self, rng: random.Random, budget: int):
+        super().__init__(rng)
+        self.budget = budget
+
+    def map(self, fn, jobs, *, label, resources=None):
+        order = list(range(len(jobs)))
+        self.rng.shuffle(order)
+        for i in order:
+            if self.budget == 0:
+                raise Killed(label)
+            self.budget -= 1
+            fn(*jobs[i])
+        return [fn(*job) for job in jobs]  # all done: the rerun of each job reads its marker
+
+
+@pytest.mark.parametrize("budget", [3, 17, 24, 30])  # of 32 jobs
+def test_staged_plan_resumes_after_a_kill(tmp_path, budget):
+    cfg = DedupConfig()
+    docs = [Document(i, t, metadata={"source": "s", "offset": k}) for k, (i, t) in enumerate(POOL[::2])]
+    paths = [tmp_path / f"sig-{f}.parquet" for f in range(2)]
+    for f in range(2):
+        dedup_stage_signatures(docs[f::2], paths[f], cfg)
+    kept = write_documents(docs, tmp_path / "kept", "kept", 1 << 62)
+    parts = Partitions(2, 1, 2)
+    lists = [tmp_path / "out" / f"l{f}.json" for f in range(2)]
+    args = dict(text_files=kept, list_paths=lists, keeper_order=[0, 1], partitions=parts)
+    with pytest.raises(Killed):
+        staged_plan(paths, tmp_path / "out", cfg, DyingExecutor(random.Random(budget), budget), **args)
+    (tmp_path / "out" / "stages" / "exact").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "out" / "stages" / "exact" / ".h00000.parquet.wreck.tmp").write_bytes(
+        b"torn"
+    )  # a killed write
+    stats = staged_plan(paths, tmp_path / "out", cfg, ShuffledExecutor(random.Random(0)), **args)
+    whole = staged_plan(
+        paths, tmp_path / "whole", cfg, ShuffledExecutor(random.Random(1)), **args | {"list_paths": None}
+    )
+    assert stats == whole
+    assert _removal_rows(tmp_path / "out" / "removals.parquet") == _removal_rows(
+        tmp_path / "whole" / "removals.parquet"
+    )
+    ref = dedup_plan(paths, tmp_path / "ref", cfg, text_source=parquet_text_source(kept))
+    assert [json.loads(p.read_text()) for p in lists] == split_by_file(
+        ref, [[d.id for d in docs[f::2]] for f in range(2)], [0, 1]
+    )

@@ -39,6 +39,7 @@ global row of a document is its position in the concatenation of the files in so
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +139,7 @@ def estimated_jaccard(a: np.ndarray, b: np.ndarray) -> float | np.ndarray:
     return (np.asarray(a) == np.asarray(b)).mean(axis=-1)
 
 
+@functools.lru_cache(maxsize=64)  # a few ms per call, and every stage job asks
 def optimal_bands_rows(
     threshold: float, num_perm: int, fp_weight: float = 1 - FN_WEIGHT, fn_weight: float = FN_WEIGHT
 ) -> tuple[int, int]:

@@ -303,7 +303,20 @@ def _write_table(path: Path, table: pa.Table) -> int:
 
 
 def _read_part(paths: Sequence[Path], part: int, columns: list[str], col: str = "part") -> pa.Table:
-    tables = [pq.read_table(p, columns=columns, filters=[(col, "=", part)]) for p in paths]
+    """The rows of one partition of files written by `_write_parts`: only the row groups whose
+    statistics say they hold it are read (one row group per partition value)."""
+    tables = []
+    for path in paths:
+        pf = pq.ParquetFile(path)
+        ci = pf.schema_arrow.get_field_index(col)
+        groups = []
+        for g in range(pf.metadata.num_row_groups):
+            stats = pf.metadata.row_group(g).column(ci).statistics
+            if stats is None or not stats.has_min_max or stats.min <= part <= stats.max:
+                groups.append(g)
+        t = pf.read_row_groups(groups, columns=columns + [col]) if groups else pf.schema_arrow.empty_table()
+        t = t.filter(pc.equal(t.column(col), part)).select(columns)
+        tables.append(t)
     return pa.concat_tables(tables) if tables else None
 
 

@@ -210,7 +210,7 @@ def _run_data(
     if cfg.data.quality.perplexity_model:
         from oreline.data.filters.perplexity import perplexity_phase
 
-        ppl_stats = perplexity_phase(work, [phase1_dir(work, i) for i, _, _ in finished], cfg)
+        ppl_stats = perplexity_phase(work, [phase1_dir(work, i) for i, _, _ in finished], cfg, executor)
 
     # phase 3: drop removals, chunk, write the shards
     left = _jobs_left(finished, lambda i: phase3_marker(work, i).is_file())
