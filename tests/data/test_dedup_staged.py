@@ -7,7 +7,8 @@ copies differing in case and spacing, a family of 40 close variants (a bucket ab
 all-pairs limit), chains of mutants (transitive clusters), empty and one-word texts, records
 under one id in two files (same and different text), and sort fields that disagree with the row
 order. Hypothesis draws the documents, how they are split into files, the partition counts, the
-verification mode and a permutation of every stage's jobs.
+components algorithm (one union-find job, or large-star/small-star rounds over node partitions),
+the verification mode and a permutation of every stage's jobs.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def cases(draw):
     where = [draw(st.integers(0, files - 1)) for _ in chosen]
     sources = [draw(st.sampled_from(["a.warc", "b.warc", "c.warc"])) for _ in chosen]
     offsets = [draw(st.integers(0, 5)) for _ in chosen]  # ties: the id, then the row, decide
-    parts = Partitions(draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 4)))
+    star = draw(st.sampled_from([0, 1, 3]))  # 0: one components job; else large/small-star rounds
+    parts = Partitions(draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 4)), star)
     verify = draw(st.sampled_from(["exact", "signature", False, "no-texts"]))
     exact = draw(st.booleans())
     order = [draw(st.integers(0, 10)) for _ in range(files)]

@@ -66,7 +66,7 @@ def components(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return nodes, nodes[smallest[roots]]
 
 
-def _group_min(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def group_min(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(unique keys, min of values per key)."""
     uniq, inv = np.unique(keys, return_inverse=True)
     out = uniq.copy()
@@ -88,7 +88,7 @@ def large_star(edges: np.ndarray) -> np.ndarray:
         return edges
     u = np.concatenate((edges[:, 0], edges[:, 1]))
     v = np.concatenate((edges[:, 1], edges[:, 0]))
-    uniq, m = _group_min(u, v)
+    uniq, m = group_min(u, v)
     mu = m[np.searchsorted(uniq, u)]
     big = v > u
     return _unique_edges(v[big], mu[big])
@@ -99,7 +99,7 @@ def small_star(edges: np.ndarray) -> np.ndarray:
     if not len(edges):
         return edges
     lo, hi = edges.min(axis=1), edges.max(axis=1)
-    uniq, m = _group_min(hi, lo)
+    uniq, m = group_min(hi, lo)
     mu = m[np.searchsorted(uniq, hi)]
     return _unique_edges(np.concatenate((lo, uniq)), np.concatenate((mu, m)))
 
@@ -123,7 +123,7 @@ def star_labels(star_edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     u = np.concatenate((star_edges[:, 0], star_edges[:, 1]))
     v = np.concatenate((star_edges[:, 1], star_edges[:, 0]))
-    nodes, m = _group_min(u, v)
+    nodes, m = group_min(u, v)
     return nodes, np.minimum(nodes, m)
 
 

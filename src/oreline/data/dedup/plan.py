@@ -62,7 +62,7 @@ import xxhash
 
 from oreline.config import DedupConfig
 from oreline.data.dedup.buckets import band_keys, bucket_pairs, key_range, lsh_candidates
-from oreline.data.dedup.components import components, near_duplicate_clusters, star_components
+from oreline.data.dedup.components import components, group_min, near_duplicate_clusters
 from oreline.data.dedup.exact import exact_duplicates
 from oreline.data.dedup.minhash import (
     Signatures,
@@ -76,7 +76,7 @@ from oreline.data.dedup.minhash import (
     signature_width,
     verify_mode,
 )
-from oreline.data.dedup.shingles import TextSource, jaccard
+from oreline.data.dedup.shingles import TextSource, jaccard, splitmix
 from oreline.data.dedup.verify import (
     pair_stats,
     parquet_text_source,
@@ -239,7 +239,7 @@ def split_by_file(
 # ---------------------------------------------------------------------------------------------
 # the staged plan: layout and helpers
 
-DOCS_PER_PARTITION = 1_000_000  # documents per exact / id partition (≈100-300 MB per job, see docstring)
+DOCS_PER_PARTITION = 250_000  # documents per exact / id partition (exact job ≈ 1.1 KB per document)
 DOCS_PER_KEY_RANGE = 4_000_000  # documents per (band, key range) bucket job (24 bytes each)
 STAR_EDGES = 20_000_000  # above this many verified edges, components run as distributed star rounds
 
@@ -249,6 +249,8 @@ class Partitions:
     exact: int  # X: exact-key hash partitions
     ranges: int  # R: key ranges per band
     ids: int  # P: id hash partitions (candidates, verify, similarity, assign)
+    star: int = 0  # S: node partitions of large-star/small-star rounds; 0: one components job
+    # unless the verified edges exceed STAR_EDGES (then S = P)
 
     @classmethod
     def for_docs(cls, docs: int) -> Partitions:
@@ -381,16 +383,26 @@ def exact_job(h: int, stages: str, parts: tuple[int, int, int], cfg) -> dict:
     width = signature_width(dc)
     cols = ["gid", "exact_hi", "exact_lo", "n_shingles", "source", "offset", "doc_id", "idpart"]
     t = _read_part(_stage_files(Path(stages) / "scatter"), h, cols + (["keys"] if width else []))
-    t = t.sort_by([("exact_hi", "ascending"), ("exact_lo", "ascending")] + [(c, "ascending") for c in RANK])
+    # groups by key with numpy; the string sort fields are sorted only within groups of two or more
     hi, lo = t.column("exact_hi").to_numpy(), t.column("exact_lo").to_numpy()
-    first = np.ones(t.num_rows, dtype=bool)
-    first[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
-    dup = ~first if dc.exact else np.zeros(t.num_rows, dtype=bool)
-    survivor = np.maximum.accumulate(np.where(first, np.arange(t.num_rows), 0))
-    doc_id = t.column("doc_id")
-    removed = t.filter(pa.array(dup)).select(["gid", "doc_id", "exact_hi", "exact_lo", "source", "offset"])
-    removed = removed.append_column("survivor_id", doc_id.take(pa.array(survivor[dup])))
-    removed = removed.append_column("part", t.column("idpart").filter(pa.array(dup)))
+    order = np.lexsort((lo, hi))
+    shi, slo = hi[order], lo[order]
+    starts = np.ones(len(order), dtype=bool)
+    starts[1:] = (shi[1:] != shi[:-1]) | (slo[1:] != slo[:-1])
+    sizes = np.diff(np.append(np.flatnonzero(starts), len(order)))
+    multi = order[np.repeat(sizes > 1, sizes)] if dc.exact else order[:0]
+    g = t.take(pa.array(multi)).append_column("pos", pa.array(multi))
+    g = g.sort_by([("exact_hi", "ascending"), ("exact_lo", "ascending")] + [(c, "ascending") for c in RANK])
+    ghi, glo = g.column("exact_hi").to_numpy(), g.column("exact_lo").to_numpy()
+    first = np.ones(g.num_rows, dtype=bool)
+    first[1:] = (ghi[1:] != ghi[:-1]) | (glo[1:] != glo[:-1])
+    survivor = np.maximum.accumulate(np.where(first, np.arange(g.num_rows), 0))
+    gdup = ~first
+    dup = np.zeros(t.num_rows, dtype=bool)
+    dup[g.column("pos").to_numpy()[gdup]] = True
+    removed = g.filter(pa.array(gdup)).select(["gid", "doc_id", "exact_hi", "exact_lo", "source", "offset"])
+    removed = removed.append_column("survivor_id", g.column("doc_id").take(pa.array(survivor[gdup])))
+    removed = removed.append_column("part", g.column("idpart").filter(pa.array(gdup)))
     written = _write_parts(out, removed)
     if width:
         bands, _ = bands_rows(dc)
@@ -563,28 +575,10 @@ def verify_job(p: int, stages: str, cfg) -> dict:
     return _finish(out, info)
 
 
-def components_job(stages: str, ids: int, star: bool, cfg) -> dict:
-    """Connected components of every verified edge; each component's survivor is its lowest rank."""
-    out = Path(stages) / "near" / "near.parquet"
-    if (info := _done(out)) is not None:
-        return info
-    st = Path(stages)
-    edges = [pq.read_table(f) for f in _stage_files(st / "edges")]
-    e = np.stack([np.concatenate([t.column(c).to_numpy() for t in edges]) for c in ("a", "b")], axis=1)
-    nodes, labels = (star_components if star else components)(e)
-    keys = []
-    for p in range(ids):
-        t = pq.read_table(st / "cands" / f"p{p:05d}.parquet", columns=["gid", "doc_id", "source", "offset"])
-        keys.append(t.filter(pc.is_in(t.column("gid"), value_set=pa.array(nodes))))
-    t = pa.concat_tables(keys).sort_by([("gid", "ascending")])
-    if not np.array_equal(t.column("gid").to_numpy(), nodes):
-        raise DataIntegrityError(
-            "a document on a verified edge is missing from the candidate files",
-            "delete the run's work/dedup folder and run oreline data again",
-        )
-    t = t.append_column("label", pa.array(labels)).sort_by(
-        [("label", "ascending")] + [(c, "ascending") for c in RANK]
-    )
+def _pick_survivors(t: pa.Table, ids: int) -> tuple[pa.Table, int]:
+    """(removals, components) from touched documents (gid, label, sort fields): per label, the
+    lowest (source, offset, doc_id, gid) survives; removals carry the id partitions of both ends."""
+    t = t.sort_by([("label", "ascending")] + [(c, "ascending") for c in RANK])
     lab = t.column("label").to_numpy()
     first = np.concatenate(([True], lab[1:] != lab[:-1])) if len(lab) else np.zeros(0, bool)
     survivor = np.maximum.accumulate(np.where(first, np.arange(len(lab)), 0))
@@ -599,17 +593,151 @@ def components_job(stages: str, ids: int, star: bool, cfg) -> dict:
         }
     )
     removed = removed.append_column("part", pa.array(id_partition(removed.column("doc_id").to_pylist(), ids)))
-    removed = removed.append_column(
-        "kpart", pa.array(id_partition(removed.column("survivor_id").to_pylist(), ids))
-    )
-    info = {
-        "edges": len(e),
-        "touched": len(nodes),
-        "near_duplicates": removed.num_rows,
-        "clusters": int(first.sum()),
-        "bytes": _write_parts(out, removed),
-    }
+    kpart = id_partition(removed.column("survivor_id").to_pylist(), ids)
+    return removed.append_column("kpart", pa.array(kpart)), int(first.sum())
+
+
+def _sort_fields_of(stages: Path, ids: int, nodes: np.ndarray) -> pa.Table:
+    """(gid, doc_id, source, offset) of the given candidate documents, sorted by gid."""
+    keys = []
+    for p in range(ids):
+        t = pq.read_table(
+            stages / "cands" / f"p{p:05d}.parquet", columns=["gid", "doc_id", "source", "offset"]
+        )
+        keys.append(t.filter(pc.is_in(t.column("gid"), value_set=pa.array(nodes))))
+    t = pa.concat_tables(keys).sort_by([("gid", "ascending")])
+    if not np.array_equal(t.column("gid").to_numpy(), nodes):
+        raise DataIntegrityError(
+            "a document on a verified edge is missing from the candidate files",
+            "delete the run's work/dedup folder and run oreline data again",
+        )
+    return t
+
+
+def components_job(stages: str, ids: int, cfg) -> dict:
+    """Connected components of every verified edge in one job (memory: the edges and the
+    documents on them); each component's survivor is its lowest rank."""
+    out = Path(stages) / "near" / "near.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    st = Path(stages)
+    edges = [pq.read_table(f) for f in _stage_files(st / "edges")]
+    e = np.stack([np.concatenate([t.column(c).to_numpy() for t in edges]) for c in ("a", "b")], axis=1)
+    nodes, labels = components(e)
+    t = _sort_fields_of(st, ids, nodes).append_column("label", pa.array(labels))
+    removed, clusters = _pick_survivors(t, ids)
+    info = {"edges": len(e), "touched": len(nodes), "near_duplicates": removed.num_rows, "clusters": clusters}
+    info["bytes"] = _write_parts(out, removed)
     return _finish(out, info)
+
+
+# large-star / small-star rounds (components.py) as jobs over node partitions, for edge sets
+# larger than one node: round r reads r{r}-L (directed edges by their first node's partition)
+
+
+def _node_part(x: np.ndarray, parts: int) -> np.ndarray:
+    return (splitmix(np.asarray(x).astype(np.uint64)) % np.uint64(parts)).astype(np.int32)
+
+
+def _directed(a: np.ndarray, b: np.ndarray, parts: int) -> pa.Table:
+    keep = a != b
+    u = np.concatenate((a[keep], b[keep])).astype(np.int64)
+    v = np.concatenate((b[keep], a[keep])).astype(np.int64)
+    return pa.table({"part": pa.array(_node_part(u, parts)), "u": pa.array(u), "v": pa.array(v)})
+
+
+def star_init_job(p: int, stages: str, parts: int) -> dict:
+    """The verified edges of id partition p, both directions, by node partition (round 0's input)."""
+    out = Path(stages) / "star" / "r000-L" / f"p{p:05d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    t = pq.read_table(Path(stages) / "edges" / f"p{p:05d}.parquet")
+    table = _directed(t.column("a").to_numpy(), t.column("b").to_numpy(), parts)
+    return _finish(out, {"bytes": _write_parts(out, table)})
+
+
+def large_star_job(r: int, q: int, stages: str, parts: int) -> dict:
+    """Round r, node partition q: the fingerprint of the round's edges, every node's m(u) =
+    min(u, N(u)) (the labels once the edges stop changing), and large-star's edges for small-star."""
+    st = Path(stages) / "star"
+    out = st / f"r{r:03d}-S" / f"p{q:05d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    t = _read_part(_stage_files(st / f"r{r:03d}-L"), q, ["u", "v"])
+    e = np.stack([t.column("u").to_numpy(), t.column("v").to_numpy()], axis=1).astype(np.int64)
+    e = np.unique(e, axis=0) if len(e) else e.reshape(0, 2)
+    u, v = e[:, 0], e[:, 1]
+    low = u < v  # each undirected edge once: at its smaller end, which lives in one partition
+    with np.errstate(over="ignore"):
+        fp = int(
+            np.sum(splitmix(splitmix(u[low].astype(np.uint64)) ^ v[low].astype(np.uint64)), dtype=np.uint64)
+        )
+    nodes, m = group_min(u, v)
+    labels = pa.table({"part": pa.array(_node_part(m, parts)), "node": pa.array(nodes), "label": pa.array(m)})
+    written = _write_parts(st / f"r{r:03d}-labels" / f"p{q:05d}.parquet", labels)
+    mu = m[np.searchsorted(nodes, u)]
+    big = (v > u) & (v != mu)
+    hi, lo = np.maximum(v[big], mu[big]), np.minimum(v[big], mu[big])
+    table = pa.table({"part": pa.array(_node_part(hi, parts)), "hi": pa.array(hi), "lo": pa.array(lo)})
+    written += _write_parts(out, table)
+    return _finish(out, {"edges": int(low.sum()), "fingerprint": fp, "bytes": written})
+
+
+def small_star_job(r: int, q: int, stages: str, parts: int) -> dict:
+    """Round r, node partition q: small-star over the edges whose larger end is in q → round r+1's input."""
+    st = Path(stages) / "star"
+    out = st / f"r{r + 1:03d}-L" / f"p{q:05d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    t = _read_part(_stage_files(st / f"r{r:03d}-S"), q, ["hi", "lo"])
+    hi, lo = t.column("hi").to_numpy().astype(np.int64), t.column("lo").to_numpy().astype(np.int64)
+    nodes, m = group_min(hi, lo)
+    mu = m[np.searchsorted(nodes, hi)]
+    table = _directed(np.concatenate((lo, nodes)), np.concatenate((mu, m)), parts)
+    return _finish(out, {"bytes": _write_parts(out, table)})
+
+
+def star_pick_job(q: int, r: int, stages: str, parts: int, ids: int) -> dict:
+    """Label partition q of the converged round r: each component's survivor and removals."""
+    st = Path(stages)
+    out = st / "near" / f"q{q:05d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    t = _read_part(_stage_files(st / "star" / f"r{r:03d}-labels"), q, ["node", "label"])
+    t = t.sort_by([("node", "ascending")])
+    nodes = t.column("node").to_numpy()
+    fields = _sort_fields_of(st, ids, nodes).append_column("label", t.column("label"))
+    removed, clusters = _pick_survivors(fields, ids)
+    info = {"touched": len(nodes), "near_duplicates": removed.num_rows, "clusters": clusters}
+    info["bytes"] = _write_parts(out, removed)
+    return _finish(out, info)
+
+
+MAX_STAR_ROUNDS = 64
+
+
+def _star_components(executor, st: str, ids: int, parts: int) -> dict:
+    """Components by large-star/small-star rounds until the edge set stops changing."""
+    _run(executor, star_init_job, [(p, st, parts) for p in range(ids)], "dedup:star")
+    previous = None
+    for r in range(MAX_STAR_ROUNDS):
+        res = _run(executor, large_star_job, [(r, q, st, parts) for q in range(parts)], "dedup:star")
+        fingerprint = (sum(x["edges"] for x in res), sum(x["fingerprint"] for x in res) % 2**64)
+        if fingerprint == previous:  # round r's edges are round r-1's: a fixed point, labels final
+            picked = _run(
+                executor, star_pick_job, [(q, r, st, parts, ids) for q in range(parts)], "dedup:star"
+            )
+            return {
+                "near_duplicates": sum(x["near_duplicates"] for x in picked),
+                "clusters": sum(x["clusters"] for x in picked),
+                "star_rounds": r,
+            }
+        previous = fingerprint
+        _run(executor, small_star_job, [(r, q, st, parts) for q in range(parts)], "dedup:star")
+    raise DataIntegrityError(
+        f"large-star/small-star did not converge in {MAX_STAR_ROUNDS} rounds",
+        "report this with the run's work/dedup folder; meanwhile set fewer verified edges (raise data.dedup.threshold)",
+    )
 
 
 def similarity_job(p: int, stages: str, cfg) -> dict:
@@ -618,7 +746,7 @@ def similarity_job(p: int, stages: str, cfg) -> dict:
     if (info := _done(out)) is not None:
         return info
     st = Path(stages)
-    t = _read_part([st / "near" / "near.parquet"], p, ["gid", "survivor", "kpart", "doc_id", "survivor_id"])
+    t = _read_part(_stage_files(st / "near"), p, ["gid", "survivor", "kpart", "doc_id", "survivor_id"])
     t = t.sort_by([("gid", "ascending")])
     pairs = np.stack([t.column(c).to_numpy() for c in ("gid", "survivor", "kpart")], axis=1).astype(np.int64)
     _, sims, exact = _similarities(st, p, pairs, signature_width(dedup_config(cfg)))
@@ -811,9 +939,11 @@ def staged_plan(
             verified_pairs=verified,
             rejected_pairs=candidate_pairs - verified,
         )
-        comp = _run(
-            executor, components_job, [(st, parts.ids, verified > STAR_EDGES, dc)], "dedup:components"
-        )[0]
+        star = parts.star or (parts.ids if verified > STAR_EDGES else 0)
+        if star:
+            comp = _star_components(executor, st, parts.ids, star)
+        else:
+            comp = _run(executor, components_job, [(st, parts.ids, dc)], "dedup:components")[0]
         _run(executor, similarity_job, [(p, st, dc) for p in range(parts.ids)], "dedup:similarity")
         stats["clusters"] = comp["clusters"]
         stats["near_duplicates"] = comp["near_duplicates"]
