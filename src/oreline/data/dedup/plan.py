@@ -434,12 +434,15 @@ def bucket_job(q: int, stages: str, cfg) -> dict:
     order = np.argsort(gid, kind="stable")
     idpart = t.column("idpart").to_numpy()
     part_of = idpart[order][np.searchsorted(gid[order], pairs.ravel())].reshape(-1, 2)
+    # each pair under both ends' id partitions (role 0: as its first document, 1: as its second),
+    # so every later job reads only its own partition of these files
     table = pa.table(
         {
-            "part": pa.array(part_of[:, 0]),
-            "a": pa.array(pairs[:, 0]),
-            "b": pa.array(pairs[:, 1]),
-            "bpart": pa.array(part_of[:, 1]),
+            "part": pa.array(np.concatenate((part_of[:, 0], part_of[:, 1]))),
+            "role": pa.array(np.repeat(np.array([0, 1], dtype=np.int8), len(pairs))),
+            "a": pa.array(np.concatenate((pairs[:, 0], pairs[:, 0]))),
+            "b": pa.array(np.concatenate((pairs[:, 1], pairs[:, 1]))),
+            "bpart": pa.array(np.concatenate((part_of[:, 1], part_of[:, 1]))),
         }
     )
     return _finish(out, {"rows": t.num_rows, "pairs": len(pairs), "bytes": _write_parts(out, table)})
@@ -447,41 +450,68 @@ def bucket_job(q: int, stages: str, cfg) -> dict:
 
 def _pairs_of(stages: Path, p: int) -> np.ndarray:
     """Unique candidate pairs (a, b, bpart) whose first document is in id partition p."""
-    t = _read_part(_stage_files(stages / "pairs"), p, ["a", "b", "bpart"])
+    t = _read_part(_stage_files(stages / "pairs"), p, ["role", "a", "b", "bpart"])
+    t = t.filter(pc.equal(t.column("role"), 0))
     arr = np.stack([t.column(c).to_numpy() for c in ("a", "b", "bpart")], axis=1).astype(np.int64)
     return np.unique(arr, axis=0) if len(arr) else arr.reshape(0, 3)
 
 
-def candidates_job(
-    p: int,
-    stages: str,
-    sig_paths: list[str],
-    offsets: list[int],
-    text_files: list[str] | None,
-    cfg,
-) -> dict:
+def _group_of(gid: np.ndarray, offsets: np.ndarray, groups: int) -> np.ndarray:
+    """Which group of consecutive signature files holds each row (fetch jobs read one group each)."""
+    files = len(offsets) - 1
+    return (_file_of(gid, offsets) * groups // max(files, 1)).astype(np.int32)
+
+
+def request_job(p: int, stages: str, offsets: list[int], groups: int) -> dict:
+    """Id partition p: its candidate documents' rows, by the file group that holds them."""
+    out = Path(stages) / "requests" / f"p{p:05d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    t = _read_part(_stage_files(Path(stages) / "pairs"), p, ["role", "a", "b"])
+    role = t.column("role").to_numpy()
+    gids = np.unique(np.where(role == 0, t.column("a").to_numpy(), t.column("b").to_numpy())).astype(np.int64)
+    group = _group_of(gids, np.asarray(offsets, dtype=np.int64), groups)
+    table = pa.table(
+        {"part": pa.array(group), "gid": pa.array(gids), "idpart": pa.array(np.full(len(gids), p, np.int32))}
+    )
+    return _finish(out, {"candidates": len(gids), "bytes": _write_parts(out, table)})
+
+
+FETCH_COLUMNS = ["doc_id", "source", "offset", "exact_hi", "exact_lo", "signature"]
+
+
+def fetch_job(g: int, stages: str, sig_paths: list[str], offsets: list[int], groups: int) -> dict:
+    """File group g: the requested rows of its signature files (each file read once), by id partition."""
+    out = Path(stages) / "fetched" / f"g{g:05d}.parquet"
+    if (info := _done(out)) is not None:
+        return info
+    t = _read_part(_stage_files(Path(stages) / "requests"), g, ["gid", "idpart"]).sort_by(
+        [("gid", "ascending")]
+    )
+    gids = t.column("gid").to_numpy()
+    offs = np.asarray(offsets, dtype=np.int64)
+    files = _file_of(gids, offs)
+    parts = []
+    for f in np.unique(files).tolist():
+        rows = pq.read_table(sig_paths[f], columns=FETCH_COLUMNS)
+        parts.append(rows.take(pa.array(gids[files == f] - offs[f])))
+    if not parts:  # nothing requested here: an empty table of the same schema
+        parts.append(pq.read_table(sig_paths[0], columns=FETCH_COLUMNS).slice(0, 0))
+    rows = pa.concat_tables(parts)
+    rows = rows.append_column("gid", pa.array(gids)).append_column("part", t.column("idpart"))
+    return _finish(out, {"rows": rows.num_rows, "bytes": _write_parts(out, rows)})
+
+
+def candidates_job(p: int, stages: str, text_files: list[str] | None, cfg) -> dict:
     """One id partition of the candidate documents: sort fields, signature and (exact mode) shingle set."""
     out = Path(stages) / "cands" / f"p{p:05d}.parquet"
     if (info := _done(out)) is not None:
         return info
     dc = dedup_config(cfg)
-    st = Path(stages)
-    rows = [_pairs_of(st, p)[:, 0]]
-    for f in _stage_files(st / "pairs"):
-        t = pq.read_table(f, columns=["b", "bpart"])
-        rows.append(t.column("b").to_numpy()[t.column("bpart").to_numpy() == p])
-    gids = np.unique(np.concatenate(rows)).astype(np.int64)
-    offs = np.asarray(offsets, dtype=np.int64)
-    files = _file_of(gids, offs)
-    cols = ["doc_id", "source", "offset", "exact_hi", "exact_lo", "signature"]
-    parts = []
-    for f in np.unique(files).tolist():
-        t = pq.read_table(sig_paths[f], columns=cols)
-        parts.append(t.take(pa.array(gids[files == f] - offs[f])))
-    if not parts:  # no candidates here: an empty table of the same schema
-        parts.append(pq.read_table(sig_paths[0], columns=cols).slice(0, 0))
-    t = pa.concat_tables(parts)
-    t = t.append_column("gid", pa.array(gids))
+    t = _read_part(_stage_files(Path(stages) / "fetched"), p, FETCH_COLUMNS + ["gid"]).sort_by(
+        [("gid", "ascending")]
+    )
+    gids = t.column("gid").to_numpy()
     info: dict[str, Any] = {"candidates": len(gids)}
     sets: dict[int, np.ndarray] = {}
     if verify_mode(dc) == "exact" and text_files is not None:
@@ -916,7 +946,11 @@ def staged_plan(
     if minhash:
         bands, rows = bands_rows(dc)
         _run(executor, bucket_job, [(q, st, dc) for q in range(bands * parts.ranges)], "dedup:buckets")
-        cj = [(p, st, sig_paths, offsets, texts, dc) for p in range(parts.ids)]
+        groups = min(len(sig_paths), parts.ids)
+        _run(executor, request_job, [(p, st, offsets, groups) for p in range(parts.ids)], "dedup:requests")
+        fj = [(g, st, sig_paths, offsets, groups) for g in range(groups)]
+        _run(executor, fetch_job, fj, "dedup:fetch")
+        cj = [(p, st, texts, dc) for p in range(parts.ids)]
         cands = _run(executor, candidates_job, cj, "dedup:candidates")
         ver = _run(executor, verify_job, [(p, st, dc) for p in range(parts.ids)], "dedup:verify")
         mode = verify_mode(dc)

@@ -10,10 +10,11 @@ The run has three phases over tasks (one task per input file, in a deterministic
 
 1. per task, in parallel: read → … → quality, writing the kept documents, rejects, stats and
    dedup signatures, then a completion marker (`tasks.run_phase1`);
-2. global: the dedup plan from all signature files (memory bounded by the signatures,
-   `dedup.dedup_plan`), split into one removal list per task; with a perplexity model and no
-   `perplexity_max`, the CCNet bucket cut-offs from a sample of the run's own scored documents
-   (`perplexity.perplexity_phase`, stats.json "perplexity");
+2. global, as stages of jobs on the same executor: the dedup plan over all signature files
+   (`dedup/plan.py` `staged_plan`: exact, LSH buckets, verification, components; no job holds
+   every document), ending in one removal list per task; with a perplexity model and no
+   `perplexity_max`, the CCNet bucket cut-offs from per-task bottom-k samples of the run's own
+   scored documents, merged here (`perplexity.perplexity_phase`, stats.json "perplexity");
 3. per task, in parallel: drop the removals, chunk, write `docs/part-NNNNN-KKK.parquet` and
    `rejects/part-NNNNN-KKK.parquet`, then a marker (`tasks.run_phase3`).
 
