@@ -92,7 +92,10 @@ def cases(draw):
     sources = [draw(st.sampled_from(["a.warc", "b.warc", "c.warc"])) for _ in chosen]
     offsets = [draw(st.integers(0, 5)) for _ in chosen]  # ties: the id, then the row, decide
     star = draw(st.sampled_from([0, 1, 3]))  # 0: one components job; else large/small-star rounds
-    parts = Partitions(draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 4)), star)
+    group_docs = draw(st.sampled_from([1, 20, 10**6]))  # signature files per scatter/lists job: 1, some, all
+    parts = Partitions(
+        draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 4)), star, group_docs
+    )
     verify = draw(st.sampled_from(["exact", "signature", False, "no-texts"]))
     exact = draw(st.booleans())
     order = [draw(st.integers(0, 10)) for _ in range(files)]

@@ -2,9 +2,9 @@
 
 Two implementations with one result (tests/data/test_dedup_staged.py checks they agree):
 
-- `dedup_plan`, the single-process reference: every signature in one process (num_perm × 4 + ~60
-  bytes per document: 2.7 GB at 1M documents measured by benchmarks/dedup_scale.py's predecessor,
-  so a 1B-document dump would need ~2 TB on one node). Kept as the reference of tests and
+- `dedup_plan`, the single-process reference: every signature in one process (about 2.2 KB per
+  document with 128 permutations: 2.1 GiB peak at 1M documents in benchmarks/dedup_scale.py, so
+  a 1B-document dump would need ~2 TB on one node). Kept as the reference of tests and
   benchmarks, and used by nothing else.
 - `staged_plan`, what `oreline data` runs: stages of jobs over partitioned files, each job a
   module-level function of plain arguments mapped through an executor (`oreline.executors`), so
@@ -12,22 +12,27 @@ Two implementations with one result (tests/data/test_dedup_staged.py checks they
 
   | stage       | jobs                         | reads                                | writes (stages/…)                   |
   |-------------|------------------------------|--------------------------------------|-------------------------------------|
-  | scatter     | one per signature file       | its signature file                   | scatter/fF: rows by exact-key hash; |
-  |             |                              |                                      | ids/fF: (row, id) by id hash        |
+  | scatter     | one per group of signature   | its signature files                  | scatter/gG: rows by exact-key hash; |
+  |             | files (~group_docs documents)|                                      | ids/gG: (row, id) by id hash        |
   | exact       | one per exact-key partition  | its partition of every scatter file  | exact/hH: removals by id hash;      |
   |             |                              |                                      | bands/hH: band keys of survivors    |
   |             |                              |                                      | by (band, key range)                |
-  | buckets     | one per (band, key range)    | its bucket of every bands file       | pairs/qQ: candidate pairs by the    |
-  |             |                              |                                      | id hash of their first document     |
-  | candidates  | one per id partition         | its rows of every pairs file, their  | cands/pP: id, sort fields,          |
-  |             |                              | signature rows and (exact) texts     | signature, shingle set              |
+  | buckets     | one per (band, key range)    | its bucket of every bands file       | pairs/qQ: candidate pairs under     |
+  |             |                              |                                      | both ends' id partitions            |
+  | requests    | one per id partition         | its rows of every pairs file         | requests/pP: its candidates' rows   |
+  |             |                              |                                      | by signature-file group             |
+  | fetch       | one per file group           | its requests; its signature files,   | fetched/gG: those rows by id        |
+  |             |                              | each once                            | partition                           |
+  | candidates  | one per id partition         | its rows of every fetched file, and  | cands/pP: id, sort fields,          |
+  |             |                              | (exact mode) its documents' texts    | signature, shingle set              |
   | verify      | one per id partition         | its pairs; cands/pP, then each other | edges/pP: verified edges            |
   |             |                              | cands file filtered to its pairs     |                                     |
-  | components  | one (star rounds when large) | every edges file; sort fields of the | near: removal, survivor by id hash  |
-  |             |                              | touched documents                    |                                     |
+  | components  | one union-find job, or       | every edges file; sort fields of the | near/: removal, survivor by id hash |
+  |             | large/small-star rounds over | touched documents                    |                                     |
+  |             | node partitions (large runs) |                                      |                                     |
   | similarity  | one per id partition         | its removals; cands files            | similarity/pP                       |
-  | assign      | one per id partition         | its ids, exact and near removals     | assign/pP: removals by input file   |
-  | lists       | one per input file           | its rows of every assign file        | out/task-NNNNN.json                 |
+  | assign      | one per id partition         | its ids, exact and near removals     | assign/pP: removals by file group   |
+  | lists       | one per group of files       | its rows of every assign file        | out/task-NNNNN.json per file        |
 
   Rows are numbered as the reference numbers them (position in the concatenation of the
   signature files in sorted-path order), the survivor rule is the same (lowest (source, offset,
@@ -39,10 +44,8 @@ Each job writes its files atomically (`oreline.io`: a unique temporary name per 
 rename) and a `.done` marker with its counts last; a job whose marker exists is skipped, so a
 killed run resumes and two attempts of one job leave one valid output.
 
-Memory per job (formulas measured by benchmarks/dedup_scale.py and stated in docs/design.md):
-scatter ≈ one signature file; exact ≈ (N/X)·(B·8 + 100) bytes; buckets ≈ (N'/R)·24 bytes with N'
-the exact survivors and R key ranges per band; candidates/verify ≈ the candidates of two id
-partitions (num_perm·4 + 8·shingles each); components ≈ 40 bytes per edge and touched document.
+Memory per job: docs/design.md "Distributed dedup" (formulas, measured by
+benchmarks/dedup_scale.py). Partition counts follow the number of documents (`Partitions.for_docs`).
 """
 
 from __future__ import annotations
@@ -251,6 +254,7 @@ class Partitions:
     ids: int  # P: id hash partitions (candidates, verify, similarity, assign)
     star: int = 0  # S: node partitions of large-star/small-star rounds; 0: one components job
     # unless the verified edges exceed STAR_EDGES (then S = P)
+    group_docs: int = DOCS_PER_PARTITION  # documents per group of signature files (scatter, lists)
 
     @classmethod
     def for_docs(cls, docs: int) -> Partitions:
@@ -338,39 +342,44 @@ RANK = ["source", "offset", "doc_id", "gid"]  # the survivor rule: lowest of the
 # stage jobs (module-level functions of plain arguments: any executor can run them)
 
 
-def scatter_job(f: int, sig_path: str, offset: int, stages: str, parts: tuple[int, int, int], cfg) -> dict:
-    """Rows of one signature file by exact-key hash (with their band keys), and ids by id hash."""
-    out = Path(stages) / "scatter" / f"f{f:06d}.parquet"
+def scatter_job(g: int, files: list[tuple[str, int]], stages: str, parts: tuple[int, int, int], cfg) -> dict:
+    """A group of signature files ((path, first row) each): rows by exact-key hash (with their band
+    keys), and ids by id hash."""
+    out = Path(stages) / "scatter" / f"g{g:06d}.parquet"
     if (info := _done(out)) is not None:
         return info
     dc = dedup_config(cfg)
     x, _, p = parts
-    table = pq.read_table(sig_path)
-    n = table.num_rows
-    gid = np.arange(offset, offset + n, dtype=np.int64)
-    doc_ids = table.column("doc_id").to_pylist()
-    idp = id_partition(doc_ids, p)
-    hi = table.column("exact_hi").to_numpy()
-    cols = {
-        "part": pa.array((hi % np.uint64(x)).astype(np.int32)),
-        "gid": pa.array(gid),
-        "exact_hi": table.column("exact_hi"),
-        "exact_lo": table.column("exact_lo"),
-        "n_shingles": table.column("n_shingles"),
-        "source": table.column("source"),
-        "offset": table.column("offset"),
-        "doc_id": table.column("doc_id"),
-        "idpart": pa.array(idp),
-    }
     width = signature_width(dc)
-    if width:
-        bands, rows = bands_rows(dc)
-        keys = band_keys(signature_matrix(table, width), bands, rows)
-        cols["keys"] = pa.FixedSizeListArray.from_arrays(pa.array(keys.ravel()), bands)
-    written = _write_parts(out, pa.table(cols))
-    ids = pa.table({"part": pa.array(idp), "gid": pa.array(gid), "doc_id": table.column("doc_id")})
-    written += _write_parts(Path(stages) / "ids" / f"f{f:06d}.parquet", ids)
-    return _finish(out, {"docs": n, "bytes": written})
+    tables, id_tables = [], []
+    for sig_path, offset in files:
+        table = pq.read_table(sig_path)
+        n = table.num_rows
+        gid = np.arange(offset, offset + n, dtype=np.int64)
+        idp = id_partition(table.column("doc_id").to_pylist(), p)
+        hi = table.column("exact_hi").to_numpy()
+        cols = {
+            "part": pa.array((hi % np.uint64(x)).astype(np.int32)),
+            "gid": pa.array(gid),
+            "exact_hi": table.column("exact_hi"),
+            "exact_lo": table.column("exact_lo"),
+            "n_shingles": table.column("n_shingles"),
+            "source": table.column("source"),
+            "offset": table.column("offset"),
+            "doc_id": table.column("doc_id"),
+            "idpart": pa.array(idp),
+        }
+        if width:
+            bands, rows = bands_rows(dc)
+            keys = band_keys(signature_matrix(table, width), bands, rows)
+            cols["keys"] = pa.FixedSizeListArray.from_arrays(pa.array(keys.ravel()), bands)
+        tables.append(pa.table(cols))
+        id_tables.append(
+            pa.table({"part": pa.array(idp), "gid": pa.array(gid), "doc_id": table.column("doc_id")})
+        )
+    written = _write_parts(out, pa.concat_tables(tables))
+    written += _write_parts(Path(stages) / "ids" / f"g{g:06d}.parquet", pa.concat_tables(id_tables))
+    return _finish(out, {"docs": sum(t.num_rows for t in tables), "bytes": written})
 
 
 def exact_job(h: int, stages: str, parts: tuple[int, int, int], cfg) -> dict:
@@ -799,7 +808,7 @@ def _last_per_id(t: pa.Table) -> dict[str, str]:
     return dict(zip(t.column("doc_id").to_pylist(), t.column("survivor_id").to_pylist(), strict=True))
 
 
-def assign_job(p: int, stages: str, offsets: list[int], keeper_order: list[int]) -> dict:
+def assign_job(p: int, stages: str, offsets: list[int], keeper_order: list[int], group_of: list[int]) -> dict:
     """Id partition p: which rows of which input file to drop, and why (the reference's `split_by_file`)."""
     out = Path(stages) / "assign" / f"p{p:05d}.parquet"
     if (info := _done(out)) is not None:
@@ -831,15 +840,16 @@ def assign_job(p: int, stages: str, offsets: list[int], keeper_order: list[int])
     for d, f in zip(doc_ids, files.tolist(), strict=True):
         if d in plan and (d not in keeper or order[f] < order[keeper[d]]):
             keeper[d] = f
-    rows: dict[str, list] = {"part": [], "row": [], "doc_id": [], "reason": [], "survivor_id": []}
+    rows: dict[str, list] = {"part": [], "file": [], "row": [], "doc_id": [], "reason": [], "survivor_id": []}
     for g, d, f in zip(gid.tolist(), doc_ids, files.tolist(), strict=True):
         removal = plan.get(d)
         if removal is not None and not (removal[1] == d and keeper[d] == f):
-            for k, v in zip(rows, (f, g - int(offs[f]), d, *removal), strict=True):
+            for k, v in zip(rows, (group_of[f], f, g - int(offs[f]), d, *removal), strict=True):
                 rows[k].append(v)
     table = pa.table(
         {
             "part": pa.array(rows["part"], pa.int32()),
+            "file": pa.array(rows["file"], pa.int32()),
             "row": pa.array(rows["row"], pa.int64()),
             "doc_id": pa.array(rows["doc_id"], pa.string()),
             "reason": pa.array(rows["reason"], pa.string()),
@@ -849,18 +859,35 @@ def assign_job(p: int, stages: str, offsets: list[int], keeper_order: list[int])
     return _finish(out, {"removed_rows": table.num_rows, "bytes": _write_parts(out, table)})
 
 
-def list_job(f: int, stages: str, out_path: str) -> dict:
-    """The removal list of one input file, {doc_id: [reason, survivor_id]}, as phase 3 reads it."""
-    done = Path(stages) / "lists" / f"f{f:06d}"
+def list_job(g: int, stages: str, files: list[tuple[int, str]]) -> dict:
+    """The removal lists of a group of input files ((file, list path) each), {doc_id: [reason,
+    survivor_id]}, as phase 3 reads them."""
+    done = Path(stages) / "lists" / f"g{g:06d}"
     if (info := _done(done)) is not None:
         return info
-    t = _read_part(_stage_files(Path(stages) / "assign"), f, ["row", "doc_id", "reason", "survivor_id"])
-    t = t.sort_by([("row", "ascending")])
-    mine: dict[str, list[str]] = {}
-    for d, r, k in zip(*(t.column(c).to_pylist() for c in ("doc_id", "reason", "survivor_id")), strict=True):
-        mine.setdefault(d, [r, k])
-    write_json_atomic(Path(out_path), mine)
-    return _finish(done, {"removed": len(mine)})
+    t = _read_part(
+        _stage_files(Path(stages) / "assign"), g, ["file", "row", "doc_id", "reason", "survivor_id"]
+    )
+    t = t.sort_by([("file", "ascending"), ("row", "ascending")])
+    lists: dict[int, dict[str, list[str]]] = {f: {} for f, _ in files}
+    cols = (t.column(c).to_pylist() for c in ("file", "doc_id", "reason", "survivor_id"))
+    for f, d, r, k in zip(*cols, strict=True):
+        lists[f].setdefault(d, [r, k])
+    for f, path in files:
+        write_json_atomic(Path(path), lists[f])
+    return _finish(done, {"removed": sum(len(x) for x in lists.values())})
+
+
+def file_groups(counts: Sequence[int], docs: int) -> list[int]:
+    """Group of each signature file: consecutive files until a group holds `docs` documents, so
+    the per-file stages (scatter, lists) run jobs of a useful size whatever the tasks' size."""
+    groups, g, filled = [], 0, 0
+    for n in counts:
+        if filled and filled + n > docs:
+            g, filled = g + 1, 0
+        groups.append(g)
+        filled += n
+    return groups
 
 
 # ---------------------------------------------------------------------------------------------
@@ -930,12 +957,12 @@ def staged_plan(
     texts = [str(p) for p in text_files] if text_files is not None else None
     st = str(stages)
 
-    _run(
-        executor,
-        scatter_job,
-        [(f, p, offsets[f], st, pt, dc) for f, p in enumerate(sig_paths)],
-        "dedup:scatter",
-    )
+    group_of = file_groups(counts, parts.group_docs)
+    members: list[list[int]] = [[] for _ in range(group_of[-1] + 1)]
+    for f, g in enumerate(group_of):
+        members[g].append(f)
+    sj = [(g, [(sig_paths[f], offsets[f]) for f in fs], st, pt, dc) for g, fs in enumerate(members)]
+    _run(executor, scatter_job, sj, "dedup:scatter")
     ex = _run(executor, exact_job, [(h, st, pt, dc) for h in range(parts.exact)], "dedup:exact")
     stats: dict[str, Any] = {
         "docs": docs,
@@ -987,8 +1014,10 @@ def staged_plan(
         keep = list(keeper_order) if keeper_order is not None else list(range(len(given)))
         keep = [keep[i] for i in order]
         lists = [str(list_paths[i]) for i in order]
-        _run(executor, assign_job, [(p, st, offsets, keep) for p in range(parts.ids)], "dedup:assign")
-        _run(executor, list_job, [(f, st, lists[f]) for f in range(len(sig_paths))], "dedup:lists")
+        aj = [(p, st, offsets, keep, group_of) for p in range(parts.ids)]
+        _run(executor, assign_job, aj, "dedup:assign")
+        lj = [(g, st, [(f, lists[f]) for f in fs]) for g, fs in enumerate(members)]
+        _run(executor, list_job, lj, "dedup:lists")
     _write_removals(stages, out_dir / "removals.parquet", minhash)
     write_json_atomic(out_dir / "dedup_stats.json", stats)
     return stats
