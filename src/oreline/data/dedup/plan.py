@@ -935,8 +935,8 @@ def staged_plan(
 ) -> dict[str, Any]:
     """The dedup plan as stages of jobs through `executor`; returns the stats (also dedup_stats.json).
 
-    Writes out_dir/removals.parquet and out_dir/dedup_stats.json like `dedup_plan` (same rows,
-    ordered by kind then row), its stage files under out_dir/stages, and, when `list_paths` is
+    Writes out_dir/removals.parquet and out_dir/dedup_stats.json like `dedup_plan` (the same rows,
+    ordered by kind, then partition and row), its stage files under out_dir/stages, and, when `list_paths` is
     given (one per signature path, in the given order), each input file's removal list there
     (`split_by_file`'s content; `keeper_order`: the files' positions in the run's input order).
     text_files: the Parquet documents (id, text) exact verification reads candidates' texts from.
