@@ -8,7 +8,7 @@ replaced). The whole set goes through the real stages (dedup_stage_signatures �
 with `verify = "signature"` (the MinHash estimate decides) and `verify = "exact"` (the exact
 shingle Jaccard decides, texts read back by `parquet_text_source` from Parquet document files
 written like the pipeline's phase-1 shards; the source counts which ids it was asked for). Each
-mode gets its own bands×rows (chosen for it, see dedup.py step 4). Ground truth is exact Jaccard
+mode gets its own bands×rows (chosen for it, see data/dedup/minhash.py, step 4). Ground truth is exact Jaccard
 ≥ threshold.
 
 - recall: planted pairs at or above the threshold whose two documents end in one cluster.
@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from oreline.config import DedupConfig, QualityConfig, samples_dir
-from oreline.data.dedup.minhash import dedup_plan, dedup_stage_signatures, minhash_signatures
+from oreline.data.dedup.minhash import dedup_stage_signatures, minhash_signatures
+from oreline.data.dedup.plan import dedup_plan
 from oreline.data.dedup.shingles import jaccard, shingles
 from oreline.data.dedup.verify import parquet_text_source
 from oreline.data.filters.quality import quality_filters

@@ -11,21 +11,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from oreline.config import Config, DedupConfig, load_config
+from oreline.data.dedup.buckets import lsh_candidates
+from oreline.data.dedup.components import UnionFind, near_duplicate_clusters
 from oreline.data.dedup.minhash import (
-    UnionFind,
     bands_rows,
-    dedup_plan,
     dedup_stage_signatures,
     estimated_jaccard,
-    lsh_candidates,
     minhash_signature,
     minhash_signatures,
-    near_duplicate_clusters,
     optimal_bands_rows,
-    verify_pairs,
 )
+from oreline.data.dedup.plan import dedup_plan
 from oreline.data.dedup.shingles import exact_key, jaccard, shingles
-from oreline.data.dedup.verify import parquet_text_source
+from oreline.data.dedup.verify import parquet_text_source, verify_pairs
 from oreline.data.pipeline.run import run_data
 from oreline.data.read.shards import read_documents, write_documents
 from oreline.document import Document

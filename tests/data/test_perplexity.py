@@ -13,18 +13,22 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oreline.config import Config, QualityConfig
 from oreline.data.filters.perplexity import (
     BOS,
     UNK,
     ArpaModel,
+    bottom_k,
     bucket_step,
     compute_cutoffs,
     doc_perplexity,
     estimate_kneser_ney,
     load_reference,
     load_scorer,
+    merge_bottom_k,
     perplexity_filter_factory,
     score_cli,
     write_arpa,
@@ -308,3 +312,40 @@ def test_odd_characters_train_and_score(tmp_path):
     write_arpa(model, tmp_path / "m.arpa")
     ppl, n = doc_perplexity(ArpaModel(tmp_path / "m.arpa"), text)
     assert n == sum(len(s) + 1 for s in sentences(text)) and 1 < ppl < 50
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(0, 300),
+    k=st.integers(1, 50),
+    tasks=st.integers(1, 6),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_per_task_bottom_k_samples_merge_into_the_global_one(tmp_path_factory, n, k, tasks, seed):
+    """The CCNet cut-offs' sample drawn per task and merged equals the one-process sample."""
+    import pyarrow as pa
+
+    rng = random.Random(seed)
+    tmp = tmp_path_factory.mktemp("ppl")
+    rows = [(f"d{rng.randrange(n + 1)}", rng.choice([None, rng.lognormvariate(5, 0.5)])) for _ in range(n)]
+    files = []
+    for t in range(tasks):  # ids may repeat across tasks (same id, other perplexity)
+        part = rows[t::tasks]
+        files.append(tmp / f"kept-{t}.parquet")
+        pq.write_table(
+            pa.table(
+                {"id": [r[0] for r in part], "perplexity": pa.array([r[1] for r in part], pa.float64())}
+            ),
+            files[-1],
+        )
+    seen, whole = bottom_k(files, k)
+    merged: list = []
+    order = list(range(tasks))
+    rng.shuffle(order)
+    total = 0
+    for t in order:
+        s, sample = bottom_k([files[t]], k)
+        total += s
+        merged = merge_bottom_k(merged, sample, k)
+    assert (total, merged) == (seen, whole)
+    assert seen == sum(p is not None for _, p in rows) and len(whole) == min(k, seen)

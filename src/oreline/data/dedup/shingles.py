@@ -1,7 +1,7 @@
 """Text keys for deduplication: the exact-duplicate key, word shingles and their Jaccard similarity.
 
-The MinHash stages (`dedup.py`) and exact verification (`dedup_verify.py`) both build on these, so
-they live below both.
+The signatures (`minhash.py`), exact duplicates (`exact.py`) and verification (`verify.py`) all
+build on these, so they live below them.
 """
 
 from __future__ import annotations

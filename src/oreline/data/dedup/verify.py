@@ -1,4 +1,4 @@
-"""Exact verification of near-duplicate candidates: the true Jaccard of their shingle sets.
+"""Verification of near-duplicate candidates: the true Jaccard of their shingle sets, or the estimate.
 
 MinHash with 128 permutations estimates a pair's Jaccard with standard error sqrt(J(1-J)/128),
 0.035 at J = 0.8, so verifying LSH candidates with the estimate keeps and drops pairs within about
@@ -19,6 +19,12 @@ signature (`exact_key`), so a text that changed since the signatures were comput
 record under the same id in another file, is never compared under the wrong row. A candidate
 whose text does not come back (a deleted intermediate file, a foreign source) is verified with the
 signature estimate instead; every such case is counted in the stats, never silent.
+
+The staged plan (`plan.candidates_job`, `plan.verify_job`) partitions the candidate documents by a
+hash of their id, so every record under one id is read by one job and the counts above add up to
+exactly those of one process; a verify job then holds the shingle sets of one partition plus, one
+partition at a time, those of its pairs' other ends. Memory: 8 bytes per shingle (about one per
+word) of the candidates of two partitions, plus num_perm × 4 bytes of signature per candidate.
 """
 
 from __future__ import annotations
@@ -33,9 +39,34 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from oreline.data.dedup.minhash import estimated_jaccard
 from oreline.data.dedup.shingles import TextSource, exact_key, jaccard, shingles
 
 MAX_EXAMPLES = 20  # ids listed in the stats for each kind of missing or unmatched text
+
+
+def verify_pairs(
+    pairs: np.ndarray, signatures: np.ndarray, threshold: float, chunk: int = 65536
+) -> np.ndarray:
+    """Estimated Jaccard of each candidate pair (float32, P) of signature rows, computed in chunks."""
+    sims = np.empty(len(pairs), dtype=np.float32)
+    for s in range(0, len(pairs), chunk):
+        p = pairs[s : s + chunk]
+        sims[s : s + chunk] = estimated_jaccard(signatures[p[:, 0]], signatures[p[:, 1]])
+    return sims
+
+
+def pair_stats(exact: np.ndarray, estimates: np.ndarray, sims: np.ndarray, threshold: float) -> dict:
+    """How the pairs were verified, and how often the estimate alone would have decided otherwise
+    (false positives it would have removed, true duplicates it would have kept)."""
+    est_above = np.asarray(estimates) >= threshold
+    above = sims >= threshold
+    return {
+        "exact_verified_pairs": int(exact.sum()),
+        "signature_verified_pairs": int((~exact).sum()),
+        "estimate_above_exact_below": int((exact & est_above & ~above).sum()),
+        "estimate_below_exact_above": int((exact & ~est_above & above).sum()),
+    }
 
 
 @dataclass
@@ -107,16 +138,7 @@ def verify_exact(
         if sa is not None and sb is not None:
             sims[i] = jaccard(sa, sb)
             is_exact[i] = True
-    est_above = np.asarray(estimates) >= threshold
-    above = sims >= threshold
-    stats.update(
-        exact_verified_pairs=int(is_exact.sum()),
-        signature_verified_pairs=int((~is_exact).sum()),
-        # how often the estimate alone would have decided otherwise (false positives it would have
-        # removed, true duplicates it would have kept)
-        estimate_above_exact_below=int((is_exact & est_above & ~above).sum()),
-        estimate_below_exact_above=int((is_exact & ~est_above & above).sum()),
-    )
+    stats.update(pair_stats(is_exact, estimates, sims, threshold))
     return Verified(sims=sims, exact=is_exact, sets=sets, stats=stats)
 
 

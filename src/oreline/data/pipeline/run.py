@@ -10,10 +10,11 @@ The run has three phases over tasks (one task per input file, in a deterministic
 
 1. per task, in parallel: read → … → quality, writing the kept documents, rejects, stats and
    dedup signatures, then a completion marker (`tasks.run_phase1`);
-2. global: the dedup plan from all signature files (memory bounded by the signatures,
-   `dedup.dedup_plan`), split into one removal list per task; with a perplexity model and no
-   `perplexity_max`, the CCNet bucket cut-offs from a sample of the run's own scored documents
-   (`perplexity.perplexity_phase`, stats.json "perplexity");
+2. global, as stages of jobs on the same executor: the dedup plan over all signature files
+   (`dedup/plan.py` `staged_plan`: exact, LSH buckets, verification, components; no job holds
+   every document), ending in one removal list per task; with a perplexity model and no
+   `perplexity_max`, the CCNet bucket cut-offs from per-task bottom-k samples of the run's own
+   scored documents, merged here (`perplexity.perplexity_phase`, stats.json "perplexity");
 3. per task, in parallel: drop the removals, chunk, write `docs/part-NNNNN-KKK.parquet` and
    `rejects/part-NNNNN-KKK.parquet`, then a marker (`tasks.run_phase3`).
 
@@ -89,6 +90,7 @@ PRELOAD = [
     "oreline.data.filters.langid",
     "oreline.data.filters.quality",
     "oreline.data.dedup.minhash",
+    "oreline.data.dedup.plan",
     "oreline.data.filters.chunk",
     "resiliparse.extract.html2text",
     "fasttext",
@@ -230,12 +232,12 @@ def _run_data(
     remove_stale_attempts(work, [i for i, _, _ in finished])
 
     # phase 2: the global dedup plan, split per task
-    dedup_stats = _dedup_phase(work, finished, cfg) if dedup_enabled(cfg) else {}
+    dedup_stats = _dedup_phase(work, finished, cfg, executor) if dedup_enabled(cfg) else {}
     ppl_stats = None  # and the perplexity cut-offs from a sample of this run's own documents
     if cfg.data.quality.perplexity_model:
         from oreline.data.filters.perplexity import perplexity_phase
 
-        ppl_stats = perplexity_phase(work, [phase1_dir(work, i) for i, _, _ in finished], cfg)
+        ppl_stats = perplexity_phase(work, [phase1_dir(work, i) for i, _, _ in finished], cfg, executor)
 
     # phase 3: drop removals, chunk, write the shards
     left = _jobs_left(finished, lambda i: phase3_marker(work, i).is_file())
@@ -276,45 +278,40 @@ def _remove_wrecks(out: Path) -> None:
             remove_listed(folder, wrecks(folder, lambda name: not name.startswith(".")))
 
 
-def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config) -> dict[str, Any]:
-    """Phase 2: one dedup plan over every task's signatures; removals written per task."""
+def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config, executor) -> dict[str, Any]:
+    """Phase 2: the staged dedup plan (dedup/plan.py) over every task's signatures, as jobs on the
+    run's executor; its last stage writes each task's removal list."""
     ddir = work / "dedup"
     marker = ddir / "DONE"
     if marker.is_file():
         return json.loads(marker.read_text())
-    import pyarrow.parquet as pq
-
-    from oreline.data.dedup.minhash import dedup_plan
-    from oreline.data.dedup.verify import parquet_text_source
+    from oreline.data.dedup.plan import staged_plan
 
     t0 = time.perf_counter()
-    sig_paths = [phase1_dir(work, i) / "signatures.parquet" for i, _, _ in finished]
-    sig_paths = [p for p in sig_paths if p.is_file()]
-    # exact verification re-reads only the candidates' texts from the phase-1 kept shards
-    kept = [p for i, _, _ in sorted(finished) for p in sorted(phase1_dir(work, i).glob("kept-*.parquet"))]
-    plan = dedup_plan(sig_paths, ddir, cfg, text_source=parquet_text_source(kept)) if sig_paths else {}
-    ids_of: dict[int, list[str]] = {}
-    keeper: dict[str, int] = {}  # the task that keeps a document id found in several files
-    for i, _path, _ in sorted(finished, key=lambda t: str(t[1])):  # dedup's survivor order: source first
-        sig = phase1_dir(work, i) / "signatures.parquet"
-        ids_of[i] = (
-            pq.read_table(sig, columns=["doc_id"]).column("doc_id").to_pylist() if sig.is_file() else []
+    signed = [i for i, _, _ in finished if (phase1_dir(work, i) / "signatures.parquet").is_file()]
+    # the dedup survivor order puts sources first: a record id found in several files stays in the
+    # first file by input path
+    by_path = {i: r for r, (i, _, _) in enumerate(sorted(finished, key=lambda t: str(t[1])))}
+    stats: dict[str, Any] = {}
+    if signed:
+        stats = staged_plan(
+            [phase1_dir(work, i) / "signatures.parquet" for i in signed],
+            ddir,
+            cfg,
+            executor,
+            # exact verification re-reads only the candidates' texts from the phase-1 kept shards
+            text_files=[
+                p for i, _, _ in sorted(finished) for p in sorted(phase1_dir(work, i).glob("kept-*.parquet"))
+            ],
+            list_paths=[ddir / f"{task_name(i)}.json" for i in signed],
+            keeper_order=[by_path[i] for i in signed],
         )
-        for d in ids_of[i]:
-            keeper.setdefault(d, i)
     for i, _, _ in finished:
-        mine = {}
-        for d in ids_of[i]:
-            removal = plan.get(d)
-            # the plan is keyed by id: when the same record id is in two files, the survivor's
-            # own id is in the plan, and only the copy in the first file may stay
-            if removal is not None and not (removal[1] == d and keeper[d] == i):
-                mine[d] = list(removal)
-        write_json_atomic(ddir / f"{task_name(i)}.json", mine)
-    stats_file = ddir / "dedup_stats.json"
-    stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
+        if not (ddir / f"{task_name(i)}.json").is_file():
+            write_json_atomic(ddir / f"{task_name(i)}.json", {})
     stats["seconds"] = round(time.perf_counter() - t0, 6)
     write_json_atomic(marker, stats)
+    shutil.rmtree(ddir / "stages", ignore_errors=True)  # the lists and removals.parquet hold the result
     return stats
 
 
