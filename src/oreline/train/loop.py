@@ -584,7 +584,7 @@ def forward_backward(
     for i, b in enumerate(batches):
         last = i == len(batches) - 1
         with dist.sync_context(model, last) if info.distributed else _nullcontext():
-            with autocast():  # (B, T) CE, 0 where ignored; the logits never materialise (model/kernels/cross_entropy.py)
+            with autocast():  # (B, T) CE, 0 where ignored; the logits never materialise (kernels)
                 per_token = model(b.input_ids, b.doc_ids, labels=b.labels)
             if loss_factor != 1.0:
                 per_token = per_token * loss_factor

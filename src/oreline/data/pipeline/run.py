@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
