@@ -125,14 +125,14 @@ def main() -> None:
     print(f"{len(pages)} pages from {dev_root()}")
     fold = folds_by_host(pages, args.folds)
     t0 = time.perf_counter()
-    chosen: dict[int, str] = {}
+    chosen: dict[int, tuple[str, ...]] = {}
     shared: dict = {}  # extractions shared by the folds (a page's text under the same selectors)
     for k in range(args.folds):
         train = [(html, truth) for (_, html, truth), f in zip(pages, fold, strict=True) if f != k]
         sel, train_f1 = fit_selectors(
             train, lambda html, selector: pruned_text(html, selector)[0], cache=shared
         )
-        chosen[k] = ", ".join(sel)
+        chosen[k] = tuple(sel)
         print(f"fold {k}: {len(sel)} selectors chosen on {len(train)} pages (train F1 {train_f1:.4f}): {sel}")
     print(f"selection took {time.perf_counter() - t0:.0f} s")
     shipped = load_selectors()

@@ -177,6 +177,13 @@ def test_extraction_paths_are_counted():
     normal = f"<html><body><article>{_ARTICLE}</article></body></html>"
     assert extract(normal)[1] == "pruned" and extract(deep)[1] == "pruned:too_deep"
     assert extract(deep, "resiliparse")[1] == "resiliparse:too_deep"
+    # a short page held entirely by an element a selector matches keeps its text (commoncrawl.org)
+    first = json.loads(SELECTORS_PATH.read_text())["selectors"][0]
+    wrapped = (
+        f"<html><body>{_element_for(first, '<p>CCBot is the crawler of Common Crawl.</p>')}</body></html>"
+    )
+    assert extract(wrapped) == (html_to_text(wrapped, "resiliparse"), "pruned:unpruned")
+    assert "CCBot" in extract(wrapped)[0]
     for isolate in (True, False):
         paths: dict[str, dict] = {}
         cfg = ExtractConfig(isolate=isolate)
@@ -193,7 +200,7 @@ def test_fit_selectors_chooses_the_boilerplate_class():
     pages = [
         (
             f"<html><body><article>{promo}{_ARTICLE}{nav}</article></body></html>",
-            pruned_text(f"<html><body><article>{_ARTICLE}{nav}</article></body></html>", "")[0],
+            pruned_text(f"<html><body><article>{_ARTICLE}{nav}</article></body></html>", ())[0],
         )
         for _ in range(3)
     ]

@@ -4,8 +4,8 @@ resiliparse's main-content pass keeps almost all of an article (recall 0.989 on 
 benchmark's dev half) but also blocks around and inside it that no article body holds: photo
 captions and credits, the article header (headline, byline, date), pop-ups, print and share
 widgets. Those blocks are marked in the HTML by their tag or class names, so the default
-extractor ("pruned", `oreline.data.filters.extract`) removes the elements matched by a few CSS
-selectors from the parsed tree before extracting. lexbor matches them in C: ~0.1 ms per page.
+extractor ("pruned", `oreline.data.filters.extract`) has resiliparse skip the elements matched by
+a few CSS selectors (`skip_elements`, matched in C during the extraction itself).
 
 Which selectors: `fit_selectors` picks them from `CANDIDATES` (generic class and tag names of
 web boilerplate, not names seen on any one site) by greedy forward selection on the token F1
@@ -133,26 +133,14 @@ CANDIDATES = (
 
 
 @cache
-def load_selectors(path: str | None = None) -> str:
-    """The shipped selectors as one selector list ("" when none were chosen)."""
+def load_selectors(path: str | None = None) -> tuple[str, ...]:
+    """The shipped selectors."""
     data = json.loads((Path(path) if path else SELECTORS_PATH).read_text(encoding="utf-8"))
-    return ", ".join(data["selectors"])
+    return tuple(data["selectors"])
 
 
 def selectors_sha256(path: Path = SELECTORS_PATH) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def remove_matching(tree, selector: str) -> int:
-    """Detach the elements of a resiliparse HTMLTree matched by `selector`; how many matched."""
-    if not selector or tree.document is None:
-        return 0
-    nodes = tree.document.query_selector_all(selector)
-    for node in nodes:
-        parent = node.parent
-        if parent is not None:  # inside an element removed before: already gone
-            parent.remove_child(node)
-    return len(nodes)
 
 
 def tokens(text: str) -> Counter:
@@ -172,7 +160,7 @@ def f1_of(counts: Sequence[tuple[int, int, int]]) -> float:
 
 def fit_selectors(
     pages: Sequence[tuple[str, str]],
-    text_of: Callable[[str, str], str],
+    text_of: Callable[[str, Sequence[str]], str],
     candidates: Sequence[str] = CANDIDATES,
     min_gain: float = 0.0005,
     max_selectors: int = 12,
@@ -180,8 +168,8 @@ def fit_selectors(
 ) -> tuple[list[str], float]:
     """Greedy forward selection of `candidates` on (html, true article body) pages.
 
-    `text_of(html, selector)` is the extraction being tuned (the default extractor with that
-    selector list). Returns the chosen selectors and their token F1 on `pages`. A page's text
+    `text_of(html, selectors)` is the extraction being tuned (the default extractor with those
+    selectors). Returns the chosen selectors and their token F1 on `pages`. A page's text
     only depends on the chosen selectors that match something on it, so each page is extracted
     once per distinct such subset (cached): most candidates match nothing on most pages. Pass
     the same `cache` dict to several calls on overlapping pages (cross-validation folds) to
@@ -206,7 +194,7 @@ def fit_selectors(
         used = tuple(sorted(c for c in chosen if c in matches[i]))
         key = (html, truth, used)
         if key not in cache:
-            pred, true = tokens(text_of(html, ", ".join(used))), tokens(truth)
+            pred, true = tokens(text_of(html, used)), tokens(truth)
             cache[key] = (sum((pred & true).values()), sum(pred.values()), sum(true.values()))
         return cache[key]
 

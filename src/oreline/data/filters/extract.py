@@ -2,11 +2,11 @@
 trafilatura or html2text on request.
 
 Extractors (`EXTRACTORS`); each returns (text, path), the path naming the way the page went:
-- "pruned" (the default, "default" is an alias): the page is parsed once (lexbor), the elements
-  matched by the shipped boilerplate selectors are removed (captions, the article header with
+- "pruned" (the default, "default" is an alias): resiliparse's main content as below, skipping
+  the elements matched by the shipped boilerplate selectors (captions, the article header with
   headline and byline, pop-ups, print/share widgets: `oreline.data.filters.boilerplate`, chosen
-  on the extraction benchmark's dev half by `scripts/train_extract_model.py`), then resiliparse
-  extracts the main content as below. Paths: "pruned", or "pruned:too_deep" (depth guard).
+  on the extraction benchmark's dev half by `scripts/train_extract_model.py`). Paths: "pruned",
+  "pruned:unpruned" (see MIN_PRUNED_CHARS) or "pruned:too_deep" (depth guard).
   Measured (`benchmarks/extraction_quality.py`, 5-fold cross-validated by host on the dev half):
   see that benchmark's docstring for the figures.
 - "resiliparse": `resiliparse.extract.html2text.extract_plain_text` with `main_content=True`
@@ -48,10 +48,10 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from oreline.data.filters.boilerplate import load_selectors, remove_matching
+from oreline.data.filters.boilerplate import load_selectors
 from oreline.errors import ConfigError
 
 MAX_MAIN_CONTENT_DEPTH = 1500
@@ -96,7 +96,7 @@ def too_deep_for_main_content(tree) -> bool:
     return tree.document is not None and tree.document.query_selector(_DEEP_SELECTOR) is not None
 
 
-def _resiliparse_text(tree, main_content: bool) -> str:
+def _resiliparse_text(tree, main_content: bool, skip: Sequence[str] = ()) -> str:
     from resiliparse.extract.html2text import extract_plain_text
 
     return extract_plain_text(
@@ -109,6 +109,7 @@ def _resiliparse_text(tree, main_content: bool) -> str:
         noscript=False,
         comments=False,
         post_meta=False,
+        skip_elements=list(skip) or None,
     )
 
 
@@ -121,15 +122,25 @@ def _resiliparse(html: str, main_content: bool) -> tuple[str, str]:
     return _resiliparse_text(tree, main_content), "resiliparse" if main_content else "resiliparse:full_page"
 
 
-def pruned_text(html: str, selector: str) -> tuple[str, str]:
-    """(text, path) of the "pruned" extractor with the given boilerplate selector list."""
+# Pruned text shorter than this is checked against the unpruned extraction, and the longer kept
+# (path "pruned:unpruned"): a page may wrap all its content in an element a selector matches
+# (`<header class="hero-header">` on commoncrawl.org).
+MIN_PRUNED_CHARS = 200
+
+
+def pruned_text(html: str, selectors: Sequence[str]) -> tuple[str, str]:
+    """(text, path) of the "pruned" extractor with the given boilerplate selectors."""
     from resiliparse.parse.html import HTMLTree
 
     tree = HTMLTree.parse(html)
     if too_deep_for_main_content(tree):  # the depth guard holds for the pruned pass too
         return _resiliparse_text(tree, False), "pruned:too_deep"
-    remove_matching(tree, selector)
-    return _resiliparse_text(tree, True), "pruned"
+    text = _resiliparse_text(tree, True, selectors)
+    if len(text) < MIN_PRUNED_CHARS and selectors:
+        unpruned = _resiliparse_text(tree, True)
+        if len(unpruned) > len(text):
+            return unpruned, "pruned:unpruned"
+    return text, "pruned"
 
 
 def _pruned(html: str, main_content: bool) -> tuple[str, str]:
