@@ -151,12 +151,12 @@ def main() -> None:
 def report(results: dict[str, dict[str, float]]) -> None:
     ref = results["trafilatura"]
     print(
-        f"{'extractor':38} {'P':>6} {'R':>6} {'F1':>6} {'pages/s':>8} {'ΔF1 vs traf':>12} {'speed vs traf':>14}"
+        f"{'extractor':38} {'P':>7} {'R':>7} {'F1':>7} {'pages/s':>8} {'ΔF1 vs traf':>12} {'speed vs traf':>14}"
     )
     for name, r in results.items():
         print(
-            f"{name:38} {r['precision']:6.3f} {r['recall']:6.3f} {r['f1']:6.3f} {r['pages_s']:8.1f} "
-            f"{r['f1'] - ref['f1']:+12.3f} {r['pages_s'] / ref['pages_s']:13.1f}x"
+            f"{name:38} {r['precision']:7.4f} {r['recall']:7.4f} {r['f1']:7.4f} {r['pages_s']:8.1f} "
+            f"{r['f1'] - ref['f1']:+12.4f} {r['pages_s'] / ref['pages_s']:13.1f}x"
         )
 
 
