@@ -1,4 +1,4 @@
-"""Boilerplate elements removed before main-content extraction: CSS selectors chosen on data.
+"""Boilerplate elements skipped by main-content extraction: CSS selectors chosen on data.
 
 resiliparse's main-content pass keeps almost all of an article (recall 0.989 on the extraction
 benchmark's dev half) but also blocks around and inside it that no article body holds: photo
