@@ -95,7 +95,15 @@ def time_limit(seconds: float | None) -> Iterator[None]:
 
 def too_deep_for_main_content(tree) -> bool:
     """Whether a parsed resiliparse HTMLTree nests elements MAX_MAIN_CONTENT_DEPTH or more deep."""
-    return tree.document is not None and tree.document.query_selector(_DEEP_SELECTOR) is not None
+    doc = tree.document
+    if doc is None:
+        return False
+    # A chain of N nested elements needs N elements: counting them is one pass without the
+    # ancestor walks of _DEEP_SELECTOR (measured on the demo's pages 0.17 vs 0.69 ms), and most
+    # pages have fewer than MAX_MAIN_CONTENT_DEPTH elements (191 of 204 demo pages, 87 of 91 dev).
+    if len(doc.query_selector_all("*")) < MAX_MAIN_CONTENT_DEPTH:
+        return False
+    return doc.query_selector(_DEEP_SELECTOR) is not None
 
 
 def _resiliparse_text(tree, main_content: bool, skip: Sequence[str] = ()) -> str:
