@@ -19,7 +19,8 @@ ratio to trafilatura is from the same run (the machine may be shared: trust rati
 
 Measured 2026-12-03 on the shared 2-core machine (other jobs running; ratios from one run):
 5-fold CV by host, default (pruned) P 0.9598 R 0.9876 F1 0.9735 at 481.6 pages/s, trafilatura
-F1 0.9734 at 43.9 pages/s (default 11.0x its speed; 12.1x in an earlier run), resiliparse
+F1 0.9734 at 43.9 pages/s (default 11.0x its speed; 12.1x and, after the cheaper depth guard,
+11.5x in other runs: the spread is the machine's load), resiliparse
 main content alone F1 0.9596 (11.7x), html2text 0.6809 (1.2x). Fold selection took 80 s
 (374 s under heavier load). Shipped selectors in-sample 0.9779 (not an estimate).
 Final check, run once after everything was chosen, on the benchmark's other 90 pages (odd
