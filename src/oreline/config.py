@@ -66,9 +66,11 @@ class ProtocolConfig(Section):
 
 class ExtractConfig(Section):
     enabled: bool = True
-    extractor: Literal["resiliparse", "trafilatura", "html2text"] = Field(
-        "resiliparse",
-        description="HTML-to-text extractor: resiliparse (fast, default), trafilatura (precise), html2text",
+    extractor: Literal["pruned", "resiliparse", "trafilatura", "html2text"] = Field(
+        "pruned",
+        description="HTML-to-text extractor: pruned (default: resiliparse main content after removing "
+        "boilerplate elements by learned selectors; trafilatura's F1 at >10x its speed), resiliparse "
+        "(main content alone), trafilatura (precise, slow), html2text (whole page)",
     )
     main_content: bool = Field(True, description="keep main content only (drop navigation, footers)")
     timeout_s: float = Field(

@@ -9,10 +9,13 @@ import re
 import pytest
 
 from oreline.config import ExtractConfig
+from oreline.data.filters.boilerplate import SELECTORS_PATH, fit_selectors
 from oreline.data.filters.extract import (
     MAX_MAIN_CONTENT_DEPTH,
     ExtractTimeout,
+    extract,
     html_to_text,
+    pruned_text,
     time_limit,
     too_deep_for_main_content,
 )
@@ -20,13 +23,13 @@ from oreline.data.pipeline.steps import extract_text
 from oreline.data.read.warc import ReadReport, iter_records, record_to_document
 from oreline.errors import ConfigError
 
-EXTRACTORS = ["resiliparse", "trafilatura", "html2text"]
+EXTRACTORS = ["pruned", "resiliparse", "trafilatura", "html2text"]
 _SCRIPT_BODY = re.compile(r"<(script|style)\b[^>]*>(.*?)</\1\s*>", re.I | re.S)
 _CODE_TOKEN = re.compile(r"[A-Za-z_$][\w$]*\s*\([^()\s]*\)\s*[{;]|[.#][\w-]+\s*\{[^}]*:")
 
 
 def _extractor_available(name: str) -> None:
-    if name != "resiliparse":
+    if name not in ("pruned", "resiliparse"):
         pytest.importorskip(name)
 
 
@@ -140,3 +143,68 @@ def test_extract_text_reasons():
     assert reason is None and "Hello there" in text
     with pytest.raises(ConfigError):
         html_to_text("<p>x</p>", "no-such-extractor")
+
+
+_ARTICLE = "".join(
+    f"<p>Paragraph {i} of the article tells its story in plain sentences, one after another, "
+    "with enough words to look like prose to any main-content extractor.</p>"
+    for i in range(8)
+)
+
+
+def _element_for(selector: str, text: str) -> str:
+    """An element that `selector` (a tag or a [class*=name] selector) matches, holding text."""
+    m = re.fullmatch(r"\[class\*=([\w-]+)\]", selector)
+    if m:
+        return f'<div class="x-{m.group(1)}-y">{text}</div>'
+    assert re.fullmatch(r"[a-z][a-z0-9]*", selector), selector
+    return f"<{selector}>{text}</{selector}>"
+
+
+def test_default_removes_what_the_shipped_selectors_match():
+    selectors = json.loads(SELECTORS_PATH.read_text())["selectors"]
+    assert selectors  # the shipped model chose something
+    blocks = "".join(_element_for(sel, f"zzboiler{i} words here") for i, sel in enumerate(selectors))
+    html = f"<html><body><article>{blocks}{_ARTICLE}</article></body></html>"
+    default, alone = html_to_text(html), html_to_text(html, "resiliparse")
+    assert default.count("Paragraph") == 8
+    assert "zzboiler" not in default
+    assert "zzboiler" in alone  # resiliparse alone keeps them: the pruning made the difference
+
+
+def test_extraction_paths_are_counted():
+    deep = "<html><body>" + "<div>" * (MAX_MAIN_CONTENT_DEPTH + 10) + _ARTICLE + "</body></html>"
+    normal = f"<html><body><article>{_ARTICLE}</article></body></html>"
+    assert extract(normal)[1] == "pruned" and extract(deep)[1] == "pruned:too_deep"
+    assert extract(deep, "resiliparse")[1] == "resiliparse:too_deep"
+    # a short page held entirely by an element a selector matches keeps its text (commoncrawl.org)
+    first = json.loads(SELECTORS_PATH.read_text())["selectors"][0]
+    wrapped = (
+        f"<html><body>{_element_for(first, '<p>CCBot is the crawler of Common Crawl.</p>')}</body></html>"
+    )
+    assert extract(wrapped) == (html_to_text(wrapped, "resiliparse"), "pruned:unpruned")
+    assert "CCBot" in extract(wrapped)[0]
+    for isolate in (True, False):
+        paths: dict[str, dict] = {}
+        cfg = ExtractConfig(isolate=isolate)
+        for html in (normal, normal, deep):
+            text, reason = extract_text(html, cfg, paths)
+            assert reason is None and "Paragraph 7" in text
+        assert {k: v["docs"] for k, v in paths.items()} == {"pruned": 2, "pruned:too_deep": 1}
+        assert all(v["seconds"] > 0 for v in paths.values())
+
+
+def test_fit_selectors_chooses_the_boilerplate_class():
+    promo = '<div class="promo-box">Subscribe today for daily deals and offers on gadgets</div>'
+    nav = '<div class="nav-inline">Paragraph article story</div>'  # article words: removing it costs recall
+    pages = [
+        (
+            f"<html><body><article>{promo}{_ARTICLE}{nav}</article></body></html>",
+            pruned_text(f"<html><body><article>{_ARTICLE}{nav}</article></body></html>", ())[0],
+        )
+        for _ in range(3)
+    ]
+    chosen, f1 = fit_selectors(
+        pages, lambda html, sel: pruned_text(html, sel)[0], candidates=["[class*=nav]", "[class*=promo]"]
+    )
+    assert chosen == ["[class*=promo]"] and f1 == pytest.approx(1.0)

@@ -19,7 +19,7 @@ child's is capped; time per page is bounded by timeout_s plus one restart.
 
 Protocol (native byte order is fine: both ends are this module on one machine): request =
 `<IQ` (meta length, html length) + JSON [extractor, main_content] + UTF-8 html; reply = `<BQ`
-(status, length) + UTF-8 text or error message.
+(status, length) + the extraction path (ASCII), a NUL byte and the UTF-8 text, or an error message.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ class _Child:
 
     def extract(
         self, html: str, extractor: str, main_content: bool, timeout_s: float | None
-    ) -> tuple[str, str | None]:
-        """(text, None) or ("", reason); the child is killed on a timeout or a broken pipe."""
+    ) -> tuple[str, str | None, str]:
+        """(text, None, path) or ("", reason, path); the child is killed on a timeout or a broken pipe."""
         deadline = time.monotonic() + timeout_s if timeout_s and timeout_s > 0 else None
         data = html.encode("utf-8", "surrogatepass")
         meta = json.dumps([extractor, bool(main_content)]).encode()
@@ -103,7 +103,7 @@ class _Child:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             self.kill()
-            return "", "extract:error"
+            return "", "extract:error", extractor
         del data
         head = self._read_exact(_REPLY.size, deadline)
         body = None
@@ -113,15 +113,16 @@ class _Child:
         if body is None:
             timed_out = deadline is not None and time.monotonic() >= deadline
             self.kill()
-            return "", "extract:timeout" if timed_out else "extract:error"
+            return "", "extract:timeout" if timed_out else "extract:error", extractor
         if status == OK:
-            return body.decode("utf-8", "surrogatepass"), None
+            path, _, text = body.partition(b"\0")
+            return text.decode("utf-8", "surrogatepass"), None, path.decode("ascii")
         if status == CONFIG:
             raise ConfigError(
                 body.decode("utf-8", "replace"),
                 "pip install 'oreline[extract]' or set data.extract.extractor=resiliparse",
             )
-        return "", "extract:too_large" if status == TOO_LARGE else "extract:error"
+        return "", "extract:too_large" if status == TOO_LARGE else "extract:error", extractor
 
 
 _child: _Child | None = None
@@ -137,9 +138,10 @@ atexit.register(_shutdown)
 
 def extract_isolated(
     html: str, extractor: str, main_content: bool, timeout_s: float | None, max_memory_mb: int
-) -> tuple[str, str | None]:
-    """(text, None) or ("", "extract:timeout" | "extract:too_large" | "extract:error"), computed in
-    this process's extraction child (started or restarted as needed)."""
+) -> tuple[str, str | None, str]:
+    """(text, None, path) or ("", "extract:timeout" | "extract:too_large" | "extract:error", path),
+    computed in this process's extraction child (started or restarted as needed); the path is the
+    extractor's name when the page failed."""
     global _child
     if _child is None or not _child.alive() or _child.max_memory_mb != max_memory_mb:
         if _child is not None:
@@ -182,7 +184,9 @@ def main(argv: list[str]) -> None:
         try:
             html = raw.decode("utf-8", "surrogatepass")
             del raw
-            reply = EXTRACTORS[extractor](html, main_content).encode("utf-8", "surrogatepass")
+            text, path = EXTRACTORS[extractor](html, main_content)
+            reply = path.encode("ascii") + b"\0" + text.encode("utf-8", "surrogatepass")
+            del text
             status = OK
         except ConfigError as exc:
             status, reply = CONFIG, str(exc).encode()

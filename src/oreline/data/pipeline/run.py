@@ -114,6 +114,11 @@ def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
     for key in ("workers", "executor", "ray", "slurm", "inputs", "extra_inputs"):
         data.pop(key, None)
     listed = [[str(p), kind, storage.size(p)] for p, kind in files]
+    if cfg.data.extract.enabled and cfg.data.extract.extractor == "pruned":
+        # retrained boilerplate selectors are another run
+        from oreline.data.filters.boilerplate import selectors_sha256
+
+        data["extract"]["selectors_sha256"] = selectors_sha256()
     if cfg.data.quality.perplexity_model:  # a retrained reference model is another run
         from oreline.data.filters.perplexity import reference_fingerprint
 
@@ -330,10 +335,15 @@ def _merge_stats(work: Path, tasks, finished, unknown, crashes, dedup_stats, wor
                 st["seconds"] + sum(s["signature_seconds"] for s in p1) + dedup_stats.get("seconds", 0.0), 6
             )
     normalize_removed: Counter = Counter()
+    extract_paths: dict[str, dict[str, float]] = {}
     errors: list[dict[str, Any]] = []
     files: dict[str, Any] = {}
     for s in p1:
         normalize_removed.update(s["normalize_removed"])
+        for path, v in s.get("extract_paths", {}).items():
+            entry = extract_paths.setdefault(path, {"docs": 0, "seconds": 0.0})
+            entry["docs"] += v["docs"]
+            entry["seconds"] = round(entry["seconds"] + v["seconds"], 6)
         errors.extend(s["errors"])
         files[s["file"]] = s["input"]
     for c in crashes:
@@ -363,6 +373,7 @@ def _merge_stats(work: Path, tasks, finished, unknown, crashes, dedup_stats, wor
         },
         "errors": errors,
         "normalize_removed": dict(normalize_removed),
+        "extract_paths": extract_paths,
         "dedup": dedup_stats,
         "output": output,
         "workers": workers,
@@ -457,3 +468,9 @@ def print_funnel(stats: dict[str, Any], console: Console) -> None:
             f"{k} {v:,}" for k, v in sorted(stats["normalize_removed"].items(), key=lambda kv: -kv[1])
         )
         console.print(f"normalize changed: {removed}")
+    if stats.get("extract_paths"):
+        paths = " · ".join(
+            f"{k} {v['docs']:,} ({v['seconds']:.2f} s)"
+            for k, v in sorted(stats["extract_paths"].items(), key=lambda kv: -kv[1]["docs"])
+        )
+        console.print(f"extraction paths: {paths}")

@@ -6,9 +6,10 @@ runner in `oreline.data.pipeline.runner`; the filters themselves are pure functi
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections import Counter
 
-from oreline.data.filters.extract import EXTRACTORS, ExtractTimeout, html_to_text
+from oreline.data.filters.extract import EXTRACTORS, ExtractTimeout, extract
 from oreline.data.filters.extract_worker import extract_isolated
 from oreline.data.pipeline.runner import Step
 from oreline.document import Document
@@ -30,46 +31,56 @@ def protocol_step(cfg) -> Step:
     return Step("protocol", lambda doc: protocol_reason(doc.metadata, pcfg), applies=_is_warc)
 
 
-def extract_text(html: str, cfg) -> tuple[str, str | None]:
+def extract_text(html: str, cfg, paths: dict[str, dict] | None = None) -> tuple[str, str | None]:
     """(text, drop reason) under `cfg.data.extract`: "extract:timeout", "extract:too_large",
     "extract:error", "extract:empty". Runs in the extraction child (`extract_worker`) unless
-    `cfg.isolate` is off. It lives here, not in `extract`, because the child imports `extract`."""
+    `cfg.isolate` is off. It lives here, not in `extract`, because the child imports `extract`.
+
+    `paths`, when given, counts per extraction path (e.g. "pruned", "pruned:too_deep") the pages
+    and the seconds they took, the call to the child included: `{path: {"docs", "seconds"}}`."""
+    t0 = time.perf_counter()
     if getattr(cfg, "isolate", False):
         if cfg.extractor not in EXTRACTORS:
             raise ConfigError(f"unknown extractor {cfg.extractor!r}", f"use one of {sorted(EXTRACTORS)}")
         if not html:
-            text, reason = "", None
+            text, reason, path = "", None, "empty"
         else:
-            text, reason = extract_isolated(
+            text, reason, path = extract_isolated(
                 html, cfg.extractor, cfg.main_content, cfg.timeout_s, cfg.max_memory_mb
             )
-        if reason is not None:
-            return "", reason
     else:
+        path = cfg.extractor
         try:
-            text = html_to_text(html, cfg.extractor, cfg.main_content, cfg.timeout_s)
+            text, path = extract(html, cfg.extractor, cfg.main_content, cfg.timeout_s)
+            reason = None
         except ExtractTimeout:
-            return "", "extract:timeout"
+            text, reason = "", "extract:timeout"
         except ConfigError:
             raise
         except Exception:  # a parser failing on one page drops that page, never the run
-            return "", "extract:error"
+            text, reason = "", "extract:error"
+    if paths is not None:
+        entry = paths.setdefault(path, {"docs": 0, "seconds": 0.0})
+        entry["docs"] += 1
+        entry["seconds"] += time.perf_counter() - t0
+    if reason is not None:
+        return "", reason
     if len(text.strip()) < max(cfg.min_chars, 1):
         return text, "extract:empty"
     return text, None
 
 
-def extract_step(cfg) -> Step:
+def extract_step(cfg, paths: dict[str, dict] | None = None) -> Step:
     ecfg = cfg.data.extract
 
-    def extract(doc: Document) -> str | None:
-        text, reason = extract_text(doc.text, ecfg)  # enforces data.extract.timeout_s per page
+    def extract_one(doc: Document) -> str | None:
+        text, reason = extract_text(doc.text, ecfg, paths)  # enforces data.extract.timeout_s per page
         doc.metadata["is_html"] = False  # from here on the text is no longer HTML
         doc.metadata["extracted"] = True
         doc.text = text
         return reason
 
-    return Step("extract", extract, applies=_is_html)
+    return Step("extract", extract_one, applies=_is_html)
 
 
 def normalize_step(cfg, removed: Counter) -> Step:
@@ -122,14 +133,15 @@ def quality_steps(cfg) -> list[Step]:
     return steps
 
 
-def filter_steps(cfg, normalize_removed: Counter) -> list[Step]:
-    """Phase-1 steps in order, each present only when its config section is enabled."""
+def filter_steps(cfg, normalize_removed: Counter, extract_paths: dict[str, dict] | None = None) -> list[Step]:
+    """Phase-1 steps in order, each present only when its config section is enabled;
+    `extract_paths` collects the extraction paths (see `extract_text`)."""
     d = cfg.data
     steps: list[Step] = []
     if d.protocol.enabled:
         steps.append(protocol_step(cfg))
     if d.extract.enabled:
-        steps.append(extract_step(cfg))
+        steps.append(extract_step(cfg, extract_paths))
     if d.normalize.enabled:
         steps.append(normalize_step(cfg, normalize_removed))
     if d.langid.enabled:

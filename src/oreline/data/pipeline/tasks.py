@@ -281,7 +281,8 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
     t_start = time.perf_counter()
 
     normalize_removed: Counter = Counter()
-    steps = filter_steps(cfg, normalize_removed)
+    extract_paths: dict[str, dict] = {}
+    steps = filter_steps(cfg, normalize_removed, extract_paths)
     step_stats = [StepStats(s.name) for s in steps]
     progress = Progress(index)
     with (
@@ -326,6 +327,9 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
         "kept": kept_docs,
         "signature_seconds": round(signature_seconds, 6),
         "normalize_removed": dict(normalize_removed),
+        "extract_paths": {
+            k: {"docs": v["docs"], "seconds": round(v["seconds"], 6)} for k, v in extract_paths.items()
+        },
         "input": reader.info,
         "errors": reader.errors,
         "seconds": round(time.perf_counter() - t_start, 6),
