@@ -175,6 +175,7 @@ def tokenize(
         force=force,
         allow_incomplete=allow_incomplete,
         ray=cfg.data.ray,
+        slurm=cfg.data.slurm,
         console=console,
     )
     print_manifest_summary(manifest, console)

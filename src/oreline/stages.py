@@ -161,6 +161,7 @@ def stage_tokenize(cfg: Config, rd: RunDir, console: Console) -> str:
         cfg.tokenize,
         workers=cfg.tokenize.workers,
         ray=cfg.data.ray,
+        slurm=cfg.data.slurm,
         console=console,
     )
     print_manifest_summary(manifest, console)
