@@ -16,6 +16,11 @@
    log file, so the caller lists the input and the log in the run's errors, and a re-run of
    the command submits only what its markers say is missing.
 
+`SlurmExecutor.submit(fn, jobs, after=…)` is the detached form (`oreline data --detach`): the same
+job folder and array tasks, submitted with `--dependency=afterok:…` and `--kill-on-invalid-dep=yes`
+(or `afterany`), returning the job ids at once; with no driver left to resubmit, a task that raises
+is run again inside its array task, up to `max_retries` times.
+
 The job and result files are pickles (a config object and the tasks' result dicts travel as they
 are, so the output is the local run's), and a pickle that someone else wrote runs their code when
 loaded. So each `map` draws a random key that reaches its array tasks only through the job's

@@ -18,6 +18,9 @@ The run has three phases over tasks (one task per input file, in a deterministic
 3. per task, in parallel: drop the removals, chunk, write `docs/part-NNNNN-KKK.parquet` and
    `rejects/part-NNNNN-KKK.parquet`, then a marker (`tasks.run_phase3`).
 
+With `data.executor = "slurm"` and `data.slurm.detach` (`--detach`) the driver submits the three
+phases as a chain of Slurm jobs and returns (see "the detached Slurm chain" below).
+
 Output folder: `docs/`, `rejects/` (every dropped document with step, reason, id, url, source
 and truncated text), `stats.json` (the funnel), `config.toml` + `fingerprint.json`, `work/`
 (per-task markers, stats and signatures; its intermediate documents are deleted at the end)
