@@ -221,3 +221,15 @@ def test_detached_chain_stops_before_dedup_when_a_task_fails_and_the_resubmissio
     _wait_for([i for ids in again.values() for i in ids])
     assert len(list((out / "work" / "slurm" / "filter-1" / "logs").glob("*.out"))) == 1
     _same_as_local(out, ref)
+
+
+def test_detach_without_the_slurm_executor_is_refused_before_anything_is_written(samples, tmp_path):
+    from oreline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--executor slurm"):
+        run_data(
+            [str(samples / "web-archives" / INPUTS[2])],
+            tmp_path / "out",
+            load_config(None, ["data.slurm.detach=true"]),
+        )
+    assert not (tmp_path / "out").exists()

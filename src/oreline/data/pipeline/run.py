@@ -167,6 +167,11 @@ def run_data(
     t_start = time.perf_counter()
     out = Path(out_dir)
     console = console or Console(stderr=True)
+    if cfg.data.slurm.detach and cfg.data.executor != "slurm":
+        raise ConfigError(
+            f"data.slurm.detach (--detach) submits a chain of Slurm jobs, but data.executor is {cfg.data.executor!r}",
+            "add --executor slurm (data.executor = 'slurm'), or drop --detach",
+        )
     workers = max(1, int(workers or cfg.data.workers))
     unreadable: list[dict[str, Any]] = []
     items = [expand(str(i)) for i in inputs]  # {samples} in config inputs
@@ -221,11 +226,6 @@ def _run_data(
         _check_no_chain_running(out)
         if cfg.data.slurm.detach:
             return _submit_chain(tasks, unknown, unreadable, out, cfg, workers, console, fp)
-    elif cfg.data.slurm.detach:
-        raise ConfigError(
-            f"data.slurm.detach (--detach) submits a chain of Slurm jobs, but data.executor is {cfg.data.executor!r}",
-            "add --executor slurm (data.executor = 'slurm'), or drop --detach",
-        )
     executor = make_executor(
         cfg.data.executor,
         workers=workers,
