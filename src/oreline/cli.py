@@ -104,6 +104,13 @@ def data(
     workers: Annotated[Optional[int], typer.Option(help="processes (default: data.workers)")] = None,
     executor: ExecutorOpt = None,
     force: ForceOpt = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            help="with --executor slurm: submit the phases as a chain of jobs and return (data.slurm.detach)",
+        ),
+    ] = False,
 ) -> None:
     """Crawl files (WARC/WET/JSONL/Parquet) to clean, deduplicated Parquet shards with a funnel."""
     from oreline.data.pipeline.run import print_funnel, run_data
@@ -111,9 +118,12 @@ def data(
     inputs, overrides = _split_inputs_and_overrides(items)
     if executor is not None:
         overrides.append(f"data.executor={executor}")
+    if detach:
+        overrides.append("data.slurm.detach=true")
     cfg = _load(config, overrides)
     stats = run_data(inputs or cfg.data.inputs, out, cfg, workers=workers, force=force)
-    print_funnel(stats, console)
+    if not stats.get("detached"):  # a detached run printed its jobs; the merge job writes the funnel
+        print_funnel(stats, console)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,6 +185,7 @@ def tokenize(
         force=force,
         allow_incomplete=allow_incomplete,
         ray=cfg.data.ray,
+        slurm=cfg.data.slurm,
         console=console,
     )
     print_manifest_summary(manifest, console)

@@ -214,6 +214,11 @@ class SlurmConfig(Section):
     cpus_per_task: int = Field(1, ge=1, description="sbatch --cpus-per-task of one array task")
     mem_mb: int = Field(0, ge=0, description="sbatch --mem of one array task in MB; 0: the cluster's default")
     poll_s: float = Field(2.0, gt=0, description="seconds between two squeue polls while waiting for a stage")
+    detach: bool = Field(
+        False,
+        description="oreline data: submit the phases as a chain of jobs (afterok) and return at once "
+        "instead of waiting (--detach)",
+    )
     stage_time_limit: str = Field(
         "48:00:00", description="sbatch --time of one stage job of `oreline run --executor slurm`"
     )

@@ -89,6 +89,12 @@ def stage_data(cfg: Config, rd: RunDir, console: Console) -> str:
     from oreline.data.pipeline.run import print_funnel, run_data
 
     inputs = [expand(p) for p in cfg.data.inputs]
+    # the stages after this one read its output: the run waits for the data, detached or not
+    cfg = cfg.model_copy(
+        update={
+            "data": cfg.data.model_copy(update={"slurm": cfg.data.slurm.model_copy(update={"detach": False})})
+        }
+    )
     stats = run_data(inputs, rd.data, cfg, workers=cfg.data.workers)
     print_funnel(stats, console)
     _write_extra_documents(cfg, rd, console)
@@ -161,6 +167,7 @@ def stage_tokenize(cfg: Config, rd: RunDir, console: Console) -> str:
         cfg.tokenize,
         workers=cfg.tokenize.workers,
         ray=cfg.data.ray,
+        slurm=cfg.data.slurm,
         console=console,
     )
     print_manifest_summary(manifest, console)

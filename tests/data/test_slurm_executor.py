@@ -5,7 +5,10 @@
 - one array task cancelled mid-run (`scancel JOB_INDEX`) with no retries left: the run lists that
   input with the array task's log in its errors and writes no _SUCCESS; the re-run of the same
   command submits only the missing task and the output is then identical to the local run;
-- a task that fails is resubmitted up to `max_retries` times, and reported with its log after that.
+- a task that fails is resubmitted up to `max_retries` times, and reported with its log after that;
+- `--detach` submits the run as a chain of jobs and returns: a filter array task cancelled for
+  good stops the chain before the dedup job, the merge job lists the input and its log, and the
+  resubmission runs only the missing task and ends with the local run's output.
 """
 
 from __future__ import annotations
@@ -150,3 +153,83 @@ def test_arrays_are_split_below_max_array_size():
     assert array_chunks(range(7), 3) == [(0, [0, 1, 2]), (3, [0, 1, 2]), (6, [0])]
     assert array_chunks([1, 2, 9], 1001) == [(1, [0, 1, 8])]
     assert array_spec([0, 1, 2, 3, 7, 9, 10]) == "0-3,7,9-10"
+
+
+def _wait_for(job_ids: list[str], timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while queued(job_ids) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not queued(job_ids), f"jobs {job_ids} still queued after {timeout} s"
+
+
+def _detached(inputs: list[str], out: Path, *overrides: str) -> dict[str, list[str]]:
+    """Run `oreline data --executor slurm --detach` and return its jobs (it does not wait for them)."""
+    proc = subprocess.run(
+        [*_cli(inputs, out, *overrides), "--detach"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "submitted: " in proc.stderr
+    return json.loads((out / "work" / "slurm" / "chain.json").read_text())["jobs"]
+
+
+# the detached chain without MinHash: its global job then runs the exact-dedup stages only (the
+# MinHash stages on Slurm are the synchronous test's above), which keeps this test's job count small
+EXACT = ["data.dedup.minhash=false"]
+
+
+@pytest.fixture(scope="module")
+def local_exact(local_ref, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("local-exact") / "out"
+    run_data(local_ref[0], out, load_config(None, EXACT), workers=1)
+    return out
+
+
+@pytest.mark.slow
+def test_detached_chain_stops_before_dedup_when_a_task_fails_and_the_resubmission_completes_it(
+    slurm_cluster, local_ref, local_exact, tmp_path
+):
+    inputs, ref = local_ref[0], local_exact
+    out = tmp_path / "slurm"
+    # one filter task at a time, no retry: the cancelled index fails for good
+    jobs = _detached(inputs, out, "data.slurm.throttle=1", "data.slurm.max_retries=0", *EXACT, *FAST)
+    assert not (out / "stats.json").exists()  # the driver did not wait for the chain
+    assert sorted(jobs) == ["dedup", "filter", "merge", "write"]
+    twice = subprocess.run([*_cli(inputs, out, *EXACT), "--detach"], capture_output=True, text=True)
+    assert twice.returncode != 0 and "still in the queue" in " ".join(
+        twice.stderr.split()
+    )  # one chain at a time
+    victim = f"{jobs['filter'][0]}_1"
+    deadline = time.monotonic() + 120
+    while queued([victim]).get(victim) != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    subprocess.run(["scancel", victim], check=True)
+    _wait_for([i for ids in jobs.values() for i in ids])
+    # the chain stopped before the dedup job: it never ran (no log), nor did the write array
+    assert not list((out / "work" / "slurm" / "dedup-0" / "logs").glob("*")), "the dedup job ran"
+    assert not (out / "work" / "dedup" / "DONE").exists() and not (out / "docs").exists()
+    assert not (out / "_SUCCESS").exists()
+    stats = json.loads((out / "stats.json").read_text())  # the merge job ran and listed the failure
+    [failed] = [e for e in stats["errors"] if "Slurm array task" in e["error"]]
+    assert failed["file"] == inputs[1] and victim in failed["error"], stats["errors"]
+    log = failed["error"].split("log: ")[1].split(";")[0]
+    assert Path(log).is_file() and "CANCELLED" in Path(log).read_text()
+    assert f"before the dedup job {jobs['dedup'][0]}" in failed["error"]
+    assert f"re-run `oreline data {inputs[0]}" in failed["error"]  # the command that resumes
+
+    again = _detached(inputs, out, *EXACT, *FAST)  # only the missing filter task is submitted
+    assert len(list((out / "work" / "slurm" / "filter-1").glob("jobs.pkl"))) == 1
+    _wait_for([i for ids in again.values() for i in ids])
+    assert len(list((out / "work" / "slurm" / "filter-1" / "logs").glob("*.out"))) == 1
+    _same_as_local(out, ref)
+
+
+def test_detach_without_the_slurm_executor_is_refused_before_anything_is_written(samples, tmp_path):
+    from oreline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--executor slurm"):
+        run_data(
+            [str(samples / "web-archives" / INPUTS[2])],
+            tmp_path / "out",
+            load_config(None, ["data.slurm.detach=true"]),
+        )
+    assert not (tmp_path / "out").exists()

@@ -16,6 +16,11 @@
    log file, so the caller lists the input and the log in the run's errors, and a re-run of
    the command submits only what its markers say is missing.
 
+`SlurmExecutor.submit(fn, jobs, after=…)` is the detached form (`oreline data --detach`): the same
+job folder and array tasks, submitted with `--dependency=afterok:…` and `--kill-on-invalid-dep=yes`
+(or `afterany`), returning the job ids at once; with no driver left to resubmit, a task that raises
+is run again inside its array task, up to `max_retries` times.
+
 The job and result files are pickles (a config object and the tasks' result dicts travel as they
 are, so the output is the local run's), and a pickle that someone else wrote runs their code when
 loaded. So each `map` draws a random key that reaches its array tasks only through the job's
@@ -43,7 +48,9 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +214,7 @@ class SlurmExecutor:
             except FileExistsError:
                 k += 1
 
-    def _script(self, folder: Path, label: str, resources: Resources) -> Path:
+    def _script(self, folder: Path, label: str, resources: Resources, time_limit: str | None = None) -> Path:
         s = self.settings
         cpus = max(int(s.cpus_per_task), int(-(-resources.cpus // 1)))
         lines = [
@@ -215,7 +222,7 @@ class SlurmExecutor:
             f"#SBATCH --job-name=oreline-{label}",
             f"#SBATCH --output={folder}/logs/%A_%a.out",
             f"#SBATCH --cpus-per-task={cpus}",
-            f"#SBATCH --time={s.time_limit}",
+            f"#SBATCH --time={time_limit or s.time_limit}",
             f"#SBATCH --chdir={os.getcwd()}",
         ]
         mem = s.mem_mb or resources.memory_mb or 0
@@ -234,6 +241,44 @@ class SlurmExecutor:
         path.write_text("\n".join(lines))
         return path
 
+    def _prepare(
+        self,
+        fn,
+        jobs: Sequence[tuple],
+        label: str,
+        resources: Resources,
+        retries: int,
+        time_limit: str | None,
+    ) -> tuple[Path, Path, dict[str, str]]:
+        """The stage's folder with its sealed jobs file and sbatch script; the environment to submit in."""
+        folder = self._folder(label)
+        (folder / "logs").mkdir()
+        (folder / "results").mkdir()
+        tmp = folder / f".{JOBS_FILE}.tmp-{os.getpid()}"
+        key = secrets.token_hex(32)
+        env = {**os.environ, KEY_ENV: key}
+        spec = {"fn": fn, "jobs": list(jobs), "pack": int(self.settings.tasks_per_job), "retries": retries}
+        tmp.write_bytes(seal(pickle.dumps(spec), key))
+        tmp.replace(folder / JOBS_FILE)
+        return folder, self._script(folder, label, resources, time_limit), env
+
+    def _submit_packs(
+        self, script: Path, packs: Sequence[int], env: dict[str, str], options: Sequence[str] = ()
+    ) -> tuple[list[str], dict[int, str]]:
+        """Array job(s) for the given packs, split below MaxArraySize; (job ids, pack → "jobid_index")."""
+        s = self.settings
+        max_array = int(cluster_setting("MaxArraySize", "1001") or 1001)
+        submitted: list[str] = []
+        where: dict[int, str] = {}
+        for base, offsets in array_chunks(packs, max_array):
+            spec = array_spec(offsets) + (f"%{s.throttle}" if s.throttle else "")
+            # BASE reaches the script as $1
+            jid = submit(script, [f"--array={spec}", "--export=ALL", *options], [str(base)], env=env)
+            submitted.append(jid)
+            for o in offsets:
+                where[base + o] = f"{jid}_{o}"
+        return submitted, where
+
     def map(
         self,
         fn: Callable[..., Any],
@@ -245,30 +290,15 @@ class SlurmExecutor:
         if not jobs:
             return []
         s = self.settings
-        folder = self._folder(label)
-        (folder / "logs").mkdir()
-        (folder / "results").mkdir()
+        folder, script, env = self._prepare(fn, jobs, label, resources, 0, None)
+        key = env[KEY_ENV]
         pack = int(s.tasks_per_job)
-        tmp = folder / f".{JOBS_FILE}.tmp-{os.getpid()}"
-        key = secrets.token_hex(32)
-        env = {**os.environ, KEY_ENV: key}
-        tmp.write_bytes(seal(pickle.dumps({"fn": fn, "jobs": list(jobs), "pack": pack}), key))
-        tmp.replace(folder / JOBS_FILE)
-        script = self._script(folder, label, resources)
-        max_array = int(cluster_setting("MaxArraySize", "1001") or 1001)
         packs = -(-len(jobs) // pack)
         where: dict[int, str] = {}  # pack → "jobid_index" of its last attempt (its log file's name)
         missing = list(range(packs))
         for attempt in range(int(s.max_retries) + 1):
-            submitted: list[str] = []
-            for base, offsets in array_chunks(missing, max_array):
-                spec = array_spec(offsets) + (f"%{s.throttle}" if s.throttle else "")
-                jid = submit(
-                    script, [f"--array={spec}", "--export=ALL"], [str(base)], env=env
-                )  # BASE reaches the script as $1
-                submitted.append(jid)
-                for o in offsets:
-                    where[base + o] = f"{jid}_{o}"
+            submitted, placed = self._submit_packs(script, missing, env)
+            where.update(placed)
             self.console.print(
                 f"{label}: {len(missing)} array task(s) submitted as job(s) {', '.join(submitted)}"
                 + (f" (retry {attempt} of {s.max_retries})" if attempt else "")
@@ -298,6 +328,34 @@ class SlurmExecutor:
                 )
         return results
 
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        jobs: Sequence[tuple],
+        *,
+        label: str,
+        resources: Resources = Resources(),
+        after: Sequence[str] = (),
+        after_any: bool = False,
+        time_limit: str | None = None,
+    ) -> Submitted:
+        """Submit fn(*job) for every job as array job(s) and return at once (no waiting, no results:
+        the tasks' markers are the record). The arrays start once every job in `after` has succeeded
+        (afterok; a failed or cancelled one cancels them: --kill-on-invalid-dep=yes), or, with
+        `after_any`, has ended in any state. A task that raises is run again in its array task, up
+        to max_retries times; nobody resubmits an array task that dies (the re-run of the command does)."""
+        folder, script, env = self._prepare(
+            fn, jobs, label, resources, int(self.settings.max_retries), time_limit
+        )
+        options = []
+        if after:
+            options = [f"--dependency={'afterany' if after_any else 'afterok'}:{':'.join(after)}"]
+            options += [] if after_any else ["--kill-on-invalid-dep=yes"]
+        pack = int(self.settings.tasks_per_job)
+        ids, where = self._submit_packs(script, range(-(-len(jobs) // pack)), env, options)
+        logs = [str(folder / "logs" / f"{where[j // pack]}.out") for j in range(len(jobs))]
+        return Submitted(label, ids, [where[j // pack] for j in range(len(jobs))], logs)
+
     def _wait(self, job_ids: list[str], folder: Path, total: int, label: str) -> None:
         seen = -1
         while True:
@@ -309,6 +367,16 @@ class SlurmExecutor:
             if not left:
                 return
             time.sleep(float(self.settings.poll_s))
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """Array job(s) `SlurmExecutor.submit` queued: their ids, and per job its array task and log file."""
+
+    label: str
+    job_ids: list[str]
+    tasks: list[str]  # "jobid_index" per job
+    logs: list[str]  # per job
 
 
 def _rerun_hint() -> str:
@@ -333,13 +401,23 @@ def run_pack(folder: Path, pack_index: int) -> int:
     """The body of one array task: run the pack's jobs that have no result yet; 0 when all succeeded."""
     key = os.environ.get(KEY_ENV, "")
     spec = unseal((folder / JOBS_FILE).read_bytes(), key, folder / JOBS_FILE)
-    fn, jobs, pack = spec["fn"], spec["jobs"], spec["pack"]
+    fn, jobs, pack, retries = spec["fn"], spec["jobs"], spec["pack"], spec.get("retries", 0)
     for j in _pack_jobs(pack_index, pack, len(jobs)):
         out = _result(folder, j)
         if out.is_file():
             continue  # an earlier attempt of this pack finished this job
         print(f"[oreline slurm task] job {j}: {getattr(fn, '__qualname__', fn)}{_short(jobs[j])}", flush=True)
-        result = fn(*jobs[j])
+        for attempt in range(retries + 1):  # detached stages retry here: no driver resubmits them
+            try:
+                result = fn(*jobs[j])
+                break
+            except Exception:
+                if attempt == retries:
+                    raise
+                traceback.print_exc()
+                print(
+                    f"[oreline slurm task] job {j}: attempt {attempt + 1} of {retries + 1} failed", flush=True
+                )
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
         tmp.write_bytes(seal(pickle.dumps(result), key))
         tmp.replace(out)

@@ -12,8 +12,10 @@ Tasks: one per input file; when there are fewer files than workers, multi-row-gr
 files are split into row-group ranges. Each task streams its file batch by batch and writes
 `{split}-{generation}-{task:05d}-{part:03d}.tok` shards (a new part every `max_shard_tokens`).
 Tasks run on the executor `tokenize.executor` names (executors/): a local process pool (each
-worker single-threaded, or this process for workers=1) or Ray core tasks on a cluster
-(`data.ray`). The plan depends on `workers` alone, so every executor writes the same shards.
+worker single-threaded, or this process for workers=1), Ray core tasks on a cluster
+(`data.ray`) or Slurm array jobs (`data.slurm`; their job files and logs go to `slurm/` in the
+output folder, which every node must see). The plan depends on `workers` alone, so every
+executor writes the same shards.
 
 Re-runs: the manifest records a key = sha256(tokenizer fingerprint, input file sha256s,
 settings). When the key matches and every shard is present with its recorded size, nothing is
@@ -43,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oreline.config import RayConfig, TokenizeConfig
+from oreline.config import RayConfig, SlurmConfig, TokenizeConfig
 from oreline.errors import DataIntegrityError, InputError
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
@@ -59,7 +61,12 @@ SHARD_NAME = re.compile(
     r"(train|val)-[0-9a-f]{10}-\d{5}-\d{3}\.tok"
 )  # {split}-{generation}-{task}-{part}.tok
 TOKENS_NAMES = re.compile(
-    r"manifest\.json|rejects\.jsonl|" + re.escape(OWNER) + "|" + re.escape(LOCK) + "|" + SHARD_NAME.pattern
+    r"manifest\.json|rejects\.jsonl|slurm|"
+    + re.escape(OWNER)
+    + "|"
+    + re.escape(LOCK)
+    + "|"
+    + SHARD_NAME.pattern
 )
 
 
@@ -302,12 +309,14 @@ def tokenize_corpus(
     allow_incomplete: bool = False,
     ray: RayConfig | None = None,
     console=None,
+    slurm: SlurmConfig | None = None,
 ) -> dict:
     """Tokenize documents into packed shards + manifest.json; a no-op when nothing changed.
 
     `force` writes into a non-empty folder oreline did not create; `allow_incomplete` reads a data
     run that has not finished (see the module docstring); `ray` is the cluster of
-    `cfg.executor = "ray"` (the config's data.ray)."""
+    `cfg.executor = "ray"` (the config's data.ray), `slurm` the sbatch settings of
+    `cfg.executor = "slurm"` (data.slurm)."""
     out = Path(out_dir)
     paths = expand_inputs(inputs, allow_incomplete)
     tok = load_tokenizer(tokenizer_dir)
@@ -315,7 +324,7 @@ def tokenize_corpus(
         out, "tokens", "oreline tokenize", force=force, reserved=TOKENS_NAMES.fullmatch, legacy=_legacy_tokens
     )
     with FolderLock(out, "oreline tokenize"):
-        return _tokenize(paths, tok, out, cfg, workers, ray, console)
+        return _tokenize(paths, tok, out, cfg, workers, ray, console, slurm)
 
 
 def _tokenize(
@@ -326,6 +335,7 @@ def _tokenize(
     workers: int | None,
     ray: RayConfig | None = None,
     console=None,
+    slurm: SlurmConfig | None = None,
 ) -> dict:
     t0 = time.perf_counter()
     workers = max(1, workers or cfg.workers)
@@ -360,7 +370,8 @@ def _tokenize(
     _TOKENIZER.dir = _TOKENIZER.dir.resolve()
     # a local pool forks its workers from a forkserver: safe with the threads the caller may hold
     # (torch, tensorboard, rayon), unlike a plain fork
-    executor = make_executor(cfg.executor, workers=workers, ray=ray, console=console)
+    # the Slurm executor's job files and array logs go to out/slurm/, a folder the nodes share
+    executor = make_executor(cfg.executor, workers=workers, ray=ray, slurm=slurm, work=out, console=console)
     results = executor.map(run_task, [(t,) for t in tasks], label="tokenize")
     crashed = [r for r in results if isinstance(r, TaskCrashed)]
     if crashed:

@@ -18,6 +18,9 @@ The run has three phases over tasks (one task per input file, in a deterministic
 3. per task, in parallel: drop the removals, chunk, write `docs/part-NNNNN-KKK.parquet` and
    `rejects/part-NNNNN-KKK.parquet`, then a marker (`tasks.run_phase3`).
 
+With `data.executor = "slurm"` and `data.slurm.detach` (`--detach`) the driver submits the three
+phases as a chain of Slurm jobs and returns (see "the detached Slurm chain" below).
+
 Output folder: `docs/`, `rejects/` (every dropped document with step, reason, id, url, source
 and truncated text), `stats.json` (the funnel), `config.toml` + `fingerprint.json`, `work/`
 (per-task markers, stats and signatures; its intermediate documents are deleted at the end)
@@ -70,7 +73,7 @@ from oreline.data.pipeline.tasks import (
     task_name,
 )
 from oreline.data.read.inputs import KINDS, discover_inputs, input_kind
-from oreline.errors import FingerprintMismatch, InputError
+from oreline.errors import ConfigError, DataIntegrityError, FingerprintMismatch, InputError
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
 from oreline.io import write_json_atomic
@@ -169,6 +172,11 @@ def run_data(
     t_start = time.perf_counter()
     out = Path(out_dir)
     console = console or Console(stderr=True)
+    if cfg.data.slurm.detach and cfg.data.executor != "slurm":
+        raise ConfigError(
+            f"data.slurm.detach (--detach) submits a chain of Slurm jobs, but data.executor is {cfg.data.executor!r}",
+            "add --executor slurm (data.executor = 'slurm'), or drop --detach",
+        )
     workers = max(1, int(workers or cfg.data.workers))
     unreadable: list[dict[str, Any]] = []
     items = [expand(str(i)) for i in inputs]  # {samples} in config inputs
@@ -219,6 +227,10 @@ def _run_data(
     if (out / "_SUCCESS").is_file() and (out / "stats.json").is_file():
         return json.loads((out / "stats.json").read_text())
     tasks = [(i, p, kind) for i, (p, kind) in enumerate(files)]
+    if cfg.data.executor == "slurm":
+        _check_no_chain_running(out)
+        if cfg.data.slurm.detach:
+            return _submit_chain(tasks, unknown, unreadable, out, cfg, workers, console, fp)
     executor = make_executor(
         cfg.data.executor,
         workers=workers,
@@ -250,19 +262,228 @@ def _run_data(
     jobs = [(i, str(work), str(out), cfg) for i in left]
     crashes += [r for r in executor.map(run_phase3, jobs, label="write") if isinstance(r, TaskCrashed)]
 
+    return _finish(
+        out, tasks, finished, unknown, unreadable, crashes, dedup_stats, ppl_stats, workers, fp, t_start
+    )
+
+
+def _finish(
+    out: Path,
+    tasks,
+    finished,
+    unknown,
+    unreadable,
+    crashes,
+    dedup_stats,
+    ppl_stats,
+    workers,
+    fp,
+    t_start,
+    extra=(),
+) -> dict[str, Any]:
+    """Merge the tasks' stats into stats.json; when every task finished, clean up and write _SUCCESS."""
+    work = out / "work"
     stats = _merge_stats(work, tasks, finished, unknown, crashes, dedup_stats, workers, fp)
-    stats["errors"] = unreadable + stats["errors"]  # input folders that could not be listed
+    stats["errors"] = unreadable + stats["errors"] + list(extra)  # input folders that could not be listed
     if ppl_stats is not None:
         stats["perplexity"] = ppl_stats
     stats["seconds"] = round(time.perf_counter() - t_start, 3)
     write_json_atomic(out / "stats.json", stats)
-    if not crashes and len(finished) == len(tasks):
+    if not crashes and not extra and len(finished) == len(tasks):
         for t in finished:  # the final shards hold everything; drop the intermediate copies
             for p in phase1_files(work, t[0], "kept-") + phase1_files(work, t[0], "rejects-"):
                 storage.remove(p)
         _remove_wrecks(out)
         write_json_atomic(out / "_SUCCESS", {"data": fp, "docs": stats["output"]["docs"]})
     return stats
+
+
+# ---------------------------------------------------------------------------------------------
+# the detached Slurm chain (data.executor = "slurm", data.slurm.detach = true / --detach)
+#
+# The driver submits the three phases as jobs and returns: phase 1 as an array job (one index per
+# task or pack), the global stage (dedup plan and perplexity cut-offs) as one job `afterok` that
+# array, which maps its own stages through the Slurm executor synchronously from inside the job,
+# phase 3 as an array job `afterok` the global job, all with --kill-on-invalid-dep=yes: a task
+# that fails for good cancels every job after it, so nothing global runs over a partial phase 1.
+# A last job, `afterany` all of them, merges the stats: it lists each task that did not finish
+# with its input, its array task and log file, and the command that resumes, and writes
+# _SUCCESS only when everything finished. The same task functions write the same markers as the
+# synchronous run, so the resume (the same command again) submits only what is missing, and the
+# output is the local run's byte for byte. The job ids go to work/slurm/chain.json, so a second
+# submission while a chain still runs is refused.
+
+CHAIN = "chain.json"
+
+
+def _check_no_chain_running(out: Path) -> None:
+    from oreline.errors import ClusterError
+    from oreline.executors.slurm import queued
+
+    path = out / "work" / "slurm" / CHAIN
+    if not path.is_file():
+        return
+    left = queued(json.loads(path.read_text())["job_ids"])
+    if left:
+        raise ClusterError(
+            f"the jobs of an earlier `oreline data --detach` into {out} are still in the queue "
+            f"({', '.join(sorted(left))})",
+            "wait until they end (squeue), or scancel them, then run the command again",
+        )
+
+
+def _submit_chain(
+    tasks, unknown, unreadable, out: Path, cfg: Config, workers: int, console: Console, fp: str
+):
+    from oreline.executors.interface import Resources
+    from oreline.executors.slurm import SlurmExecutor, _rerun_hint
+
+    work = out / "work"
+    s = cfg.data.slurm
+    ex = SlurmExecutor(s, work=work, console=console)
+    stage = {"resources": Resources(cpus=s.stage_cpus or workers), "time_limit": s.stage_time_limit}
+    left1 = _jobs_left(tasks, lambda i: (phase1_dir(work, i) / "DONE").is_file())
+    filt = (
+        ex.submit(
+            run_phase1, [(i, str(tasks[i][1]), tasks[i][2], str(work), cfg) for i in left1], label="filter"
+        )
+        if left1
+        else None
+    )
+    dedup = ex.submit(
+        run_chain_stage,
+        [("dedup", str(out), tasks, cfg, workers, {})],
+        label="dedup",
+        after=filt.job_ids if filt else (),
+        **stage,
+    )
+    left3 = _jobs_left(tasks, lambda i: phase3_marker(work, i).is_file())
+    write = (
+        ex.submit(
+            run_phase3, [(i, str(work), str(out), cfg) for i in left3], label="write", after=dedup.job_ids
+        )
+        if left3
+        else None
+    )
+    resume = _rerun_hint()
+    record = {
+        "fp": fp,
+        "unknown": [str(u) for u in unknown],
+        "unreadable": unreadable,
+        "resume": resume,
+        "dedup": {"task": dedup.tasks[0], "log": dedup.logs[0]},
+        "filter": {i: {"task": t, "log": g} for i, t, g in zip(left1, filt.tasks, filt.logs, strict=True)}
+        if filt
+        else {},
+        "write": {i: {"task": t, "log": g} for i, t, g in zip(left3, write.tasks, write.logs, strict=True)}
+        if write
+        else {},
+    }
+    before = [*(filt.job_ids if filt else []), *dedup.job_ids, *(write.job_ids if write else [])]
+    merge = ex.submit(
+        run_chain_stage,
+        [("merge", str(out), tasks, cfg, workers, record)],
+        label="merge",
+        after=before,
+        after_any=True,
+        **stage,
+    )
+    jobs = {j.label: j.job_ids for j in (filt, dedup, write, merge) if j is not None}
+    job_ids = [i for ids in jobs.values() for i in ids]
+    write_json_atomic(work / "slurm" / CHAIN, {"job_ids": job_ids, "jobs": jobs})
+    console.print(
+        "submitted: "
+        + " → ".join(f"{label} {', '.join(ids)}" for label, ids in jobs.items())
+        + f"; stats.json (and _SUCCESS when all went well) come with the merge job; follow it with "
+        f"`squeue -j {','.join(job_ids)}`; if a task fails for good, the jobs after it are cancelled, "
+        f"and stats.json names it: then {resume}"
+    )
+    return {"detached": True, "jobs": jobs, "resume": resume}
+
+
+def run_chain_stage(stage: str, out: str, tasks, cfg: Config, workers: int, record: dict) -> dict[str, Any]:
+    """The body of the chain's global job ("dedup") and of its last job ("merge")."""
+    t_start = time.perf_counter()
+    out_dir = Path(out)
+    work = out_dir / "work"
+    finished = [t for t in tasks if (phase1_dir(work, t[0]) / "DONE").is_file()]
+    if stage == "dedup":
+        if len(finished) != len(
+            tasks
+        ):  # afterok makes this unreachable; a hand-run job must not dedup a part
+            raise DataIntegrityError(
+                f"{len(tasks) - len(finished)} task(s) of phase 1 have not finished",
+                "run `oreline data` again with the same inputs: it submits what is missing",
+            )
+        remove_stale_attempts(work, [i for i, _, _ in finished])
+        executor = make_executor(
+            cfg.data.executor, workers=workers, preload=PRELOAD, slurm=cfg.data.slurm, work=work
+        )
+        if dedup_enabled(cfg):
+            _dedup_phase(work, finished, cfg, executor)
+        if cfg.data.quality.perplexity_model:
+            from oreline.data.filters.perplexity import perplexity_phase
+
+            perplexity_phase(work, [phase1_dir(work, i) for i, _, _ in finished], cfg, executor)
+        write_json_atomic(work / "slurm" / "dedup.DONE", {"job": os.environ.get("SLURM_JOB_ID")})
+        return {}
+    # merge: whatever the jobs before it left, in stats.json
+    resume = record["resume"]
+    dedup_ok = (work / "slurm" / "dedup.DONE").is_file()
+    crashes: list[TaskCrashed] = []
+    for i, path, kind in tasks:
+        if not (phase1_dir(work, i) / "DONE").is_file():
+            where = record["filter"].get(i) or record["filter"].get(str(i)) or {"task": "?", "log": "?"}
+            crashes.append(
+                TaskCrashed(
+                    (i, str(path), kind),
+                    f"Slurm array task {where['task']} (filter) did not finish; log: {where['log']}; "
+                    f"the chain stopped before the dedup job {record['dedup']['task'].split('_')[0]}; {resume}",
+                )
+            )
+        elif dedup_ok and not phase3_marker(work, i).is_file():
+            where = record["write"].get(i) or {"task": "?", "log": "?"}
+            crashes.append(
+                TaskCrashed(
+                    (i, str(path), kind),
+                    f"Slurm array task {where['task']} (write) did not finish; log: {where['log']}; {resume}",
+                )
+            )
+    extra = []
+    if len(finished) == len(tasks) and not dedup_ok:
+        extra.append(
+            {
+                "file": None,
+                "offset": None,
+                "error": f"the dedup job {record['dedup']['task'].split('_')[0]} failed; "
+                f"log: {record['dedup']['log']}; {resume}",
+            }
+        )
+    ddir = work / "dedup" / "DONE"
+    dedup_stats = json.loads(ddir.read_text()) if dedup_ok and ddir.is_file() else {}
+    ppl_stats = None
+    if dedup_ok and cfg.data.quality.perplexity_model:
+        from oreline.data.filters.perplexity import perplexity_phase
+
+        ppl_stats = perplexity_phase(
+            work, [phase1_dir(work, i) for i, _, _ in finished], cfg
+        )  # its cached result
+    unknown = [Path(u) for u in record["unknown"]]
+    _finish(
+        out_dir,
+        tasks,
+        finished,
+        unknown,
+        record["unreadable"],
+        crashes,
+        dedup_stats,
+        ppl_stats,
+        workers,
+        record["fp"],
+        t_start,
+        extra,
+    )
+    return {}
 
 
 def _remove_wrecks(out: Path) -> None:
