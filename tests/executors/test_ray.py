@@ -181,7 +181,7 @@ def test_worker_node_killed_in_the_dedup_bucket_stage_the_plan_completes_with_id
 
     paths = _signature_files(tmp_path / "sig", 60_000)
     cfg = DedupConfig(verify="signature")  # synthetic signatures have no texts
-    parts = Partitions(exact=2, ranges=4, ids=2)  # 14 bands x 4 key ranges: 56 bucket jobs
+    parts = Partitions(exact=2, ranges=2, ids=2)  # 14 bands x 2 key ranges: 28 bucket jobs
     lists = {
         name: [tmp_path / name / "lists" / f"{i}.json" for i in range(len(paths))] for name in ("a", "b")
     }
