@@ -4,6 +4,7 @@ run again, and when two attempts of one task run at once."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pyarrow.parquet as pq
 import pytest
 
 from oreline.config import TokenizerConfig, load_config
@@ -105,12 +107,13 @@ def test_tokenize_on_ray_equals_the_local_run(local_run, ray_overrides, tmp_path
     assert local_files == ray_files
 
 
-def _task_running_on(node) -> bool:
-    """Whether one of `node`'s worker processes is running a task now (Ray titles it ray::_call)."""
+def _task_running_on(node, label: str) -> bool:
+    """Whether one of `node`'s worker processes is running a task of the map labelled `label` now
+    (the executor names its tasks by the label, and Ray titles the worker ray::LABEL meanwhile)."""
     raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
     for child in raylet.children(recursive=True):
         try:
-            if child.cmdline() and child.cmdline()[0].startswith("ray::_call"):
+            if child.cmdline() and child.cmdline()[0] == f"ray::{label}":
                 return True
         except psutil.Error:
             continue
@@ -139,7 +142,7 @@ def test_worker_node_killed_in_phase1_the_run_completes_with_identical_output(
     killed_running = False
     while driver.is_alive() and time.monotonic() < deadline:
         committed = list(phase1.glob("task-*.json")) if phase1.is_dir() else []
-        if 0 < len(committed) < len(INPUTS) and _task_running_on(victim):
+        if 0 < len(committed) < len(INPUTS) and _task_running_on(victim, "filter"):
             ray_cluster.remove_node(victim, allow_graceful=False)  # SIGKILL of its raylet and workers
             killed_running = True
             break
@@ -149,6 +152,74 @@ def test_worker_node_killed_in_phase1_the_run_completes_with_identical_output(
     assert "error" not in result, result.get("error")
     assert killed_running, "the node could not be killed while it ran a phase-1 task"
     assert_same_data_output(local_run, out)
+
+
+def _signature_files(folder: Path, docs: int) -> list[Path]:
+    """benchmarks/dedup_scale.py's synthetic signature files (planted exact and near copies)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "dedup_scale.py"
+    spec = importlib.util.spec_from_file_location("oreline_dedup_scale", path)
+    scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    folder.mkdir()
+    return scale.write_files(folder, docs)
+
+
+def _dedup_outputs(out: Path, lists: list[Path]) -> tuple:
+    return (
+        pq.read_table(out / "removals.parquet"),
+        json.loads((out / "dedup_stats.json").read_text()),
+        [p.read_bytes() for p in lists],
+    )
+
+
+@pytest.mark.slow
+def test_worker_node_killed_in_the_dedup_bucket_stage_the_plan_completes_with_identical_output(
+    ray_cluster, tmp_path
+):
+    from oreline.config import DedupConfig, RayConfig
+    from oreline.data.dedup.plan import Partitions, staged_plan
+
+    paths = _signature_files(tmp_path / "sig", 60_000)
+    cfg = DedupConfig(verify="signature")  # synthetic signatures have no texts
+    parts = Partitions(exact=2, ranges=2, ids=2)  # 14 bands x 2 key ranges: 28 bucket jobs
+    lists = {
+        name: [tmp_path / name / "lists" / f"{i}.json" for i in range(len(paths))] for name in ("a", "b")
+    }
+    local = make_executor("local", workers=1)  # the reference, inline: no pool start-up per stage
+    staged_plan(paths, tmp_path / "a", cfg, local, list_paths=lists["a"], partitions=parts)
+
+    victim = ray_cluster.add_node(num_cpus=1)
+    ray_cluster.wait_for_nodes()
+    ray_ex = make_executor("ray", ray=RayConfig(address=ray_cluster.address))
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["stats"] = staged_plan(
+                paths, tmp_path / "b", cfg, ray_ex, list_paths=lists["b"], partitions=parts
+            )
+        except BaseException as exc:  # reported by the main thread
+            result["error"] = exc
+
+    driver = threading.Thread(target=run)
+    driver.start()
+    deadline = time.monotonic() + 120
+    killed_running = False
+    while driver.is_alive() and time.monotonic() < deadline:
+        if _task_running_on(victim, "dedup:buckets"):
+            ray_cluster.remove_node(victim, allow_graceful=False)  # SIGKILL of its raylet and workers
+            killed_running = True
+            break
+        time.sleep(0.005)
+    driver.join(timeout=300)
+    assert not driver.is_alive()
+    assert "error" not in result, result.get("error")
+    assert killed_running, "the node could not be killed while it ran a bucket-stage task"
+    assert result["stats"]["near_duplicates"] > 0 and result["stats"]["candidate_pairs"] > 0
+    ref, out = _dedup_outputs(tmp_path / "a", lists["a"]), _dedup_outputs(tmp_path / "b", lists["b"])
+    assert out[0].equals(ref[0])  # the removals: same rows, same order
+    assert out[1] == ref[1]  # the stats
+    assert out[2] == ref[2]  # each input file's removal list, byte for byte
 
 
 def _wait_and_kill(cmd, ready, env, timeout=120.0) -> bool:

@@ -170,6 +170,9 @@ class RayExecutor:
             self._remote = ray.remote(_call)
         memory_mb = resources.memory_mb or self.config.memory_mb
         options: dict[str, Any] = {
+            # the stage's label names its tasks: `ray list tasks`, the dashboard and the workers'
+            # process titles (ray::dedup:buckets) say which stage a task belongs to
+            "name": label,
             "num_cpus": resources.cpus,
             "max_retries": self.config.max_retries,
             "retry_exceptions": False,
