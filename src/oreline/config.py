@@ -232,6 +232,11 @@ class SlurmConfig(Section):
     )
 
 
+# Settings of the data and tokenize sections that say where and on how many workers tasks run,
+# never what they produce: left out of the data fingerprint and of the stages' keys.
+EXECUTION_KEYS = ("workers", "executor", "ray", "slurm")
+
+
 class DataConfig(Section):
     inputs: list[str] = Field(
         ["{samples}/web-archives"], description="files, folders or globs of WARC/WET/JSONL/Parquet inputs"

@@ -26,14 +26,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from oreline.config import Config, expand, fingerprint, samples_dir, to_dict, write_resolved
+from oreline.config import EXECUTION_KEYS, Config, expand, fingerprint, samples_dir, to_dict, write_resolved
 from oreline.errors import InputError, OrelineError
 from oreline.io import files_fingerprint
 from oreline.runs import RunDir
 
 STAGES = ["data", "tokenizer", "tokenize", "train", "eval", "export", "report"]
-# settings that say where and how tasks run, never what they produce: not part of a stage's key
-EXECUTION = ("workers", "executor", "ray", "slurm")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,11 +341,13 @@ def _run_stages(
 
 def _stage_key(stage: str, cfg: Config, outputs: dict[str, str]) -> str:
     if stage == "data":
-        return stage_key(_section(cfg, "data", drop=EXECUTION))
+        return stage_key(_section(cfg, "data", drop=EXECUTION_KEYS))
     if stage == "tokenizer":
         return stage_key(_section(cfg, "tokenizer"), outputs["data"])
     if stage == "tokenize":
-        return stage_key(_section(cfg, "tokenize", drop=EXECUTION), outputs["data"], outputs["tokenizer"])
+        return stage_key(
+            _section(cfg, "tokenize", drop=EXECUTION_KEYS), outputs["data"], outputs["tokenizer"]
+        )
     if stage == "train":
         return stage_key(_section(cfg, "model", "train", "checkpoint", "run"), outputs["tokenize"])
     if stage == "eval":

@@ -60,7 +60,7 @@ from rich.console import Console
 from rich.table import Table
 
 import oreline.storage as storage
-from oreline.config import Config, expand, fingerprint, to_dict, write_resolved
+from oreline.config import EXECUTION_KEYS, Config, expand, fingerprint, to_dict, write_resolved
 from oreline.data.pipeline.runner import merge_step_stats
 from oreline.data.pipeline.tasks import (
     dedup_enabled,
@@ -114,7 +114,7 @@ def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
     """What decides the output: the data settings (not where or on how many workers tasks run)
     and the input files."""
     data = to_dict(cfg.data)
-    for key in ("workers", "executor", "ray", "slurm", "inputs", "extra_inputs"):
+    for key in (*EXECUTION_KEYS, "inputs", "extra_inputs"):
         data.pop(key, None)
     listed = [[str(p), kind, storage.size(p)] for p, kind in files]
     if cfg.data.extract.enabled and cfg.data.extract.extractor == "pruned":
