@@ -48,6 +48,12 @@ class ReadConfig(Section):
     max_record_bytes: int = Field(
         50_000_000, description="records with a larger payload are dropped (read:too_large)"
     )
+    max_row_group_bytes: int = Field(
+        2 << 30,
+        ge=1,
+        description="Parquet row groups larger than this uncompressed (as the file's metadata states) are "
+        "dropped whole (read:too_large): Arrow holds a row group's columns in memory while reading it",
+    )
     record_types: list[str] = Field(
         ["response", "conversion", "resource"], description="WARC record types turned into documents"
     )

@@ -56,3 +56,73 @@ def test_jsonl_line_over_the_limit_is_dropped_and_the_next_lines_read(tmp_path):
         assert (
             docs[1].metadata["offset"] == len(lines[0]) + len(lines[1]) + 2
         )  # offsets still count every byte
+
+
+def _parquet(path, rows: list[dict], row_group_size: int | None = None) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=row_group_size)
+
+
+def test_parquet_row_over_the_limit_is_dropped_with_its_id_and_the_next_rows_read(tmp_path):
+    rows = [{"id": "a", "text": "before"}, {"id": "big", "text": "y" * 5_000}, {"id": "b", "text": "after"}]
+    _parquet(tmp_path / "docs.parquet", rows * 2, row_group_size=4)  # the second "big" opens row group 2
+    reported = []
+    cfg = load_config(None, ["data.read.max_record_bytes=1000"])
+    docs = list(
+        iter_input_documents(
+            tmp_path / "docs.parquet",
+            cfg,
+            report=lambda reason, offset, preview: reported.append((reason, offset, preview)),
+        )
+    )
+    assert [(d.id, d.metadata["offset"]) for d in docs] == [("a", 0), ("b", 2), ("a", 3), ("b", 5)]
+    assert [(r, o) for r, o, _ in reported] == [("read:too_large", 1), ("read:too_large", 4)]
+    assert "(id 'big'): 5,000 bytes" in reported[0][2]
+
+
+BOUNDED_READ = """
+import json
+import sys
+import pyarrow as pa
+from oreline.config import load_config
+from oreline.data.read.inputs import iter_input_documents
+reported = []
+cfg = load_config(None, ["data.read.max_row_group_bytes=" + sys.argv[2]])
+docs = list(iter_input_documents(sys.argv[1], cfg, report=lambda r, o, p: reported.append((r, o))))
+print(json.dumps({"docs": len(docs), "reported": reported, "peak": pa.default_memory_pool().max_memory()}))
+"""
+
+
+def test_a_parquet_row_group_over_the_limit_is_dropped_unread(tmp_path):
+    """A row group's columns are decoded whole by Arrow (batching does not bound it: 48 rows of
+    4 MB peaked at 274 MB with batches of 1 or 1,024 rows); a file whose row group states more than
+    data.read.max_row_group_bytes loses that row group, counted, and Arrow never allocates it."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from oreline.data.read.inputs import PARQUET_BATCH_BYTES, parquet_batch_rows
+
+    assert parquet_batch_rows(48, 48 * (4 << 20)) == PARQUET_BATCH_BYTES // (4 << 20) == 16
+    assert parquet_batch_rows(10, 10 << 30) == 1 and parquet_batch_rows(100_000, 1 << 20) == 1024
+    rows = [{"id": str(i), "text": (str(i) + " ") * (1 << 20)} for i in range(24)]  # 24 rows of 2-3 MB
+    with pq.ParquetWriter(tmp_path / "mixed.parquet", pa.Table.from_pylist(rows[:1]).schema) as w:
+        w.write_table(pa.Table.from_pylist([{"id": "small", "text": "a small row"}] * 3))
+        w.write_table(pa.Table.from_pylist(rows))  # ~60 MB uncompressed, a few hundred KB on disk
+        w.write_table(pa.Table.from_pylist([{"id": "after", "text": "read on after it"}]))
+    for limit, docs, reported in ((32 << 20, 4, [["read:too_large", 3]]), (128 << 20, 28, [])):
+        done = subprocess.run(
+            [sys.executable, "-c", BOUNDED_READ, str(tmp_path / "mixed.parquet"), str(limit)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout)
+        assert (got["docs"], got["reported"]) == (docs, reported)
+        if reported:  # the big row group was never decoded
+            assert got["peak"] < 1 << 20, f"Arrow allocated {got['peak']:,} bytes"
