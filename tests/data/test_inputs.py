@@ -105,10 +105,10 @@ def test_a_parquet_row_group_over_the_limit_is_dropped_unread(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from oreline.data.read.inputs import PARQUET_BATCH_BYTES, parquet_batch_rows
+    from oreline.parquet import BATCH_BYTES, batch_rows
 
-    assert parquet_batch_rows(48, 48 * (4 << 20)) == PARQUET_BATCH_BYTES // (4 << 20) == 16
-    assert parquet_batch_rows(10, 10 << 30) == 1 and parquet_batch_rows(100_000, 1 << 20) == 1024
+    assert batch_rows(48, 48 * (4 << 20)) == BATCH_BYTES // (4 << 20) == 16
+    assert batch_rows(10, 10 << 30) == 1 and batch_rows(100_000, 1 << 20) == 1024
     rows = [{"id": str(i), "text": (str(i) + " ") * (1 << 20)} for i in range(24)]  # 24 rows of 2-3 MB
     with pq.ParquetWriter(tmp_path / "mixed.parquet", pa.Table.from_pylist(rows[:1]).schema) as w:
         w.write_table(pa.Table.from_pylist([{"id": "small", "text": "a small row"}] * 3))

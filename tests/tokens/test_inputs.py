@@ -25,3 +25,25 @@ def test_jsonl_line_over_the_limit_is_a_reject_and_reading_goes_on(tmp_path):
     rejects = Rejects()
     assert [t for _, t in iter_texts([path], rejects)][1] == "y" * 3_000_000  # under the default 50 MB limit
     assert rejects.counts == {}
+
+
+def test_parquet_text_over_the_limit_is_a_reject_and_rows_keep_their_numbers(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"id": "a", "text": "before"},
+        {"id": "big", "text": "y" * 3_000_000},
+        {"id": "empty", "text": ""},
+        {"id": "b", "text": "after"},
+    ]
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    rejects = Rejects()
+    got = []
+    for ids, texts in iter_batches(path, rejects, max_line_bytes=1_000_000):
+        got.extend(zip(ids, texts, strict=True))
+    assert got == [("a", "before"), ("b", "after")]
+    assert rejects.counts == {"too_large": 1, "empty_text": 1}
+    assert [(r["reason"], r["row"]) for r in rejects.rows] == [("too_large", 1), ("empty_text", 2)]
+    assert "id 'big'" in rejects.rows[0]["raw"]

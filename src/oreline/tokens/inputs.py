@@ -31,6 +31,7 @@ from pathlib import Path
 from oreline.document import content_id
 from oreline.errors import InputError
 from oreline.outdir import require_finished_data_run
+from oreline.parquet import MAX_ROW_GROUP_BYTES, batch_rows, row_group_bytes
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")
 BATCH_ROWS = 1024
@@ -106,8 +107,17 @@ def parquet_row_groups(path: Path) -> int:
 
 
 def _parquet_batches(
-    path: Path, id_key: str, text_key: str, row_groups: tuple[int, int] | None, rejects: Rejects
+    path: Path,
+    id_key: str,
+    text_key: str,
+    row_groups: tuple[int, int] | None,
+    rejects: Rejects,
+    max_text_bytes: int = MAX_LINE_BYTES,
 ) -> Iterator[tuple[list[str], list[str]]]:
+    """Batches of ~64 MiB; a row group stating more than MAX_ROW_GROUP_BYTES, or a text over
+    `max_text_bytes`, is counted as too_large and never decoded into Python (oreline/parquet.py)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
@@ -118,13 +128,35 @@ def _parquet_batches(
             "pass documents written by `oreline data` or set data.read.jsonl_text_key",
         )
     columns = [text_key] + ([id_key] if id_key in names else [])
-    groups = list(range(*row_groups)) if row_groups else None
-    row = 0 if not row_groups else sum(pf.metadata.row_group(g).num_rows for g in range(row_groups[0]))
-    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=columns, row_groups=groups):
-        texts = batch.column(text_key).to_pylist()
-        ids = batch.column(id_key).to_pylist() if id_key in names else [None] * len(texts)
-        yield _clean(ids, texts, str(path), row, rejects)
-        row += len(texts)
+    first, end = row_groups or (0, pf.num_row_groups)
+    row = sum(pf.metadata.row_group(g).num_rows for g in range(first))
+    for g in range(first, end):
+        rows = pf.metadata.row_group(g).num_rows
+        if (size := row_group_bytes(pf, g, columns)) > MAX_ROW_GROUP_BYTES:  # never decoded
+            rejects.add(
+                "too_large",
+                str(path),
+                row,
+                f"row group {g} (rows {row}-{row + rows - 1}): {size:,} bytes uncompressed, more than "
+                f"{MAX_ROW_GROUP_BYTES:,}; rewrite the file with smaller row groups",
+            )
+            row += rows
+            continue
+        for batch in pf.iter_batches(batch_size=batch_rows(rows, size), columns=columns, row_groups=[g]):
+            text = batch.column(text_key)
+            big: set[int] = set()
+            if pa.types.is_string(text.type) or pa.types.is_large_string(text.type):
+                mask = pc.fill_null(pc.greater(pc.binary_length(text), max_text_bytes), False)
+                big = {i for i, b in enumerate(mask.to_pylist()) if b}
+            ids = batch.column(id_key).to_pylist() if id_key in names else [None] * batch.num_rows
+            if big:  # counted here, and nulled before the column becomes Python strings
+                for i in sorted(big):
+                    rejects.add(
+                        "too_large", str(path), row + i, f"id {ids[i]!r}: more than {max_text_bytes:,} bytes"
+                    )
+                text = pc.if_else(mask, pa.scalar(None, text.type), text)
+            yield _clean(ids, text.to_pylist(), str(path), row, rejects, skip=big)
+            row += batch.num_rows
 
 
 def _jsonl_batches(
@@ -177,11 +209,14 @@ def _jsonl_batches(
 
 
 def _clean(
-    ids: list, texts: list, source: str, first_row: int, rejects: Rejects
+    ids: list, texts: list, source: str, first_row: int, rejects: Rejects, skip: set[int] = frozenset()
 ) -> tuple[list[str], list[str]]:
-    """Drop (and count) rows without usable text; give id-less rows a content id."""
+    """Drop (and count) rows without usable text; give id-less rows a content id. Rows in `skip`
+    were counted by the caller already."""
     out_ids, out_texts = [], []
     for i, (doc_id, text) in enumerate(zip(ids, texts, strict=True)):
+        if i in skip:
+            continue
         if not isinstance(text, str):
             rejects.add("no_text", source, first_row + i, {"id": doc_id, "text": text})
             continue
@@ -210,7 +245,7 @@ def iter_batches(
 
     try:
         if path.name.endswith(".parquet"):
-            yield from _parquet_batches(path, id_key, text_key, row_groups, rejects)
+            yield from _parquet_batches(path, id_key, text_key, row_groups, rejects, max_line_bytes)
         else:
             yield from _jsonl_batches(path, id_key, text_key, rejects, max_line_bytes)
     except (pa.ArrowException, OSError, EOFError, UnicodeDecodeError) as exc:

@@ -36,6 +36,7 @@ from typing import Any
 
 from oreline.document import Document, content_id
 from oreline.errors import InputError
+from oreline.parquet import MAX_ROW_GROUP_BYTES, batch_rows, row_group_bytes
 
 KINDS: dict[str, tuple[str, ...]] = {
     "warc": (
@@ -59,7 +60,6 @@ KINDS: dict[str, tuple[str, ...]] = {
 
 Report = Callable[[str, "int | None", str], None]
 DEFAULT_MAX_RECORD_BYTES = 50_000_000  # data.read.max_record_bytes
-DEFAULT_MAX_ROW_GROUP_BYTES = 2 << 30  # data.read.max_row_group_bytes
 
 
 def input_kind(path: str | Path) -> str | None:
@@ -182,7 +182,7 @@ def iter_input_documents(path: str | Path, cfg: Any, report: Report | None = Non
     elif kind == "jsonl":
         yield from _iter_jsonl(path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report, limit)
     elif kind == "parquet":
-        groups = getattr(read_cfg, "max_row_group_bytes", DEFAULT_MAX_ROW_GROUP_BYTES)
+        groups = getattr(read_cfg, "max_row_group_bytes", MAX_ROW_GROUP_BYTES)
         yield from _iter_parquet(path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report, limit, groups)
     else:
         raise InputError(
@@ -307,25 +307,11 @@ def _obj_to_doc(
     )
 
 
-PARQUET_BATCH_BYTES = 64 << 20  # uncompressed bytes of one batch of rows, as the file's metadata states them
-
-
-def parquet_batch_rows(rows: int, uncompressed_bytes: int) -> int:
-    """Rows per batch for a row group: ~PARQUET_BATCH_BYTES of it, 1 to 1,024 rows.
-
-    A fixed row count would hold 1,024 rows at once whatever their size (1,024 rows of a 50 MB text
-    column are 50 GB); the row group's own byte count bounds a batch instead."""
-    per_row = max(1, uncompressed_bytes // max(rows, 1))
-    return int(min(1024, max(1, PARQUET_BATCH_BYTES // per_row)))
-
-
 def _iter_parquet(
     path: Path, text_key: str, id_key: str, report: Report, limit: int, group_limit: int
 ) -> Iterator[Document]:
-    """Rows of a Parquet file as documents. Memory: Arrow decodes a whole row group's column chunks
-    (measured: batches of 1 or 1,024 rows of a 140 MB row group both peaked at 274 MB in Arrow's pool),
-    so a row group over `group_limit` is dropped whole, unread (a 10 MB file may state 10 GB); within
-    a row group, batches of ~PARQUET_BATCH_BYTES bound the Python strings made from it."""
+    """Rows of a Parquet file as documents, in bounded memory (oreline/parquet.py): a row group over
+    `group_limit` is dropped whole, unread; batches of ~64 MiB within the others."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -344,19 +330,17 @@ def _iter_parquet(
     row_index = 0
     for g in range(pf.num_row_groups):
         meta = pf.metadata.row_group(g)
-        if meta.total_byte_size > group_limit:
+        if (size := row_group_bytes(pf, g)) > group_limit:
             report(
                 "read:too_large",
                 row_index,
-                f"row group {g} (rows {row_index}-{row_index + meta.num_rows - 1}): {meta.total_byte_size:,} "
+                f"row group {g} (rows {row_index}-{row_index + meta.num_rows - 1}): {size:,} "
                 f"bytes uncompressed, more than {group_limit:,} (data.read.max_row_group_bytes); "
                 "rewrite the file with smaller row groups or raise the limit",
             )
             row_index += meta.num_rows
             continue
-        for batch in pf.iter_batches(
-            batch_size=parquet_batch_rows(meta.num_rows, meta.total_byte_size), row_groups=[g]
-        ):
+        for batch in pf.iter_batches(batch_size=batch_rows(meta.num_rows, size), row_groups=[g]):
             text = batch.column(text_key)
             textual = pa.types.is_string(text.type) or pa.types.is_large_string(text.type)
             big = (
