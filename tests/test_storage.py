@@ -9,6 +9,7 @@ import threading
 import pytest
 
 import oreline.storage as storage
+from oreline.io import json_bytes
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def test_exact_path_operations(base):
     assert not storage.exists(path) and storage.read_json(path) is None
     storage.write_json(path, {"attempt": "a", "files": {"x": 1}})
     assert storage.read_json(path) == {"attempt": "a", "files": {"x": 1}}
-    assert storage.size(path) == len(storage.json_bytes({"attempt": "a", "files": {"x": 1}}))
+    assert storage.size(path) == len(json_bytes({"attempt": "a", "files": {"x": 1}}))
     other = storage.join(base, "work", "phase1", "notes.txt")
     storage.write_bytes(other, b"kept")
     assert storage.listdir(storage.join(base, "work", "phase1")) == ["notes.txt", "task-00000.json"]
@@ -75,7 +76,7 @@ def test_racing_attempts_publish_exactly_one_whole_marker(base):
 
     def attempt(i: int) -> None:
         start.wait()
-        if storage.publish_first(path, storage.json_bytes({"attempt": i, "pad": "x" * 100_000})):
+        if storage.publish_first(path, json_bytes({"attempt": i, "pad": "x" * 100_000})):
             won.append(i)
 
     threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]

@@ -61,11 +61,13 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         fh.write(text)
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
+def json_bytes(obj: Any) -> bytes:
     """JSON with sorted keys and a final newline (stable bytes, so files diff and hash cleanly)."""
-    with atomic_open(path, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=True)
-        fh.write("\n")
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    write_bytes_atomic(path, json_bytes(obj))
 
 
 def write_lines_atomic(path: str | Path, lines: Iterable[str], **kwargs: Any) -> None:

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from oreline.io import json_bytes, write_bytes_atomic
+
 COPY_BLOCK = 8 << 20  # streamed copies of remote inputs: 8 MiB at a time
 
 
@@ -146,8 +148,7 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
         fs, p = _fs(str(path))
         fs.pipe_file(p, data)
         return
-    target = Path(local(path))
-    os.replace(_local_tmp(target, data), target)
+    write_bytes_atomic(local(path), data)
 
 
 def publish_first(path: str | os.PathLike, data: bytes) -> bool:
@@ -193,12 +194,8 @@ def publish_first(path: str | os.PathLike, data: bytes) -> bool:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """`io.write_json_atomic`'s bytes, to a local path or a URL."""
     write_bytes(path, json_bytes(obj))
-
-
-def json_bytes(obj: Any) -> bytes:
-    """Stable JSON bytes (sorted keys, final newline), as `io.write_json_atomic` writes them."""
-    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
 def find(url: str) -> list[str]:

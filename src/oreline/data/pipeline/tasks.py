@@ -40,7 +40,7 @@ from oreline.data.read.shards import REJECT_SCHEMA, ShardWriter, read_documents,
 from oreline.document import Document
 from oreline.errors import DataIntegrityError
 from oreline.executors.progress import Progress
-from oreline.io import write_json_atomic
+from oreline.io import json_bytes, write_json_atomic
 
 NO_LIMIT = 1 << 62  # intermediate files of a task are never split
 
@@ -338,7 +338,7 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
     write_json_atomic(tmp / "DONE", {"task": index, "attempt": attempt})
     files = {p.name: storage.size(p) for p in sorted(tmp.iterdir()) if p.name != "DONE"}
     marker = {"task": index, "attempt": attempt, "files": files}
-    if not storage.publish_first(phase1_marker(work_dir, index), storage.json_bytes(marker)):
+    if not storage.publish_first(phase1_marker(work_dir, index), json_bytes(marker)):
         # another attempt of this task committed first: its output is the task's, ours goes
         if phase1_dir(work_dir, index).name != attempt:
             storage.remove(tmp)
