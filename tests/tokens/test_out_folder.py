@@ -70,6 +70,14 @@ def test_a_second_tokenize_on_a_held_folder_is_refused(corpus, byte_tokenizer_di
     assert not list((tmp_path / "out").glob("*.tok"))
 
 
+def test_a_second_tokenizer_train_on_a_held_folder_is_refused(corpus, tmp_path, lock_holder):
+    docs = write_parquet(tmp_path / "docs.parquet", corpus["ru"])
+    holder = lock_holder(tmp_path / "tok", "oreline tokenizer train")
+    with pytest.raises(FolderInUse, match=f"oreline tokenizer train \\(pid {holder.pid} on host"):
+        train_tokenizer([docs], tmp_path / "tok", TokenizerConfig(vocab_size=300))
+    assert not (tmp_path / "tok" / "tokenizer.json").exists()
+
+
 def test_manifest_shard_names_that_leave_the_folder_are_refused(tokens_dir, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text(

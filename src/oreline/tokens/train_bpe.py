@@ -373,9 +373,10 @@ def train_tokenizer(
 
     The output folder is claimed as oreline's "tokenizer" folder first (`oreline.outdir`): a
     non-empty folder oreline did not create is refused, or with `force` used when it holds none of
-    `TOKENIZER_NAMES`. A data run that has not finished is refused unless `allow_incomplete`.
+    `TOKENIZER_NAMES`, and locked for this one writer. A data run that has not finished is refused
+    unless `allow_incomplete`.
     """
-    from oreline.outdir import claim_folder
+    from oreline.outdir import FolderLock, claim_folder
 
     out = Path(out_dir)
     paths = expand_inputs(inputs, allow_incomplete)
@@ -387,6 +388,11 @@ def train_tokenizer(
         reserved=TOKENIZER_NAMES.__contains__,
         legacy=lambda d: (d / "tokenizer_stats.json").is_file() and (d / "tokenizer.json").is_file(),
     )
+    with FolderLock(out, "oreline tokenizer train"):  # one writer: two trainings would mix their files
+        return _train(paths, out, cfg)
+
+
+def _train(paths: list[Path], out: Path, cfg: TokenizerConfig) -> dict:
     tok, trainer = build_tokenizer(cfg)
     rejects = Rejects()
     heldout: list[str] = []
