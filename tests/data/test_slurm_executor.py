@@ -198,6 +198,12 @@ def test_detached_chain_stops_before_dedup_when_a_task_fails_and_the_resubmissio
     assert twice.returncode != 0 and "still in the queue" in " ".join(
         twice.stderr.split()
     )  # one chain at a time
+    beside = subprocess.run(  # nor a run of another executor beside the chain's jobs
+        [sys.executable, "-m", "oreline", "data", *inputs, "--out", str(out), *EXACT],
+        capture_output=True,
+        text=True,
+    )
+    assert beside.returncode != 0 and "still in the queue" in " ".join(beside.stderr.split())
     victim = f"{jobs['filter'][0]}_1"
     deadline = time.monotonic() + 120
     while queued([victim]).get(victim) != "RUNNING" and time.monotonic() < deadline:
@@ -233,3 +239,23 @@ def test_detach_without_the_slurm_executor_is_refused_before_anything_is_written
             load_config(None, ["data.slurm.detach=true"]),
         )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_with_a_detached_chain_is_not_written_where_its_queue_cannot_be_checked(
+    samples, tmp_path, monkeypatch
+):
+    """A detached chain's jobs write the folder without holding its lock: a run of any executor
+    checks the chain's jobs first, and where squeue is missing it refuses, saying what to do."""
+    from oreline.data.pipeline.run import DATA_NAMES
+    from oreline.errors import ClusterError
+    from oreline.outdir import claim_folder
+
+    out = tmp_path / "out"
+    claim_folder(out, "data", "oreline data", reserved=DATA_NAMES.fullmatch)  # as the chain's driver did
+    (out / "work" / "slurm").mkdir(parents=True)
+    (out / "work" / "slurm" / "chain.json").write_text(json.dumps({"job_ids": ["4242"], "jobs": {}}))
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # no Slurm client here
+    with pytest.raises(ClusterError, match=r"detached Slurm chain \(jobs 4242\)") as err:
+        run_data([str(samples / "web-archives" / INPUTS[2])], out, load_config(), workers=1)
+    assert "delete " + str(out / "work" / "slurm" / "chain.json") in str(err.value)
+    assert not (out / "docs").exists()

@@ -227,10 +227,12 @@ def _run_data(
     if (out / "_SUCCESS").is_file() and (out / "stats.json").is_file():
         return json.loads((out / "stats.json").read_text())
     tasks = [(i, p, kind) for i, (p, kind) in enumerate(files)]
-    if cfg.data.executor == "slurm":
+    # a detached chain writes this folder from its jobs, after its driver has let go of the lock:
+    # no run of any executor may write beside it
+    if cfg.data.executor == "slurm" or (work / "slurm" / CHAIN).is_file():
         _check_no_chain_running(out)
-        if cfg.data.slurm.detach:
-            return _submit_chain(tasks, unknown, unreadable, out, cfg, workers, console, fp)
+    if cfg.data.executor == "slurm" and cfg.data.slurm.detach:
+        return _submit_chain(tasks, unknown, unreadable, out, cfg, workers, console, fp)
     executor = make_executor(
         cfg.data.executor,
         workers=workers,
@@ -323,7 +325,15 @@ def _check_no_chain_running(out: Path) -> None:
     path = out / "work" / "slurm" / CHAIN
     if not path.is_file():
         return
-    left = queued(json.loads(path.read_text())["job_ids"])
+    job_ids = json.loads(path.read_text())["job_ids"]
+    try:
+        left = queued(job_ids)
+    except ClusterError as exc:
+        raise ClusterError(
+            f"{out} was last written by a detached Slurm chain (jobs {', '.join(job_ids)}), and its queue "
+            f"cannot be checked from here: {exc.args[0] if exc.args else exc}",
+            f"run this where squeue works, or, if those jobs have ended, delete {path} and run again",
+        ) from exc
     if left:
         raise ClusterError(
             f"the jobs of an earlier `oreline data --detach` into {out} are still in the queue "
