@@ -25,33 +25,17 @@ import torch
 import torch.nn.functional as F
 
 from oreline.config import ModelConfig
+from oreline.export.hf import DEFAULT_SPECIAL_IDS, hf_config
 from oreline.model.llama import Llama, generate
 from oreline.model.presets import flops_per_token, resolve_model_args
 
 
 def hf_twin(model: Llama):
+    """transformers' LlamaForCausalLM from the config.json `oreline export` writes, with these weights."""
     import transformers
 
     a = model.args
-    rope = {"rope_type": "default", "rope_theta": a.rope_theta}
-    if a.rope_scaling:
-        rope = {"rope_type": "llama3", "rope_theta": a.rope_theta, **a.rope_scaling}
-    cfg = transformers.LlamaConfig(
-        hidden_size=a.dim,
-        intermediate_size=a.ffn_dim,
-        num_hidden_layers=a.n_layers,
-        num_attention_heads=a.n_heads,
-        num_key_value_heads=a.n_kv_heads,
-        vocab_size=a.vocab_size,
-        max_position_embeddings=a.max_seq_len,
-        rms_norm_eps=a.norm_eps,
-        tie_word_embeddings=a.tie_embeddings,
-        rope_parameters=rope,
-        attn_implementation="sdpa",
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    cfg = transformers.LlamaConfig(**hf_config(a, DEFAULT_SPECIAL_IDS), attn_implementation="sdpa")
     hf = transformers.LlamaForCausalLM(cfg)
     sd = model.state_dict()
     if a.tie_embeddings:
