@@ -65,8 +65,6 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -356,6 +354,7 @@ class _Stream:
             out = self._more()
             if not out:
                 return False
+            # one copy of what is left (a slice and `+` would copy it twice)
             self.buf = self.buf[self.start :] + out if self.start < len(self.buf) else out
             self.start = 0
         return True
@@ -410,6 +409,13 @@ class _Stream:
             done += step
         return done
 
+    def _skip_buffered(self, n: int) -> None:
+        """Consume n bytes known to be in the buffer, without copying them."""
+        self.start += n
+        self.pos += n
+        if self.start > _CHUNK:
+            self.buf, self.start = self.buf[self.start :], 0
+
     def _take(self, n: int) -> bytes:
         out = self.buf[self.start : self.start + n]
         self.start += n
@@ -456,6 +462,9 @@ class _Stream:
         blanks (and is still reported as malformed). Linear in the gap, a window at a time."""
         if not self._fill(1):
             return 0
+        if self.buf.startswith(b"\r\n\r\nWARC/", self.start):  # the usual separator
+            self._skip_buffered(4)
+            return 4
         # the common case first: the run (a record separator, or none) ends in the first bytes;
         # a window that short gives the same answer as the big one below without copying it
         head = self.buf[self.start : self.start + 64]
@@ -463,7 +472,7 @@ class _Stream:
         if rest:
             nl = head.rfind(b"\n", 0, len(head) - len(rest))
             if nl >= 0:
-                self._take(nl + 1)
+                self._skip_buffered(nl + 1)
             return nl + 1
         skipped = 0
         while self._fill(1):
@@ -564,36 +573,37 @@ def _parse_headers(src: _Stream) -> tuple[dict[str, str], str | None, bytes]:
     return fast if fast is not None else _parse_header_lines(src)
 
 
-_SEPARATOR = itemgetter(1)  # of a str.partition result
+_HEADER_END = re.compile(rb"\n\r?\n")  # the end of a header's last line and the blank line after it
 
 
 def _parse_buffered_header(src: _Stream) -> tuple[dict[str, str], None, bytes] | None:
     src._fill(1 << 14)
     buf, start = src.buf, src.start
-    limit = min(len(buf), start + (1 << 16))
     if buf.startswith((b"\r\n", b"\n"), start):
         return None  # an empty header: rare, the slow path has it
-    crlf = buf.find(b"\n\r\n", start, limit)
-    lf = buf.find(b"\n\n", start, crlf + 2 if crlf >= 0 else limit)  # only before it: no double scan
-    if crlf < 0 and lf < 0:
+    m = _HEADER_END.search(buf, start, start + (1 << 16))
+    if m is None:
         return None
-    end = (lf if lf >= 0 else crlf) + 1  # the blank line starts here
-    blank = 2 if buf.startswith(b"\r\n", end) else 1
+    end = m.start() + 1  # the blank line starts here
     text = buf[start:end].decode("utf-8", "replace")
-    if "\n " in text or "\n\t" in text or text[:1] in (" ", "\t"):
-        return None  # folded lines: the slow path joins them
     lines = text.split("\n")
     lines.pop()  # "" after the last newline
-    parts = list(map(str.partition, lines, repeat(":")))
-    # a line without a colon (whitespace-only lines have none either) is the slow path's to report
-    if len(parts) > _MAX_HEADER_LINES or not all(map(_SEPARATOR, parts)):
+    if len(lines) > _MAX_HEADER_LINES:
         return None  # (every line is under _MAX_LINE: the header is under 64 KiB)
-    headers = {name.strip().lower(): value.strip() for name, _, value in parts}
-    if len(headers) < len(parts) and any(
-        k.startswith(("warc-", "content-")) for k in _repeated(name.strip().lower() for name, _, _ in parts)
+    headers = {}
+    for line in lines:  # a loop, not a comprehension over partitions: 15% fewer instructions
+        if line[0] in " \t":  # a folded line (lines are not empty: the first blank one ends the header)
+            return None  # the slow path joins them
+        name, sep, value = line.partition(":")
+        if not sep:  # a line without a colon (a blank line has none either): the slow path reports it
+            return None
+        headers[name.strip().lower()] = value.strip()
+    if len(headers) < len(lines) and any(
+        k.startswith(("warc-", "content-"))
+        for k in _repeated(line.partition(":")[0].strip().lower() for line in lines)
     ):
         return None  # a repeated field: the slow path applies its rule
-    src._take(end + blank - start)
+    src._skip_buffered(m.end() - start)
     return headers, None, b""
 
 
@@ -1133,11 +1143,17 @@ class _WarcReader:
         return Record(rid, rtype, url, date, status, mime, charset, offset, payload, self.name, "arc")
 
 
+_SEPARATOR_THEN_HEADER = (b"\r\n\r\nWARC/", b"\n\nWARC/")
+
+
 def _after_block(src: _Stream) -> tuple[bool, bool]:
     """What follows a record's block, peeked without consuming: (the WARC separator, a blank
     line, comes right after it; the next WARC/ line or the end comes after the blanks, as it
     must). Strict on purpose: one byte too many or too few leaves "\n\r\n" or "x\r\n\r\n"
     behind the block, and a header with no separator at all must start right at its end."""
+    src._fill(256)
+    if src.buf.startswith(_SEPARATOR_THEN_HEADER, src.start):
+        return True, True  # the usual case, decided without copying the window
     window = src.peek(256)
     rest = window.lstrip(_BLANK)
     blanks = window[: len(window) - len(rest)]
