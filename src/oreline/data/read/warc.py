@@ -213,9 +213,9 @@ _RECORD_ID = re.compile(rb"(?im)^WARC-Record-ID:[ \t]*<?([^>\r\n]*)>?")
 class _Stream:
     """A decompressed view of a file with readline/read/unread/scan and gzip member file offsets.
 
-    Gzip is read a member at a time from the compressed bytes (a decompressor per member, see oreline.data.read.inflate), so
-    the file offset of every member is known. A member that fails to inflate (corrupt data or
-    CRC, cut off) or bytes between members that are not gzip are *damage*: the stream scans the
+    Gzip is read a member at a time from the compressed bytes (a decompressor per member: see
+    oreline.data.read.inflate), so the file offset of every member is known. A member that fails
+    to inflate (corrupt data or CRC, cut off) or bytes between members that are not gzip are *damage*: the stream scans the
     compressed bytes for the next `1f 8b 08` whose member inflates and starts with a record
     header, and stops serving bytes (`damage` is set) until the reader calls `resume()`, so no
     read ever joins bytes from both sides of the damage."""
@@ -359,7 +359,7 @@ class _Stream:
             out = self._more()
             if not out:
                 return False
-            # one copy of what is left (a slice and `+` would copy it twice)
+            # nothing left (the usual case between gzip members): take the output without a copy
             self.buf = self.buf[self.start :] + out if self.start < len(self.buf) else out
             self.start = 0
         return True
