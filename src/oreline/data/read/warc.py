@@ -217,8 +217,8 @@ class _Stream:
     oreline.data.read.inflate), so the file offset of every member is known. A member that fails
     to inflate (corrupt data or CRC, cut off) or bytes between members that are not gzip are
     *damage*: the stream scans the compressed bytes for the next `1f 8b 08` whose member inflates
-    and starts with a record header, and stops serving bytes (`damage` is set) until the reader calls `resume()`, so no
-    read ever joins bytes from both sides of the damage."""
+    and starts with a record header, and stops serving bytes (`damage` is set) until the reader
+    calls `resume()`, so no read ever joins bytes from both sides of the damage."""
 
     def __init__(self, f, kind: str):
         self.f, self.kind = f, kind
