@@ -23,7 +23,12 @@ reader returns before it stops (or in all, for oreline, which skips the damage) 
 raised.
 
 Run: .venv/bin/python benchmarks/reader_throughput.py [--files 8] [--repeat 3]
-warcio is a dev dependency; fastwarc a runtime one.
+warcio is a dev dependency; fastwarc a runtime one. oreline inflates gzip with zlib-ng (a runtime
+dependency); ORELINE_INFLATE=zlib runs it on CPython's zlib instead.
+
+Measured on the development machine (2 cores shared with other work; see the commit messages for
+the load): oreline's framing took 2.2-2.8x fastwarc's time before issue 19's throughput work, and
+about 1.5-1.7x after it (1.3x fastwarc's instructions under valgrind, which load does not skew).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from oreline.config import samples_dir
+from oreline.data.read.inflate import ENGINE as INFLATE_ENGINE
 from oreline.data.read.warc import ReadReport, iter_records
 
 EVERY = ("warcinfo", "response", "request", "revisit", "resource", "metadata", "conversion", "continuation")
@@ -254,7 +260,10 @@ def main() -> None:
         f"oreline framing takes {best['framing', 'oreline'] / fw:.2f}x fastwarc's raw framing time "
         f"(target: within 2x); oreline with decoding {best['decoding', 'oreline'] / fw:.2f}x."
     )
-    print(f"(cpu count {os.cpu_count()}; other processes on the machine inflate all figures alike)")
+    print(
+        f"(gzip members inflated by {INFLATE_ENGINE}, ORELINE_INFLATE=zlib for CPython's zlib; cpu count "
+        f"{os.cpu_count()}, load average {os.getloadavg()[0]:.2f}: other processes inflate all figures alike)"
+    )
     recovery_table()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import re
 import tempfile
 from pathlib import Path
@@ -12,7 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oreline.data.filters.normalize import REMOVED_CATEGORIES, normalize_text, normalize_with_counts
-from oreline.data.read.warc import ReadReport, iter_records, record_to_document
+from oreline.data.read.warc import (
+    ReadReport,
+    _parse_buffered_header,
+    _parse_header_lines,
+    _Stream,
+    iter_records,
+    record_to_document,
+)
 from oreline.document import Document
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -129,6 +137,68 @@ def test_resync_never_joins_two_records(lettered, data):
         intact = re.fullmatch(r"urn:x:([A-H])", rec.record_id)
         if runs and intact and rec.url == f"http://x.test/{intact[1]}":  # id and URL name its letter
             assert runs == {ord(intact[1])}, (rec.record_id, rec.payload[:200])
+
+
+_NAMES = st.sampled_from(
+    [
+        "WARC-Type",
+        "warc-type",
+        "Content-Length",
+        "WARC-Concurrent-To",
+        "X-Thing",
+        "",
+        " Content-Type",
+        "WARC-Date\t",
+    ]
+)
+_VALUES = st.one_of(
+    st.sampled_from(
+        ["response", "12", " 12 ", "<urn:uuid:1>", "http://x.test/a:b", "", "\x0b", "\u00a0v\u00a0"]
+    ),
+    st.text(max_size=12).filter(lambda t: "\n" not in t and "\r" not in t),
+)
+_HEADER_LINE = st.one_of(
+    st.builds(
+        lambda name, colon, value, end: (name + colon + value).encode("utf-8", "surrogatepass") + end,
+        _NAMES,
+        st.sampled_from([":", ": ", ":\t", " : "]),
+        _VALUES,
+        st.sampled_from([b"\r\n", b"\n"]),
+    ),
+    st.sampled_from([b" folded: on\r\n", b"\tfolded\r\n", b"no colon\r\n", b"\xff\xfe: x\r\n", b"  \r\n"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_HEADER_LINE, min_size=1, max_size=8), st.sampled_from([b"\r\n", b"\n"]))
+def test_header_fast_path_agrees_with_the_line_by_line_parser(lines, blank):
+    """The one-piece header parser (the common case) returns a header only when the line-by-line
+    parser, which names every problem, reads the same fields from it and stops at the same byte."""
+    data = b"".join(lines) + blank + b"block"
+    fast_src, slow_src = _Stream(io.BytesIO(data), "plain"), _Stream(io.BytesIO(data), "plain")
+    fast = _parse_buffered_header(fast_src)
+    slow = _parse_header_lines(slow_src)
+    if fast is not None:
+        assert slow[1] is None and fast[0] == slow[0] and fast_src.pos == slow_src.pos, (fast, slow)
+
+
+def test_header_fast_path_takes_the_usual_header():
+    data = (
+        b"WARC-Type: response\r\nContent-Length: 5\r\nWARC-Concurrent-To: <b>\r\nX-Dup: 1\r\nX-Dup: 2\r\n\r\n"
+    )
+    fast = _parse_buffered_header(_Stream(io.BytesIO(data + b"block"), "plain"))
+    assert fast is not None and fast[0] == {
+        "warc-type": "response",
+        "content-length": "5",
+        "warc-concurrent-to": "<b>",
+        "x-dup": "2",
+    }
+    for bad in (
+        b"WARC-Type: a\r\n folded\r\n\r\n",
+        b"no colon\r\n\r\n",
+        b"Content-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    ):
+        assert _parse_buffered_header(_Stream(io.BytesIO(bad), "plain")) is None, bad
 
 
 _INVISIBLE = set(
