@@ -25,12 +25,18 @@ Two implementations with one result (tests/data/test_dedup_staged.py checks they
   |             |                              | each once                            | partition                           |
   | candidates  | one per id partition         | its rows of every fetched file, and  | cands/pP: id, sort fields,          |
   |             |                              | (exact mode) its documents' texts    | signature, shingle set              |
-  | verify      | one per id partition         | its pairs; cands/pP, then each other | edges/pP: verified edges            |
-  |             |                              | cands file filtered to its pairs     |                                     |
-  | components  | one union-find job, or       | every edges file; sort fields of the | near/: removal, survivor by id hash |
-  |             | large/small-star rounds over | touched documents                    |                                     |
-  |             | node partitions (large runs) |                                      |                                     |
-  | similarity  | one per id partition         | its removals; cands files            | similarity/pP                       |
+  | ship-verify | one per id partition         | its rows of every pairs file (pairs  | ship/verify/qQ: those candidates'   |
+  |             |                              | whose second document is in it);     | rows by the partition of the pair's |
+  |             |                              | cands/pQ, once                       | first document                      |
+  | verify      | one per id partition         | its pairs; cands/pP; its rows of     | edges/pP: verified edges            |
+  |             |                              | every ship/verify file               |                                     |
+  | components  | one union-find job, or       | every edges file; sort fields of the | near/: removal, survivor by id hash;|
+  |             | large/small-star rounds over | touched documents                    | kept/: the same by the survivor's   |
+  |             | node partitions (large runs) |                                      | id hash                             |
+  | ship-       | one per id partition         | its rows of every kept file; cands/  | ship/similarity/qQ: survivors' rows |
+  | similarity  |                              | pQ, once                             | by their removal's partition        |
+  | similarity  | one per id partition         | its removals; cands/pP; its rows of  | similarity/pP                       |
+  |             |                              | every ship/similarity file           |                                     |
   | assign      | one per id partition         | its ids, exact and near removals     | assign/pP: removals by file group   |
   | lists       | one per group of files       | its rows of every assign file        | out/task-NNNNN.json per file        |
 
