@@ -317,6 +317,13 @@ def _write_parts(path: Path, table: pa.Table, col: str = "part") -> int:
     return path.stat().st_size
 
 
+def _read_table(path: Path | str, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file. Not `pq.read_table`: that imports pyarrow.dataset, ~0.4 s of the driver
+    of a small run whose whole plan runs in it."""
+    with pq.ParquetFile(path) as f:
+        return f.read(columns=columns)
+
+
 def _write_table(path: Path, table: pa.Table) -> int:
     write_with(path, lambda tmp: pq.write_table(table, tmp, **_writer_options(table.schema)))
     return path.stat().st_size
@@ -367,7 +374,7 @@ def scatter_job(g: int, files: list[tuple[str, int]], stages: str, parts: tuple[
     width = signature_width(dc)
     tables, id_tables = [], []
     for sig_path, offset in files:
-        table = pq.read_table(sig_path)
+        table = _read_table(sig_path)
         n = table.num_rows
         gid = np.arange(offset, offset + n, dtype=np.int64)
         idp = id_partition(table.column("doc_id").to_pylist(), p)
@@ -517,10 +524,10 @@ def fetch_job(g: int, stages: str, sig_paths: list[str], offsets: list[int], gro
     files = _file_of(gids, offs)
     parts = []
     for f in np.unique(files).tolist():
-        rows = pq.read_table(sig_paths[f], columns=FETCH_COLUMNS)
+        rows = _read_table(sig_paths[f], columns=FETCH_COLUMNS)
         parts.append(rows.take(pa.array(gids[files == f] - offs[f])))
     if not parts:  # nothing requested here: an empty table of the same schema
-        parts.append(pq.read_table(sig_paths[0], columns=FETCH_COLUMNS).slice(0, 0))
+        parts.append(_read_table(sig_paths[0], columns=FETCH_COLUMNS).slice(0, 0))
     rows = pa.concat_tables(parts)
     rows = rows.append_column("gid", pa.array(gids)).append_column("part", t.column("idpart"))
     return _finish(out, {"rows": rows.num_rows, "bytes": _write_parts(out, rows)})
@@ -582,7 +589,7 @@ class _Cands:
 
 
 def _load_cands(stages: Path, p: int, width: int) -> _Cands:
-    return _Cands(pq.read_table(stages / "cands" / f"p{p:05d}.parquet", columns=CAND_COLUMNS), width)
+    return _Cands(_read_table(stages / "cands" / f"p{p:05d}.parquet", columns=CAND_COLUMNS), width)
 
 
 CAND_COLUMNS = ["gid", "signature", "shingles"]
@@ -613,7 +620,7 @@ def ship_job(q: int, stages: str, kind: str) -> dict:
     if (info := _done(out)) is not None:
         return info
     gids, dest = _ship_requests(st, q, kind)
-    cands = pq.read_table(st / "cands" / f"p{q:05d}.parquet", columns=CAND_COLUMNS)
+    cands = _read_table(st / "cands" / f"p{q:05d}.parquet", columns=CAND_COLUMNS)
     have = cands.column("gid").to_numpy()
     order = np.argsort(have, kind="stable")
     i = order[np.searchsorted(have, gids, sorter=order)] if len(have) else np.zeros(0, np.int64)
@@ -704,9 +711,7 @@ def _sort_fields_of(stages: Path, ids: int, nodes: np.ndarray) -> pa.Table:
     """(gid, doc_id, source, offset) of the given candidate documents, sorted by gid."""
     keys = []
     for p in range(ids):
-        t = pq.read_table(
-            stages / "cands" / f"p{p:05d}.parquet", columns=["gid", "doc_id", "source", "offset"]
-        )
+        t = _read_table(stages / "cands" / f"p{p:05d}.parquet", columns=["gid", "doc_id", "source", "offset"])
         keys.append(t.filter(pc.is_in(t.column("gid"), value_set=pa.array(nodes))))
     t = pa.concat_tables(keys).sort_by([("gid", "ascending")])
     if not np.array_equal(t.column("gid").to_numpy(), nodes):
@@ -724,7 +729,7 @@ def components_job(stages: str, ids: int, cfg) -> dict:
     if (info := _done(out)) is not None:
         return info
     st = Path(stages)
-    edges = [pq.read_table(f) for f in _stage_files(st / "edges")]
+    edges = [_read_table(f) for f in _stage_files(st / "edges")]
     e = np.stack([np.concatenate([t.column(c).to_numpy() for t in edges]) for c in ("a", "b")], axis=1)
     nodes, labels = components(e)
     t = _sort_fields_of(st, ids, nodes).append_column("label", pa.array(labels))
@@ -754,7 +759,7 @@ def star_init_job(p: int, stages: str, parts: int) -> dict:
     out = Path(stages) / "star" / "r000-L" / f"p{p:05d}.parquet"
     if (info := _done(out)) is not None:
         return info
-    t = pq.read_table(Path(stages) / "edges" / f"p{p:05d}.parquet")
+    t = _read_table(Path(stages) / "edges" / f"p{p:05d}.parquet")
     table = _directed(t.column("a").to_numpy(), t.column("b").to_numpy(), parts)
     return _finish(out, {"bytes": _write_parts(out, table)})
 
@@ -892,7 +897,7 @@ def assign_job(p: int, stages: str, offsets: list[int], keeper_order: list[int],
     plan = {d: ("dedup:exact", k) for d, k in _last_per_id(exact).items()}
     near_path = st / "similarity" / f"p{p:05d}.parquet"
     if near_path.is_file():
-        near = pq.read_table(near_path, columns=["gid", "doc_id", "survivor_id"]).sort_by(
+        near = _read_table(near_path, columns=["gid", "doc_id", "survivor_id"]).sort_by(
             [("gid", "ascending")]
         )
         plan.update({d: ("dedup:near_dup", k) for d, k in _last_per_id(near).items()})
@@ -1098,7 +1103,7 @@ def _write_removals(stages: Path, path: Path, minhash: bool) -> None:
     def write(tmp: Path) -> None:
         with pq.ParquetWriter(tmp, REMOVALS_SCHEMA) as w:
             for f in _stage_files(stages / "exact"):
-                t = pq.read_table(f, columns=["gid", "doc_id", "survivor_id"]).sort_by([("gid", "ascending")])
+                t = _read_table(f, columns=["gid", "doc_id", "survivor_id"]).sort_by([("gid", "ascending")])
                 n = t.num_rows
                 w.write_table(
                     pa.table(
@@ -1113,6 +1118,6 @@ def _write_removals(stages: Path, path: Path, minhash: bool) -> None:
                     )
                 )
             for f in _stage_files(stages / "similarity") if minhash else []:
-                w.write_table(pq.read_table(f, columns=REMOVALS_SCHEMA.names).cast(REMOVALS_SCHEMA))
+                w.write_table(_read_table(f, columns=REMOVALS_SCHEMA.names).cast(REMOVALS_SCHEMA))
 
     write_with(path, write)
