@@ -201,10 +201,10 @@ def main() -> None:
                 f"staged : wall {wall:,.1f} s, removed {removed:,} (exact {stats['exact_duplicates']:,}, near {stats['near_duplicates']:,}), "
                 f"candidate pairs {stats['candidate_pairs']:,}, verified {stats['verified_pairs']:,}"
             )
-            print(f"  {'stage':<18}{'jobs':>6}{'max job RSS MiB':>17}{'CPU s':>9}{'written MiB':>13}")
+            print(f"  {'stage':<24}{'jobs':>6}{'max job RSS MiB':>17}{'CPU s':>9}{'written MiB':>13}")
             for label, st in ex.stages.items():
                 print(
-                    f"  {label:<18}{st['jobs']:>6}{st['rss']:>17,.0f}{st['cpu']:>9,.1f}{st['bytes'] / 2**20:>13,.1f}"
+                    f"  {label:<24}{st['jobs']:>6}{st['rss']:>17,.0f}{st['cpu']:>9,.1f}{st['bytes'] / 2**20:>13,.1f}"
                 )
             peak = max(st["rss"] for st in ex.stages.values())
             cpu = sum(st["cpu"] for st in ex.stages.values())

@@ -170,6 +170,59 @@ def test_staged_plan_on_the_local_pool(tmp_path):
     assert {r[0] for r in rows} == set(ref)
 
 
+class IsolatingExecutor:
+    """Runs jobs in this process; while a verify or similarity job of id partition p runs, every
+    other partition's candidates file is moved out of reach, so a job that read one would fail."""
+
+    name = "isolating"
+    STAGES = {"dedup:verify", "dedup:similarity"}
+
+    def __init__(self, stages: Path):
+        self.cands = stages / "cands"
+        self.away = stages.parent / "away"
+
+    def map(self, fn, jobs, *, label, resources=None):
+        if label not in self.STAGES:
+            return [fn(*job) for job in jobs]
+        results = []
+        for job in jobs:
+            others = [f for f in self.cands.glob("p*.parquet") if f.name != f"p{job[0]:05d}.parquet"]
+            self.away.mkdir(exist_ok=True)
+            for f in others:
+                f.rename(self.away / f.name)
+            try:
+                results.append(fn(*job))
+            finally:
+                for f in others:
+                    (self.away / f.name).rename(f)
+        return results
+
+
+def test_verify_and_similarity_jobs_read_only_their_own_candidates(tmp_path):
+    """Each verify and similarity job reads its own partition's candidates and the rows shipped
+    to it, never another partition's file (those reads made the two stages grow as partitions²),
+    and the plan still removes exactly what the reference removes."""
+    cfg = DedupConfig()
+    docs = [Document(i, t, metadata={"source": "s", "offset": k}) for k, (i, t) in enumerate(POOL)]
+    paths = [tmp_path / f"sig-{f}.parquet" for f in range(2)]
+    for f in range(2):
+        dedup_stage_signatures(docs[f::2], paths[f], cfg)
+    kept = write_documents(docs, tmp_path / "kept", "kept", 1 << 62)
+    ref = dedup_plan(paths, tmp_path / "ref", cfg, text_source=parquet_text_source(kept))
+    out = tmp_path / "staged"
+    parts = Partitions(2, 1, 4)
+    stats = staged_plan(paths, out, cfg, IsolatingExecutor(out / "stages"), text_files=kept, partitions=parts)
+    assert stats == json.loads((tmp_path / "ref" / "dedup_stats.json").read_text())
+    assert stats["exact_verified_pairs"] > 5  # shingle sets, not only signatures, were shipped
+    rows = _removal_rows(out / "removals.parquet")
+    assert rows == _removal_rows(tmp_path / "ref" / "removals.parquet") and {r[0] for r in rows} == set(ref)
+    for kind in ("verify", "similarity"):  # pairs crossed partitions: rows were shipped for both
+        shipped = sum(
+            pq.read_metadata(f).num_rows for f in (out / "stages" / "ship" / kind).glob("*.parquet")
+        )
+        assert shipped > 0, kind
+
+
 @settings(max_examples=200, deadline=None)
 @given(edges=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=80))
 def test_star_rounds_equal_union_find(edges):

@@ -8,6 +8,7 @@ import math
 import operator
 import os
 import shutil
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -275,3 +276,22 @@ def test_a_worker_that_dies_loses_only_its_task():
     results = run_tasks(operator.call, jobs, workers=2, label="crash test")
     assert results[0] == 2.0 and results[2] == 3.0 and results[3] == 4.0
     assert isinstance(results[1], TaskCrashed) and "died" in results[1].error
+
+
+def test_a_small_dedup_plan_runs_in_this_process_a_large_one_on_the_pool(tmp_path):
+    """Below INLINE_PLAN_DOCS documents the local pool's dedup stages run in the driver (the
+    demo's plan cost more to dispatch than to run); from there on they go to the pool."""
+    import importlib.util
+
+    from oreline.data.pipeline.run import INLINE_PLAN_DOCS, _plan_executor
+    from oreline.executors.local import LocalExecutor
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "dedup_scale.py"
+    spec = importlib.util.spec_from_file_location("oreline_dedup_scale", path)
+    scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    paths = scale.write_files(tmp_path, INLINE_PLAN_DOCS)  # files of 10,000 documents
+    pool = LocalExecutor(workers=2)
+    small = _plan_executor(pool, paths[:-1])
+    assert small is not pool and small.name == "local" and small.workers == 1
+    assert _plan_executor(pool, paths) is pool

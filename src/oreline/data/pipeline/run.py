@@ -56,6 +56,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
@@ -531,11 +532,12 @@ def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config,
     by_path = {i: r for r, (i, _, _) in enumerate(sorted(finished, key=lambda t: str(t[1])))}
     stats: dict[str, Any] = {}
     if signed:
+        sig_paths = [phase1_dir(work, i) / "signatures.parquet" for i in signed]
         stats = staged_plan(
-            [phase1_dir(work, i) / "signatures.parquet" for i in signed],
+            sig_paths,
             ddir,
             cfg,
-            executor,
+            _plan_executor(executor, sig_paths),
             # exact verification re-reads only the candidates' texts from the phase-1 kept shards
             text_files=[
                 p for i, _, _ in sorted(finished) for p in sorted(phase1_dir(work, i).glob("kept-*.parquet"))
@@ -550,6 +552,23 @@ def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config,
     write_json_atomic(marker, stats)
     shutil.rmtree(ddir / "stages", ignore_errors=True)  # the lists and removals.parquet hold the result
     return stats
+
+
+INLINE_PLAN_DOCS = 50_000
+
+
+def _plan_executor(executor, sig_paths: list[Path]):
+    """The local pool runs a plan of fewer than INLINE_PLAN_DOCS documents in this process (the same
+    job functions, one at a time, writing the same files): its stages then cost less than
+    starting a pool for them (the demo's 17 bucket jobs: measured in docs/design.md), and each job's
+    memory is bounded by the plan's size. Ray and Slurm keep every stage, whatever its size, so
+    their runs exercise the same scheduling at every scale."""
+    if executor.name != "local":
+        return executor
+    docs = sum(pq.ParquetFile(p).metadata.num_rows for p in sig_paths)
+    return (
+        make_executor("local", workers=1, console=executor.console) if docs < INLINE_PLAN_DOCS else executor
+    )
 
 
 def _merge_stats(work: Path, tasks, finished, unknown, crashes, dedup_stats, workers, fp) -> dict[str, Any]:
