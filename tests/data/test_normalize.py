@@ -89,3 +89,30 @@ def test_ftfy_option_repairs_mojibake():
     pytest.importorskip("ftfy")
     text, counts = normalize_with_counts("The Mona Lisa doesnÃ¢â‚¬â„¢t have eyebrows.", use_ftfy=True)
     assert text == "The Mona Lisa doesn't have eyebrows." and counts["ftfy_fixed"] == 1
+
+
+def test_the_fast_whitespace_spellings_equal_the_plain_regexes():
+    """normalize.py spells its three whitespace rules for speed (see the comment there); they must
+    do exactly what the plain spellings do, on any mix of horizontal spaces and newlines."""
+    import re
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from oreline.data.filters import normalize as nm
+
+    plain_run = re.compile(f"[{nm._HSPACE}]{{2,}}")
+    plain_trailing = re.compile(f"[{nm._HSPACE}]+$", re.M)
+    plain_newlines = re.compile(r"\n{3,}")
+    assert set(nm._HSPACE_CHARS) == {c for c in map(chr, range(0x3001)) if re.fullmatch(f"[{nm._HSPACE}]", c)}
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.text(alphabet=st.sampled_from(" \t\n\u00a0\u2003\u3000\u200b\r\x0bab.é")))
+    def same(text):
+        assert nm._HSPACE_RUN.sub(" ", text) == plain_run.sub(" ", text)
+        assert "\n".join(line.rstrip(nm._HSPACE_CHARS) for line in text.split("\n")) == plain_trailing.sub(
+            "", text
+        )
+        assert nm._MANY_NEWLINES.sub("\n\n", text) == plain_newlines.sub("\n\n", text)
+
+    same()
