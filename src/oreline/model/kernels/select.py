@@ -31,8 +31,9 @@ def cpu_kernels(matmul_backend: str) -> Kernels:
     """The CPU set, its fp32 products through `matmul_backend` ("onednn" or "blas")."""
     matmul.check_backend(matmul_backend)
     return Kernels(
-        name=f"cpu (fused RMSNorm, RoPE and output loss; {matmul_backend} matmuls)",
+        name=f"cpu (fused RMSNorm, RoPE, q/k/v product and output loss; {matmul_backend} matmuls)",
         projection=partial(matmul.Linear, backend=matmul_backend),
+        projections=matmul.projections,
         rms_norm=rmsnorm.rms_norm,
         rope=rope.apply_rope,
         logits=partial(matmul.linear, backend=matmul_backend),
