@@ -31,7 +31,7 @@ CPU), each tested equal to the reference, with the same parameters and state dic
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -211,6 +211,11 @@ def token_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Ten
     return loss.view(labels.shape)
 
 
+def separate_projections(x: torch.Tensor, projections: Sequence[nn.Module]) -> list[torch.Tensor]:
+    """x through each projection in turn (Attention's q, k and v read the same input)."""
+    return [p(x) for p in projections]
+
+
 @dataclass(frozen=True)
 class Kernels:
     """The functions a Llama's layers compute with; the defaults are this module's reference.
@@ -223,6 +228,8 @@ class Kernels:
 
     name: str = "reference"
     projection: Callable[[int, int], nn.Linear] = projection
+    # several projections of one input (q, k, v): the CPU set makes them one product
+    projections: Callable[[torch.Tensor, Sequence[nn.Module]], list[torch.Tensor]] = separate_projections
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = rms_norm
     rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rope
     logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear
@@ -258,7 +265,7 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs, kernels: Kernels = REFERENCE):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        self.rope = kernels.rope
+        self.rope, self.project = kernels.rope, kernels.projections
         self.q_proj = kernels.projection(args.dim, args.n_heads * args.head_dim)
         self.k_proj = kernels.projection(args.dim, args.n_kv_heads * args.head_dim)
         self.v_proj = kernels.projection(args.dim, args.n_kv_heads * args.head_dim)
@@ -273,9 +280,10 @@ class Attention(nn.Module):
         kv: LayerKV | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, n_heads, hd)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, hd)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k, v = self.project(x, (self.q_proj, self.k_proj, self.v_proj))
+        q = q.view(B, T, self.n_heads, self.head_dim)  # (B, T, n_heads, hd)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, hd)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim)
         q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hd)
         if kv is not None:

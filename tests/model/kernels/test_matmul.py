@@ -109,3 +109,39 @@ def test_compiled_linear_keeps_onednn_and_matches_eager():
     got.backward(g)
     for a, b in zip((got.detach(), x.grad, w.grad), want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_projections_are_one_product_equal_to_each_projection_alone():
+    """q, k, v through one stacked product: each output and every weight's gradient equal the
+    projections one by one (in float64 terms, as above), and the product is ONE oneDNN call."""
+    gen = torch.Generator().manual_seed(3)
+    torch.manual_seed(3)
+    linears = [matmul.Linear(32, n, "onednn") for n in (32, 16, 16)]
+    x = torch.randn(2, 10, 32, generator=gen, requires_grad=True)
+    gs = [torch.randn(2, 10, lin.out_features, generator=gen) for lin in linears]
+    with torch.profiler.profile() as prof:
+        ys = matmul.projections(x, linears)
+    assert sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise") == 1
+    torch.autograd.backward(ys, gs)
+    got_dx, got_dw = x.grad.clone(), [lin.weight.grad.clone() for lin in linears]
+    dx64 = torch.zeros(2, 10, 32, dtype=torch.float64)
+    for y, g, lin, dw in zip(ys, gs, linears, got_dw, strict=True):
+        want_y, want_dx, want_dw = _f64_reference(x, lin.weight, g)
+        torch.testing.assert_close(y.detach().double(), want_y, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dw.double(), want_dw, rtol=1e-5, atol=1e-5)
+        dx64 += want_dx
+    torch.testing.assert_close(got_dx.double(), dx64, rtol=1e-5, atol=1e-5)
+
+
+def test_projections_fall_back_to_one_by_one_outside_onednn():
+    torch.manual_seed(4)
+    x = torch.randn(3, 8)
+    for linears in (
+        [matmul.Linear(8, 4, "blas"), matmul.Linear(8, 6, "blas")],
+        [torch.nn.Linear(8, 4, bias=False)],
+    ):
+        with torch.no_grad():
+            ys = matmul.projections(x, linears)
+            for y, lin in zip(ys, linears, strict=True):
+                assert torch.equal(y, lin(x))

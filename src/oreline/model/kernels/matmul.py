@@ -56,6 +56,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -340,3 +341,23 @@ class Linear(torch.nn.Linear):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", backend={self.backend}"
+
+
+def projections(x: torch.Tensor, linears: Sequence[torch.nn.Module]) -> list[torch.Tensor]:
+    """x through several bias-free projections of the same input (Attention's q, k, v) as ONE
+    product with their weights stacked, its output split back: [l(x) for l in linears] in value.
+
+    One (tokens × 256 → 512) product instead of three narrower ones measured 1.16× faster, forward
+    and backward, at the demo model's shapes (1 CPU thread): the narrow k/v products (128 outputs)
+    use oneDNN's blocking poorly, and x is read (and transposed for the weight gradients) once.
+    The stacked weight is a copy made per call (dim × Σ out, small next to the product); its
+    gradient flows back to each Linear's own weight, so parameters and state dict are unchanged.
+    Each Linear's own `backend` decides, as in its forward; anything oneDNN does not run here
+    (bf16, autocast, CUDA, BLAS, plain nn.Linear) takes the projections one by one.
+    """
+    backends = {getattr(lin, "backend", None) for lin in linears}
+    weights = [lin.weight for lin in linears]
+    if len(linears) > 1 and len(backends) == 1 and _use_onednn(backends.pop(), x, *weights):
+        y = _Linear.apply(x, torch.cat(weights), "onednn")
+        return list(y.split([w.shape[0] for w in weights], dim=-1))
+    return [lin(x) for lin in linears]

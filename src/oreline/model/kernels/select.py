@@ -2,9 +2,11 @@
 
 - "reference": oreline.model.llama's plain functions (nn.Linear, autograd through torch ops).
 - "cpu": the fused RMSNorm and RoPE autograd functions (kernels.rmsnorm, kernels.rope), the
-  output projection fused with the loss (kernels.cross_entropy), and every fp32 product through
-  the backend `train.cpu_matmul` decided (kernels.matmul: oneDNN where it is the faster library).
-  benchmarks/train_vs_hf.py measures this set against Hugging Face's model on the same CPU.
+  output projection fused with the loss (kernels.cross_entropy), q/k/v as one stacked product
+  (matmul.projections), and every fp32 product through the backend `train.cpu_matmul` decided
+  (kernels.matmul: oneDNN where it is the faster library). benchmarks/train_vs_hf.py measures
+  this set against Hugging Face's model on the same CPU, benchmarks/cpu_kernels.py against the
+  reference kernels.
 - "auto": "cpu" on a CPU, "reference" on CUDA. No GPU measurement has shown a fused kernel
   faster there yet (benchmarks/gpu_check.py is the one to run), and torch.compile fuses the
   reference's elementwise work on a GPU anyway.
@@ -31,8 +33,9 @@ def cpu_kernels(matmul_backend: str) -> Kernels:
     """The CPU set, its fp32 products through `matmul_backend` ("onednn" or "blas")."""
     matmul.check_backend(matmul_backend)
     return Kernels(
-        name=f"cpu (fused RMSNorm, RoPE and output loss; {matmul_backend} matmuls)",
+        name=f"cpu (fused RMSNorm, RoPE, q/k/v product and output loss; {matmul_backend} matmuls)",
         projection=partial(matmul.Linear, backend=matmul_backend),
+        projections=matmul.projections,
         rms_norm=rmsnorm.rms_norm,
         rope=rope.apply_rope,
         logits=partial(matmul.linear, backend=matmul_backend),
