@@ -26,7 +26,8 @@ def test_a_task_killed_for_memory_is_retried_max_oom_retries_times_then_is_a_cra
         [sys.executable, str(DRIVER), str(attempts), "2"], capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
     assert result["type"] == "TaskCrashed", result
     assert result["error"].startswith("OutOfMemoryError (after Ray's retries)"), result
     # the first attempt and exactly max_oom_retries more: neither Ray's unbounded default nor
