@@ -252,36 +252,37 @@ class Trainer:
         return best, oom
 
 
-def throughput_rows(presets, device, budget, size) -> list[Row]:
+def throughput_rows(preset, device, budget, size, compiles=(False, True), batches=None) -> list[Row]:
+    """One preset's rows for the given compile settings, AC off then on. `batches` carries eager's
+    largest micro-batch to the compiled rows (a new shape per probe would recompile)."""
     from oreline.config import ModelConfig
     from oreline.model.presets import flops_per_token, resolve_model_args
 
     rows: list[Row] = []
     seq = size["seq"]
-    for preset in presets:
-        args = resolve_model_args(ModelConfig(preset=preset))
-        s = min(seq, args.max_seq_len)
-        fpt = flops_per_token(args, s)
-        batches: dict[bool, int | None] = {}
-        for compile_ in (False, True):
-            for ac in (False, True):
-                name = f"{preset} {'compile' if compile_ else 'eager'} AC {'on' if ac else 'off'}"
-                if budget.left() < 30:
-                    rows.append(("throughput", name, "skipped: time limit"))
-                    continue
-                try:
-                    rows.append(
-                        (
-                            "throughput",
-                            name,
-                            one_throughput(args, device, size, s, fpt, ac, compile_, batches, budget),
-                        )
+    args = resolve_model_args(ModelConfig(preset=preset))
+    s = min(seq, args.max_seq_len)
+    fpt = flops_per_token(args, s)
+    batches = {} if batches is None else batches
+    for compile_ in compiles:
+        for ac in (False, True):
+            name = f"{preset} {'compile' if compile_ else 'eager'} AC {'on' if ac else 'off'}"
+            if budget.left() < 30:
+                rows.append(("throughput", name, "skipped: time limit"))
+                continue
+            try:
+                rows.append(
+                    (
+                        "throughput",
+                        name,
+                        one_throughput(args, device, size, s, fpt, ac, compile_, batches, budget),
                     )
-                except Exception as exc:
-                    rows.append(("throughput", name, error(exc)))
-                finally:
-                    free(device)
-                    torch._dynamo.reset()
+                )
+            except Exception as exc:
+                rows.append(("throughput", name, error(exc)))
+            finally:
+                free(device)
+                torch._dynamo.reset()
     return rows
 
 
@@ -322,32 +323,28 @@ def one_throughput(args, device, size, seq, fpt, ac, compile_, batches, budget, 
 # torchtitan
 
 
-def torchtitan_rows(presets, device, budget, size) -> list[Row]:
+def torchtitan_rows(preset, device, budget, size) -> list[Row]:
     try:
         import torchtitan  # noqa: F401
     except ImportError:
-        return [("torchtitan", ", ".join(presets), "not installed (pip install torchtitan)")]
+        return [("torchtitan", preset, "not installed (pip install torchtitan)")]
     from oreline.config import ModelConfig
     from oreline.model.presets import PRESETS, flops_per_token, resolve_model_args
 
-    rows: list[Row] = []
-    for preset in presets:
-        if budget.left() < 30:
-            rows.append(("torchtitan", preset, "skipped: time limit"))
-            continue
-        try:
-            args = resolve_model_args(ModelConfig(preset=preset))
-            seq = min(size["seq"], args.max_seq_len)
-            build = titan_builder(args, PRESETS[preset], seq)
-            text = one_throughput(
-                args, device, size, seq, flops_per_token(args, seq), False, False, {}, budget, build
-            )
-            rows.append(("torchtitan", f"{preset} eager AC off", text))
-        except Exception as exc:
-            rows.append(("torchtitan", preset, error(exc)))
-        finally:
-            free(device)
-    return rows
+    if budget.left() < 30:
+        return [("torchtitan", preset, "skipped: time limit")]
+    try:
+        args = resolve_model_args(ModelConfig(preset=preset))
+        seq = min(size["seq"], args.max_seq_len)
+        build = titan_builder(args, PRESETS[preset], seq)
+        text = one_throughput(
+            args, device, size, seq, flops_per_token(args, seq), False, False, {}, budget, build
+        )
+        return [("torchtitan", f"{preset} eager AC off", text)]
+    except Exception as exc:
+        return [("torchtitan", preset, error(exc))]
+    finally:
+        free(device)
 
 
 def shard_titan(model, device: torch.device, precision: str):
@@ -395,7 +392,8 @@ def titan_builder(args, spec: dict, seq: int):
 
     def build():
         model = Transformer(targs)
-        model.init_weights()
+        with torch.no_grad():  # as torchtitan's trainer calls it: its initialisers copy into leaves
+            model.init_weights()
         return model
 
     return build
@@ -627,13 +625,15 @@ def main(argv: list[str] | None = None) -> int:
 
         section("env", lambda: section_env(device, tmp))
 
-        def throughput() -> list[Row]:
+        def preset_rows(preset: str) -> list[Row]:
+            """Eager, then the peer, then compiled: what matters most is measured first, so the
+            time limit cuts the compiled rows (compilation takes the longest) before the peer."""
+            batches: dict = {}
             with one_rank_group(device):
-                return throughput_rows(presets, device, budget, size)
-
-        def titan() -> list[Row]:
-            with one_rank_group(device):
-                return torchtitan_rows(presets, device, budget, size)
+                out = throughput_rows(preset, device, budget, size, (False,), batches)
+                out += torchtitan_rows(preset, device, budget, size)
+                out += throughput_rows(preset, device, budget, size, (True,), batches)
+            return out
 
         def nan() -> list[Row]:
             data[:] = data or [build_data(tmp)]
@@ -652,8 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         section("syncs", syncs)
         section("async checkpoint", lambda: section_async(device, budget, tmp))
         later, rows[rows_before:] = rows[rows_before:], []
-        section("throughput", throughput, min_left=30)
-        section("torchtitan", titan, min_left=30)
+        for preset in presets:
+            section("throughput", lambda preset=preset: preset_rows(preset), min_left=30)
         rows.extend(later)
         budget.stop()
 
