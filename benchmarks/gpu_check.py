@@ -498,12 +498,16 @@ def train_config(root: Path, data: tuple[Path, Path], name: str, device: torch.d
     return config_from_dict(tree)
 
 
-def run_train(cfg) -> list[dict]:
+def train_run(cfg) -> dict:
     from rich.console import Console
 
     from oreline.train.loop import train
 
-    out = train(cfg, resume="none", console=Console(file=io.StringIO()))
+    return train(cfg, resume="none", console=Console(file=io.StringIO()))
+
+
+def run_train(cfg) -> list[dict]:
+    out = train_run(cfg)
     lines = (Path(out["run_dir"]) / "metrics.jsonl").read_text().splitlines()
     return [json.loads(x) for x in lines if x.strip()]
 
@@ -529,38 +533,81 @@ def section_nan(device: torch.device, root: Path, data) -> list[Row]:
 
 
 def section_syncs(device: torch.device, root: Path, data) -> list[Row]:
+    """Every synchronising CUDA call of a 20-step run, attributed to the step it happened in.
+
+    The loop brackets each step with `StepReads.start()` / `.stop(step, why)` (`why` empty on an
+    ordinary step: no log, eval or checkpoint); wrapping those two tells which step a sync fell in.
+    `train.debug.count_host_reads` also counts, per step, the host reads seen at dispatch."""
     if device.type != "cuda":
         return [("syncs", "set_sync_debug_mode on ordinary steps", "skipped: no CUDA")]
-    steps = 20
-    cfg = train_config(root, data, "syncs", device, train__steps=steps)
-    sites: Counter[str] = Counter()
+    from oreline.train import host_reads
+
+    steps, log_every = 20, 10
+    cfg = train_config(
+        root, data, "syncs", device, train__steps=steps, train__log_every=log_every,
+        train__debug__count_host_reads=True,
+    )  # fmt: skip
     src = str(Path(__file__).resolve().parents[1] / "src")
+    running: list[str] | None = None  # the sites seen in the step running now (None: between steps)
+    outside: Counter[str] = Counter()  # setup, the end of the run
+    per_step: dict[int, tuple[list[str], list[str]]] = {}  # step -> (why, sites)
 
     def record(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" not in str(message):
             return
         frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(src)]
-        if frames:
-            f = frames[-1]
-            sites[f"{Path(f.filename).name}:{f.lineno} ({f.name})"] += 1
+        site = (
+            f"{Path(frames[-1].filename).name}:{frames[-1].lineno} ({frames[-1].name})" if frames else "torch"
+        )
+        if running is None:
+            outside[site] += 1
+        else:
+            running.append(site)
+
+    start, stop = host_reads.StepReads.start, host_reads.StepReads.stop
+
+    def start_step(self):
+        nonlocal running
+        running = []
+        start(self)
+
+    def stop_step(self, step, why):
+        nonlocal running
+        per_step[step] = (list(why), running or [])
+        running = None
+        stop(self, step, why)
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         saved, warnings.showwarning = warnings.showwarning, record
+        host_reads.StepReads.start, host_reads.StepReads.stop = start_step, stop_step
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            run_train(cfg)
+            out = train_run(cfg)
         finally:
             torch.cuda.set_sync_debug_mode("default")
             warnings.showwarning = saved
-    every = {site: n for site, n in sites.items() if n >= steps - 2}
-    if not every:
-        text = (
-            f"none on ordinary steps ({sum(sites.values())} syncs outside them, e.g. setup, first/last step)"
-        )
-    else:
-        text = "syncs on every step: " + "; ".join(f"{s} ×{n}" for s, n in sorted(every.items()))
-    return [("syncs", f"set_sync_debug_mode('warn'), {steps} steps", text)]
+            host_reads.StepReads.start, host_reads.StepReads.stop = start, stop
+    reads_file = Path(out["run_dir"]) / "debug" / "host-reads-rank00000.json"
+    reads = {e["step"]: e["reads"] for e in json.loads(reads_file.read_text())} if reads_file.exists() else {}
+    ordinary = [n for n, (why, _) in per_step.items() if not why]
+    other = [n for n, (why, _) in per_step.items() if why]
+    sync_ord = Counter(site for n in ordinary for site in per_step[n][1])
+    sync_other = Counter(site for n in other for site in per_step[n][1])
+
+    def sites(c: Counter) -> str:
+        return "; ".join(f"{s} ×{k}" for s, k in c.most_common(4))
+
+    text = (
+        f"{len(ordinary)} ordinary steps: {sum(sync_ord.values())} syncs"
+        + (f" ({sites(sync_ord)})" if sync_ord else "")
+        + f", {sum(reads.get(n, 0) for n in ordinary)} host reads at dispatch; "
+        f"{len(other)} logging steps ({', '.join(str(n) for n in sorted(other))}): "
+        f"{sum(sync_other.values())} syncs"
+        + (f" ({sites(sync_other)})" if sync_other else "")
+        + f", {sum(reads.get(n, 0) for n in other)} host reads; outside steps: {sum(outside.values())} syncs"
+    )
+    return [("syncs", f"set_sync_debug_mode('warn'), {steps} steps, log every {log_every}", text)]
 
 
 # ---------------------------------------------------------------------------------------------

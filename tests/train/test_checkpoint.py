@@ -312,6 +312,30 @@ def test_async_save_completes_in_the_background(tmp_path, monkeypatch):
     assert find_resumable(tmp_path) == third
 
 
+def test_async_save_under_a_process_group_without_a_cpu_backend(tmp_path, monkeypatch):
+    """On CUDA a run's default group is NCCL alone, and DCP's async save refuses a group without a
+    CPU backend: `checkpoint.async` failed at the first save on an H200. "cuda:gloo" is such a group
+    on a CPU-only machine (gloo, registered for CUDA tensors only): the same refusal, here."""
+    import torch.distributed as tdist
+
+    import oreline.train.checkpoint.dcp_calls as dcp_calls
+
+    monkeypatch.setattr(async_save, "ASYNC_ON_CPU", True)
+    monkeypatch.setattr(dcp_calls, "_ASYNC_GROUP", None, raising=False)
+    tdist.init_process_group("cuda:gloo", store=tdist.HashStore(), rank=0, world_size=1)
+    try:
+        assert torch.device("cpu") not in tdist.group.WORLD._device_types  # what NCCL alone gives
+        model, opt = build()
+        cfg = CheckpointConfig(async_save=True)
+        path = save_checkpoint(tmp_path, 1, model, opt, meta_for(1), cfg=cfg)
+        assert wait_for_pending_save() == path
+        assert verify_checkpoint(path) == (True, [])
+        sd, _, _ = load_model_state(path)
+        assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
+    finally:
+        tdist.destroy_process_group()
+
+
 # A process that starts an async save and then ends without finishing it (a kill between the
 # tensor write and the publish). Before that it says what find_resumable finds as a fresh process.
 _FRESH_PROCESS = """

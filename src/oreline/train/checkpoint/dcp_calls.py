@@ -13,6 +13,7 @@ import contextlib
 import warnings
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from oreline import compat
@@ -32,6 +33,28 @@ def world() -> int:
 def barrier() -> None:
     if world() > 1:
         dist.barrier()
+
+
+_ASYNC_GROUP = None  # a gloo group of every rank, made at the first async save that needs one
+
+
+def async_save_group() -> dist.ProcessGroup | None:
+    """The process group for `dcp.async_save` (None: the default one will do).
+
+    DCP's async save plans over a CPU backend and refuses a group without one ("A CPU backend must
+    be enabled for async save"), but on CUDA oreline.train.dist starts NCCL alone, as torchrun users
+    do: `checkpoint.async` then failed at the first save (seen on an H200 by
+    benchmarks/gpu_check.py). Such a run gets a gloo group of every rank, made once; every rank
+    saves at the same step, and `new_group` is a collective they all reach there.
+    """
+    global _ASYNC_GROUP
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if torch.device("cpu") in getattr(dist.group.WORLD, "_device_types", ()):
+        return None
+    if _ASYNC_GROUP is None:
+        _ASYNC_GROUP = dist.new_group(backend="gloo")
+    return _ASYNC_GROUP
 
 
 def no_process_group() -> bool:

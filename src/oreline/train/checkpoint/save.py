@@ -44,6 +44,7 @@ from oreline import compat
 from oreline.config import CheckpointConfig, fingerprint
 from oreline.errors import CheckpointError
 from oreline.train.checkpoint.dcp_calls import (
+    async_save_group,
     barrier,
     no_process_group,
     no_zip_crc32,
@@ -241,7 +242,12 @@ def save_checkpoint(
     if cfg.async_save and (on_cuda or async_save.ASYNC_ON_CPU):
         # (raw tensor files need no CRC; with RAW_TENSOR_FILES off, torch.save's CRC32 stays on here: the
         # write runs in DCP's thread after this returns)
-        future = dcp.async_save(state, storage_writer=writer, **compat.dcp_no_dist(no_process_group()))
+        future = dcp.async_save(
+            state,
+            storage_writer=writer,
+            process_group=async_save_group(),
+            **compat.dcp_no_dist(no_process_group()),
+        )
 
         def finalize_later() -> Path:
             path = finalize()
