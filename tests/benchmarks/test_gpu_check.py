@@ -49,7 +49,12 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path):
     assert titan.startswith("not installed") or "tokens/s" in titan or titan.startswith("skipped")
     # the sections that run first always get their time, and work on a CPU
     assert by_section["NaN injected"][0][1].startswith("recovered")
-    assert [s for s, _ in by_section["async checkpoint"]] == ["debug blocking", "debug async"]
+    assert [s for s, _ in by_section["async checkpoint"]] == [
+        "debug blocking",
+        "debug async, first save",
+        "debug async, second save",
+    ]
     assert all("step stalled" in r for _, r in by_section["async checkpoint"])
+    assert all(r.endswith("holds the weights at the save") for _, r in by_section["async checkpoint"])
     first = by_section["throughput"][0]
     assert first[0] == "debug eager AC off" and "tokens/s" in first[1] and "MFU" in first[1]

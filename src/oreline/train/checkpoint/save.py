@@ -48,6 +48,7 @@ from oreline.train.checkpoint.dcp_calls import (
     barrier,
     no_process_group,
     no_zip_crc32,
+    pinned_stager,
     quiet_single_process,
     rank,
     world,
@@ -242,10 +243,14 @@ def save_checkpoint(
     if cfg.async_save and (on_cuda or async_save.ASYNC_ON_CPU):
         # (raw tensor files need no CRC; with RAW_TENSOR_FILES off, torch.save's CRC32 stays on here: the
         # write runs in DCP's thread after this returns)
+        stager = pinned_stager(state, on_cuda)
+        if stager:  # what the writer's own stage() sets: the tensors it gets are on the CPU already
+            writer.per_thread_copy_ahead = 0
         future = dcp.async_save(
             state,
             storage_writer=writer,
             process_group=async_save_group(),
+            **stager,
             **compat.dcp_no_dist(no_process_group()),
         )
 
