@@ -188,6 +188,8 @@ class Trainer:
             info = dist.DistInfo(0, 1, 0, device, None, True, "fsdp")
             self.train_model = dist.wrap_model(self.model, self.tc, info)
         else:  # torchtitan's model: its blocks are model.layers, sharded with the same policy
+            if compile_:
+                compile_titan(self.model)
             self.train_model = shard_titan(self.model, device, precision)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -333,18 +335,33 @@ def torchtitan_rows(preset, device, budget, size) -> list[Row]:
 
     if budget.left() < 30:
         return [("torchtitan", preset, "skipped: time limit")]
-    try:
-        args = resolve_model_args(ModelConfig(preset=preset))
-        seq = min(size["seq"], args.max_seq_len)
-        build = titan_builder(args, PRESETS[preset], seq)
-        text = one_throughput(
-            args, device, size, seq, flops_per_token(args, seq), False, False, {}, budget, build
-        )
-        return [("torchtitan", f"{preset} eager AC off", text)]
-    except Exception as exc:
-        return [("torchtitan", preset, error(exc))]
-    finally:
-        free(device)
+    rows: list[Row] = []
+    batches: dict = {}  # the compiled row reuses eager's largest micro-batch, as oreline's does
+    for compile_ in (False, True):
+        name = f"{preset} {'compile' if compile_ else 'eager'} AC off"
+        if budget.left() < 30:
+            rows.append(("torchtitan", name, "skipped: time limit"))
+            continue
+        try:
+            args = resolve_model_args(ModelConfig(preset=preset))
+            seq = min(size["seq"], args.max_seq_len)
+            build = titan_builder(args, PRESETS[preset], seq)
+            fpt = flops_per_token(args, seq)
+            text = one_throughput(args, device, size, seq, fpt, False, compile_, batches, budget, build)
+            rows.append(("torchtitan", name, text))
+        except Exception as exc:
+            rows.append(("torchtitan", name, error(exc)))
+        finally:
+            free(device)
+            torch._dynamo.reset()
+    return rows
+
+
+def compile_titan(model) -> None:
+    """torch.compile per transformer block, as torchtitan's own `apply_compile` does."""
+    layers = model.layers
+    for name, block in list(layers.named_children()):
+        layers.register_module(name, torch.compile(block, fullgraph=True))
 
 
 def shard_titan(model, device: torch.device, precision: str):
