@@ -144,3 +144,40 @@ def test_inflate_piece_at_the_first_call_boundary(size):
         if not member:
             continue
         assert two_calls(zlib_ng.decompressobj(31), piece) == one_call(zlib.decompressobj(31), piece)
+
+
+def test_content_decoding_gives_the_same_bodies_with_either_zlib(monkeypatch):
+    """HTTP Content-Encoding gzip/deflate goes through the same engine: the bodies, the refusals
+    (None) and the size limit are those of CPython's zlib."""
+    import gzip
+
+    from oreline.data.read.payload import PayloadTooLarge, decode_content
+
+    text = b"".join(f"<p>line {i} of a page that compresses well</p>\n".encode() for i in range(4000))
+    raw = zlib.compressobj(6, zlib.DEFLATED, -15)
+    raw_deflate = raw.compress(text) + raw.flush()
+    cases = [
+        (gzip.compress(text), "gzip"),
+        (gzip.compress(text) + b"trailing junk", "x-gzip"),
+        (zlib.compress(text), "deflate"),
+        (raw_deflate, "deflate"),
+        (gzip.compress(text)[:-40], "gzip"),  # cut inside the stream
+        (b"\x1f\x8b\x08\x00garbage that is not deflate", "gzip"),
+        (b"\x78\x9c" + bytes(range(200)), "deflate"),
+    ]
+
+    def decoded(engine):
+        monkeypatch.setattr(inflate, "engine", engine)
+        monkeypatch.setattr(inflate, "error", engine.error)
+        out = []
+        for body, encoding in cases:
+            out.append(decode_content(body, encoding))
+            try:
+                out.append(decode_content(body, encoding, max_bytes=1000))
+            except PayloadTooLarge as exc:
+                out.append(("too large", str(exc)))
+        return out
+
+    with_ng, with_zlib = decoded(zlib_ng), decoded(zlib)
+    assert with_ng == with_zlib
+    assert with_ng[0] == text and with_ng[1][0] == "too large"

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import codecs
 import re
-import zlib
 from collections import Counter
+
+from oreline.data.read import inflate
 
 DEFAULT_MAX_BYTES = 50_000_000  # bound on decoded output (= data.read.max_record_bytes by default)
 # Real HTTP heads are a few KB (servers refuse requests with more than 8-64 KB of headers); only
@@ -154,9 +155,9 @@ def _decode_content(body: bytes, encoding: str, limit: int) -> bytes | None:
     """At most about `limit` bytes of decoded output (more means: too large)."""
     if encoding in ("gzip", "x-gzip", "deflate"):
         for wbits in (47,) if encoding != "deflate" else (15, -15, 47):
-            try:
-                return zlib.decompressobj(wbits).decompress(body, limit)
-            except zlib.error:
+            try:  # zlib-ng when installed (oreline.data.read.inflate): the same output, ~2/3 the time
+                return inflate.engine.decompressobj(wbits).decompress(body, limit)
+            except inflate.error:
                 continue
         return None
     if encoding == "br":
