@@ -318,22 +318,20 @@ def test_async_save_under_a_process_group_without_a_cpu_backend(tmp_path, monkey
     on a CPU-only machine (gloo, registered for CUDA tensors only): the same refusal, here."""
     import torch.distributed as tdist
 
-    import oreline.train.checkpoint.dcp_calls as dcp_calls
-
     monkeypatch.setattr(async_save, "ASYNC_ON_CPU", True)
-    monkeypatch.setattr(dcp_calls, "_ASYNC_GROUP", None, raising=False)
-    tdist.init_process_group("cuda:gloo", store=tdist.HashStore(), rank=0, world_size=1)
-    try:
-        assert torch.device("cpu") not in tdist.group.WORLD._device_types  # what NCCL alone gives
-        model, opt = build()
-        cfg = CheckpointConfig(async_save=True)
-        path = save_checkpoint(tmp_path, 1, model, opt, meta_for(1), cfg=cfg)
-        assert wait_for_pending_save() == path
-        assert verify_checkpoint(path) == (True, [])
-        sd, _, _ = load_model_state(path)
-        assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
-    finally:
-        tdist.destroy_process_group()
+    model, opt = build()
+    cfg = CheckpointConfig(async_save=True)
+    for step in (1, 2):  # a second process group in the same process gets a gloo group of its own
+        tdist.init_process_group("cuda:gloo", store=tdist.HashStore(), rank=0, world_size=1)
+        try:
+            assert torch.device("cpu") not in tdist.group.WORLD._device_types  # what NCCL alone gives
+            path = save_checkpoint(tmp_path, step, model, opt, meta_for(step), cfg=cfg)
+            assert wait_for_pending_save() == path
+            assert verify_checkpoint(path) == (True, [])
+            sd, _, _ = load_model_state(path)
+            assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
+        finally:
+            tdist.destroy_process_group()
 
 
 # A process that starts an async save and then ends without finishing it (a kill between the

@@ -35,7 +35,7 @@ def barrier() -> None:
         dist.barrier()
 
 
-_ASYNC_GROUP = None  # a gloo group of every rank, made at the first async save that needs one
+_ASYNC_GROUP: tuple = (None, None)  # (the default group, a gloo group of its ranks made for it)
 
 
 def async_save_group() -> dist.ProcessGroup | None:
@@ -50,11 +50,12 @@ def async_save_group() -> dist.ProcessGroup | None:
     global _ASYNC_GROUP
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    if torch.device("cpu") in getattr(dist.group.WORLD, "_device_types", ()):
+    world_group = dist.group.WORLD
+    if torch.device("cpu") in getattr(world_group, "_device_types", ()):
         return None
-    if _ASYNC_GROUP is None:
-        _ASYNC_GROUP = dist.new_group(backend="gloo")
-    return _ASYNC_GROUP
+    if _ASYNC_GROUP[0] is not world_group:  # first save, or a process group started anew since
+        _ASYNC_GROUP = (world_group, dist.new_group(backend="gloo"))
+    return _ASYNC_GROUP[1]
 
 
 _STAGER: tuple = ((), None)  # (the state's structure, DCP's stager holding pinned copies of it)
