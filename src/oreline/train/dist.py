@@ -241,15 +241,26 @@ def barrier() -> None:
         tdist.barrier()
 
 
+_ENDED = False  # this process ran as a rank and has torn its process group down
+
+
 def cleanup(graceful: bool = True) -> None:
     """Tear the process group down. After a normal finish every rank first meets at a barrier:
     a rank that destroys its gloo group while a peer is still inside the last collective (the
     checkpoint's digest gather) can abort at exit ("terminate called without an active exception",
     SIGABRT) after training finished. After an error no barrier: a dead peer would make it hang."""
+    global _ENDED
     if tdist.is_initialized():
         if graceful:
             tdist.barrier()
         tdist.destroy_process_group()
+        _ENDED = True
+
+
+def rank_finished() -> bool:
+    """Whether this process was a rank whose process group `cleanup` has torn down: the CLI then
+    ends it without the interpreter's finalization (`oreline.cli.main`)."""
+    return _ENDED
 
 
 # ---------------------------------------------------------------------------------------------
