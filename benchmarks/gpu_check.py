@@ -2,7 +2,7 @@
 checkpoint stall, NaN recovery and host syncs — one table.
 
     .venv/bin/python benchmarks/gpu_check.py [--device auto|cuda|cpu] [--preset 1b,125m]
-        [--time-limit 480] [--out table.md]
+        [--time-limit 480] [--out table.md] [--sections env,nan,syncs,async,throughput]
 
 On CUDA (one H200 is what it is sized for) every row is real: the presets (default `1b` then
 `125m`) at seq 2048 in bf16, FSDP2 (oreline.train.dist.wrap_model with its bf16 mixed-precision
@@ -18,15 +18,19 @@ peak), so the script has run end to end before it first meets a GPU (tests/bench
 Sections (each in its own try/except: a failure is a row saying so, never a crash):
 - env: `oreline doctor env --distributed` findings (CUDA, NCCL, devices, ...).
 - throughput: as above. The model uses `train.kernels = "auto"` (the reference on CUDA).
-- torchtitan: its Llama 3 model (the PyPI release, if importable here; never installed at run time)
-  at the same shape, batch and FSDP2/bf16 setting, timed by the same step function.
+- torchtitan: its Llama 3 model (the PyPI release, if importable here; never installed at run time;
+  0.2.2 measured) at the same shape, batch and FSDP2/bf16 setting, timed by the same step function,
+  eager and compiled per block as its own `apply_compile` does. Per preset the rows run eager,
+  then the peer, then compiled, so the time limit cuts compilation first.
 - async checkpoint: oreline.train.checkpoint.save.save_checkpoint, blocking vs `checkpoint.async`
-  (DCP async_save): how long the training thread stalled, and the next step's time.
+  (DCP async_save) twice (the first async save makes the pinned staging buffers): how long the
+  training thread stalled, the next step's time, and whether the checkpoint holds the weights of
+  its step (compared tensor by tensor).
 - NaN: `oreline.train.loop.train` with `train.debug.inject_nan_at_step` (the mechanism the tests
   use): the step is skipped and training goes on with finite losses.
 - syncs: the same train() under torch.cuda.set_sync_debug_mode("warn"), every synchronising call
-  recorded with the oreline line that made it; the lines hit on (nearly) every step are the
-  ordinary-step syncs.
+  recorded with the oreline line that made it and attributed to the step it fell in (ordinary,
+  logging, or outside any step), beside the per-step host reads of train.debug.count_host_reads.
 Rows not reached before --time-limit say so.
 """
 
