@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sys
 import traceback
 
@@ -120,18 +121,16 @@ def main() -> None:
     nan_on_one = dist.agree_on_step(f64(2.5), f64(math.nan if info.rank == 1 else 1.0))
     differ = dist.agree_on_step(f64(2.5), f64(1.0 + 1e-12 * info.rank))
     stop = [dist.any_rank(info.rank == 1), dist.any_rank(False)]
-    print(
-        "AGREE "
-        + json.dumps(
-            {
-                "rank": info.rank,
-                "nan_on_one": [repr(float(v)) for v in nan_on_one],
-                "differ": [repr(float(v)) for v in differ],
-                "stop": stop,
-            }
-        ),
-        flush=True,
-    )
+    agree = {
+        "rank": info.rank,
+        "nan_on_one": [repr(float(v)) for v in nan_on_one],
+        "differ": [repr(float(v)) for v in differ],
+        "stop": stop,
+    }
+    # both ranks print into one log: one write() per line, which O_APPEND keeps whole (print writes
+    # the text and its newline in two calls, and CI once read "AGREE {...}AGREE {...}\n\n")
+    sys.stdout.flush()
+    os.write(1, ("AGREE " + json.dumps(agree) + "\n").encode())
     scenario("reentrant_unused", info, tokens, unused=True, find_unused=True, checkpointing="reentrant")
     dist.cleanup()
 
