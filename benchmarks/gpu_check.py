@@ -273,23 +273,32 @@ def throughput_rows(preset, device, budget, size, compiles=(False, True), batche
     for compile_ in compiles:
         for ac in (False, True):
             name = f"{preset} {'compile' if compile_ else 'eager'} AC {'on' if ac else 'off'}"
-            if budget.left() < 30:
-                rows.append(("throughput", name, "skipped: time limit"))
-                continue
-            try:
-                rows.append(
-                    (
-                        "throughput",
-                        name,
-                        one_throughput(args, device, size, s, fpt, ac, compile_, batches, budget),
-                    )
+            rows.append(
+                measured_row(
+                    "throughput",
+                    name,
+                    device,
+                    budget,
+                    lambda ac=ac, compile_=compile_: one_throughput(
+                        args, device, size, s, fpt, ac, compile_, batches, budget
+                    ),
                 )
-            except Exception as exc:
-                rows.append(("throughput", name, error(exc)))
-            finally:
-                free(device)
-                torch._dynamo.reset()
+            )
     return rows
+
+
+def measured_row(section: str, name: str, device: torch.device, budget: Budget, measure) -> Row:
+    """One row: what `measure()` returns, or why it has none (the time limit, an error). The device's
+    memory is freed and compiled graphs dropped after each measurement, whatever happened."""
+    if budget.left() < 30:
+        return (section, name, "skipped: time limit")
+    try:
+        return (section, name, measure())
+    except Exception as exc:
+        return (section, name, error(exc))
+    finally:
+        free(device)
+        torch._dynamo.reset()
 
 
 def one_throughput(args, device, size, seq, fpt, ac, compile_, batches, budget, build=None) -> str:
@@ -339,26 +348,26 @@ def torchtitan_rows(preset, device, budget, size) -> list[Row]:
 
     if budget.left() < 30:
         return [("torchtitan", preset, "skipped: time limit")]
-    rows: list[Row] = []
+    try:
+        args = resolve_model_args(ModelConfig(preset=preset))
+        seq = min(size["seq"], args.max_seq_len)
+        build = titan_builder(args, PRESETS[preset], seq)
+    except Exception as exc:
+        return [("torchtitan", preset, error(exc))]
+    fpt = flops_per_token(args, seq)
     batches: dict = {}  # the compiled row reuses eager's largest micro-batch, as oreline's does
-    for compile_ in (False, True):
-        name = f"{preset} {'compile' if compile_ else 'eager'} AC off"
-        if budget.left() < 30:
-            rows.append(("torchtitan", name, "skipped: time limit"))
-            continue
-        try:
-            args = resolve_model_args(ModelConfig(preset=preset))
-            seq = min(size["seq"], args.max_seq_len)
-            build = titan_builder(args, PRESETS[preset], seq)
-            fpt = flops_per_token(args, seq)
-            text = one_throughput(args, device, size, seq, fpt, False, compile_, batches, budget, build)
-            rows.append(("torchtitan", name, text))
-        except Exception as exc:
-            rows.append(("torchtitan", name, error(exc)))
-        finally:
-            free(device)
-            torch._dynamo.reset()
-    return rows
+    return [
+        measured_row(
+            "torchtitan",
+            f"{preset} {'compile' if compile_ else 'eager'} AC off",
+            device,
+            budget,
+            lambda compile_=compile_: one_throughput(
+                args, device, size, seq, fpt, False, compile_, batches, budget, build
+            ),
+        )
+        for compile_ in (False, True)
+    ]
 
 
 def compile_titan(model) -> None:
