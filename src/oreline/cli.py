@@ -521,9 +521,9 @@ def main() -> None:
 def _end_rank(done: SystemExit) -> None:
     """A training rank whose run has ended (its process group torn down) leaves with os._exit.
 
-    The interpreter's finalization after a 2-rank FSDP run aborted in C++ in about 1 of 4 runs
+    The interpreter's finalization after a 2-rank FSDP run aborted in C++ in 2 of 6 runs
     of tests/train/test_distributed.py on a loaded machine ("terminate called without an active
-    exception", SIGABRT, no Python frame on the stack; twice in CI): torchrun and Slurm then report
+    exception", SIGABRT, no Python frame on the stack; once in CI): torchrun and Slurm then report
     a failed job after a finished one, or a stop's exit code (143, 138) turns into -6 and the
     requeue logic misreads it. By now the run's files are written and closed (metrics,
     TensorBoard, checkpoints: the loop closes them before it returns or raises), and nothing else

@@ -150,6 +150,17 @@ def _dcp_takes_no_dist() -> bool:
     return "no_dist" in inspect.signature(dcp.save).parameters
 
 
+@functools.cache
+def dcp_async_takes_stager() -> bool:
+    """Whether this torch's dcp.async_save takes `async_stager=` (older releases stage only through
+    the storage writer)."""
+    import inspect
+
+    import torch.distributed.checkpoint as dcp
+
+    return "async_stager" in inspect.signature(dcp.async_save).parameters
+
+
 def dcp_no_dist(no_dist: bool) -> dict[str, bool]:
     """Keyword arguments for dcp.save/async_save/load saying "this process alone" where DCP takes them."""
     return {"no_dist": no_dist} if _dcp_takes_no_dist() else {}

@@ -85,18 +85,10 @@ def pinned_stager(state: dict, on_cuda: bool) -> dict:
     in flight first (`async_save.wait_for_pending_save`).
     """
     global _STAGER
-    if not on_cuda:
+    if not on_cuda or not compat.dcp_async_takes_stager():
         return {}
-    import inspect
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
-    import torch.distributed.checkpoint as dcp
-
-    try:
-        from torch.distributed.checkpoint.staging import BlockingAsyncStager
-    except ImportError:
-        return {}
-    if "async_stager" not in inspect.signature(dcp.async_save).parameters:
-        return {}
     structure = _structure(state)
     if _STAGER[1] is None or _STAGER[0] != structure:  # a new shape would not fit the cached copies
         _STAGER = (structure, BlockingAsyncStager(cache_staged_state_dict=True))
