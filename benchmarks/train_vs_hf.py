@@ -2,8 +2,9 @@
 
 Same configuration on both sides: a Llama with vocab 8192, dim 256, 4 layers, 8 heads (4 KV
 heads), MLP 768, untied embeddings (≈7.4M parameters), seq_len 256, batch 8, AdamW (lr 1e-3,
-betas 0.9/0.95, weight decay 0.1), grad clipping at 1.0, fp32, the same token batches from the
-same shards (English prose from the samples, a BPE-8192 tokenizer trained on it here).
+betas 0.9/0.95, weight decay 0.1), grad clipping at 1.0, fp32 (or, with `--precision bf16`, both
+under the CPU bf16 autocast of oreline's `train.precision`), the same token batches from the same
+shards (English prose from the samples, a BPE-8192 tokenizer trained on it here).
 
 - oreline: `oreline.train.loop.train()` itself (its model, fused AdamW, metrics, stability
   checks) — tokens/s is read from its own metrics.jsonl, whose train records time the steps
@@ -24,8 +25,15 @@ slower that way here). Every round is printed with the load average. MFU = 6N + 
 this model's shapes, forward and backward, with the FASTER of torch's BLAS and oneDNN (and, for
 reference, of generic 1024/4096 shapes) — so oreline's MFU is a share of the best this CPU does.
 
+The "floor" line says what the ratio can reach at all on this CPU. Both loops run the same products
+through the same library and the same SDPA kernel; the step's products and attention, each timed
+alone (step_floor_seconds), are a lower bound of either step, so HF's step time over that floor
+bounds the ratio that any change to the rest (norms, RoPE, loss, optimizer, loop) could give.
+Timed inside a step the same products take longer (~240 ms against ~210 ms alone in one profile
+here, Intel Xeon, fp32): the bound is generous.
+
     .venv/bin/python benchmarks/train_vs_hf.py [--steps 20] [--warmup 3] [--rounds 1] [--compile]
-        [--kernels auto|reference|cpu] [--hf-plain-allocator]
+        [--kernels auto|reference|cpu] [--precision fp32|bf16] [--hf-plain-allocator]
 
 The machine is shared (2 cores, other jobs): read the ratio, not the absolute figures, and run
 it when the load average is low. Both sides also report tokens per CPU-second of this process
@@ -78,7 +86,13 @@ def build_tokens(root: Path) -> tuple[Path, Path]:
 
 
 def oreline_config(
-    root: Path, tokens: Path, tokenizer: Path, steps: int, compile_: bool, kernels: str = "auto"
+    root: Path,
+    tokens: Path,
+    tokenizer: Path,
+    steps: int,
+    compile_: bool,
+    kernels: str = "auto",
+    precision: str = "fp32",
 ):
     tree = to_dict(load_config())
     for key, value in {
@@ -97,6 +111,7 @@ def oreline_config(
         "train.eval_batches": 1,
         "train.compile": compile_,
         "train.kernels": kernels,
+        "train.precision": precision,
         "train.optim.lr": LR,
         "train.optim.min_lr": LR,
         "train.optim.schedule": "constant",
@@ -133,7 +148,7 @@ def run_oreline(cfg, warmup: int) -> dict:
     }
 
 
-def run_hf(tokens: Path, vocab: int, steps: int, warmup: int) -> dict:
+def run_hf(tokens: Path, vocab: int, steps: int, warmup: int, precision: str = "fp32") -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(1234)
@@ -159,8 +174,10 @@ def run_hf(tokens: Path, vocab: int, steps: int, warmup: int) -> dict:
     for step in range(1, steps + 1):
         t0, c0 = time.perf_counter(), time.process_time()
         b = loader.next_batch()
-        logits = model(input_ids=b.input_ids).logits
-        loss = F.cross_entropy(logits.view(-1, vocab), b.labels.view(-1), ignore_index=-100)
+        # bf16: the autocast oreline's train.precision = "bf16" runs under, around the same span
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(input_ids=b.input_ids).logits
+            loss = F.cross_entropy(logits.float().view(-1, vocab), b.labels.view(-1), ignore_index=-100)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -198,10 +215,17 @@ def main() -> None:
         help="run the HF loop with glibc's default allocator, as a plain script has (oreline's "
         "setting is process-wide, so HF then runs first)",
     )
+    ap.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: both loops under CPU bf16 autocast (oreline's train.precision); on CPUs with AMX",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32  # of the peaks and the floor
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}"
     )
@@ -209,7 +233,7 @@ def main() -> None:
         root = Path(tmp)
         t0 = time.perf_counter()
         tokens, tokenizer = build_tokens(root)
-        cfg = oreline_config(root, tokens, tokenizer, a.steps, a.compile, a.kernels)
+        cfg = oreline_config(root, tokens, tokenizer, a.steps, a.compile, a.kernels, a.precision)
         from oreline.model.presets import resolve_model_args
         from oreline.tokens.train_bpe import load_tokenizer
 
@@ -223,28 +247,29 @@ def main() -> None:
         peaks: list[float] = []  # the model-shape peak, measured before, between and after the runs
         theirs = []
         if a.hf_plain_allocator:  # HF first, with the allocator a plain script has; then oreline's setting
-            theirs = run_rounds("HF", a.rounds, lambda: run_hf(tokens, vocab, a.steps, a.warmup))
+            theirs = run_rounds("HF", a.rounds, lambda: run_hf(tokens, vocab, a.steps, a.warmup, a.precision))
         print(
             f"allocator for {'oreline and the peaks' if a.hf_plain_allocator else 'both loops and the peaks'}: "
             f"{tune_cpu_allocator()}"
         )
-        peaks.append(measure_cpu_matmul_peak(shapes))
-        generic = measure_cpu_matmul_peak(GENERIC_SHAPES)
+        peaks.append(measure_cpu_matmul_peak(shapes, dtype=dtype))
+        generic = measure_cpu_matmul_peak(GENERIC_SHAPES, dtype=dtype)
         print(
-            f"measured fp32 matmul peak: {peaks[0] / 1e9:.1f} GFLOP/s (this model's shapes, fwd + bwd, faster backend), "
+            f"measured {a.precision} matmul peak: {peaks[0] / 1e9:.1f} GFLOP/s (this model's shapes, fwd + bwd, faster backend), "
             f"{generic / 1e9:.1f} GFLOP/s (generic 2048×1024×4096 shapes); {fpt / 1e6:.1f} MFLOPs/token"
         )
         if not a.hf_plain_allocator:
-            theirs = run_rounds("HF", a.rounds, lambda: run_hf(tokens, vocab, a.steps, a.warmup))
-            peaks.append(_fresh_peak(shapes))
+            theirs = run_rounds("HF", a.rounds, lambda: run_hf(tokens, vocab, a.steps, a.warmup, a.precision))
+            peaks.append(_fresh_peak(shapes, dtype))
         ours = run_rounds("oreline", a.rounds, lambda: run_oreline(cfg, a.warmup))
         # The peak before, between and after the runs: the highest is used (the conservative MFU),
         # and the spread is printed: on this shared host the same measurement drifted by up to ±10%
         # within a minute, and MFU moves with it.
-        peaks.append(_fresh_peak(shapes))
+        peaks.append(_fresh_peak(shapes, dtype))
         peak = max(peaks)
+        products, attention = step_floor_seconds(args, dtype)
         # FLOPs per CPU-second of the same products: the peak tokens per CPU-second are compared with
-        cpu_peak = measure_cpu_matmul_peak(shapes, clock=time.process_time)
+        cpu_peak = measure_cpu_matmul_peak(shapes, dtype=dtype, clock=time.process_time)
         o_tps = sum(x["tokens_per_s"] for x in ours) / len(ours)
         h_tps = sum(x["tokens_per_s"] for x in theirs) / len(theirs)
         o_cpu = sum(x["tokens_per_cpu_s"] for x in ours) / len(ours)
@@ -267,6 +292,13 @@ def main() -> None:
             f"the model-shape peak measured {', '.join(f'{x / 1e9:.0f}' for x in peaks)} GFLOP/s (before, "
             f"{'' if a.hf_plain_allocator else 'between, '}after the runs): against the lowest, oreline's MFU "
             f"would read {100 * fpt * o_tps / low:.1f}%"
+        )
+        hf_step, floor = BATCH * SEQ / h_tps, products + attention
+        print(
+            f"floor: the step's products ({1e3 * products:.0f} ms) and attention ({1e3 * attention:.0f} ms), "
+            f"each timed alone here, take {1e3 * floor:.0f} ms of HF's {1e3 * hf_step:.0f} ms step and of "
+            f"oreline's {1e3 * BATCH * SEQ / o_tps:.0f} ms: with all other work free, oreline could reach at "
+            f"most {hf_step / floor:.2f}× HF on this CPU"
         )
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
         if load > cores:
@@ -295,9 +327,42 @@ def run_rounds(name: str, n: int, run) -> list[dict]:
     return results
 
 
-def _fresh_peak(shapes) -> float:
+def step_floor_seconds(args, dtype: torch.dtype, reps: int = 3) -> tuple[float, float]:
+    """(products, attention): seconds that one training step's matmuls and its attention take when
+    each is timed ALONE on this CPU, best of `reps`.
+
+    Products: the three of each projection and of the output head (forward, input and weight
+    gradients), n_layers times per block shape, with the faster backend (measure_cpu_matmul_peak).
+    Attention: SDPA forward and backward (causal, grouped-query) n_layers times. Both loops run
+    exactly these FLOPs through the same library; timed alone they find their operands in cache,
+    so inside a step they take longer: the floor is a lower bound of any step's time, and
+    HF's step time over it is an upper bound of the ratio any change to the rest could reach.
+    """
+    products = 0.0
+    block = model_matmul_shapes(args, BATCH * SEQ)
+    for i, (m, k, n) in enumerate(block):
+        count = 1 if i == len(block) - 1 else args.n_layers  # the last shape is the output head
+        products += count * 6 * m * k * n / measure_cpu_matmul_peak(((m, k, n),), reps=reps, dtype=dtype)
+    hd = args.dim // args.n_heads
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(BATCH, args.n_heads, SEQ, hd, generator=gen).to(dtype).requires_grad_()
+    k, v = (
+        torch.randn(BATCH, args.n_kv_heads, SEQ, hd, generator=gen).to(dtype).requires_grad_()
+        for _ in range(2)
+    )
+    dy = torch.randn(BATCH, args.n_heads, SEQ, hd, generator=gen).to(dtype)
+    gqa = args.n_kv_heads != args.n_heads
+    best = float("inf")
+    for _ in range(reps + 1):  # the first is a warm-up
+        t0 = time.perf_counter()
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).backward(dy)
+        best = min(best, time.perf_counter() - t0)
+    return products, args.n_layers * best
+
+
+def _fresh_peak(shapes, dtype: torch.dtype) -> float:
     measure_cpu_matmul_peak.cache_clear()
-    return measure_cpu_matmul_peak(shapes)
+    return measure_cpu_matmul_peak(shapes, dtype=dtype)
 
 
 if __name__ == "__main__":
