@@ -9,8 +9,11 @@ is trained on them and the documents are tokenized with 10 % held out for valida
 from __future__ import annotations
 
 import json
+import sys
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +25,7 @@ from oreline.config import (
     config_from_dict,
     load_config,
     to_dict,
+    to_toml,
 )
 
 
@@ -88,6 +92,18 @@ def make_config(run_root: Path, prose: dict[str, Path], **dotted) -> Config:
     return config_from_dict(tree)
 
 
+def write_config(
+    path: Path, run_root: Path, prose: dict[str, Path], settings: Mapping[str, Any] = {}, **dotted
+) -> Path:
+    """make_config's config as the TOML file that a run in a subprocess reads (oreline train,
+    torchrun, an sbatch script); `settings` ("train.steps": 16, ...) then `dotted` (train__steps=16)
+    override its values. The file holds the whole resolved config, so what a test did not set is
+    the same in every test that writes one."""
+    merged = {k.replace(".", "__"): v for k, v in settings.items()} | dotted
+    path.write_text(to_toml(make_config(run_root, prose, **merged)), encoding="utf-8")
+    return path
+
+
 def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
@@ -122,3 +138,8 @@ def machine_cache(tmp_path_factory):
         os.environ.pop("ORELINE_CACHE_DIR", None)
     else:
         os.environ["ORELINE_CACHE_DIR"] = before
+
+
+# Test folders are not packages (--import-mode=importlib): test modules reach the plain helpers
+# above (make_config, write_config, read_metrics) as import_module("oreline_test_train_fixtures").
+sys.modules.setdefault("oreline_test_train_fixtures", sys.modules[__name__])

@@ -40,6 +40,8 @@ import torch
 
 from oreline.train.checkpoint.load import load_model_state
 
+from .conftest import write_config
+
 STEPS, EVERY, TOL = 20, 10, 1e-5
 pytestmark = pytest.mark.slow  # every test here runs real multi-process training (tens of seconds)
 
@@ -58,40 +60,20 @@ ALLOW = [
 ]
 
 
-def write_config(
-    path: Path, runs: Path, corpus: dict[str, Path], accum: int, extra: str = "", debug: str = ""
-) -> Path:
-    path.write_text(f"""
-[run]
-name = "r"
-runs_dir = "{runs}"
-[model]
-preset = "debug"
-[train]
-tokens = "{corpus["tokens"]}"
-tokenizer = "{corpus["tokenizer"]}"
-seq_len = 64
-micro_batch = 2
-grad_accum = {accum}
-steps = {STEPS}
-log_every = 1
-eval_every = {STEPS}
-eval_batches = 2
-{extra}
-[train.optim]
-lr = 3e-3
-warmup_steps = 4
-[train.debug]
-param_digest = true
-inject_nan_at_step = {NAN_STEP}
-{debug}
-[checkpoint]
-every = {EVERY}
-[eval]
-max_new_tokens = 4
-prompts = ["Emma"]
-""")
-    return path
+SETTINGS = {
+    "run.name": "r",
+    "train.micro_batch": 2,
+    "train.steps": STEPS,
+    "train.log_every": 1,
+    "train.eval_every": STEPS,
+    "train.eval_batches": 2,
+    "train.optim.warmup_steps": 4,
+    "train.debug.param_digest": True,
+    "train.debug.inject_nan_at_step": NAN_STEP,
+    "checkpoint.every": EVERY,
+    "eval.max_new_tokens": 4,
+    "eval.prompts": ["Emma"],
+}
 
 
 def env() -> dict[str, str]:
@@ -191,14 +173,14 @@ def runs(prose_tokens, tmp_path_factory):
     """Start every independent run at once; tests wait for the ones they check."""
     root = tmp_path_factory.mktemp("dist")
     c = {}
-    for name, accum, extra, debug in (
-        ("ref", 4, "", ""),
-        ("ddp", 2, "activation_checkpointing = true", ""),
-        ("fsdp", 2, 'parallel = "fsdp"\nactivation_checkpointing = true', ""),
-        ("kill", 2, 'parallel = "ddp"', "sleep_per_step_s = 0.15"),
-        ("wrongworld", 4, 'parallel = "ddp"\nglobal_batch_tokens = 512', ""),
+    for name, changes in (
+        ("ref", {"train.grad_accum": 4}),
+        ("ddp", {"train.grad_accum": 2, "train.activation_checkpointing": True}),
+        ("fsdp", {"train.grad_accum": 2, "train.parallel": "fsdp", "train.activation_checkpointing": True}),
+        ("kill", {"train.grad_accum": 2, "train.parallel": "ddp", "train.debug.sleep_per_step_s": 0.15}),
+        ("wrongworld", {"train.grad_accum": 4, "train.parallel": "ddp", "train.global_batch_tokens": 512}),
     ):
-        c[name] = write_config(root / f"{name}.toml", root / name, prose_tokens, accum, extra, debug)
+        c[name] = write_config(root / f"{name}.toml", root / name, prose_tokens, SETTINGS | changes)
     jobs = {
         "ref": Job(oreline("train", "-c", str(c["ref"])), root / "ref.log"),
         "ddp": Job(oreline("train", "-c", str(c["ddp"]), "--nproc", "2"), root / "ddp.log"),

@@ -18,7 +18,7 @@ import torch
 
 from oreline.train.loop import train
 
-from .conftest import read_metrics
+from .conftest import read_metrics, write_config
 
 # A step that logs (and does nothing else) makes at most two transfers: the verdicts and values of
 # the steps since the last read, and (2 ranks) the timings averaged over ranks. On CPU both are
@@ -85,34 +85,27 @@ def test_unfused_adamw_reads_the_verdict_once_per_step(tmp_path, train_config, o
     assert all(s["reads"] > 1 for s in (ordinary[0], ordinary[2])), ordinary
 
 
-def write_config(path, runs, corpus, parallel: str) -> None:
-    path.write_text(f"""
-[run]
-name = "r"
-runs_dir = "{runs}"
-[model]
-preset = "debug"
-[train]
-tokens = "{corpus["tokens"]}"
-tokenizer = "{corpus["tokenizer"]}"
-seq_len = 64
-micro_batch = 2
-grad_accum = 2
-steps = 12
-log_every = 5
-eval_every = 0
-eval_batches = 2
-parallel = "{parallel}"
-[train.stability]
-min_history = 2
-[train.debug]
-count_host_reads = true
-inject_nan_at_step = 7
-[checkpoint]
-every = 0
-[eval]
-prompts = []
-""")
+def write_run_config(path, runs, corpus, parallel: str) -> None:
+    write_config(
+        path,
+        runs,
+        corpus,
+        {
+            "run.name": "r",
+            "train.micro_batch": 2,
+            "train.grad_accum": 2,
+            "train.steps": 12,
+            "train.log_every": 5,
+            "train.eval_every": 0,
+            "train.eval_batches": 2,
+            "train.parallel": parallel,
+            "train.stability.min_history": 2,
+            "train.debug.count_host_reads": True,
+            "train.debug.inject_nan_at_step": 7,
+            "checkpoint.every": 0,
+            "eval.prompts": [],
+        },
+    )
 
 
 @pytest.mark.slow  # two 2-rank runs under torchrun (~40 s on the shared 2 cores)
@@ -123,7 +116,7 @@ def test_two_gloo_ranks_read_nothing_on_ordinary_steps(tmp_path, prose_tokens):
     procs = {}
     for parallel in ("ddp", "fsdp"):
         cfg = tmp_path / f"{parallel}.toml"
-        write_config(cfg, tmp_path / parallel, prose_tokens, parallel)
+        write_run_config(cfg, tmp_path / parallel, prose_tokens, parallel)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
         cmd += ["-m", "oreline", "train", "-c", str(cfg), "--resume", "none"]
         procs[parallel] = subprocess.Popen(

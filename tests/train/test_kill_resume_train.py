@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib import import_module
 from pathlib import Path
 
 import pytest
@@ -28,36 +29,28 @@ STEPS, EVERY, EVAL_EVERY = 16, 4, 6
 SLEEP = 0.15  # train.debug.sleep_per_step_s: makes "during a step" a window the test can hit
 
 
-def write_config(path: Path, runs: Path, corpus: dict[str, Path], extra: str = "") -> Path:
-    path.write_text(f"""
-[run]
-name = "r"
-runs_dir = "{runs}"
-[model]
-preset = "debug"
-[train]
-tokens = "{corpus["tokens"]}"
-tokenizer = "{corpus["tokenizer"]}"
-seq_len = 64
-micro_batch = 4
-steps = {STEPS}
-log_every = 1
-eval_every = {EVAL_EVERY}
-eval_batches = 2
-[train.optim]
-lr = 3e-3
-warmup_steps = 4
-[train.debug]
-sleep_per_step_s = {SLEEP}
-[checkpoint]
-every = {EVERY}
-keep_last = 2
-[eval]
-max_new_tokens = 4
-prompts = ["To be"]
-{extra}
-""")
-    return path
+# what every run of these tests (and of test_shutdown's and test_slurm_train's) sets
+SETTINGS = {
+    "run.name": "r",
+    "train.micro_batch": 4,
+    "train.grad_accum": 1,
+    "train.steps": STEPS,
+    "train.log_every": 1,
+    "train.eval_every": EVAL_EVERY,
+    "train.eval_batches": 2,
+    "train.optim.warmup_steps": 4,
+    "train.debug.sleep_per_step_s": SLEEP,
+    "checkpoint.every": EVERY,
+    "checkpoint.keep_last": 2,
+    "eval.max_new_tokens": 4,
+    "eval.prompts": ["To be"],
+}
+
+
+def write_config(path: Path, runs: Path, corpus: dict[str, Path], **dotted) -> Path:
+    """This module's run config as a TOML file (tests/train/conftest.py write_config), `dotted`
+    (train__steps=400, ...) overriding SETTINGS."""
+    return import_module("oreline_test_train_fixtures").write_config(path, runs, corpus, SETTINGS, **dotted)
 
 
 def env() -> dict[str, str]:

@@ -103,9 +103,9 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen:
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["oreline --nproc", "torchrun"])
 def test_ranks_die_with_their_launcher(prose_tokens, tmp_path, launcher):
-    cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens).read_text()
-    cfg = cfg.replace(f"steps = {kr.STEPS}", "steps = 400").replace("[train]", '[train]\nparallel = "ddp"')
-    (tmp_path / "c.toml").write_text(cfg)
+    kr.write_config(
+        tmp_path / "c.toml", tmp_path / "runs", prose_tokens, train__steps=400, train__parallel="ddp"
+    )
     run = tmp_path / "runs" / "r"
     cmd = (
         oreline("train", "-c", str(tmp_path / "c.toml"), "--nproc", "2")

@@ -153,9 +153,9 @@ def test_requeued_then_cancelled_and_resubmitted_job_equals_an_uninterrupted_one
 
 def test_an_allocation_that_contradicts_the_global_batch_is_refused(prose_tokens, tmp_path):
     # 4 sequences of 64 tokens per micro-batch, no accumulation: 2 processes make 512 tokens
-    cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens, extra="")
-    text = cfg.read_text().replace("seq_len = 64", "seq_len = 64\nglobal_batch_tokens = 512")
-    cfg.write_text(text)
+    cfg = kr.write_config(
+        tmp_path / "c.toml", tmp_path / "runs", prose_tokens, train__global_batch_tokens=512
+    )
     assert "global batch = micro 4 × accum 1 × 1 node(s) × 2 process(es)" in slurm_script(
         cfg, nodes=1, gpus_per_node=0, nproc_per_node=2
     )
