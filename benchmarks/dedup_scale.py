@@ -41,7 +41,9 @@ import pyarrow.parquet as pq
 
 from oreline.config import DedupConfig
 from oreline.data.dedup.minhash import FORMAT
-from oreline.data.dedup.plan import Partitions, dedup_plan, split_by_file, staged_plan
+from oreline.data.dedup.plan import dedup_plan, split_by_file
+from oreline.data.dedup.staged.layout import Partitions
+from oreline.data.dedup.staged.plan import staged_plan
 
 PER_FILE = 10_000
 NUM_PERM = 128

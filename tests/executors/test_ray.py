@@ -177,7 +177,8 @@ def test_worker_node_killed_in_the_dedup_bucket_stage_the_plan_completes_with_id
     ray_cluster, tmp_path
 ):
     from oreline.config import DedupConfig, RayConfig
-    from oreline.data.dedup.plan import Partitions, staged_plan
+    from oreline.data.dedup.staged.layout import Partitions
+    from oreline.data.dedup.staged.plan import staged_plan
 
     paths = _signature_files(tmp_path / "sig", 60_000)
     cfg = DedupConfig(verify="signature")  # synthetic signatures have no texts

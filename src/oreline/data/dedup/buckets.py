@@ -2,7 +2,7 @@
 
 Band b of a signature is its entries [b·rows, (b+1)·rows); its key is a uint64 hash of them
 (`band_keys`). Documents with equal keys in any band are candidates (`bucket_pairs`). Both the
-single-process `lsh_candidates` and the staged plan's bucket jobs (`plan.bucket_job`, one per
+single-process `lsh_candidates` and the staged plan's bucket jobs (`staged.buckets.bucket_job`, one per
 (band, key range)) call `bucket_pairs` on the documents of one bucket, so they emit the same pairs.
 
 Memory of a bucket job: 24 bytes per (document, band) in its key range (key, row, id partition)

@@ -13,7 +13,7 @@ near-duplicate clusters are small) leave every node linked to its component's mi
 written over one edge array, which is what each partition's job computes.
 
 The survivor of a component (lowest rank) is chosen afterwards, from the touched documents' sort
-keys (`near_duplicate_clusters` here, `plan.components_job` in the staged plan).
+keys (`near_duplicate_clusters` here, `staged.components.components_job` in the staged plan).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ LSH, so near-duplicate search runs over the survivors only. Equal keys mean equa
 so equal signatures and band keys: a group never straddles two LSH buckets.
 
 Memory: the single-process `exact_duplicates` holds 16 bytes of key and 8 of rank per document;
-the staged plan (`plan.exact_job`) holds one hash partition of keys and sort fields at a time.
+the staged plan (`staged.exact.exact_job`) holds one hash partition of keys and sort fields at a time.
 """
 
 from __future__ import annotations

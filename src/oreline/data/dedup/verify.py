@@ -20,7 +20,7 @@ record under the same id in another file, is never compared under the wrong row.
 whose text does not come back (a deleted intermediate file, a foreign source) is verified with the
 signature estimate instead; every such case is counted in the stats, never silent.
 
-The staged plan (`plan.candidates_job`, `plan.verify_job`) partitions the candidate documents by a
+The staged plan (`staged.candidates.candidates_job`, `staged.verify.verify_job`) partitions the candidate documents by a
 hash of their id, so every record under one id is read by one job and the counts above add up to
 exactly those of one process; a verify job then holds the shingle sets of one partition plus, one
 partition at a time, those of its pairs' other ends. Memory: 8 bytes per shingle (about one per

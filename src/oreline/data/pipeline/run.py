@@ -11,7 +11,7 @@ The run has three phases over tasks (one task per input file, in a deterministic
 1. per task, in parallel: read → … → quality, writing the kept documents, rejects, stats and
    dedup signatures, then a completion marker (`tasks.run_phase1`);
 2. global, as stages of jobs on the same executor: the dedup plan over all signature files
-   (`dedup/plan.py` `staged_plan`: exact, LSH buckets, verification, components; no job holds
+   (`dedup/staged/plan.py` `staged_plan`: exact, LSH buckets, verification, components; no job holds
    every document), ending in one removal list per task; with a perplexity model and no
    `perplexity_max`, the CCNet bucket cut-offs from per-task bottom-k samples of the run's own
    scored documents, merged here (`perplexity.perplexity_phase`, stats.json "perplexity");
@@ -95,7 +95,7 @@ PRELOAD = [
     "oreline.data.filters.langid",
     "oreline.data.filters.quality",
     "oreline.data.dedup.minhash",
-    "oreline.data.dedup.plan",
+    "oreline.data.dedup.staged.plan",
     "oreline.data.filters.chunk",
     "resiliparse.extract.html2text",
     "fasttext",
@@ -517,13 +517,13 @@ def _remove_wrecks(out: Path) -> None:
 
 
 def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config, executor) -> dict[str, Any]:
-    """Phase 2: the staged dedup plan (dedup/plan.py) over every task's signatures, as jobs on the
+    """Phase 2: the staged dedup plan (dedup/staged/plan.py) over every task's signatures, as jobs on the
     run's executor; its last stage writes each task's removal list."""
     ddir = work / "dedup"
     marker = ddir / "DONE"
     if marker.is_file():
         return json.loads(marker.read_text())
-    from oreline.data.dedup.plan import staged_plan
+    from oreline.data.dedup.staged.plan import staged_plan
 
     t0 = time.perf_counter()
     signed = [i for i, _, _ in finished if (phase1_dir(work, i) / "signatures.parquet").is_file()]
