@@ -25,8 +25,6 @@ import xxhash
 from oreline.io import write_json_atomic, write_with
 
 DOCS_PER_PARTITION = 250_000  # documents per exact / id partition (exact job ≈ 1.1 KB per document)
-
-
 DOCS_PER_KEY_RANGE = 4_000_000  # documents per (band, key range) bucket job (24 bytes each)
 
 

@@ -88,8 +88,6 @@ from oreline.errors import DataIntegrityError, InputError
 from oreline.io import write_json_atomic, write_with
 
 STAR_EDGES = 20_000_000  # above this many verified edges, components run as distributed star rounds
-
-
 MAX_STAR_ROUNDS = 64
 
 
