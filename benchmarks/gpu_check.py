@@ -17,7 +17,9 @@ peak), so the script has run end to end before it first meets a GPU (tests/bench
 
 Sections (each in its own try/except: a failure is a row saying so, never a crash):
 - env: `oreline doctor env --distributed` findings (CUDA, NCCL, devices, ...).
-- throughput: as above. The model uses `train.kernels = "auto"` (the reference on CUDA).
+- throughput: as above. The model uses `train.kernels = "auto"` (the reference on CUDA); one more
+  eager row uses the fused kernels of oreline.model.kernels (`train.kernels = "cpu"`), the
+  measurement that decides whether "auto" should choose them on CUDA too.
 - torchtitan: its Llama 3 model (the PyPI release, if importable here; never installed at run time;
   0.2.2 measured) at the same shape, batch and FSDP2/bf16 setting, timed by the same step function,
   eager and compiled per block as its own `apply_compile` does. Per preset the rows run eager,
@@ -165,7 +167,7 @@ def is_oom(exc: BaseException) -> bool:
 class Trainer:
     """One model as oreline trains it (kernels, AC, compile, FSDP2, AdamW), stepped on random tokens."""
 
-    def __init__(self, args, device, precision, ac, compile_, build=None):
+    def __init__(self, args, device, precision, ac, compile_, build=None, kernels="auto"):
         from oreline.config import TrainConfig
         from oreline.model.kernels.select import kernels_for
         from oreline.model.llama import Llama
@@ -175,7 +177,11 @@ class Trainer:
 
         self.args, self.device = args, device
         self.tc = TrainConfig(
-            precision=precision, parallel="fsdp", activation_checkpointing=ac, compile=compile_
+            precision=precision,
+            parallel="fsdp",
+            activation_checkpointing=ac,
+            compile=compile_,
+            kernels=kernels,
         )
         torch.manual_seed(0)
         with torch.device(device):  # initialised where it trains: a 1B model's CPU init takes long
@@ -258,9 +264,14 @@ class Trainer:
         return best, oom
 
 
-def throughput_rows(preset, device, budget, size, compiles=(False, True), batches=None) -> list[Row]:
+def throughput_rows(
+    preset, device, budget, size, compiles=(False, True), batches=None, fused=False
+) -> list[Row]:
     """One preset's rows for the given compile settings, AC off then on. `batches` carries eager's
-    largest micro-batch to the compiled rows (a new shape per probe would recompile)."""
+    largest micro-batch to the compiled rows (a new shape per probe would recompile). `fused` adds
+    an eager AC-off row with `train.kernels = "cpu"` (oreline.model.kernels' fused RMSNorm, RoPE
+    and output loss; its products are torch's own off the CPU) at eager's micro-batch: the
+    measurement that decides whether "auto" should pick those kernels on CUDA too."""
     from oreline.config import ModelConfig
     from oreline.model.presets import flops_per_token, resolve_model_args
 
@@ -284,6 +295,18 @@ def throughput_rows(preset, device, budget, size, compiles=(False, True), batche
                     ),
                 )
             )
+    if fused and False in compiles:
+        rows.append(
+            measured_row(
+                "throughput",
+                f"{preset} eager AC off, fused kernels",
+                device,
+                budget,
+                lambda: one_throughput(
+                    args, device, size, s, fpt, False, False, batches, budget, kernels="cpu"
+                ),
+            )
+        )
     return rows
 
 
@@ -301,9 +324,11 @@ def measured_row(section: str, name: str, device: torch.device, budget: Budget, 
         torch._dynamo.reset()
 
 
-def one_throughput(args, device, size, seq, fpt, ac, compile_, batches, budget, build=None) -> str:
+def one_throughput(
+    args, device, size, seq, fpt, ac, compile_, batches, budget, build=None, kernels="auto"
+) -> str:
     def make() -> Trainer:
-        return Trainer(args, device, size["precision"], ac, compile_, build)
+        return Trainer(args, device, size["precision"], ac, compile_, build, kernels)
 
     trainer = make()
     try:
@@ -739,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
             time limit cuts the compiled rows (compilation takes the longest) before the peer."""
             batches: dict = {}
             with one_rank_group(device):
-                out = throughput_rows(preset, device, budget, size, (False,), batches)
+                out = throughput_rows(preset, device, budget, size, (False,), batches, fused=True)
                 out += torchtitan_rows(preset, device, budget, size)
                 out += throughput_rows(preset, device, budget, size, (True,), batches)
             return out

@@ -58,3 +58,5 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path):
     assert all(r.endswith("holds the weights at the save") for _, r in by_section["async checkpoint"])
     first = by_section["throughput"][0]
     assert first[0] == "debug eager AC off" and "tokens/s" in first[1] and "MFU" in first[1]
+    fused = dict(by_section["throughput"])["debug eager AC off, fused kernels"]
+    assert "tokens/s" in fused or fused == "skipped: time limit", fused
