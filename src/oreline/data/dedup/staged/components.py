@@ -1,6 +1,7 @@
 """Connected components of the verified edges and each component's survivor: one job when the
-edges fit one node, else large-star / small-star rounds as jobs over node partitions
-(components.py's algorithm; plan.py runs the rounds until the edge set stops changing)."""
+edges fit one node, else large-star / small-star rounds as jobs over node partitions (the
+algorithm of oreline.data.dedup.components; staged/plan.py runs the rounds until the edge set
+stops changing)."""
 
 from __future__ import annotations
 

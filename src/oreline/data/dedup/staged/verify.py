@@ -21,7 +21,7 @@ from oreline.data.dedup.staged.layout import done, finish, read_part, stage_file
 from oreline.data.dedup.verify import pair_stats
 
 
-def pairs_of(stages: Path, p: int) -> np.ndarray:
+def _pairs_of(stages: Path, p: int) -> np.ndarray:
     """Unique candidate pairs (a, b, bpart) whose first document is in id partition p."""
     t = read_part(stage_files(stages / "pairs"), p, ["role", "a", "b", "bpart"])
     t = t.filter(pc.equal(t.column("role"), 0))
@@ -29,7 +29,7 @@ def pairs_of(stages: Path, p: int) -> np.ndarray:
     return np.unique(arr, axis=0) if len(arr) else arr.reshape(0, 3)
 
 
-def similarities(
+def _similarities(
     stages: Path, p: int, pairs: np.ndarray, width: int, kind: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(estimates as the reference rounds them, similarities, exact?) of pairs (a, b, bpart), a in
@@ -65,8 +65,8 @@ def verify_job(p: int, stages: str, cfg) -> dict:
         return info
     dc = dedup_config(cfg)
     st = Path(stages)
-    pairs = pairs_of(st, p)
-    est, sims, exact = similarities(st, p, pairs, signature_width(dc), "verify")
+    pairs = _pairs_of(st, p)
+    est, sims, exact = _similarities(st, p, pairs, signature_width(dc), "verify")
     keep = np.ones(len(pairs), dtype=bool) if verify_mode(dc) == "none" else sims >= dc.threshold
     edges = pa.table({"a": pa.array(pairs[keep, 0]), "b": pa.array(pairs[keep, 1])})
     info = {"candidate_pairs": len(pairs), "verified_pairs": int(keep.sum())}
@@ -84,7 +84,7 @@ def similarity_job(p: int, stages: str, cfg) -> dict:
     t = read_part(stage_files(st / "near"), p, ["gid", "survivor", "kpart", "doc_id", "survivor_id"])
     t = t.sort_by([("gid", "ascending")])
     pairs = np.stack([t.column(c).to_numpy() for c in ("gid", "survivor", "kpart")], axis=1).astype(np.int64)
-    _, sims, exact = similarities(st, p, pairs, signature_width(dedup_config(cfg)), "similarity")
+    _, sims, exact = _similarities(st, p, pairs, signature_width(dedup_config(cfg)), "similarity")
     table = pa.table(
         {
             "gid": t.column("gid"),
