@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+from rich.console import Console
 
 from oreline.errors import TrainingError
 from oreline.model.llama import Llama
@@ -131,8 +132,13 @@ def test_global_batch_mismatch_stops_with_the_arithmetic(tmp_path, train_config)
 
 def test_short_run_writes_every_metric_and_tensorboard(tmp_path, train_config, one_thread):
     cfg = train_config(train__steps=12, train__log_every=4, train__eval_every=6)
-    summary = train(cfg, resume="none")
+    console = Console(record=True, width=250)
+    summary = train(cfg, resume="none", console=console)
     run = tmp_path / "t"
+    # checkpoint.every = 0 and no model-only snapshots: said at the start and in the last line
+    said = console.export_text()
+    assert "this run keeps no weights when it ends" in said and "no weights kept" in said.splitlines()[-1]
+    assert summary["checkpoint"] is None and not list((run / "checkpoints").glob("*step-*"))
     recs = read_metrics(run / "metrics.jsonl")
     kinds = [r["type"] for r in recs]
     assert kinds[0] == "start" and kinds[-1] == "end"

@@ -190,6 +190,13 @@ def _train(
         purge_after_step=state.step if resumed is not None else -1,
     )
     log.log(start_record(cfg, s, info, state, resumed))
+    keeps_weights = bool(cfg.checkpoint.every or cfg.checkpoint.model_only_every)
+    if not keeps_weights:
+        say(
+            "[yellow]note[/]: checkpoint.every = 0 and checkpoint.model_only_every = 0: this run keeps no "
+            "weights when it ends (a stop still writes a checkpoint); set checkpoint.model_only_every = "
+            f"{tc.steps} to keep the final model"
+        )
     for rec in resume_events:
         log.log({**rec, "step": state.step if rec["step"] is None else rec["step"]})
 
@@ -416,7 +423,9 @@ def _train(
         f"[bold]done[/]: {state.step:,} steps, {state.tokens_seen:,} tokens in {seconds:,.1f} s; final val loss "
         + ("—" if final_val is None else f"{final_val:.4f}")
         + f"; {state.skipped_steps} skipped, "
-        f"{state.rollbacks} rollbacks" + (f"; checkpoint {last_ckpt}" if last_ckpt else "")
+        f"{state.rollbacks} rollbacks"
+        + (f"; checkpoint {last_ckpt}" if last_ckpt else "")
+        + ("" if keeps_weights else "; no weights kept (checkpoint.every = 0, model_only_every = 0)")
     )
     return {
         "run_dir": str(s.run.root),
