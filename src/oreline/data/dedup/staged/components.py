@@ -54,12 +54,13 @@ def _write_kept(path: Path, removed: pa.Table) -> int:
     return write_parts(path, removed.select(["kpart", "survivor", "part"]), col="kpart")
 
 
-def _sort_fields_of(stages: Path, ids: int, nodes: np.ndarray) -> pa.Table:
-    """(gid, doc_id, source, offset) of the given candidate documents, sorted by gid."""
-    keys = []
-    for p in range(ids):
-        t = read_table(stages / "cands" / f"p{p:05d}.parquet", columns=["gid", "doc_id", "source", "offset"])
-        keys.append(t.filter(pc.is_in(t.column("gid"), value_set=pa.array(nodes))))
+SORT_FIELDS = ["gid", "doc_id", "source", "offset"]
+
+
+def _sort_fields_among(tables: list[pa.Table], nodes: np.ndarray) -> pa.Table:
+    """(gid, doc_id, source, offset) of the documents `nodes` (sorted gids), sorted by gid, from
+    candidate rows that hold each of them once."""
+    keys = [t.filter(pc.is_in(t.column("gid"), value_set=pa.array(nodes))) for t in tables]
     t = pa.concat_tables(keys).sort_by([("gid", "ascending")])
     if not np.array_equal(t.column("gid").to_numpy(), nodes):
         raise DataIntegrityError(
@@ -67,6 +68,13 @@ def _sort_fields_of(stages: Path, ids: int, nodes: np.ndarray) -> pa.Table:
             "delete the run's work/dedup folder and run oreline data again",
         )
     return t
+
+
+def _sort_fields_of(stages: Path, ids: int, nodes: np.ndarray) -> pa.Table:
+    """(gid, doc_id, source, offset) of the given candidate documents, sorted by gid: every
+    candidates file read once (the one components job)."""
+    cands = [read_table(stages / "cands" / f"p{p:05d}.parquet", columns=SORT_FIELDS) for p in range(ids)]
+    return _sort_fields_among(cands, nodes)
 
 
 def components_job(stages: str, ids: int, cfg) -> dict:
@@ -148,18 +156,47 @@ def small_star_job(r: int, q: int, stages: str, parts: int) -> dict:
     return finish(out, {"bytes": write_parts(out, table)})
 
 
-def star_pick_job(q: int, r: int, stages: str, parts: int, ids: int) -> dict:
+# Once the rounds converge, every touched document needs its sort fields beside its label. The
+# labels of round r are filed by label partition but written per node partition; the fields live in
+# the candidates files of id partitions. Two shipping stages meet them without any job reading
+# every candidates file: fields_job files each id partition's candidates by node partition, and
+# label_fields_job joins one node partition's labels with those rows, filed by label partition.
+
+
+def fields_job(p: int, stages: str, parts: int) -> dict:
+    """Id partition p's candidates' sort fields (gid, doc_id, source, offset), by node partition."""
+    st = Path(stages)
+    out = st / "star" / "fields" / f"p{p:05d}.parquet"
+    if (info := done(out)) is not None:
+        return info
+    t = read_table(st / "cands" / f"p{p:05d}.parquet", columns=SORT_FIELDS)
+    t = t.append_column("part", pa.array(_node_part(t.column("gid").to_numpy(), parts)))
+    return finish(out, {"rows": t.num_rows, "bytes": write_parts(out, t)})
+
+
+def label_fields_job(q: int, r: int, stages: str, parts: int) -> dict:
+    """Node partition q of the converged round r: its nodes' labels with their sort fields, by
+    label partition."""
+    st = Path(stages) / "star"
+    out = st / f"r{r:03d}-fields" / f"p{q:05d}.parquet"
+    if (info := done(out)) is not None:
+        return info
+    labels = read_table(st / f"r{r:03d}-labels" / f"p{q:05d}.parquet").sort_by([("node", "ascending")])
+    nodes = labels.column("node").to_numpy()
+    fields = _sort_fields_among([read_part(stage_files(st / "fields"), q, SORT_FIELDS)], nodes)
+    table = fields.append_column("label", labels.column("label")).append_column("part", labels.column("part"))
+    return finish(out, {"touched": len(nodes), "bytes": write_parts(out, table)})
+
+
+def star_pick_job(q: int, r: int, stages: str, ids: int) -> dict:
     """Label partition q of the converged round r: each component's survivor and removals."""
     st = Path(stages)
     out = st / "near" / f"q{q:05d}.parquet"
     if (info := done(out)) is not None:
         return info
-    t = read_part(stage_files(st / "star" / f"r{r:03d}-labels"), q, ["node", "label"])
-    t = t.sort_by([("node", "ascending")])
-    nodes = t.column("node").to_numpy()
-    fields = _sort_fields_of(st, ids, nodes).append_column("label", t.column("label"))
+    fields = read_part(stage_files(st / "star" / f"r{r:03d}-fields"), q, SORT_FIELDS + ["label"])
     removed, clusters = _pick_survivors(fields, ids)
-    info = {"touched": len(nodes), "near_duplicates": removed.num_rows, "clusters": clusters}
+    info = {"touched": fields.num_rows, "near_duplicates": removed.num_rows, "clusters": clusters}
     info["bytes"] = _write_kept(Path(stages) / "kept" / f"q{q:05d}.parquet", removed) + write_parts(
         out, removed
     )

@@ -31,8 +31,8 @@ Two implementations with one result (tests/data/test_dedup_staged.py checks they
   | verify      | one per id partition         | its pairs; cands/pP; its rows of     | edges/pP: verified edges            |
   |             |                              | every ship/verify file               |                                     |
   | components  | one union-find job, or       | every edges file; sort fields of the | near/: removal, survivor by id hash;|
-  |             | large/small-star rounds over | touched documents                    | kept/: the same by the survivor's   |
-  |             | node partitions (large runs) |                                      | id hash                             |
+  |             | large/small-star rounds over | touched documents (star: shipped by  | kept/: the same by the survivor's   |
+  |             | node partitions (large runs) | node, then by label partition)       | id hash                             |
   | ship-       | one per id partition         | its rows of every kept file; cands/  | ship/similarity/qQ: survivors' rows |
   | similarity  |                              | pQ, once                             | by their removal's partition        |
   | similarity  | one per id partition         | its removals; cands/pP; its rows of  | similarity/pP                       |
@@ -76,6 +76,8 @@ from oreline.data.dedup.staged.buckets import bucket_job
 from oreline.data.dedup.staged.candidates import candidates_job, fetch_job, request_job, ship_job
 from oreline.data.dedup.staged.components import (
     components_job,
+    fields_job,
+    label_fields_job,
     large_star_job,
     small_star_job,
     star_init_job,
@@ -128,9 +130,9 @@ def _star_components(executor, st: str, ids: int, parts: int) -> dict:
         res = _run(executor, large_star_job, [(r, q, st, parts) for q in range(parts)], "dedup:star")
         fingerprint = (sum(x["edges"] for x in res), sum(x["fingerprint"] for x in res) % 2**64)
         if fingerprint == previous:  # round r's edges are round r-1's: a fixed point, labels final
-            picked = _run(
-                executor, star_pick_job, [(q, r, st, parts, ids) for q in range(parts)], "dedup:star"
-            )
+            _run(executor, fields_job, [(p, st, parts) for p in range(ids)], "dedup:star")
+            _run(executor, label_fields_job, [(q, r, st, parts) for q in range(parts)], "dedup:star")
+            picked = _run(executor, star_pick_job, [(q, r, st, ids) for q in range(parts)], "dedup:star")
             return {
                 "near_duplicates": sum(x["near_duplicates"] for x in picked),
                 "clusters": sum(x["clusters"] for x in picked),
