@@ -35,12 +35,13 @@ _spec.loader.exec_module(kr)
 TIMEOUT = 400
 
 
-def submit(cfg: Path, folder: Path) -> tuple[str, Path]:
+def submit(cfg: Path, folder: Path, time_limit: str = "15", signal_lead: int = 120) -> tuple[str, Path]:
     """`oreline launch slurm ... --submit` in `folder` (the job's submit folder); (job id, script)."""
     script = folder / f"{cfg.stem}.sbatch"
     proc = subprocess.run(
         [sys.executable, "-m", "oreline", "launch", "slurm", "-c", str(cfg), "--gpus-per-node", "0"]
-        + ["--nproc-per-node", "2", "--cpus-per-task", "2", "--time", "15", "--out", str(script), "--submit"],
+        + ["--nproc-per-node", "2", "--cpus-per-task", "2", "--time", time_limit]
+        + ["--signal-lead", str(signal_lead), "--out", str(script), "--submit"],
         cwd=folder,
         env=kr.env(),
         capture_output=True,
@@ -147,6 +148,40 @@ def test_requeued_then_cancelled_and_resubmitted_job_equals_an_uninterrupted_one
     print(
         "scontrol show job:",
         {k: job_info(job).get(k) for k in ("JobState", "Restarts", "Requeue", "ExitCode")},
+    )
+    assert not list(tmp_path.glob(".oreline-requeue-*"))
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_at_its_time_limit_stops_on_slurms_own_usr1_requeues_and_finishes(
+    slurm_cluster, prose_tokens, tmp_path
+):
+    """No scancel here: Slurm itself sends USR1 `--signal-lead` seconds before the job's 2-minute
+    `--time` (its check runs every ~30 s, so USR1 came 0-30 s after that point here). Each step
+    sleeps 6 s, so the 16 steps cannot finish inside one allocation: the job stops after a step with
+    a checkpoint, requeues itself, resumes, and ends COMPLETED with the same losses, grad norms and
+    weights as an uninterrupted reference (a requeued job that gets USR1 again just repeats this)."""
+    ref_cfg = kr.write_config(tmp_path / "ref.toml", tmp_path / "ref", prose_tokens)
+    cfg = kr.write_config(
+        tmp_path / "job.toml", tmp_path / "job", prose_tokens, train__debug__sleep_per_step_s=6.0
+    )
+    run, ref_run = tmp_path / "job" / "r", tmp_path / "ref" / "r"
+    ref_job, _ = submit(ref_cfg, tmp_path)  # uninterrupted, alongside
+    job, _ = submit(cfg, tmp_path, time_limit="2", signal_lead=50)
+    logs = [tmp_path / f"oreline-r-{job}.out", tmp_path / f"oreline-r-{ref_job}.out"]
+    wait(lambda: gone(job) and gone(ref_job), "the job and the reference to end", logs, timeout=600)
+    assert job_info(job)["JobState"] == job_info(ref_job)["JobState"] == "COMPLETED", logs[0].read_text()[
+        -3000:
+    ]
+    stops, resumes = events(run, "stopped"), events(run, "resume")
+    assert int(job_info(job)["Restarts"]) == len(stops) >= 1, (job_info(job), stops)
+    assert all(e["values"]["signal"] == "SIGUSR1" for e in stops), stops
+    assert [r["step"] for r in resumes] == [e["step"] for e in stops] and stops[-1]["step"] < kr.STEPS
+    assert logs[0].read_text().count("written on USR1; requeueing job") == len(stops)
+    kr.assert_identical(ref_run, run)
+    print(
+        f"Slurm's own USR1 stopped the job after steps {[e['step'] for e in stops]}; it requeued and finished"
     )
     assert not list(tmp_path.glob(".oreline-requeue-*"))
 
