@@ -397,7 +397,7 @@ def _train(
     finally:
         reads.abandon()  # a stop or an error inside a step leaves its counter active
 
-    if cfg.checkpoint.every or cfg.checkpoint.model_only_every:
+    if keeps_weights:  # checkpoints are on: the last one may still be an async save in flight
         from oreline.train.checkpoint.async_save import wait_for_pending_save
 
         wait_for_pending_save()  # an async save's meta, checksums and rename

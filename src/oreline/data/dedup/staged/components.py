@@ -106,13 +106,19 @@ def _directed(a: np.ndarray, b: np.ndarray, parts: int) -> pa.Table:
 
 
 def star_init_job(p: int, stages: str, parts: int) -> dict:
-    """The verified edges of id partition p, both directions, by node partition (round 0's input)."""
-    out = Path(stages) / "star" / "r000-L" / f"p{p:05d}.parquet"
+    """The verified edges of id partition p, both directions, by node partition (round 0's input),
+    and its candidates' sort fields by node partition (what label_fields_job reads once the rounds
+    converge)."""
+    st = Path(stages)
+    out = st / "star" / "r000-L" / f"p{p:05d}.parquet"
     if (info := done(out)) is not None:
         return info
-    t = read_table(Path(stages) / "edges" / f"p{p:05d}.parquet")
+    fields = read_table(st / "cands" / f"p{p:05d}.parquet", columns=SORT_FIELDS)
+    fields = fields.append_column("part", pa.array(_node_part(fields.column("gid").to_numpy(), parts)))
+    written = write_parts(st / "star" / "fields" / f"p{p:05d}.parquet", fields)
+    t = read_table(st / "edges" / f"p{p:05d}.parquet")
     table = _directed(t.column("a").to_numpy(), t.column("b").to_numpy(), parts)
-    return finish(out, {"bytes": write_parts(out, table)})
+    return finish(out, {"bytes": written + write_parts(out, table)})
 
 
 def large_star_job(r: int, q: int, stages: str, parts: int) -> dict:
@@ -158,20 +164,9 @@ def small_star_job(r: int, q: int, stages: str, parts: int) -> dict:
 
 # Once the rounds converge, every touched document needs its sort fields beside its label. The
 # labels of round r are filed by label partition but written per node partition; the fields live in
-# the candidates files of id partitions. Two shipping stages meet them without any job reading
-# every candidates file: fields_job files each id partition's candidates by node partition, and
-# label_fields_job joins one node partition's labels with those rows, filed by label partition.
-
-
-def fields_job(p: int, stages: str, parts: int) -> dict:
-    """Id partition p's candidates' sort fields (gid, doc_id, source, offset), by node partition."""
-    st = Path(stages)
-    out = st / "star" / "fields" / f"p{p:05d}.parquet"
-    if (info := done(out)) is not None:
-        return info
-    t = read_table(st / "cands" / f"p{p:05d}.parquet", columns=SORT_FIELDS)
-    t = t.append_column("part", pa.array(_node_part(t.column("gid").to_numpy(), parts)))
-    return finish(out, {"rows": t.num_rows, "bytes": write_parts(out, t)})
+# the candidates files of id partitions. star_init_job files each id partition's candidates by node
+# partition, and label_fields_job joins one node partition's labels with those rows, filed by label
+# partition: no job reads every candidates file.
 
 
 def label_fields_job(q: int, r: int, stages: str, parts: int) -> dict:

@@ -76,7 +76,6 @@ from oreline.data.dedup.staged.buckets import bucket_job
 from oreline.data.dedup.staged.candidates import candidates_job, fetch_job, request_job, ship_job
 from oreline.data.dedup.staged.components import (
     components_job,
-    fields_job,
     label_fields_job,
     large_star_job,
     small_star_job,
@@ -130,7 +129,6 @@ def _star_components(executor, st: str, ids: int, parts: int) -> dict:
         res = _run(executor, large_star_job, [(r, q, st, parts) for q in range(parts)], "dedup:star")
         fingerprint = (sum(x["edges"] for x in res), sum(x["fingerprint"] for x in res) % 2**64)
         if fingerprint == previous:  # round r's edges are round r-1's: a fixed point, labels final
-            _run(executor, fields_job, [(p, st, parts) for p in range(ids)], "dedup:star")
             _run(executor, label_fields_job, [(q, r, st, parts) for q in range(parts)], "dedup:star")
             picked = _run(executor, star_pick_job, [(q, r, st, ids) for q in range(parts)], "dedup:star")
             return {
