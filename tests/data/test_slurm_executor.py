@@ -8,12 +8,18 @@
 - a task that fails is resubmitted up to `max_retries` times, and reported with its log after that;
 - `--detach` submits the run as a chain of jobs and returns: a filter array task cancelled for
   good stops the chain before the dedup job, the merge job lists the input and its log, and the
-  resubmission runs only the missing task and ends with the local run's output.
+  resubmission runs only the missing task and ends with the local run's output;
+- a filter task cancelled after its work still holds the detached dedup job back: stats.json says
+  that job never started, and the resubmission runs it without any filter task.
+
+The cancelled task waits for its scancel (a sitecustomize on the PYTHONPATH the submission hands
+to the job), so the cancel lands before or after its work as the test says, never by a race.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -90,23 +96,54 @@ def _cli(inputs: list[str], out: Path, *overrides: str) -> list[str]:
     ]
 
 
+def _holding(tmp_path: Path, index: int, when: str) -> tuple[dict[str, str], Path]:
+    """An environment whose filter array task INDEX waits to be cancelled, `before` its work or
+    `after` it (on its way out, its marker written), and the file it touches once it waits.
+
+    sbatch hands the submitting environment to the job (--export=ALL), so a sitecustomize on its
+    PYTHONPATH runs in that task's Python only for chains submitted with this environment. Waiting
+    for the file, not for squeue's RUNNING, is what makes the cancel land where the test says:
+    a small task can finish between the poll that sees it running and the scancel."""
+    hook, flag = tmp_path / f"hold-{when}", tmp_path / f"held-{when}"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import atexit, os, pathlib, time\n"
+        "def _hold():\n"
+        f"    flag = pathlib.Path({str(flag)!r})\n"
+        "    flag.with_suffix('.tmp').write_text(os.environ['SLURM_ARRAY_JOB_ID'])\n"
+        "    flag.with_suffix('.tmp').replace(flag)  # whole, once seen\n"
+        "    time.sleep(600)  # until scancel\n"
+        "if (os.environ.get('SLURM_JOB_NAME') == 'oreline-filter'\n"
+        f"        and os.environ.get('SLURM_ARRAY_TASK_ID') == '{index}'\n"
+        "        and not os.environ.get('ORELINE_TEST_HELD')):\n"
+        "    os.environ['ORELINE_TEST_HELD'] = '1'  # the task's own child processes are not held\n"
+        f"    _hold() if {when!r} == 'before' else atexit.register(_hold)\n"
+    )
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}, flag
+
+
+def _cancel_when_held(flag: Path, index: int, timeout: float = 120) -> str:
+    """scancel the held array task once it waits; its id ("JOB_INDEX")."""
+    deadline = time.monotonic() + timeout
+    while not flag.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert flag.is_file(), f"array task {index} of the filter stage never reached the hold"
+    victim = f"{flag.read_text()}_{index}"
+    subprocess.run(["scancel", victim], check=True)
+    return victim
+
+
 def test_scancel_of_one_array_task_then_the_rerun_completes_it(slurm_cluster, local_ref, tmp_path):
     inputs, ref = local_ref
     out = tmp_path / "slurm"
     # one task at a time (throttle), no retry: the cancelled index stays missing in this run
     args = ["data.slurm.throttle=1", "data.slurm.max_retries=0", *FAST]
+    env, flag = _holding(tmp_path, 1, "before")
     proc = subprocess.Popen(
-        _cli(inputs, out, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        _cli(inputs, out, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
-    victim = None
-    deadline = time.monotonic() + 120
-    while victim is None and time.monotonic() < deadline and proc.poll() is None:
-        for tid, state in queued_by_name("oreline-filter").items():
-            if tid.endswith("_1") and state == "RUNNING":
-                victim = tid
-        time.sleep(0.05)
-    assert victim, "array task 1 of the filter stage was never seen running"
-    subprocess.run(["scancel", victim], check=True)
+    victim = _cancel_when_held(flag, 1)
     text, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, text[-3000:]
     assert not (out / "_SUCCESS").exists()
@@ -122,11 +159,6 @@ def test_scancel_of_one_array_task_then_the_rerun_completes_it(slurm_cluster, lo
     assert again.returncode == 0, again.stderr[-3000:]
     assert "filter: 1 array task(s) submitted" in again.stderr  # only the missing one
     _same_as_local(out, ref)
-
-
-def queued_by_name(name: str) -> dict[str, str]:
-    proc = subprocess.run(["squeue", "-h", "--name", name, "-o", "%i %T"], capture_output=True, text=True)
-    return dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.strip())
 
 
 def test_a_failing_task_is_retried_then_reported_with_its_log(slurm_cluster, tmp_path):
@@ -162,10 +194,10 @@ def _wait_for(job_ids: list[str], timeout: float = 240) -> None:
     assert not queued(job_ids), f"jobs {job_ids} still queued after {timeout} s"
 
 
-def _detached(inputs: list[str], out: Path, *overrides: str) -> dict[str, list[str]]:
+def _detached(inputs: list[str], out: Path, *overrides: str, env=None) -> dict[str, list[str]]:
     """Run `oreline data --executor slurm --detach` and return its jobs (it does not wait for them)."""
     proc = subprocess.run(
-        [*_cli(inputs, out, *overrides), "--detach"], capture_output=True, text=True, timeout=120
+        [*_cli(inputs, out, *overrides), "--detach"], capture_output=True, text=True, timeout=120, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "submitted: " in proc.stderr
@@ -191,7 +223,8 @@ def test_detached_chain_stops_before_dedup_when_a_task_fails_and_the_resubmissio
     inputs, ref = local_ref[0], local_exact
     out = tmp_path / "slurm"
     # one filter task at a time, no retry: the cancelled index fails for good
-    jobs = _detached(inputs, out, "data.slurm.throttle=1", "data.slurm.max_retries=0", *EXACT, *FAST)
+    env, flag = _holding(tmp_path, 1, "before")
+    jobs = _detached(inputs, out, "data.slurm.throttle=1", "data.slurm.max_retries=0", *EXACT, *FAST, env=env)
     assert not (out / "stats.json").exists()  # the driver did not wait for the chain
     assert sorted(jobs) == ["dedup", "filter", "merge", "write"]
     twice = subprocess.run([*_cli(inputs, out, *EXACT), "--detach"], capture_output=True, text=True)
@@ -204,11 +237,8 @@ def test_detached_chain_stops_before_dedup_when_a_task_fails_and_the_resubmissio
         text=True,
     )
     assert beside.returncode != 0 and "still in the queue" in " ".join(beside.stderr.split())
-    victim = f"{jobs['filter'][0]}_1"
-    deadline = time.monotonic() + 120
-    while queued([victim]).get(victim) != "RUNNING" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    subprocess.run(["scancel", victim], check=True)
+    victim = _cancel_when_held(flag, 1)
+    assert victim == f"{jobs['filter'][0]}_1"
     _wait_for([i for ids in jobs.values() for i in ids])
     # the chain stopped before the dedup job: it never ran (no log), nor did the write array
     assert not list((out / "work" / "slurm" / "dedup-0" / "logs").glob("*")), "the dedup job ran"
@@ -226,6 +256,33 @@ def test_detached_chain_stops_before_dedup_when_a_task_fails_and_the_resubmissio
     assert len(list((out / "work" / "slurm" / "filter-1").glob("jobs.pkl"))) == 1
     _wait_for([i for ids in again.values() for i in ids])
     assert len(list((out / "work" / "slurm" / "filter-1" / "logs").glob("*.out"))) == 1
+    _same_as_local(out, ref)
+
+
+@pytest.mark.slow
+def test_a_task_cancelled_after_its_work_holds_the_dedup_job_back_and_stats_say_it_never_started(
+    slurm_cluster, local_ref, local_exact, tmp_path
+):
+    """afterok judges the task's end, not its work: a filter task killed on its way out (its marker
+    written) still keeps the dedup job from running. stats.json must say that, not that the dedup
+    job failed, and the re-run submits the dedup job without a filter task."""
+    inputs, ref = local_ref[0], local_exact
+    out = tmp_path / "slurm"
+    env, flag = _holding(tmp_path, 1, "after")
+    jobs = _detached(inputs, out, "data.slurm.max_retries=0", *EXACT, *FAST, env=env)
+    assert _cancel_when_held(flag, 1) == f"{jobs['filter'][0]}_1"
+    _wait_for([i for ids in jobs.values() for i in ids])
+    assert not list((out / "work" / "slurm" / "dedup-0" / "logs").glob("*")), "the dedup job ran"
+    assert not (out / "_SUCCESS").exists()
+    errors = json.loads((out / "stats.json").read_text())["errors"]
+    assert not [e for e in errors if "Slurm array task" in e["error"]], errors  # every task did its work
+    [held] = [e["error"] for e in errors if "the dedup job" in e["error"]]
+    assert f"the dedup job {jobs['dedup'][0]} never started" in held and "failed" not in held, held
+    assert f"re-run `oreline data {inputs[0]}" in held
+
+    again = _detached(inputs, out, *EXACT, *FAST)
+    assert "filter" not in again and sorted(again) == ["dedup", "merge", "write"], again
+    _wait_for([i for ids in again.values() for i in ids])
     _same_as_local(out, ref)
 
 

@@ -462,14 +462,16 @@ def run_chain_stage(stage: str, out: str, tasks, cfg: Config, workers: int, reco
             )
     extra = []
     if len(finished) == len(tasks) and not dedup_ok:
-        extra.append(
-            {
-                "file": None,
-                "offset": None,
-                "error": f"the dedup job {record['dedup']['task'].split('_')[0]} failed; "
-                f"log: {record['dedup']['log']}; {resume}",
-            }
+        job, log = record["dedup"]["task"].split("_")[0], record["dedup"]["log"]
+        # every filter task wrote its marker, yet afterok can still have held the dedup job back: a
+        # task cancelled or killed after its work ends not-OK; then the dedup job left no log at all
+        why = (
+            f"failed; log: {log}"
+            if Path(log).is_file()
+            else "never started: a filter task ended without success after it had finished its work "
+            "(cancelled or killed on its way out; see the filter logs)"
         )
+        extra.append({"file": None, "offset": None, "error": f"the dedup job {job} {why}; {resume}"})
     ddir = work / "dedup" / "DONE"
     dedup_stats = json.loads(ddir.read_text()) if dedup_ok and ddir.is_file() else {}
     ppl_stats = None
