@@ -23,7 +23,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from oreline.errors import ConfigError, InputError
 
@@ -236,6 +236,28 @@ class SlurmConfig(Section):
     sbatch_args: list[str] = Field(
         [], description="further sbatch options, e.g. ['--account=abc', '--qos=low']"
     )
+
+    # these reach sbatch command lines and #SBATCH lines: plain tokens only (oreline.slurm_script)
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, value: str) -> str:
+        from oreline.slurm_script import check_partition
+
+        return check_partition(value)
+
+    @field_validator("time_limit", "stage_time_limit")
+    @classmethod
+    def _time(cls, value: str) -> str:
+        from oreline.slurm_script import check_time
+
+        return check_time(value)
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _sbatch_args(cls, value: list[str]) -> list[str]:
+        from oreline.slurm_script import check_sbatch_arg
+
+        return [check_sbatch_arg(a) for a in value]
 
 
 # Settings of the data and tokenize sections that say where and on how many workers tasks run,
@@ -494,6 +516,18 @@ class RunConfig(Section):
     name: str = "demo"
     runs_dir: str = Field("runs", description="parent folder of run directories")
     seed: int = 1234
+
+    # both reach scripts (job names, log paths of `oreline run --executor slurm`, `oreline launch slurm`)
+    @field_validator("name", "runs_dir")
+    @classmethod
+    def _no_control(cls, value: str) -> str:
+        from oreline.slurm_script import CONTROL
+
+        if CONTROL.search(value):
+            raise ValueError(
+                f"{value!r} holds a control character; write it without newlines, tabs or escapes"
+            )
+        return value
 
 
 class Config(Section):

@@ -457,11 +457,11 @@ def submit_stage_jobs(
     records it in lineage.json, as `oreline run` does. A failed job cancels the jobs after it
     (--kill-on-invalid-dep); `oreline run --executor slurm` again submits from the first stage that
     did not finish. Job settings come from data.slurm (partition, stage_time_limit, sbatch_args)."""
-    import shlex
     import sys
 
     from oreline.config import to_toml
     from oreline.executors.slurm import submit
+    from oreline.slurm_script import directive, job_name, shell_word, write_script
 
     console = console or Console(stderr=True)
     _check_samples(cfg)
@@ -481,23 +481,28 @@ def submit_stage_jobs(
         command = [sys.executable, "-m", "oreline", "run", "-c", str(config), "--only", stage]
         if i == 0 and from_stage is not None:
             command += ["--from", from_stage]
+        # every value is checked: a plain token in an #SBATCH line, a quoted word in the command
         lines = [
             "#!/usr/bin/env bash",
-            f"#SBATCH --job-name=oreline-{cfg.run.name}-{stage}",
-            f"#SBATCH --output={jobs_dir}/{stage}-%j.out",
-            f"#SBATCH --cpus-per-task={cpus}",
-            f"#SBATCH --time={s.stage_time_limit}",
-            f"#SBATCH --chdir={Path.cwd()}",
+            directive("--job-name", job_name("oreline", cfg.run.name, stage), "run.name"),
+            directive("--output", f"{jobs_dir}/{stage}-%j.out", "run.runs_dir and run.name (the run folder)"),
+            directive("--cpus-per-task", int(cpus), "data.slurm.stage_cpus"),
+            directive("--time", s.stage_time_limit, "data.slurm.stage_time_limit"),
+            directive("--chdir", Path.cwd(), "the current folder"),
             "#SBATCH --kill-on-invalid-dep=yes   # a failed stage cancels the stages after it",
         ]
         if s.partition:
-            lines.append(f"#SBATCH --partition={s.partition}")
-        lines += [f"#SBATCH {a}" for a in s.sbatch_args]
-        lines += ["", f"exec {shlex.join(command)}", ""]
+            lines.append(directive("--partition", s.partition, "data.slurm.partition"))
+        for a in s.sbatch_args:
+            option, _, value = a.partition("=")
+            lines.append(directive(option, value, "data.slurm.sbatch_args") if value else f"#SBATCH {option}")
+        words = " ".join(shell_word(c, "the stage command (paths of the run)") for c in command)
+        lines += ["", f"exec {words}", ""]
+        text = "\n".join(lines)
         script = jobs_dir / f"{stage}.sbatch"
-        script.write_text("\n".join(lines))
+        write_script(script, text)  # a record for the reader: sbatch reads the text on stdin
         options = [f"--dependency=afterok:{submitted[-1]['job']}"] if submitted else []
-        job = submit(script, options)
+        job = submit(text, options)
         submitted.append({"stage": stage, "job": job, "script": str(script)})
         console.print(
             f"{stage}: Slurm job {job}"

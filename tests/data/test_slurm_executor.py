@@ -78,7 +78,12 @@ def test_slurm_executor_output_is_byte_identical_to_local(slurm_cluster, local_r
     # the stages ran as array jobs: one per map call, one index per input file, each with its log
     filt = out / "work" / "slurm" / "filter-0"
     assert len(list((filt / "logs").glob("*_*.out"))) == len(INPUTS)
-    assert "#SBATCH --cpus-per-task=1" in (filt / "task.sbatch").read_text()
+    # sbatch read the script on stdin and its options from its command line: no script file to swap
+    assert "--cpus-per-task=1" in (filt / "submitted.txt").read_text()
+    assert not list((out / "work" / "slurm").rglob("*.sbatch")) and not list((out / "work").rglob("*.pkl"))
+    for folder in [out / "work" / "slurm", *(out / "work" / "slurm").iterdir()]:
+        if folder.is_dir():
+            assert folder.stat().st_mode & 0o777 == 0o700, folder
 
 
 def _cli(inputs: list[str], out: Path, *overrides: str) -> list[str]:
@@ -161,23 +166,44 @@ def test_scancel_of_one_array_task_then_the_rerun_completes_it(slurm_cluster, lo
     _same_as_local(out, ref)
 
 
-def test_a_failing_task_is_retried_then_reported_with_its_log(slurm_cluster, tmp_path):
-    from oreline.config import SlurmConfig
+def _failing_once(tmp_path: Path, job_name: str, index: int) -> Path:
+    """A PYTHONPATH whose sitecustomize makes the first attempt of array task INDEX of JOB_NAME exit 3."""
+    hook, flag = tmp_path / "fail-once", tmp_path / "failed-once"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, pathlib, sys\n"
+        f"flag = pathlib.Path({str(flag)!r})\n"
+        f"if (os.environ.get('SLURM_JOB_NAME') == {job_name!r}\n"
+        f"        and os.environ.get('SLURM_ARRAY_TASK_ID') == '{index}' and not flag.exists()):\n"
+        "    flag.touch()\n"
+        "    print('first attempt fails', file=sys.stderr)\n"
+        "    sys.exit(3)\n"
+    )
+    return hook
 
-    flag = tmp_path / "failed-once"
-    # fails on its first attempt only (a module-level function, as every task function is)
-    job = (["bash", "-c", f"test -e {flag} || {{ touch {flag}; echo first attempt fails >&2; exit 3; }}"],)
+
+def test_a_failing_task_is_retried_then_reported_with_its_log(slurm_cluster, tmp_path, monkeypatch):
+    from oreline.config import SlurmConfig
+    from oreline.data.filters.perplexity import task_sample
+
+    hook = _failing_once(tmp_path, "oreline-retry", 0)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p)
+    )
+    # a task function of oreline's own (the only kind Slurm runs): a sample of no files
+    jobs = [([], str(tmp_path / f"sample-{i}.json"), 5) for i in range(3)]
     # packs of two: the failing job's pack is resubmitted, and its retry skips nothing it finished
     ex = SlurmExecutor(SlurmConfig(max_retries=1, poll_s=0.3, tasks_per_job=2), work=tmp_path / "w")
-    assert ex.map(subprocess.check_call, [job, (["true"],), (["true"],)], label="retry") == [0, 0, 0]
+    assert ex.map(task_sample, jobs, label="retry") == [task_sample(*job) for job in jobs]
     logs = sorted((tmp_path / "w" / "slurm" / "retry-0" / "logs").glob("*.out"))
     assert len(logs) == 3  # packs 0 and 1, then pack 0 again
 
     ex = SlurmExecutor(SlurmConfig(max_retries=0, poll_s=0.3), work=tmp_path / "w")
-    [crashed] = ex.map(subprocess.check_call, [(["false"],)], label="fail")
-    assert isinstance(crashed, TaskCrashed) and crashed.args == (["false"],)
+    missing = ([str(tmp_path / "missing.parquet")], str(tmp_path / "never.json"), 5)
+    [crashed] = ex.map(task_sample, [missing], label="fail")
+    assert isinstance(crashed, TaskCrashed) and crashed.args == missing
     log = Path(crashed.error.split("log: ")[1].split(";")[0])
-    assert "CalledProcessError" in log.read_text() and "re-run the command" in crashed.error
+    assert "FileNotFoundError" in log.read_text() and "re-run the command" in crashed.error
     assert queued([crashed.error.split()[3].split("_")[0]]) == {}
 
 
@@ -253,7 +279,7 @@ def test_detached_chain_stops_before_dedup_when_a_task_fails_and_the_resubmissio
     assert f"re-run `oreline data {inputs[0]}" in failed["error"]  # the command that resumes
 
     again = _detached(inputs, out, *EXACT, *FAST)  # only the missing filter task is submitted
-    assert len(list((out / "work" / "slurm" / "filter-1").glob("jobs.pkl"))) == 1
+    assert len(list((out / "work" / "slurm" / "filter-1").glob("jobs.json"))) == 1
     _wait_for([i for ids in again.values() for i in ids])
     assert len(list((out / "work" / "slurm" / "filter-1" / "logs").glob("*.out"))) == 1
     _same_as_local(out, ref)

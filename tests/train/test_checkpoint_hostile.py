@@ -582,8 +582,5 @@ def test_no_unpickling_loader_in_the_source():
                 or (name in ("dcp.load", "dcp.async_load") and "storage_reader" not in keywords)
             ):
                 hits.append(f"{path.relative_to(src)}:{node.lineno} {name}")
-    # the Slurm executor's job and result files: unpickled only after their HMAC seal (a key that
-    # lives in the job's environment, not on disk) is checked (tests/executors/test_slurm_seal.py)
-    sealed = [h for h in hits if h.startswith("executors/slurm.py:") and h.endswith(" pickle.loads")]
-    assert len(sealed) <= 1
-    assert [h for h in hits if h not in sealed] == []
+    # the Slurm executor's job and result files are sealed JSON too (oreline.executors.wire)
+    assert hits == []

@@ -2,12 +2,14 @@
 
 `SlurmExecutor.map(fn, jobs)` is synchronous from the driver's side, like the local pool:
 
-1. the jobs are pickled once into a folder of the run's work folder (`work/slurm/<label>-<k>/`);
-   `fn` travels by its qualified name (pickle stores module + name), so the array task runs the
-   same task function the local and Ray executors run, and writes the same markers;
+1. the jobs are written once, as JSON, into a private folder of the run's work folder
+   (`work/slurm/<label>-<k>/`, mode 0700 like `work/slurm`): `fn` travels as "module:qualname" and
+   must be one of oreline's task functions (`oreline.executors.wire.TASKS`), the arguments as
+   tagged JSON (`oreline.executors.wire`), so the array task runs the same task function the local
+   and Ray executors run, on equal arguments, and writes the same markers;
 2. one array index runs `tasks_per_job` consecutive jobs (`python -m oreline.executors.slurm_task
-   FOLDER BASE`; index = BASE + $SLURM_ARRAY_TASK_ID); the task writes each job's result
-   atomically as `results/<job>.pkl`, and skips a job whose result is already there;
+   FOLDER BASE INDEX`; INDEX = $SLURM_ARRAY_TASK_ID); the task writes each job's result atomically
+   as `results/<job>.json`, and skips a job whose result is already there;
 3. an array never exceeds the cluster's MaxArraySize (larger stages are split into several array
    jobs) and `throttle` becomes `%N` on each;
 4. the driver polls `squeue` until the arrays have left the queue; a job without a result file
@@ -21,13 +23,25 @@ job folder and array tasks, submitted with `--dependency=afterok:…` and `--kil
 (or `afterany`), returning the job ids at once; with no driver left to resubmit, a task that raises
 is run again inside its array task, up to `max_retries` times.
 
-The job and result files are pickles (a config object and the tasks' result dicts travel as they
-are, so the output is the local run's), and a pickle that someone else wrote runs their code when
-loaded. So each `map` draws a random key that reaches its array tasks only through the job's
-environment (sbatch passes the submitting environment on), never through the work folder: the
-driver seals the jobs file with an HMAC-SHA256 under that key, the task checks the seal before it
-unpickles and seals each result the same way, and the driver checks a result's seal before it
-loads it. A file planted or altered in the work folder is refused with its path named.
+What someone else who can write the work folder could do, and why they cannot:
+- swap the script between its writing and sbatch reading it: no script is written anywhere.
+  Every submission, retries included, hands sbatch the script's text on standard input (Slurm
+  keeps its own copy; `scontrol write batch_script JOB` shows it), and the job's options on
+  sbatch's command line, one argument each, never parsed by a shell. `submitted.txt` in the
+  stage's folder records both for the reader; nothing reads it back;
+- run code through a job or result file: they are JSON that names a task function out of a fixed
+  list and carries plain data; nothing the driver or a task loads from the work folder is a
+  pickle or imports a name it holds;
+- run oreline's own tasks on arguments of their choosing, or forge a result: each `map` draws a
+  random key that reaches its array tasks only through the job's environment (sbatch passes the
+  submitting environment on), never through the work folder; the driver seals the jobs file with
+  an HMAC-SHA256 under that key, the task checks the seal before it decodes anything and seals
+  each result the same way, and the driver checks a result's seal before it decodes it. A file
+  planted or altered in the work folder is refused with its path named;
+- write into the folders at all: `work/slurm` and each stage's folder are created 0700, and a
+  `work/slurm` that another user owns, or that others may write, is refused (or, when it is
+  ours, made 0700 again).
+Every value that reaches the script is checked and quoted (`oreline.executors.slurm_script`).
 
 Nothing here needs `sacct` (a cluster without slurmdbd has none): the result files are the
 record of what finished. The driver can be killed at any time: the array jobs it submitted
@@ -40,11 +54,11 @@ import contextlib
 import hashlib
 import hmac
 import os
-import pickle
 import re
 import secrets
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -56,10 +70,13 @@ from typing import Any
 
 from rich.console import Console
 
+import oreline.executors.wire as wire
 from oreline.errors import ClusterError
 from oreline.executors.interface import Resources, TaskCrashed
+from oreline.slurm_script import shell_word
 
-JOBS_FILE = "jobs.pkl"
+JOBS_FILE = "jobs.json"
+RECORD_FILE = "submitted.txt"  # what was handed to sbatch, for the reader; never read back
 KEY_ENV = "ORELINE_SLURM_TASK_KEY"  # the per-map HMAC key; in the job's environment, never on disk
 
 
@@ -68,8 +85,8 @@ def seal(data: bytes, key: str) -> bytes:
     return hmac.new(key.encode(), data, hashlib.sha256).digest() + data
 
 
-def unseal(blob: bytes, key: str, path: Path) -> Any:
-    """The object pickled in a sealed file, after its seal is checked (nothing is unpickled before)."""
+def unseal(blob: bytes, key: str, path: Path) -> bytes:
+    """The bytes of a sealed file, after its seal is checked (nothing is decoded before)."""
     mac, data = blob[:32], blob[32:]
     if not key or not hmac.compare_digest(mac, hmac.new(key.encode(), data, hashlib.sha256).digest()):
         raise ClusterError(
@@ -78,7 +95,40 @@ def unseal(blob: bytes, key: str, path: Path) -> Any:
             "check who can write to the run's work folder, delete the stage's folder under work/slurm/ "
             "and re-run the command",
         )
-    return pickle.loads(data)
+    return data
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (a unique temporary name, then a rename), readable by us only."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    tmp.replace(path)
+
+
+def _append_record(path: Path, text: str) -> None:
+    """Append to a record file of ours (never through a link planted in its place)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    with os.fdopen(os.open(path, flags, 0o600), "a", encoding="utf-8") as f:
+        f.write(text)
+
+
+def private_folder(path: Path) -> Path:
+    """`path` as a folder only its owner (this user) can read, write or enter: created 0700, or
+    made 0700 when it is ours; ClusterError when someone else owns it or it is a link."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise ClusterError(
+            f"{path} is {'not a folder' if not stat.S_ISDIR(st.st_mode) else 'owned by another user'}: "
+            "Slurm job files there could be read or replaced by someone else",
+            f"remove {path} (or choose another output folder) and re-run the command",
+        )
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,12 +147,14 @@ def _client(cmd: str) -> str:
 
 
 def slurm_call(
-    args: Sequence[str], timeout: float = 60.0, env: dict[str, str] | None = None
+    args: Sequence[str], timeout: float = 60.0, env: dict[str, str] | None = None, input: str | None = None
 ) -> subprocess.CompletedProcess:
-    """Run a Slurm client command; ClusterError with its stderr when it fails."""
+    """Run a Slurm client command (`input`: its stdin); ClusterError with its stderr when it fails."""
     cmd = [_client(args[0]), *args[1:]]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env, input=input or "", check=False
+        )
     except subprocess.TimeoutExpired as e:
         raise ClusterError(
             f"`{shlex.join(args)}` did not answer within {timeout:.0f} s",
@@ -116,12 +168,14 @@ def slurm_call(
     return proc
 
 
-def submit(
-    script: Path, options: Sequence[str] = (), args: Sequence[str] = (), env: dict[str, str] | None = None
-) -> str:
-    """sbatch OPTIONS SCRIPT ARGS; the job id (of an array: the array's id). `env` is the environment
-    sbatch runs in, which the job inherits."""
-    out = slurm_call(["sbatch", "--parsable", *options, str(script), *args], env=env).stdout.strip()
+def submit(script: str, options: Sequence[str] = (), env: dict[str, str] | None = None) -> str:
+    """sbatch OPTIONS with the script's text on stdin; the job id (of an array: the array's id).
+
+    The text, not a path: a script file could be replaced between its writing and sbatch reading it
+    (or at a retry). `env` is the environment sbatch runs in, which the job inherits."""
+    if not script.startswith("#!"):
+        raise ValueError("submit takes the script's text (starting with #!), not a path")
+    out = slurm_call(["sbatch", "--parsable", *options], env=env, input=script).stdout.strip()
     return out.split(";")[0]  # "<id>[;<cluster>]"
 
 
@@ -199,47 +253,56 @@ class SlurmExecutor:
                 "the Slurm executor needs a folder shared by every node for its job files",
                 "pass one (the data pipeline uses its output's work folder)",
             )
-        self.root = Path(work).resolve() / "slurm"
+        work = Path(work).resolve()
+        if not work.exists():  # a work folder made for these files is as private as they are
+            work.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                work.mkdir(mode=0o700)
+        self.root = work / "slurm"
         self.console = console or Console(stderr=True)
         _client("sbatch")
 
     def _folder(self, label: str) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_folder(self.root)
         k = 0
         while True:
             folder = self.root / f"{label}-{k}"
             try:
-                folder.mkdir()
-                return folder
+                folder.mkdir(mode=0o700)
+                return private_folder(folder)
             except FileExistsError:
                 k += 1
 
-    def _script(self, folder: Path, label: str, resources: Resources, time_limit: str | None = None) -> Path:
+    def _options(self, folder: Path, label: str, resources: Resources, time_limit: str | None) -> list[str]:
+        """sbatch's options for the stage's array tasks: command-line arguments, one value each."""
         s = self.settings
         cpus = max(int(s.cpus_per_task), int(-(-resources.cpus // 1)))
-        lines = [
-            "#!/usr/bin/env bash",
-            f"#SBATCH --job-name=oreline-{label}",
-            f"#SBATCH --output={folder}/logs/%A_%a.out",
-            f"#SBATCH --cpus-per-task={cpus}",
-            f"#SBATCH --time={time_limit or s.time_limit}",
-            f"#SBATCH --chdir={os.getcwd()}",
+        options = [
+            f"--job-name=oreline-{label}",
+            f"--output={folder}/logs/%A_%a.out",
+            f"--cpus-per-task={cpus}",
+            f"--time={time_limit or s.time_limit}",
+            f"--chdir={os.getcwd()}",
+            "--export=ALL",  # the key travels in the environment
         ]
         mem = s.mem_mb or resources.memory_mb or 0
         if mem:
-            lines.append(f"#SBATCH --mem={mem}")
+            options.append(f"--mem={int(mem)}")
         if s.partition:
-            lines.append(f"#SBATCH --partition={s.partition}")
-        lines += [f"#SBATCH {a}" for a in s.sbatch_args]
-        lines += [
-            "# one array index runs a pack of tasks; BASE (the argument) + the index is the pack",
-            f"exec {shlex.quote(sys.executable)} -m oreline.executors.slurm_task "
-            f'{shlex.quote(str(folder))} "$1" "$SLURM_ARRAY_TASK_ID"',
-            "",
-        ]
-        path = folder / "task.sbatch"
-        path.write_text("\n".join(lines))
-        return path
+            options.append(f"--partition={s.partition}")
+        return options + list(s.sbatch_args)
+
+    def _script(self, folder: Path, base: int) -> str:
+        """The text of the array job running packs BASE + $SLURM_ARRAY_TASK_ID (sbatch reads it on stdin)."""
+        return "\n".join(
+            [
+                "#!/usr/bin/env bash",
+                f"# one array index runs a pack of tasks: pack {base} + the index",
+                f"exec {shell_word(sys.executable, 'the Python executable')} -m oreline.executors.slurm_task "
+                f'{shell_word(folder, "the run work folder")} {int(base)} "$SLURM_ARRAY_TASK_ID"',
+                "",
+            ]
+        )
 
     def _prepare(
         self,
@@ -249,31 +312,53 @@ class SlurmExecutor:
         resources: Resources,
         retries: int,
         time_limit: str | None,
-    ) -> tuple[Path, Path, dict[str, str]]:
-        """The stage's folder with its sealed jobs file and sbatch script; the environment to submit in."""
+    ) -> tuple[Path, list[str], dict[str, str]]:
+        """The stage's folder with its sealed jobs file; sbatch's options; the environment to submit in."""
+        name = wire.task_name(fn)  # before anything is written: a task Slurm cannot run by name
         folder = self._folder(label)
-        (folder / "logs").mkdir()
-        (folder / "results").mkdir()
-        tmp = folder / f".{JOBS_FILE}.tmp-{os.getpid()}"
+        (folder / "logs").mkdir(mode=0o700)
+        (folder / "results").mkdir(mode=0o700)
         key = secrets.token_hex(32)
         env = {**os.environ, KEY_ENV: key}
-        spec = {"fn": fn, "jobs": list(jobs), "pack": int(self.settings.tasks_per_job), "retries": retries}
-        tmp.write_bytes(seal(pickle.dumps(spec), key))
-        tmp.replace(folder / JOBS_FILE)
-        return folder, self._script(folder, label, resources, time_limit), env
+        try:
+            data = wire.dumps(
+                "jobs",
+                fn=name,
+                jobs=[tuple(j) for j in jobs],
+                pack=int(self.settings.tasks_per_job),
+                retries=retries,
+            )
+        except TypeError as exc:
+            raise ClusterError(
+                f"the jobs of {label} cannot travel to Slurm array tasks: {exc}",
+                "pass plain values (str, int, float, bool, None, lists, tuples, dicts, paths), oreline config "
+                "sections or the dataclasses in oreline.executors.wire.DATACLASSES",
+            ) from exc
+        write_private(folder / JOBS_FILE, seal(data, key))
+        return folder, self._options(folder, label, resources, time_limit), env
 
     def _submit_packs(
-        self, script: Path, packs: Sequence[int], env: dict[str, str], options: Sequence[str] = ()
+        self,
+        folder: Path,
+        packs: Sequence[int],
+        env: dict[str, str],
+        stage_options: Sequence[str],
+        options: Sequence[str] = (),
     ) -> tuple[list[str], dict[int, str]]:
-        """Array job(s) for the given packs, split below MaxArraySize; (job ids, pack → "jobid_index")."""
+        """Array job(s) for the given packs, split below MaxArraySize; (job ids, pack → "jobid_index").
+        Each submission, retries included, hands sbatch the script's text on stdin."""
         s = self.settings
         max_array = int(cluster_setting("MaxArraySize", "1001") or 1001)
         submitted: list[str] = []
         where: dict[int, str] = {}
         for base, offsets in array_chunks(packs, max_array):
             spec = array_spec(offsets) + (f"%{s.throttle}" if s.throttle else "")
-            # BASE reaches the script as $1
-            jid = submit(script, [f"--array={spec}", "--export=ALL", *options], [str(base)], env=env)
+            argv = [f"--array={spec}", *stage_options, *options]
+            script = self._script(folder, base)
+            jid = submit(script, argv, env=env)
+            _append_record(
+                folder / RECORD_FILE, f"# job {jid}: sbatch {shlex.join(argv)} <<'EOF'\n{script}EOF\n\n"
+            )
             submitted.append(jid)
             for o in offsets:
                 where[base + o] = f"{jid}_{o}"
@@ -290,14 +375,14 @@ class SlurmExecutor:
         if not jobs:
             return []
         s = self.settings
-        folder, script, env = self._prepare(fn, jobs, label, resources, 0, None)
+        folder, stage_options, env = self._prepare(fn, jobs, label, resources, 0, None)
         key = env[KEY_ENV]
         pack = int(s.tasks_per_job)
         packs = -(-len(jobs) // pack)
         where: dict[int, str] = {}  # pack → "jobid_index" of its last attempt (its log file's name)
         missing = list(range(packs))
         for attempt in range(int(s.max_retries) + 1):
-            submitted, placed = self._submit_packs(script, missing, env)
+            submitted, placed = self._submit_packs(folder, missing, env, stage_options)
             where.update(placed)
             self.console.print(
                 f"{label}: {len(missing)} array task(s) submitted as job(s) {', '.join(submitted)}"
@@ -316,7 +401,7 @@ class SlurmExecutor:
         for j, job in enumerate(jobs):
             path = _result(folder, j)
             if path.is_file():
-                results.append(unseal(path.read_bytes(), key, path))
+                results.append(wire.loads(unseal(path.read_bytes(), key, path), "result", path)["value"])
             else:
                 tid = where[j // pack]
                 results.append(
@@ -344,7 +429,7 @@ class SlurmExecutor:
         (afterok; a failed or cancelled one cancels them: --kill-on-invalid-dep=yes), or, with
         `after_any`, has ended in any state. A task that raises is run again in its array task, up
         to max_retries times; nobody resubmits an array task that dies (the re-run of the command does)."""
-        folder, script, env = self._prepare(
+        folder, stage_options, env = self._prepare(
             fn, jobs, label, resources, int(self.settings.max_retries), time_limit
         )
         options = []
@@ -352,7 +437,7 @@ class SlurmExecutor:
             options = [f"--dependency={'afterany' if after_any else 'afterok'}:{':'.join(after)}"]
             options += [] if after_any else ["--kill-on-invalid-dep=yes"]
         pack = int(self.settings.tasks_per_job)
-        ids, where = self._submit_packs(script, range(-(-len(jobs) // pack)), env, options)
+        ids, where = self._submit_packs(folder, range(-(-len(jobs) // pack)), env, stage_options, options)
         logs = [str(folder / "logs" / f"{where[j // pack]}.out") for j in range(len(jobs))]
         return Submitted(label, ids, [where[j // pack] for j in range(len(jobs))], logs)
 
@@ -360,7 +445,7 @@ class SlurmExecutor:
         seen = -1
         while True:
             left = queued(job_ids)
-            done = sum(1 for _ in (folder / "results").glob("*.pkl"))
+            done = sum(1 for _ in (folder / "results").glob("*.json"))
             if done != seen and self.console.is_terminal:
                 self.console.print(f"{label}: {done}/{total} done, {len(left)} in the queue", end="\r")
                 seen = done
@@ -394,14 +479,16 @@ def _pack_jobs(pack_index: int, pack: int, n: int) -> range:
 
 
 def _result(folder: Path, job: int) -> Path:
-    return folder / "results" / f"{job:08d}.pkl"
+    return folder / "results" / f"{job:08d}.json"
 
 
 def run_pack(folder: Path, pack_index: int) -> int:
     """The body of one array task: run the pack's jobs that have no result yet; 0 when all succeeded."""
     key = os.environ.get(KEY_ENV, "")
-    spec = unseal((folder / JOBS_FILE).read_bytes(), key, folder / JOBS_FILE)
-    fn, jobs, pack, retries = spec["fn"], spec["jobs"], spec["pack"], spec.get("retries", 0)
+    path = folder / JOBS_FILE
+    spec = wire.loads(unseal(path.read_bytes(), key, path), "jobs", path)
+    fn = wire.task_function(spec["fn"], path)
+    jobs, pack, retries = spec["jobs"], int(spec["pack"]), int(spec["retries"])
     for j in _pack_jobs(pack_index, pack, len(jobs)):
         out = _result(folder, j)
         if out.is_file():
@@ -418,9 +505,7 @@ def run_pack(folder: Path, pack_index: int) -> int:
                 print(
                     f"[oreline slurm task] job {j}: attempt {attempt + 1} of {retries + 1} failed", flush=True
                 )
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        tmp.write_bytes(seal(pickle.dumps(result), key))
-        tmp.replace(out)
+        write_private(out, seal(wire.dumps("result", value=result), key))
     return 0
 
 

@@ -1,5 +1,7 @@
 """One Slurm array task: `python -m oreline.executors.slurm_task FOLDER BASE INDEX` runs pack BASE + INDEX
-of the jobs the SlurmExecutor pickled into FOLDER (see oreline.executors.slurm)."""
+of the jobs the SlurmExecutor wrote into FOLDER as sealed JSON (see oreline.executors.slurm and
+oreline.executors.wire): it checks the seal, runs only a task function oreline lists, and writes
+each result as sealed JSON."""
 
 from __future__ import annotations
 

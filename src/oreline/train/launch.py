@@ -15,6 +15,8 @@ from typing import Any
 
 from oreline.config import Config, load_config
 from oreline.errors import ConfigError
+from oreline.slurm_script import check_partition, check_time, checked, directive, shell_word, write_script
+from oreline.slurm_script import job_name as job_name_of
 
 # (variable, value, enabled by default, when to set it)
 NCCL_SETTINGS: list[tuple[str, str, bool, str]] = [
@@ -125,24 +127,29 @@ def slurm_script(
     config = Path(config).resolve()  # the job may start in another folder
     cfg = load_config(config)
     batch = check_allocation(cfg, nodes, nproc)
-    name = job_name or f"oreline-{cfg.run.name}"
+    # every value reaching the script is checked: #SBATCH values are plain tokens, shell words quoted
+    name = job_name or job_name_of("oreline", cfg.run.name)
+    checked(check_time, time_limit, "--time")
+    if partition:
+        checked(check_partition, partition, "--partition")
     gpu = gpus_per_node > 0
+    nodes, nproc, port, signal_lead_s = int(nodes), int(nproc), int(port), int(signal_lead_s)
     lines = [
         "#!/usr/bin/env bash",
-        f"#SBATCH --job-name={name}",
+        directive("--job-name", name, "--job-name"),
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1          # one torchrun per node; it starts the training processes",
     ]
     if gpu:
         lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
     lines.append(
-        f"#SBATCH --cpus-per-task={cpus_per_task}"
+        f"#SBATCH --cpus-per-task={int(cpus_per_task)}"
         if cpus_per_task
         else "#SBATCH --exclusive                  # whole nodes: the CPUs per process follow the node's count"
     )
     lines += [
-        f"#SBATCH --time={time_limit}",
-        f"#SBATCH --output={output}",
+        directive("--time", time_limit, "--time"),
+        directive("--output", output, "the log file name"),
         "#SBATCH --open-mode=append           # a requeued job appends to its log",
         "#SBATCH --requeue                    # the job may be requeued (by itself on USR1, or by preemption)",
         # USR1 to every process of the job's steps LEAD seconds before the time limit: the ranks stop
@@ -150,8 +157,8 @@ def slurm_script(
         f"#SBATCH --signal=USR1@{signal_lead_s}            # checkpoint at the next step boundary, then requeue",
     ]
     if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    python = shlex.quote(sys.executable)
+        lines.append(directive("--partition", partition, "--partition"))
+    python = shell_word(sys.executable, "the Python executable")
     lines += [
         "",
         "set -euo pipefail",
@@ -199,7 +206,7 @@ def slurm_script(
     ]
     if script_path is not None:  # what a stop (scancel, SIGTERM) names as the command that resumes
         lines.append(
-            f"export ORELINE_RESUME_COMMAND={shlex.quote('sbatch ' + shlex.quote(str(script_path)))}"
+            f"export ORELINE_RESUME_COMMAND={shlex.quote('sbatch ' + shell_word(script_path, '--out'))}"
         )
     lines += [
         "# USR1 meant for the ranks must not end this shell (scancel --full -s USR1 signals it too)",
@@ -213,7 +220,7 @@ def slurm_script(
         '  "$PYTHON" -m torch.distributed.run \\',
         f"  --nnodes={nodes} --nproc_per_node={nproc} \\",
         '  --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" \\',
-        f"  -m oreline train -c {shlex.quote(str(config))}"
+        f"  -m oreline train -c {shell_word(config, '--config')}"
         # several processes and parallel = none: DDP, as `oreline train --nproc N` does
         + (" train.parallel=ddp" if nodes * nproc > 1 and cfg.train.parallel == "none" else ""),
         "rc=$?",
@@ -236,8 +243,8 @@ def torchrun_commands(config: Path, nodes: int, gpus_per_node: int, master: str)
     port = port or "29500"
     return [
         f"torchrun --nnodes={nodes} --nproc_per_node={gpus_per_node} --node_rank={rank} "
-        f"--rdzv_id=oreline --rdzv_backend=c10d --rdzv_endpoint={host}:{port} "
-        f"-m oreline train -c {shlex.quote(str(config))}"
+        f"--rdzv_id=oreline --rdzv_backend=c10d --rdzv_endpoint={shell_word(f'{host}:{port}', '--master')} "
+        f"-m oreline train -c {shell_word(config, '--config')}"
         for rank in range(nodes)
     ]
 
@@ -259,14 +266,13 @@ def slurm_cli(
         out = Path(f"oreline-{load_config(config).run.name}.sbatch")
     out = out.resolve()
     text = slurm_script(config, nodes, gpus_per_node, partition, script_path=out, **options)
-    out.write_text(text)
-    out.chmod(0o755)
+    write_script(out, text)
     if not submit:
         print(f"wrote {out}: submit with `sbatch {out}`")
         return None
     from oreline.executors.slurm import submit as sbatch
 
-    job = sbatch(out)
+    job = sbatch(text)  # the text itself, on stdin: not the file, which could change in between
     print(f"wrote {out}; submitted as Slurm job {job}", file=sys.stderr)
     print(job)  # alone on stdout, for scripts: JOB=$(oreline launch slurm ... --submit)
     return job
