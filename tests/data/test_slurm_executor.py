@@ -81,7 +81,7 @@ def test_slurm_executor_output_is_byte_identical_to_local(slurm_cluster, local_r
     # sbatch read the script on stdin and its options from its command line: no script file to swap
     assert "--cpus-per-task=1" in (filt / "submitted.txt").read_text()
     assert not list((out / "work" / "slurm").rglob("*.sbatch")) and not list((out / "work").rglob("*.pkl"))
-    for folder in [out / "work" / "slurm", *(out / "work" / "slurm").iterdir()]:
+    for folder in [out / "work", out / "work" / "slurm", *(out / "work" / "slurm").iterdir()]:
         if folder.is_dir():
             assert folder.stat().st_mode & 0o777 == 0o700, folder
 

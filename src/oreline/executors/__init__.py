@@ -2,8 +2,10 @@
 
 The contract every stage and executor keeps (docs/design.md, "Tasks and executors"):
 - a task is `fn(*job)` where `fn` is a module-level function (importable by name, so a Ray worker
-  or a Slurm array task on another node can run it) and `job` a tuple of plain values (str, int,
-  float, bool, None, lists/dicts of them, and config objects that pickle);
+  or a Slurm array task on another node can run it; the Slurm executor runs only the functions
+  listed in `executors/wire.py`) and `job` a tuple of plain values (str, int, float, bool, None,
+  bytes, paths, tuples/lists/dicts of them, numpy scalars, config sections and the dataclasses
+  `executors/wire.py` lists: what travels to a Slurm task as JSON, with no pickle);
 - `Executor.map(fn, jobs, label=…, resources=…)` returns one result per job, in job order;
 - a task that raised a data error records it in its own result (the task functions do that
   themselves); a task whose worker died (segfault, OOM killer, a lost node) is retried, and one
