@@ -82,3 +82,56 @@ def test_hf_index_entries_that_leave_the_folder_are_refused(tmp_path, entry):
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(DataIntegrityError, match="weight_map: the file name"):
         read_hf_weights(out)
+
+
+class _Payload:
+    """What a pickle renamed .safetensors holds: unpickled, it would run a command."""
+
+    def __reduce__(self):
+        import os
+
+        return os.system, ("true",)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("where", ["model.safetensors", "shard", "config.json", "index"])
+def test_import_hf_of_a_pickle_or_garbage_is_an_error_naming_the_file(tmp_path, where):
+    """Issue 32 item 11: a pickle renamed .safetensors (single file or one shard of an index), a
+    config.json or index that is not JSON: `oreline import-hf` ends with the file named (exit 2),
+    not a SafetensorError / JSONDecodeError traceback, and writes nothing."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    from oreline.errors import InputError
+
+    model = small_model()
+    hf = tmp_path / "hf"
+    sharded = where in ("shard", "index")
+    export_state_dict_hf(
+        model.state_dict(), model.args, None, hf, **({"max_shard_bytes": 20_000} if sharded else {})
+    )
+    target = {
+        "model.safetensors": hf / "model.safetensors",
+        "shard": next(iter(sorted(hf.glob("model-00001-of-*.safetensors"))), hf / "none"),
+        "config.json": hf / "config.json",
+        "index": hf / "model.safetensors.index.json",
+    }[where]
+    assert target.is_file()
+    target.write_bytes(pickle.dumps(_Payload()))
+    with pytest.raises(InputError) as err:
+        import_hf(hf, tmp_path / "out")
+    assert str(target) in str(err.value)
+    assert not (tmp_path / "out").exists()
+    if where == "model.safetensors":  # the command line: exit 2, the message, no traceback
+        proc = subprocess.run(
+            [sys.executable, "-m", "oreline", "import-hf", str(hf), "--out", str(tmp_path / "out")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "COLUMNS": "10000"},
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and "Traceback" not in out, out
+        assert f"{target} is not a readable safetensors file" in out, out

@@ -199,3 +199,47 @@ def test_train_on_a_shard_with_an_out_of_vocabulary_id_names_the_shard(
     path, bad = _plant_out_of_vocabulary_id(tokens)
     code, out = oreline_cli("train", "-c", str(train_config(tmp_path, tokens, byte_tokenizer_dir)))
     assert_clean_error(code, out, f"token shard {path} holds token id {bad}", "re-run oreline tokenize")
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 32 item 11: a tokenizer whose regex makes Oniguruma give up
+
+
+def _backtracking_tokenizer(src: Path, dest: Path) -> Path:
+    """The trained tokenizer with a pre-tokenizer regex that backtracks exponentially: `(a+)+b` on a
+    run of 40 a's not followed by b exhausts Oniguruma's retry limit, and tokenizers panics."""
+    shutil.copytree(src, dest)
+    file = dest / "tokenizer.json"
+    config = json.loads(file.read_text(encoding="utf-8"))
+    config["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "(a+)+b"}, "behavior": "Isolated", "invert": False},
+            config["pre_tokenizer"],
+        ],
+    }
+    file.write_text(json.dumps(config), encoding="utf-8")
+    return dest
+
+
+@pytest.mark.hostile
+def test_a_text_that_panics_the_tokenizer_is_one_rejected_document(byte_tokenizer_dir, tmp_path):
+    tok_dir = _backtracking_tokenizer(byte_tokenizer_dir, tmp_path / "tok")
+    good = [f"Document {i}: a perfectly ordinary paragraph of plain English text." for i in range(6)]
+    docs = tmp_path / "docs.jsonl"
+    with docs.open("w", encoding="utf-8") as fh:
+        for i, text in enumerate(good[:3] + ["a" * 40 + "c"] + good[3:]):
+            fh.write(json.dumps({"id": f"d{i}", "text": text}) + "\n")
+    code, out = oreline_cli("tokenize", str(docs), "-t", str(tok_dir), "-o", str(tmp_path / "out"))
+    assert code == 0 and "Traceback" not in out, out
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["rejected"] == {"encode_error": 1}, manifest["rejected"]
+    assert sum(s["documents"] for s in manifest["shards"]) == len(good)
+    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [r["raw"]["id"] for r in rejects] == ["d3"], rejects
+    assert "retry-limit-in-match" in rejects[0]["raw"]["error"], rejects
+    # and one text through the Python API: an InputError naming the tokenizer, not a PanicException
+    tok = load_tokenizer(tok_dir)
+    with pytest.raises(InputError, match=f"the tokenizer at {tok_dir} failed on a text"):
+        tok.encode("a" * 40 + "c")
+    assert tok.encode("plain text") == load_tokenizer(byte_tokenizer_dir).encode("plain text")

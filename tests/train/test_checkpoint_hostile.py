@@ -362,10 +362,13 @@ def test_cli_subprocess_refuses_a_metadata_pickle(run):
         # BUILD applied to an allowed class itself: setattr(Metadata, "__init__", torch.Size)
         (
             b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\nN}X\x08\x00\x00\x00__init__ctorch\nSize\ns\x86b.",
-            "Metadata.__init__",
+            "setting the state of Metadata",
         ),
         # BUILD on an allowed function: its lookup table swapped for the pickle's own
-        (b"\x80\x02ctorch.serialization\n_get_layout\n}X\x05\x00\x00\x00cache}sb.", "_get_layout.cache"),
+        (
+            b"\x80\x02ctorch.serialization\n_get_layout\n}X\x05\x00\x00\x00cache}sb.",
+            "setting the state of _get_layout",
+        ),
     ],
     ids=["class-attribute", "function-attribute"],
 )
@@ -375,9 +378,180 @@ def test_metadata_pickle_cannot_alter_the_allowed_classes(payload, what):
     from oreline.train.checkpoint.metadata import parse_dcp_metadata
 
     init, cache = Metadata.__init__, torch.serialization._get_layout.cache
-    with pytest.raises(CheckpointError, match=rf"x/\.metadata: its pickle tried to modify {what}"):
+    with pytest.raises(CheckpointError, match=rf"x/\.metadata: refused {what} \(a \w+ it did not create\)"):
         parse_dcp_metadata(payload, Path("x/.metadata"))
-    assert Metadata.__init__ is init and torch.serialization._get_layout.cache is cache  # put back
+    assert Metadata.__init__ is init and torch.serialization._get_layout.cache is cache
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 32 item 3: a `.metadata` that is a real index but also alters torch's own objects
+
+
+def _s(text: str) -> bytes:
+    """A BINUNICODE opcode pushing `text`."""
+    return b"X" + len(text.encode()).to_bytes(4, "little") + text.encode()
+
+
+_ENCODING = b"ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n"
+# each leaves the stack as it found it (BUILD, then POP): appended to a real index, the file still
+# unpickles to that index, and verification and loading go on as if it were the original
+SIDE_EFFECTS = {
+    # enum member TORCH_CONTIGUOUS_FORMAT (got by calling the enum, as DCP's pickles do) gets
+    # _value_ = 7: every later save pickles its tensors' memory format as _MEM_FORMAT_ENCODING(7),
+    # which no reader can load
+    "enum-value": _ENCODING + b"K\x00\x85R}" + _s("_value_") + b"K\x07sb0",
+    # _get_layout's __module__/__qualname__ (kept outside its __dict__) become posix.system: every
+    # later pickle of torch.strided (each save's .metadata) then reads `posix.system("torch.strided")`
+    "layout-qualname": b"ctorch.serialization\n_get_layout\nN}("
+    + _s("__module__")
+    + _s("posix")
+    + _s("__qualname__")
+    + _s("system")
+    + b"u\x86b0",
+}
+
+
+def _torch_state() -> tuple:
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    layout = torch.serialization._get_layout
+    return tuple((m.name, m._value_) for m in _MEM_FORMAT_ENCODING), layout.__module__, layout.__qualname__
+
+
+@pytest.fixture
+def torch_state_restored():
+    """The state SIDE_EFFECTS alter, put back after the test (on code that lets the pickle alter
+    it, the test fails, and the rest of the session must not inherit the damage)."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    layout = torch.serialization._get_layout
+    before = _torch_state()
+    yield before
+    for member in _MEM_FORMAT_ENCODING:
+        member._value_ = dict(before[0])[member.name]
+    layout.__module__, layout.__qualname__ = before[1], before[2]
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("effect", list(SIDE_EFFECTS))
+def test_metadata_that_alters_torch_objects_is_invalid_and_alters_nothing(run, effect, torch_state_restored):
+    """A real index whose pickle also BUILDs on an enum member or on _get_layout: verify refuses
+    it (naming .metadata), torch's objects are untouched, and resume auto passes over it to step 4,
+    whose continuation saves checkpoints that verify and load."""
+    runs, ckpts, config, _ = run
+    target = ckpts / STEP8
+    data = pickle.dumps(_real_metadata(target), protocol=2)
+    (target / ".metadata").write_bytes(data[:-1] + SIDE_EFFECTS[effect] + b".")
+    _resign(target)
+    verify = " ".join(_cli("checkpoint", "verify", str(target)).split())
+    assert _torch_state() == torch_state_restored
+    assert "exit=1" in verify and "0 of 1 checkpoints valid" in verify, verify
+    assert ".metadata: refused setting the state of" in verify and "it did not create" in verify, verify
+    console = quiet()
+    summary = train(config(12), resume="auto", allow_config_change=ALLOW, console=console)
+    assert _torch_state() == torch_state_restored
+    assert summary["resumed_from"].endswith(STEP4) and summary["step"] == 12
+    assert verify_checkpoint(ckpts / "step-00000012") == (True, [])
+    md = read_dcp_metadata(ckpts / "step-00000012")
+    assert all(v.properties.layout is torch.strided for v in md.state_dict_metadata.values())
+
+
+def test_second_line_puts_back_attributes_vars_does_not_show():
+    """Behind the opcode rules: a change to an allowed function's __qualname__ (not in its __dict__),
+    to an enum member's _value_ or to _get_layout's cache during a read is found, named and undone."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    from oreline.train.checkpoint import metadata
+
+    layout = torch.serialization._get_layout
+    member = _MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST
+    name, value, entries = layout.__qualname__, member._value_, dict(layout.cache)
+    before = metadata._snapshot()
+    layout.__qualname__, member._value_ = "system", 9
+    layout.cache["torch.strided"] = "not a layout"
+    try:
+        altered = metadata._restore(before)
+    finally:
+        layout.__qualname__, member._value_ = name, value
+        layout.cache.clear()
+        layout.cache.update(entries)
+    assert sorted(altered) == [
+        "_MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST._value_",
+        "_get_layout.__qualname__",
+        "_get_layout.cache",
+    ]
+
+
+@pytest.mark.parametrize(
+    "payload, what",
+    [
+        (b"\x80\x02cbuiltins\ndict\n)R.", "to unpickle builtins.dict"),
+        (b"\x80\x02ctorch\nSize\nctorch\nSize\n\x85R.", "a call of Size"),  # torch.Size(torch.Size)
+        (_ENCODING + b"X\x01\x00\x00\x00a\x85R.", "a call of _MEM_FORMAT_ENCODING"),
+        (b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\nK\x01\x85\x81.", "creating a Metadata"),
+        (b"\x80\x02(ctorch\nSize\no.", "the pickle opcode OBJ"),
+        (b"\x80\x02\x82\x01.", "the pickle opcode EXT1"),
+        (b"\x80\x02ctorch.serialization\n_get_layout\n\x94}h\x00\x8c\x01xsb.", "setting the state of"),
+    ],
+    ids=["global", "size-of-object", "enum-of-str", "newobj-args", "obj", "ext", "build-via-memo"],
+)
+def test_metadata_unpickler_allows_only_what_dcp_writes(payload, what):
+    from oreline.train.checkpoint.metadata import parse_dcp_metadata
+
+    with pytest.raises(CheckpointError, match=rf"x/\.metadata: refused {what}"):
+        parse_dcp_metadata(payload, Path("x/.metadata"))
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 32 item 4: an item stored through DCP's zstd stream transform (a decompression bomb)
+
+
+def plant_zstd_item(folder: Path, decoded: int) -> int:
+    """The embedding's item replaced by a zstd stream of `decoded` zero bytes, declared with DCP's
+    `stream.zstd/1` transform (DCP's stock reader decodes it whole before torch.load). Its size."""
+    import zstandard
+
+    comp = zstandard.ZstdCompressor(level=1).compressobj()
+    piece = 16 << 20
+    blob = b"".join(comp.compress(b"\0" * piece) for _ in range(decoded // piece)) + comp.flush()
+    md = _real_metadata(folder)
+    data = folder / "__0_0.distcp"
+    offset = data.stat().st_size
+    with open(data, "ab") as fh:
+        fh.write(blob)
+    for index in list(md.storage_data):
+        if index.fqn == EMBED:
+            md.storage_data[index] = _StorageInfo("__0_0.distcp", offset, len(blob), ["stream.zstd/1"])
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    return len(blob)
+
+
+@pytest.mark.hostile
+def test_zstd_transform_item_is_refused_before_it_is_decoded(run):
+    from oreline.eval.evaluate import evaluate_cli
+    from oreline.export.hf import export_hf
+
+    runs, ckpts, _, _ = run
+    target = ckpts / STEP8
+    plant_zstd_item(target, 256 << 20)  # ~8 KB on disk
+    _resign(target)
+    verify = " ".join(_cli("checkpoint", "verify", str(target)).split())
+    assert "exit=1" in verify and "transforms ['stream.zstd/1']" in verify and ".metadata" in verify, verify
+    for fn in (
+        lambda: evaluate_cli(target, out=runs / "e.json", batches=1, console=quiet()),
+        lambda: export_hf(target, runs / "hf", console=quiet()),
+    ):
+        with pytest.raises(
+            CheckpointError, match=r"\.metadata is not DCP checkpoint metadata: .*stream\.zstd/1"
+        ):
+            fn()
+    # a load that skips verification: the reader itself refuses the index, before any data file
+    with (
+        pytest.raises(CheckpointError, match=r"stream\.zstd/1"),
+        quiet_single_process(),
+        load_errors(target),
+    ):
+        dcp.load({"model": {}}, storage_reader=RawTensorReader(str(target)), **compat.dcp_no_dist(True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -584,3 +758,93 @@ def test_no_unpickling_loader_in_the_source():
                 hits.append(f"{path.relative_to(src)}:{node.lineno} {name}")
     # the Slurm executor's job and result files are sealed JSON too (oreline.executors.wire)
     assert hits == []
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 32 item 11: token folders eval reads, tampered with (each shard's sha256 refreshed in the
+# manifest and its header checksum recomputed, as a tool that wrote them would)
+
+
+def _val_shard(tokens: Path) -> tuple[Path, dict, dict]:
+    import json
+
+    manifest = json.loads((tokens / "manifest.json").read_text())
+    entry = next(s for s in manifest["shards"] if s["split"] == "val")
+    return tokens / entry["name"], entry, manifest
+
+
+def _save_manifest(tokens: Path, manifest: dict) -> None:
+    import json
+
+    from oreline.io import file_sha256
+
+    for entry in manifest["shards"]:
+        entry["sha256"] = file_sha256(tokens / entry["name"])
+    (tokens / "manifest.json").write_text(json.dumps(manifest))
+
+
+def tamper_document_index(tokens: Path) -> str:
+    """Two document starts swapped: the index falls back, the token count still matches."""
+    import numpy as np
+
+    from oreline.tokens import shards as fmt
+
+    path, _, manifest = _val_shard(tokens)
+    header = fmt.read_header(path)
+    index = np.memmap(path, dtype="<u8", mode="r+", offset=header.index_offset, shape=(header.documents + 1,))
+    index[1], index[2] = int(index[2]), int(index[1])
+    index.flush()
+    del index
+    _save_manifest(tokens, manifest)
+    return "has a broken document index"
+
+
+def tamper_bos_id(tokens: Path) -> str:
+    path, _, manifest = _val_shard(tokens)
+    manifest["bos_id"] = 10**12
+    _save_manifest(tokens, manifest)
+    return "bos_id 1000000000000 is outside the vocabulary"
+
+
+def tamper_header_vocabulary(tokens: Path) -> str:
+    """The header's vocabulary field raised to 65,536 (checksum recomputed), and a token past the
+    model's embedding planted: the id check, which trusts the header, lets it through."""
+    import dataclasses
+
+    import numpy as np
+
+    from oreline.tokens import shards as fmt
+
+    path, _, manifest = _val_shard(tokens)
+    header = fmt.read_header(path)
+    with open(path, "r+b") as fh:
+        fh.write(dataclasses.replace(header, vocab_size=65_536).pack())
+    ids = np.memmap(path, dtype=header.dtype, mode="r+", offset=fmt.HEADER_SIZE, shape=(header.tokens,))
+    ids[5] = 60_000
+    ids.flush()
+    del ids
+    _save_manifest(tokens, manifest)
+    return "declares a vocabulary of 65536, its manifest"
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize(
+    "tamper",
+    [tamper_document_index, tamper_bos_id, tamper_header_vocabulary],
+    ids=lambda f: f.__name__.removeprefix("tamper_"),
+)
+def test_eval_refuses_a_tampered_token_folder(run, prose_tokens, tamper):
+    from oreline.errors import DataIntegrityError
+    from oreline.eval.evaluate import evaluate_cli
+
+    runs, ckpts, _, _ = run
+    tokens = runs / "tokens"
+    shutil.copytree(prose_tokens["tokens"], tokens)
+    assert evaluate_cli(ckpts / STEP8, data=tokens, out=runs / "ok.json", batches=1, console=quiet())[
+        "val_loss"
+    ]
+    message = tamper(tokens)
+    with pytest.raises(DataIntegrityError) as err:
+        evaluate_cli(ckpts / STEP8, data=tokens, out=runs / "e.json", batches=1, console=quiet())
+    assert message in str(err.value) and str(tokens) in str(err.value), str(err.value)
+    assert not (runs / "e.json").exists()

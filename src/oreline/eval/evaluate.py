@@ -91,6 +91,7 @@ def evaluate_cli(
         tokenizer_fingerprint=tokenizer.fingerprint,
         doc_mask=cfg.train.doc_mask,
     )
+    val.check_fits(args.vocab_size, tokenizer.bos_id, tokenizer.eos_id, f"the model of {ckpt}")
     metrics = validation_loss(
         model, val, tokenizer.bos_id, tokenizer.eos_id, n_batches, token_byte_lengths(tokenizer)
     )

@@ -439,7 +439,7 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     if index.is_file():
         from oreline.outdir import safe_child
 
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        weight_map = _read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise InputError(f"{index} has no weight_map object", "re-download or re-export the model")
         files = sorted(set(map(str, weight_map.values())))
@@ -463,8 +463,30 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
             raise InputError(
                 f"shard {name} named by the index is missing from {hf_dir}", "re-download or re-export it"
             )
-        sd.update(load_file(str(hf_dir / name)))
+        try:
+            sd.update(load_file(str(hf_dir / name)))
+        except Exception as exc:  # SafetensorError, OSError: another format renamed, a truncated file
+            raise InputError(
+                f"{hf_dir / name} is not a readable safetensors file ({type(exc).__name__}: {str(exc)[:200]})",
+                "re-download or re-export the model; oreline reads weights only from safetensors files",
+            ) from None
     return sd
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object file of an imported folder, or an InputError naming it."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(
+            f"{path} is not readable JSON ({type(exc).__name__}: {str(exc)[:200]})",
+            "re-download or re-export the model folder",
+        ) from None
+    if not isinstance(found, dict):
+        raise InputError(
+            f"{path} holds a JSON {type(found).__name__}, not an object", "re-download or re-export it"
+        )
+    return found
 
 
 def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
@@ -476,7 +498,14 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     hf_dir, out = Path(hf_dir), Path(out)
     if not (hf_dir / "config.json").is_file():
         raise InputError(f"{hf_dir} has no config.json", "pass a Hugging Face model folder")
-    args = args_from_hf_config(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")))
+    config = _read_json(hf_dir / "config.json")
+    try:
+        args = args_from_hf_config(config)
+    except (KeyError, TypeError, ValueError) as exc:  # a field missing, or of the wrong type
+        raise InputError(
+            f"{hf_dir / 'config.json'} is not a usable Llama config ({type(exc).__name__}: {exc})",
+            "pass a folder written by save_pretrained or oreline export",
+        ) from None
     raw = read_hf_weights(hf_dir)
     # Old HF checkpoints carry the RoPE inverse frequencies as buffers; they are derived, not weights.
     raw = {k: v for k, v in raw.items() if not k.endswith("rotary_emb.inv_freq")}

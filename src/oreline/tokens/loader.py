@@ -109,6 +109,15 @@ class TokenLoader:
                     f"token shard {shard.path} holds {shard.header.tokens} tokens, the manifest says {s['tokens']}",
                     fmt.FIX,
                 )
+            # the id check trusts the header's vocabulary: it must be the one the folder was made for
+            if shard.header.vocab_size != m.get("vocab_size", shard.header.vocab_size):
+                raise DataIntegrityError(
+                    f"token shard {shard.path} declares a vocabulary of {shard.header.vocab_size}, "
+                    f"its manifest {m['vocab_size']}",
+                    fmt.FIX,
+                )
+            if verify == "full":  # the file was just read for its hash: 2 tokens a document more
+                fmt.check_boundaries(shard, m["bos_id"], m["eos_id"])
             self.shards.append(shard)
         # verify="full" checked every id on open; otherwise each batch is checked (_make_batch)
         self._vocab_limit = None if verify == "full" else min(s.header.vocab_size for s in self.shards)
@@ -138,6 +147,27 @@ class TokenLoader:
     @property
     def data_fingerprint(self) -> str:
         return self._manifest["data_fingerprint"]
+
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary the shards were written for: every id is below it (checked)."""
+        return max(s.header.vocab_size for s in self.shards)
+
+    def check_fits(self, vocab_size: int, bos_id: int, eos_id: int, model: str) -> None:
+        """DataIntegrityError unless the tokens fit `model` (an embedding of vocab_size rows) and
+        its tokenizer's BOS/EOS ids (what loss masking and evaluation rely on)."""
+        m = self._manifest
+        if self.vocab_size > vocab_size:
+            raise DataIntegrityError(
+                f"token shards in {self.dir} hold ids up to {self.vocab_size - 1}, {model} embeds {vocab_size}",
+                "use the token folder made with this model's tokenizer, or re-run oreline tokenize",
+            )
+        if (m["bos_id"], m["eos_id"]) != (bos_id, eos_id):
+            raise DataIntegrityError(
+                f"{self.dir / 'manifest.json'} names BOS/EOS ids {m['bos_id']}/{m['eos_id']}, the tokenizer "
+                f"{bos_id}/{eos_id}",
+                fmt.FIX,
+            )
 
     @property
     def num_sequences(self) -> int:

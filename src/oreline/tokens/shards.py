@@ -235,11 +235,42 @@ def open_shard(path: Path, tokenizer_fingerprint: str | None = None, sha256: str
         raise DataIntegrityError(
             f"token shard {path} has a document index that does not match its token count", FIX
         )
+    # Every document is [BOS] + ids + [EOS]: its start offsets rise by 2 or more. An index that
+    # falls back or jumps past the tokens would cut documents anywhere (8 bytes a document to check).
+    steps = np.diff(offsets.astype(np.int64))
+    if steps.size and int(steps.min()) < 2:
+        bad = int(np.argmax(steps < 2))
+        raise DataIntegrityError(
+            f"token shard {path} has a broken document index: document {bad} starts at token "
+            f"{int(offsets[bad])} and ends at {int(offsets[bad + 1])}",
+            FIX,
+        )
     if sha256 is not None and header.tokens:
         # The file was just read for its hash, so it is in the page cache: the max costs ~6% of
         # the hash (5 ms per 100 MB here). An id ≥ vocab_size would index past the embedding.
         check_ids(path, header, int(tokens.max()))
     return Shard(path, header, tokens, offsets)
+
+
+def check_boundaries(shard: Shard, bos_id: int, eos_id: int) -> None:
+    """DataIntegrityError unless every document of the shard starts with BOS and ends with EOS, the
+    ids its manifest names (reads 2 tokens a document)."""
+    if not shard.header.documents:
+        return
+    starts, ends = shard.offsets[:-1].astype(np.int64), shard.offsets[1:].astype(np.int64) - 1
+    for where, ids, want, name in (
+        (starts, shard.tokens[starts], bos_id, "BOS"),
+        (ends, shard.tokens[ends], eos_id, "EOS"),
+    ):
+        wrong = np.flatnonzero(ids != want)
+        if wrong.size:
+            k = int(wrong[0])
+            raise DataIntegrityError(
+                f"token shard {shard.path}: document {k} has token {int(ids[k])} at {int(where[k])} where its "
+                f"manifest's {name} id {want} belongs ({wrong.size} of {shard.header.documents} documents): "
+                "the document index or the manifest's special ids do not fit the tokens",
+                FIX,
+            )
 
 
 def check_ids(path: Path, header: ShardHeader, max_id: int) -> None:

@@ -243,6 +243,7 @@ _MANIFEST_KEYS = {
     "bos_id": int,
     "eos_id": int,
 }
+_MAX_VOCAB = 1 << 32  # uint32 token ids (shards.DTYPES)
 _SHARD_KEYS = {"name": str, "split": str, "tokens": int, "documents": int, "sha256": str, "bytes": int}
 
 
@@ -256,6 +257,17 @@ def _check_manifest(path: Path, manifest: object) -> None:
         if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
             got = "missing" if key not in manifest else f"a {type(manifest[key]).__name__}"
             raise DataIntegrityError(f"{path}: key {key!r} is {got}, expected a {kind.__name__}", fmt.FIX)
+    vocab = manifest.get("vocab_size")
+    if vocab is not None and (type(vocab) is not int or not 0 < vocab <= _MAX_VOCAB):
+        raise DataIntegrityError(f"{path}: vocab_size {str(vocab)[:40]} is not a vocabulary size", fmt.FIX)
+    limit = vocab if vocab is not None else _MAX_VOCAB
+    for key in ("bos_id", "eos_id"):  # the loader masks and marks documents by these ids
+        if not 0 <= manifest[key] < limit:
+            raise DataIntegrityError(
+                f"{path}: {key} {manifest[key]} is outside the vocabulary (ids 0..{limit - 1})", fmt.FIX
+            )
+    if manifest["bos_id"] == manifest["eos_id"]:
+        raise DataIntegrityError(f"{path}: bos_id and eos_id are both {manifest['bos_id']}", fmt.FIX)
     for i, shard in enumerate(manifest["shards"]):
         if not isinstance(shard, dict):
             raise DataIntegrityError(

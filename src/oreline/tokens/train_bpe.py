@@ -33,6 +33,7 @@ formatting differences do not change it but any change to vocab, merges or setti
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -67,6 +68,24 @@ def canonical_fingerprint(tokenizer_json: str) -> str:
 # the tokenizer others use
 
 
+@contextlib.contextmanager
+def rust_panics_as_errors(where: Path) -> Iterator[None]:
+    """A panic in tokenizers' Rust code (pyo3's PanicException, a BaseException that `except
+    Exception` lets through) as an InputError. A tokenizer.json whose pre-tokenizer regex backtracks
+    badly makes Oniguruma give up ("retry-limit-in-match over") on some texts, and tokenizers then
+    panics: that text is then one document the tokenize run rejects, not the end of the run."""
+    try:
+        yield
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":  # KeyboardInterrupt, SystemExit, ...: as they are
+            raise
+        raise InputError(
+            f"the tokenizer at {where} failed on a text ({str(exc).strip()[:200]})",
+            "use a tokenizer trained by `oreline tokenizer train`; a hand-edited pre-tokenizer regex "
+            "that backtracks without bound fails on some texts",
+        ) from None
+
+
 @dataclass
 class OrelineTokenizer:
     """A trained tokenizer: fixed special ids, padded vocabulary size, fingerprint.
@@ -92,15 +111,17 @@ class OrelineTokenizer:
         return self.hf.token_to_id(UNK)
 
     def encode(self, text: str) -> list[int]:
-        if self.fast is not None:
-            return self.fast.encode(text)
-        return self.hf.encode(text, add_special_tokens=False).ids
+        with rust_panics_as_errors(self.dir):
+            if self.fast is not None:
+                return self.fast.encode(text)
+            return self.hf.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        if self.fast is not None:
-            return self.fast.encode_batch(texts)
-        # encode_batch_fast skips offset tracking, which we never use.
-        return [e.ids for e in self.hf.encode_batch_fast(texts, add_special_tokens=False)]
+        with rust_panics_as_errors(self.dir):
+            if self.fast is not None:
+                return self.fast.encode_batch(texts)
+            # encode_batch_fast skips offset tracking, which we never use.
+            return [e.ids for e in self.hf.encode_batch_fast(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
@@ -131,12 +152,14 @@ def load_tokenizer(path: str | Path) -> OrelineTokenizer:
                 "train the tokenizer with `oreline tokenizer train`",
             )
     # The fast encoder checks itself against hf here and is None (with a warning) when they differ.
+    with rust_panics_as_errors(file.parent):
+        fast = fast_encoder(hf, json.loads(text))
     return OrelineTokenizer(
         hf=hf,
         dir=file.parent,
         fingerprint=canonical_fingerprint(text),
         vocab_size=round_up(hf.get_vocab_size()),
-        fast=fast_encoder(hf, json.loads(text)),
+        fast=fast,
     )
 
 

@@ -173,6 +173,8 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
             f"model.vocab_size={args.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}",
             "unset model.vocab_size (it is taken from the tokenizer)",
         )
+    for each in (loader, val_loader):
+        each.check_fits(args.vocab_size, tokenizer.bos_id, tokenizer.eos_id, "the model")
     if tc.seq_len > args.max_seq_len:
         raise ConfigError(
             f"train.seq_len={tc.seq_len} is longer than the model's max_seq_len={args.max_seq_len}",

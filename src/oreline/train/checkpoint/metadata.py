@@ -29,8 +29,11 @@ A `BytesStorageMetadata` entry (a non-tensor value, which DCP would restore with
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import pathlib
 import pickle
+import pickletools
 from pathlib import Path
 
 import torch
@@ -77,15 +80,32 @@ if hasattr(torch.serialization, "_get_layout"):
 for _name, _value in vars(torch).items():
     if isinstance(_value, torch.dtype):
         _ALLOWED[("torch", _name)] = _value
-for _cls in (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath, pathlib.PureWindowsPath):
+_PATHS = (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath, pathlib.PureWindowsPath)
+for _cls in _PATHS:
     for _module in ("pathlib", _cls.__module__):  # Python 3.13 pickles them from pathlib._local
         _ALLOWED[(_module, _cls.__name__)] = _cls
 
-# Allowed globals a pickle could still alter in place: a BUILD opcode applied to a class or function
-# object itself sets attributes on it (setattr). Their namespaces are compared before and after
-# each read, restored, and the file refused if anything changed. (torch.Size and the dtypes are
-# extension types and objects whose attributes cannot be set.)
-_MUTABLE = [o for o in set(_ALLOWED.values()) if not isinstance(o, torch.dtype) and o is not torch.Size]
+# Every object a pickle can reach without constructing it: the allowed globals, and what calling
+# them returns (enum members, torch.layout objects, dtypes). The opcode rules of _MetadataUnpickler
+# let no pickle alter them; as a second line, their attributes (including those `vars()` does not
+# show: a function's __qualname__, __module__, __code__, __defaults__; a class's __qualname__) and
+# the contents of the tables they keep (_get_layout.cache, an enum's member maps) are compared
+# before and after each read, put back, and the file refused if anything changed. (torch.Size, the
+# dtypes and the layouts are extension types and objects whose attributes cannot be set.)
+_ENUMS = [c for c in _DCP_CLASSES if issubclass(c, enum.Enum)]
+_WATCHED: list[object] = [
+    *(o for o in dict.fromkeys(_ALLOWED.values()) if not isinstance(o, torch.dtype) and o is not torch.Size),
+    *(member for c in _ENUMS for member in c),
+]
+_HIDDEN = ("__name__", "__qualname__", "__module__", "__doc__", "__defaults__", "__kwdefaults__", "__code__")
+if hasattr(torch.serialization, "_get_layout"):
+    torch.serialization._get_layout("torch.strided")  # fills its lazy cache now, not during a read
+
+# The dataclasses a pickle may BUILD (set the fields of), and only instances it made itself; with a
+# dict of their own field names, or, for TensorProperties (its own __setstate__), a 5-tuple.
+_BUILDABLE = {
+    c: frozenset(f.name for f in dataclasses.fields(c)) for c in _DCP_CLASSES if dataclasses.is_dataclass(c)
+}
 
 _HINT = (
     "this is not a checkpoint index oreline or torch wrote: do not load it; resume from another "
@@ -93,10 +113,56 @@ _HINT = (
 )
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+def _plain(x: object, depth: int = 0) -> bool:
+    """A plain value: None, bool, int, str, or a tuple or list of them (a shape, a path's parts)."""
+    if x is None or type(x) in (bool, int, str):
+        return True
+    return type(x) in (tuple, list) and depth < 2 and all(_plain(v, depth + 1) for v in x)
+
+
+def _call_allowed(func: object, args: object) -> bool:
+    """The REDUCE calls DCP's metadata pickles hold: torch.Size(ints), _get_layout(name),
+    _MEM_FORMAT_ENCODING(int), a pathlib class (strs). Nothing else is called."""
+    if type(args) is not tuple or not _plain(args):
+        return False
+    if func is torch.Size:
+        return len(args) == 1 and type(args[0]) in (tuple, list) and all(type(d) is int for d in args[0])
+    if func in _ENUMS:
+        return len(args) == 1 and type(args[0]) is int
+    if func is _ALLOWED.get(("torch.serialization", "_get_layout")):
+        return len(args) == 1 and type(args[0]) is str
+    return func in _PATHS and all(type(a) is str for a in args)
+
+
+class _MetadataUnpickler(pickle._Unpickler):
+    """Python's own unpickler (the pure-Python one, whose opcode table can be replaced), with an
+    allow-list of globals (find_class) and of opcodes, each checked against what it acts on:
+
+    - values, tuples, memo and framing opcodes: as they are;
+    - NEWOBJ: only a DCP dataclass, with no arguments (a fresh, empty instance);
+    - REDUCE: only the calls of `_call_allowed`;
+    - BUILD: only on a dataclass instance this pickle made, with that class's fields;
+    - SETITEM(S) / APPEND(S) / ADDITEMS: only on a dict, list or set this pickle made;
+    - anything else (INST, OBJ, extension codes, out-of-band buffers, persistent ids): refused.
+
+    So a pickle can build DCP metadata and nothing else: no code runs, and no object that outlives
+    the read (a class, a function, an enum member, a layout) is touched."""
+
+    dispatch: dict = {}
+
     def __init__(self, fh, where: Path):
         super().__init__(fh)
         self.where = where
+        self._made: dict[int, object] = {}  # id -> object this pickle made (kept alive: ids stay unique)
+
+    def _refuse(self, what: str) -> CheckpointError:
+        return CheckpointError(f"{self.where}: refused {what} (not part of DCP checkpoint metadata)", _HINT)
+
+    def _mine(self, obj: object, types: tuple[type, ...]) -> bool:
+        return type(obj) in types and self._made.get(id(obj)) is obj
+
+    def _record(self) -> None:
+        self._made[id(self.stack[-1])] = self.stack[-1]
 
     def find_class(self, module: str, name: str) -> object:
         try:
@@ -111,12 +177,106 @@ class _MetadataUnpickler(pickle.Unpickler):
     def persistent_load(self, pid: object) -> object:
         raise CheckpointError(f"{self.where}: refused a persistent reference in the pickle", _HINT)
 
+    def load_newobj(self) -> None:
+        args, cls = self.stack[-1], self.stack[-2]
+        if cls not in _BUILDABLE or args != ():
+            raise self._refuse(f"creating a {getattr(cls, '__qualname__', type(cls).__name__)} object")
+        _BASE[pickle.NEWOBJ[0]](self)
+        self._record()
+
+    def load_reduce(self) -> None:
+        args, func = self.stack[-1], self.stack[-2]
+        if not _call_allowed(func, args):
+            raise self._refuse(f"a call of {getattr(func, '__qualname__', type(func).__name__)}")
+        _BASE[pickle.REDUCE[0]](self)
+
+    def load_build(self) -> None:
+        state, inst = self.stack[-1], self.stack[-2]
+        fields = _BUILDABLE.get(type(inst))
+        if fields is None or not self._mine(inst, (type(inst),)):
+            raise self._refuse(
+                f"setting the state of {_label(inst)} (a {type(inst).__name__} it did not create)"
+            )
+        if "__setstate__" in vars(type(inst)):
+            ok = type(state) is tuple and len(state) == len(fields)
+        else:
+            ok = type(state) is dict and all(type(k) is str and k in fields for k in state)
+        if not ok:
+            raise self._refuse(f"a {type(inst).__qualname__} state that is not its fields")
+        _BASE[pickle.BUILD[0]](self)
+
+
+def _on_made(opcode: bytes, types: tuple[type, ...], at: int | None) -> object:
+    """The handler of an opcode that fills a container: only one this pickle made. `at`: where
+    the container is on the stack (None: just below the opcode's MARK)."""
+
+    def load(self: _MetadataUnpickler) -> None:
+        target = (
+            (self.metastack[-1][-1] if self.metastack and self.metastack[-1] else None)
+            if at is None
+            else (self.stack[at] if len(self.stack) >= -at else None)
+        )
+        if not self._mine(target, types):
+            raise self._refuse(f"{_NAMES[opcode[0]]} on a {type(target).__name__} it did not create")
+        _BASE[opcode[0]](self)
+
+    return load
+
+
+def _making(opcode: bytes) -> object:
+    """The handler of an opcode that makes a new container: recorded as this pickle's own."""
+
+    def load(self: _MetadataUnpickler) -> None:
+        _BASE[opcode[0]](self)
+        self._record()
+
+    return load
+
+
+def _refused(code: int) -> object:
+    def load(self: _MetadataUnpickler) -> None:
+        raise self._refuse(
+            f"the pickle opcode {_NAMES[code]}" if code in _NAMES else f"byte {code:#x} (no opcode)"
+        )
+
+    return load
+
+
+_BASE = pickle._Unpickler.dispatch
+_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
+# values, tuples, memo, framing, globals (through find_class), persistent ids (persistent_load refuses)
+_AS_IS = (  # noqa: SIM905 (a list of 46 names reads better as words)
+    "PROTO FRAME STOP MARK POP POP_MARK DUP NONE NEWTRUE NEWFALSE INT BININT BININT1 BININT2 LONG LONG1 "
+    "LONG4 FLOAT BINFLOAT STRING BINSTRING SHORT_BINSTRING BINBYTES SHORT_BINBYTES BINBYTES8 UNICODE "
+    "BINUNICODE SHORT_BINUNICODE BINUNICODE8 EMPTY_TUPLE TUPLE TUPLE1 TUPLE2 TUPLE3 FROZENSET PUT BINPUT "
+    "LONG_BINPUT MEMOIZE GET BINGET LONG_BINGET GLOBAL STACK_GLOBAL PERSID BINPERSID"
+).split()
+_MetadataUnpickler.dispatch = {code: _refused(code) for code in range(256)}
+_MetadataUnpickler.dispatch.update({code: _BASE[code] for code, name in _NAMES.items() if name in _AS_IS})
+_MetadataUnpickler.dispatch.update(
+    {
+        pickle.EMPTY_DICT[0]: _making(pickle.EMPTY_DICT),
+        pickle.DICT[0]: _making(pickle.DICT),
+        pickle.EMPTY_LIST[0]: _making(pickle.EMPTY_LIST),
+        pickle.LIST[0]: _making(pickle.LIST),
+        pickle.EMPTY_SET[0]: _making(pickle.EMPTY_SET),
+        pickle.SETITEM[0]: _on_made(pickle.SETITEM, (dict,), -3),
+        pickle.SETITEMS[0]: _on_made(pickle.SETITEMS, (dict,), None),
+        pickle.APPEND[0]: _on_made(pickle.APPEND, (list,), -2),
+        pickle.APPENDS[0]: _on_made(pickle.APPENDS, (list,), None),
+        pickle.ADDITEMS[0]: _on_made(pickle.ADDITEMS, (set,), None),
+        pickle.NEWOBJ[0]: _MetadataUnpickler.load_newobj,
+        pickle.REDUCE[0]: _MetadataUnpickler.load_reduce,
+        pickle.BUILD[0]: _MetadataUnpickler.load_build,
+    }
+)
+
 
 def parse_dcp_metadata(data: bytes, where: Path) -> Metadata:
     """`.metadata` bytes → DCP Metadata, through the allow-listed unpickler, then checked for shape."""
     import io
 
-    before = [dict(vars(o)) for o in _MUTABLE]
+    before = _snapshot()
     try:
         md = _MetadataUnpickler(io.BytesIO(data), where).load()
     except CheckpointError:
@@ -137,14 +297,52 @@ def parse_dcp_metadata(data: bytes, where: Path) -> Metadata:
     return md
 
 
-def _restore(before: list[dict]) -> list[str]:
-    """Put back any attribute of an allowed class or function that the pickle changed; their names."""
+def _attributes(obj: object) -> dict[str, object]:
+    """What `obj` holds: its __dict__ and the attributes kept outside it (_HIDDEN)."""
+    found = {k: getattr(obj, k) for k in _HIDDEN if hasattr(obj, k)}
+    found.update(getattr(obj, "__dict__", {}))
+    return found
+
+
+def _snapshot() -> list[tuple[dict[str, object], dict[str, object]]]:
+    """Per watched object: its attributes, and a copy of each dict or list among them."""
+    out = []
+    for obj in _WATCHED:
+        attrs = _attributes(obj)
+        tables = {k: v.copy() for k, v in attrs.items() if type(v) in (dict, list)}
+        out.append((attrs, tables))
+    return out
+
+
+def _same(table: dict | list, now: dict | list) -> bool:
+    if type(table) is dict:
+        return table.keys() == now.keys() and all(table[k] is now[k] for k in table)
+    return len(table) == len(now) and all(x is y for x, y in zip(table, now, strict=True))
+
+
+def _label(obj: object, attrs: dict[str, object] | None = None) -> str:
+    """How to name `obj` in a message (from `attrs`, its attributes before a read, when given)."""
+    attrs = _attributes(obj) if attrs is None else attrs
+    if isinstance(obj, enum.Enum):
+        return f"{type(obj).__qualname__}.{attrs.get('_name_')}"
+    return str(attrs.get("__qualname__") or type(obj).__qualname__)
+
+
+def _restore(before: list[tuple[dict[str, object], dict[str, object]]]) -> list[str]:
+    """Put back any attribute, or entry of a table, of a watched object that the pickle changed;
+    their names."""
     altered = []
-    for obj, old in zip(_MUTABLE, before, strict=True):
-        now = vars(obj)
-        changed = [k for k in now.keys() | old.keys() if k not in old or k not in now or now[k] is not old[k]]
-        for key in changed:
-            altered.append(f"{getattr(obj, '__qualname__', obj)}.{key}")
+    for obj, (old, tables) in zip(_WATCHED, before, strict=True):
+        now, name = _attributes(obj), _label(obj, old)
+        for key in sorted(now.keys() | old.keys()):
+            if key in old and key in now and now[key] is old[key]:
+                table = tables.get(key)
+                if table is not None and not _same(table, now[key]):
+                    altered.append(f"{name}.{key}")
+                    now[key].clear()
+                    now[key].update(table) if type(table) is dict else now[key].extend(table)
+                continue
+            altered.append(f"{name}.{key}")
             if key in old:
                 setattr(obj, key, old[key])
             else:
@@ -222,9 +420,12 @@ def _shape_problem(md: object) -> str | None:
             return f"{index.fqn} has an invalid offset or length"
         descriptors = getattr(info, "transform_descriptors", None)  # absent before torch 2.7
         if descriptors is not None and not (
-            isinstance(descriptors, (list, tuple)) and all(isinstance(d, str) for d in descriptors)
+            type(descriptors) in (list, tuple) and list(descriptors) in ([], [RAW_DESCRIPTOR])
         ):
-            return f"{index.fqn} has invalid transform descriptors"
+            return (
+                f"{index.fqn} is stored through transforms {str(descriptors)[:80]} (oreline writes no "
+                f"transform but {RAW_DESCRIPTOR}, and reading a compressed item could decode without bound)"
+            )
     meta = md.storage_meta
     if meta is not None and type(meta) is not StorageMeta:
         return f"storage_meta is a {type(meta).__name__}"
