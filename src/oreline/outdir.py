@@ -21,8 +21,10 @@ everywhere:
   a link (shutil.rmtree itself never follows links inside the tree it deletes).
 - **Clean-up deletes listed names only.** `remove_listed` deletes exactly the names it is given;
   temporary files are recognised by the exact form oreline gives them (`is_temp_of`), never by a
-  glob over the folder. Folders published as a whole (`publish_folder`: export, import-hf) list
-  every file in their marker; an earlier output is replaced only when it holds nothing else.
+  glob over the folder. Folders published as a whole (`publish_folder`: export, import-hf) are
+  replaced only when every entry of the earlier output is a regular file (or folder) with a name
+  that kind writes (`written`, fixed in the code): a marker or a file list read from the folder
+  never decides what is deleted, so a planted `.oreline-owner` cannot get `.git` or notes deleted.
 - **One writer per folder.** `FolderLock` is an exclusive lock file `.oreline-lock` holding the
   writer's host, pid, process start time and command, created atomically (written under a
   temporary name, then hard-linked into place: the lock is never seen half-written). A second
@@ -292,49 +294,72 @@ def _listing(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink())
 
 
+def _entries(folder: Path) -> list[tuple[str, bool, bool]]:
+    """Every entry below `folder` as (relative posix name, is a folder, is a regular file), links
+    listed (as neither) and not entered."""
+    out = []
+    for top, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = os.path.join(top, name)
+            rel = PurePosixPath(os.path.relpath(p, folder)).as_posix()
+            link = os.path.islink(p)
+            out.append((rel, not link and os.path.isdir(p), not link and os.path.isfile(p)))
+    return sorted(out)
+
+
 def publish_folder(
     tmp: Path,
     out: Path,
     kind: str,
     command: str,
-    legacy_files: Callable[[Path], list[str] | None] | None = None,
+    written: re.Pattern[str],
+    legacy: Callable[[Path], bool] | None = None,
 ) -> None:
     """Replace `out` by the finished folder `tmp` (a sibling), as one rename.
 
-    `tmp` gets its marker listing every file in it. An existing `out` is replaced only when it is
-    empty or an earlier `kind` output holding nothing but the files its marker lists (for output of
-    an oreline version without markers: the files `legacy_files(out)` lists); otherwise `tmp` is
-    deleted and the user's folder is left exactly as it was.
+    `tmp` gets its marker (listing its files, for the reader: nothing trusts that list). An existing
+    `out` is replaced only when it is empty, or an earlier `kind` output (its marker, or for output of
+    an oreline version without markers `legacy(out)`) every entry of which is a regular file or a
+    folder whose relative name `written` matches in full: the names this kind writes, fixed in the
+    code. Those names are deleted one by one, nothing else; otherwise `tmp` is deleted and the
+    user's folder is left exactly as it was.
     """
     import shutil
 
     _write_owner(tmp, kind, files=_listing(tmp))
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        shutil.rmtree(tmp)
+        raise NotOurFolder(
+            f"{out} is {'a symbolic link' if out.is_symlink() else 'a file'}, not an earlier output of {command}",
+            "pass a new or empty --out folder (the folder itself, not a link to it)",
+        )
     if out.exists():
-        owner = read_owner(out) if out.is_dir() else None
-        if owner is None and out.is_dir() and legacy_files is not None:
-            listed = legacy_files(out)
-            owner = {"kind": kind, "files": listed} if listed is not None else None
-        if out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        elif owner is None or owner.get("kind") != kind:
+        owner = read_owner(out)
+        ours = owner.get("kind") == kind if owner is not None else legacy is not None and legacy(out)
+        entries = _entries(out)
+        if entries and not ours:
             shutil.rmtree(tmp)
-            what = (
-                "is a file" if not out.is_dir() else f"holds {_shown(sorted(p.name for p in out.iterdir()))}"
-            )
             raise NotOurFolder(
-                f"{out} {what}: it is not an earlier output of {command} (no {OWNER} of kind {kind!r})",
+                f"{out} holds {_shown(sorted(p.name for p in out.iterdir()))}: it is not an earlier output of "
+                f"{command} (no {OWNER} of kind {kind!r})",
                 "pass a new or empty --out folder",
             )
-        else:
-            extra = sorted(set(_listing(out)) - set(owner.get("files") or []) - {OWNER})
-            if extra:
-                shutil.rmtree(tmp)
-                raise NotOurFolder(
-                    f"{out} is an earlier {command} output, but also holds {_shown(extra)}, "
-                    "which oreline did not write",
-                    "move those files out, or pass a new --out folder",
-                )
-            shutil.rmtree(out)
+        extra: list[str] = []  # the foreign entries, a foreign folder's own entries left out
+        for rel, is_dir, is_file in entries:
+            if not any(rel.startswith(e + "/") for e in extra) and not (
+                (is_dir or is_file) and (rel == OWNER or written.fullmatch(rel))
+            ):
+                extra.append(rel)
+        if extra:
+            shutil.rmtree(tmp)
+            raise NotOurFolder(
+                f"{out} is marked as an earlier {command} output, but also holds {_shown(extra)}, which oreline did not "
+                "write (a file oreline writes there is a regular file with one of its own names)",
+                "move those out, or pass a new --out folder",
+            )
+        for rel, is_dir, _ in sorted(entries, reverse=True):  # a folder's files before the folder
+            (os.rmdir if is_dir else os.unlink)(out / rel)
+        out.rmdir()  # fails, deleting nothing more, if a file appeared meanwhile
     os.replace(tmp, out)
 
 
