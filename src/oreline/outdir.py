@@ -11,11 +11,20 @@ everywhere:
   its own self-describing file, e.g. a data run's fingerprint.json with section "data"). Anything
   else is refused with the folder and a few of its entries named. `force=True` adopts a non-empty
   folder only when none of its entries has a name the command itself writes (`reserved`): with or
-  without --force, oreline never deletes or overwrites a file it did not write.
+  without --force, oreline never deletes or overwrites a file it did not write. Run folders
+  (`runs/NAME`, `oreline run` and `oreline train`) follow the same rule with kind "run".
+- **No links below an output root.** oreline creates no symbolic links, so a link among the names
+  a command writes (`work/dedup -> ~/project`, `docs -> ~/corpus`) was planted: writing or cleaning
+  up through it would overwrite or delete files elsewhere. `claim_folder` refuses such a folder,
+  naming the links (`find_links`); the root itself may be a link (a scratch disk), the user's
+  choice. `remove_tree` deletes a folder below a root only when no component from the root down is
+  a link (shutil.rmtree itself never follows links inside the tree it deletes).
 - **Clean-up deletes listed names only.** `remove_listed` deletes exactly the names it is given;
   temporary files are recognised by the exact form oreline gives them (`is_temp_of`), never by a
-  glob over the folder. Folders published as a whole (`publish_folder`: export, import-hf) list
-  every file in their marker; an earlier output is replaced only when it holds nothing else.
+  glob over the folder. Folders published as a whole (`publish_folder`: export, import-hf) are
+  replaced only when every entry of the earlier output is a regular file (or folder) with a name
+  that kind writes (`written`, fixed in the code): a marker or a file list read from the folder
+  never decides what is deleted, so a planted `.oreline-owner` cannot get `.git` or notes deleted.
 - **One writer per folder.** `FolderLock` is an exclusive lock file `.oreline-lock` holding the
   writer's host, pid, process start time and command, created atomically (written under a
   temporary name, then hard-linked into place: the lock is never seen half-written). A second
@@ -97,33 +106,38 @@ def claim_folder(
     force: bool = False,
     reserved: Callable[[str], bool] | None = None,
     legacy: Callable[[Path], bool] | None = None,
+    choose: str | None = None,
 ) -> Path:
     """Make sure `folder` is oreline's `kind` output folder (creating it if needed); return it.
 
     `command` is how the user ran it (for the message); `reserved(name)` says whether a top-level
-    name is one this command writes (what --force may not adopt); `legacy(folder)` recognises the
-    output of an oreline version that wrote no marker.
+    name is one this command writes (what --force may not adopt, and where links are looked for);
+    `legacy(folder)` recognises the output of an oreline version that wrote no marker; `choose`
+    tells the user how to pick another folder (default: a new or empty --out folder).
     """
     folder = Path(folder)
+    force_hint = choose is None  # a command with --force (the default hint names it)
+    choose = choose or f"pass a new or empty --out folder to {command}"
     if not folder.exists():
         folder.mkdir(parents=True)
         _write_owner(folder, kind)
         return folder
     if not folder.is_dir():
-        raise NotOurFolder(f"--out {folder} is a file, not a folder", "pass a new or empty folder")
+        raise NotOurFolder(f"{folder} is a file, not a folder", choose)
     owner = read_owner(folder)
     if owner is not None:
         if owner.get("kind") == kind:
+            _refuse_links(folder, reserved, choose)
             return folder
         raise NotOurFolder(
-            f"{folder} holds oreline {owner.get('kind')!r} output, not {kind!r} output",
-            f"pass a new or empty --out folder to {command}",
+            f"{folder} holds oreline {owner.get('kind')!r} output, not {kind!r} output", choose
         )
     names = sorted(p.name for p in folder.iterdir() if not p.name.startswith(LOCK))  # a writer's lock is ours
     if not names:
         _write_owner(folder, kind)
         return folder
     if legacy is not None and legacy(folder):
+        _refuse_links(folder, reserved, choose)
         _write_owner(folder, kind, adopted="legacy")
         return folder
     if force:
@@ -139,8 +153,44 @@ def claim_folder(
     raise NotOurFolder(
         f"{folder} is not empty ({_shown(names)}) and was not created by {command} (no {OWNER} in it)",
         f"pass a new or empty --out folder, or add --force to write next to these files ({command} never deletes "
-        "or overwrites files it did not write)",
+        "or overwrites files it did not write)"
+        if force_hint
+        else choose,
     )
+
+
+def find_links(folder: Path, names: Callable[[str], bool] | None = None, limit: int = 5) -> list[str]:
+    """Symbolic links below `folder` (relative names, at most `limit`), looked for under the
+    top-level entries `names` accepts (all when None); a writer's lock files are left out. A linked
+    folder is listed, not entered. One readdir per folder: a directory entry's type comes with it."""
+    found: list[str] = []
+    stack = [(Path(folder), "")]
+    while stack and len(found) < limit:
+        here, prefix = stack.pop()
+        try:
+            with os.scandir(here) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            if not prefix and (entry.name.startswith(LOCK) or (names is not None and not names(entry.name))):
+                continue
+            if entry.is_symlink():
+                found.append(prefix + entry.name)
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append((Path(entry.path), prefix + entry.name + "/"))
+    return sorted(found)[:limit]
+
+
+def _refuse_links(folder: Path, names: Callable[[str], bool] | None, choose: str) -> None:
+    links = find_links(folder, names)
+    if links:
+        shown = ", ".join(f"{name} -> {os.readlink(folder / name)}" for name in links)
+        raise NotOurFolder(
+            f"{folder} holds symbolic links where oreline writes ({shown}); oreline creates none, and writing "
+            "or cleaning up through them would change files outside the folder",
+            f"remove those links (what they point at is left as it is), or {choose}",
+        )
 
 
 def is_kind(folder: Path, kind: str) -> bool:
@@ -218,8 +268,43 @@ def remove_listed(folder: Path, names: Iterable[str]) -> list[str]:
     return removed
 
 
+def remove_tree(root: Path, path: Path) -> bool:
+    """Delete the folder `path` below the output root `root`, unless a component from below `root`
+    down to `path` is a link (then nothing is deleted and False returned). shutil.rmtree removes the
+    links inside the tree it deletes without following them (on Linux it works through directory
+    file descriptors), so only the path down to it needs checking."""
+    import shutil
+
+    root, path = Path(root), Path(path)
+    rel = path.relative_to(root)
+    step = root
+    for part in rel.parts:
+        step = step / part
+        if step.is_symlink():
+            return False
+        if not step.exists():
+            return True
+    if not path.is_dir():
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
 def _listing(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def _entries(folder: Path) -> list[tuple[str, bool, bool]]:
+    """Every entry below `folder` as (relative posix name, is a folder, is a regular file), links
+    listed (as neither) and not entered."""
+    out = []
+    for top, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = os.path.join(top, name)
+            rel = PurePosixPath(os.path.relpath(p, folder)).as_posix()
+            link = os.path.islink(p)
+            out.append((rel, not link and os.path.isdir(p), not link and os.path.isfile(p)))
+    return sorted(out)
 
 
 def publish_folder(
@@ -227,44 +312,54 @@ def publish_folder(
     out: Path,
     kind: str,
     command: str,
-    legacy_files: Callable[[Path], list[str] | None] | None = None,
+    written: re.Pattern[str],
+    legacy: Callable[[Path], bool] | None = None,
 ) -> None:
     """Replace `out` by the finished folder `tmp` (a sibling), as one rename.
 
-    `tmp` gets its marker listing every file in it. An existing `out` is replaced only when it is
-    empty or an earlier `kind` output holding nothing but the files its marker lists (for output of
-    an oreline version without markers: the files `legacy_files(out)` lists); otherwise `tmp` is
-    deleted and the user's folder is left exactly as it was.
+    `tmp` gets its marker (listing its files, for the reader: nothing trusts that list). An existing
+    `out` is replaced only when it is empty, or an earlier `kind` output (its marker, or for output of
+    an oreline version without markers `legacy(out)`) every entry of which is a regular file or a
+    folder whose relative name `written` matches in full: the names this kind writes, fixed in the
+    code. Those names are deleted one by one, nothing else; otherwise `tmp` is deleted and the
+    user's folder is left exactly as it was.
     """
     import shutil
 
     _write_owner(tmp, kind, files=_listing(tmp))
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        shutil.rmtree(tmp)
+        raise NotOurFolder(
+            f"{out} is {'a symbolic link' if out.is_symlink() else 'a file'}, not an earlier output of {command}",
+            "pass a new or empty --out folder (the folder itself, not a link to it)",
+        )
     if out.exists():
-        owner = read_owner(out) if out.is_dir() else None
-        if owner is None and out.is_dir() and legacy_files is not None:
-            listed = legacy_files(out)
-            owner = {"kind": kind, "files": listed} if listed is not None else None
-        if out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        elif owner is None or owner.get("kind") != kind:
+        owner = read_owner(out)
+        ours = owner.get("kind") == kind if owner is not None else legacy is not None and legacy(out)
+        entries = _entries(out)
+        if entries and not ours:
             shutil.rmtree(tmp)
-            what = (
-                "is a file" if not out.is_dir() else f"holds {_shown(sorted(p.name for p in out.iterdir()))}"
-            )
             raise NotOurFolder(
-                f"{out} {what}: it is not an earlier output of {command} (no {OWNER} of kind {kind!r})",
+                f"{out} holds {_shown(sorted(p.name for p in out.iterdir()))}: it is not an earlier output of "
+                f"{command} (no {OWNER} of kind {kind!r})",
                 "pass a new or empty --out folder",
             )
-        else:
-            extra = sorted(set(_listing(out)) - set(owner.get("files") or []) - {OWNER})
-            if extra:
-                shutil.rmtree(tmp)
-                raise NotOurFolder(
-                    f"{out} is an earlier {command} output, but also holds {_shown(extra)}, "
-                    "which oreline did not write",
-                    "move those files out, or pass a new --out folder",
-                )
-            shutil.rmtree(out)
+        extra: list[str] = []  # the foreign entries, a foreign folder's own entries left out
+        for rel, is_dir, is_file in entries:
+            if not any(rel.startswith(e + "/") for e in extra) and not (
+                (is_dir or is_file) and (rel == OWNER or written.fullmatch(rel))
+            ):
+                extra.append(rel)
+        if extra:
+            shutil.rmtree(tmp)
+            raise NotOurFolder(
+                f"{out} is marked as an earlier {command} output, but also holds {_shown(extra)}, which oreline did not "
+                "write (a file oreline writes there is a regular file with one of its own names)",
+                "move those out, or pass a new --out folder",
+            )
+        for rel, is_dir, _ in sorted(entries, reverse=True):  # a folder's files before the folder
+            (os.rmdir if is_dir else os.unlink)(out / rel)
+        out.rmdir()  # fails, deleting nothing more, if a file appeared meanwhile
     os.replace(tmp, out)
 
 

@@ -106,10 +106,13 @@ def _write_extra_documents(cfg: Config, rd: RunDir, console: Console) -> None:
     from oreline.data.read.inputs import discover_inputs, iter_input_documents
     from oreline.data.read.shards import ShardWriter
     from oreline.document import Document
+    from oreline.outdir import remove_tree
 
     extra = rd.root / "extra"
-    if extra.exists():
-        shutil.rmtree(extra)
+    if not remove_tree(rd.root, extra):  # a link (checked at the claim too) is never followed
+        raise OrelineError(
+            f"{extra} is a symbolic link or a file, not the folder oreline writes", f"remove {extra}"
+        )
     if not cfg.data.extra_inputs:
         return
     files, unknown = discover_inputs([expand(p) for p in cfg.data.extra_inputs])
@@ -275,6 +278,7 @@ def run_all(
     rd = RunDir.for_config(cfg)
     from oreline.outdir import FolderLock
 
+    rd.claim("oreline run")  # a folder of the user's files is refused before anything is written
     with FolderLock(rd.root, "oreline run"):  # one writer per run folder (train re-enters it)
         plan = stage_plan(cfg, from_stage)
         if only is not None:
@@ -470,6 +474,7 @@ def submit_stage_jobs(
     if not todo:
         console.print("every stage is finished and unchanged: nothing to submit")
         return []
+    rd.claim("oreline run")
     jobs_dir = (rd.root / "jobs").resolve()
     jobs_dir.mkdir(parents=True, exist_ok=True)
     config = jobs_dir / "config.toml"

@@ -168,3 +168,30 @@ def test_an_input_folder_that_cannot_be_listed_is_recorded(samples, tmp_path):
     assert unread[0]["file"].startswith(str(inputs / ("d" * 250)))
     on_disk = json.loads((tmp_path / "out" / "stats.json").read_text())
     assert any(e["error"].startswith("folder not read") for e in on_disk["errors"])
+
+
+@pytest.mark.hostile
+def test_links_planted_in_a_data_folder_are_refused(samples, tmp_path):
+    """out/docs -> the user's corpus and out/work/dedup -> the user's project, in a folder oreline
+    created: the run overwrote their shard through the first and rmtree'd their stages/ through the
+    second. Now the folder is refused, the links named, and nothing behind them changes."""
+    from oreline.outdir import claim_folder
+
+    corpus, project = tmp_path / "corpus", tmp_path / "project"
+    files = {
+        corpus / "part-00000-000.parquet": b"PAR1 the user's own shard",
+        project / "stages" / "notes.txt": b"the user's notes",
+    }
+    for path, data in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    out = claim_folder(tmp_path / "out", "data", "oreline data")  # oreline's folder, as a first run made it
+    (out / "work").mkdir()
+    os.symlink(corpus, out / "docs")
+    os.symlink(project, out / "work" / "dedup")
+    with pytest.raises(NotOurFolder, match=r"symbolic links .*docs -> .*corpus, work/dedup -> .*project"):
+        run_data([samples / WARC], out, load_config(), workers=1)
+    for path, data in files.items():
+        assert path.read_bytes() == data, path
+    assert sorted(p.name for p in corpus.iterdir()) == ["part-00000-000.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == [OWNER, "docs", "work"]  # nothing written

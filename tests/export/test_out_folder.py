@@ -4,11 +4,12 @@ the same command and nothing else; index entries never leave the model folder.""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 
-from oreline.errors import DataIntegrityError
+from oreline.errors import DataIntegrityError, InputError
 from oreline.export.hf import export_state_dict_hf, import_hf, read_hf_weights
 from oreline.model.llama import Llama, ModelArgs
 from oreline.outdir import OWNER, NotOurFolder
@@ -135,3 +136,110 @@ def test_import_hf_of_a_pickle_or_garbage_is_an_error_naming_the_file(tmp_path, 
         out = proc.stdout + proc.stderr
         assert proc.returncode == 2 and "Traceback" not in out, out
         assert f"{target} is not a readable safetensors file" in out, out
+
+
+def planted_user_folder(out, how: str) -> dict[str, bytes]:
+    """A user's folder (a git repository, notes, their own config.json) with an ownership claim
+    planted in it: a `.oreline-owner` of kind export-hf, or an oreline_export.json, listing every
+    one of the user's files as oreline's."""
+    files = {
+        ".git/HEAD": b"ref: refs/heads/main\n",
+        ".git/objects/ab/cdef": b"\x00blob",
+        "notes.txt": b"my notes",
+        "config.json": b'{"mine": true}',
+    }
+    for rel, data in files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    listed = sorted(files)
+    if how == "marker":
+        (out / OWNER).write_text(json.dumps({"kind": "export-hf", "files": listed}))
+    else:
+        (out / "oreline_export.json").write_text(json.dumps({"format": "hf-llama", "files": listed}))
+    return files
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("how", ["marker", "export-record"])
+def test_a_planted_ownership_claim_deletes_nothing(tmp_path, how):
+    model = small_model()
+    out = tmp_path / "mine"
+    files = planted_user_folder(out, how)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    with pytest.raises(NotOurFolder, match=r"also holds .*\.git.*notes\.txt"):
+        export_state_dict_hf(model.state_dict(), model.args, None, out)
+    for rel, data in files.items():
+        assert (out / rel).read_bytes() == data, rel
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    # what the kind writes, and only that, is replaced: an export of oreline's own names
+    export_state_dict_hf(model.state_dict(), model.args, None, tmp_path / "hf")
+    (tmp_path / "hf" / OWNER).write_text(
+        json.dumps({"kind": "export-hf", "files": []})
+    )  # the list is not read
+    export_state_dict_hf(model.state_dict(), model.args, None, tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / OWNER).read_text())["files"]
+
+
+def _secret(tmp_path):
+    secret = tmp_path / "secret" / "id_ed25519"
+    secret.parent.mkdir()
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY----- not for export")
+    return secret
+
+
+@pytest.mark.hostile
+def test_import_hf_refuses_links_and_other_non_regular_files(tmp_path, tokenizer_dir):
+    model = small_model()
+    hf = tmp_path / "hf"
+    export_state_dict_hf(model.state_dict(), model.args, tokenizer_dir, hf)
+    assert (hf / "special_tokens_map.json").is_file()
+    secret = _secret(tmp_path)
+    (hf / "special_tokens_map.json").unlink()
+    os.symlink(secret, hf / "special_tokens_map.json")  # copied verbatim into the import, then every export
+    with pytest.raises(InputError, match=r"special_tokens_map.json is a symbolic link"):
+        import_hf(hf, tmp_path / "imported")
+    assert not (tmp_path / "imported").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+    (hf / "special_tokens_map.json").unlink()
+    os.mkfifo(hf / "special_tokens_map.json")  # a read that never ends
+    with pytest.raises(InputError, match=r"special_tokens_map.json is not a regular file"):
+        import_hf(hf, tmp_path / "imported")
+    (hf / "special_tokens_map.json").unlink()
+
+    (hf / "model.safetensors").rename(tmp_path / "weights.safetensors")
+    os.symlink(tmp_path / "weights.safetensors", hf / "model.safetensors")
+    with pytest.raises(InputError, match=r"model.safetensors is a symbolic link"):
+        import_hf(hf, tmp_path / "imported")
+    assert not (tmp_path / "imported").exists()
+
+
+def test_import_hf_reads_the_hub_cache_links(tmp_path, tokenizer_dir):
+    """The Hugging Face hub cache's snapshot folders are links into its blobs/: those, and only
+    those, are followed."""
+    model = small_model()
+    export_state_dict_hf(model.state_dict(), model.args, tokenizer_dir, tmp_path / "hf")
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot = repo / "snapshots" / "0123abcd"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, f in enumerate(sorted(p for p in (tmp_path / "hf").iterdir() if not p.name.startswith("."))):
+        f.rename(repo / "blobs" / f"{i:064x}")
+        os.symlink(f"../../blobs/{i:064x}", snapshot / f.name)
+    sd = import_hf(snapshot, tmp_path / "imported")
+    assert sd.keys() <= model.state_dict().keys()
+    assert all(torch.equal(t, model.state_dict()[name]) for name, t in sd.items())
+    assert (tmp_path / "imported" / "tokenizer" / "special_tokens_map.json").is_file()
+    # a link of that form whose blobs/ is itself a link (to a folder of secrets) is not the cache's
+    secret = _secret(tmp_path)
+    os.symlink(secret.parent, tmp_path / "hub2")
+    fake = tmp_path / "fake" / "snapshots" / "rev"
+    fake.mkdir(parents=True)
+    for f in snapshot.iterdir():
+        (fake / f.name).write_bytes(f.read_bytes())
+    os.symlink(tmp_path / "hub2", tmp_path / "fake" / "blobs")
+    (fake / "special_tokens_map.json").unlink()
+    os.symlink("../../blobs/id_ed25519", fake / "special_tokens_map.json")
+    with pytest.raises(InputError, match="is a symbolic link"):
+        import_hf(fake, tmp_path / "imported2")

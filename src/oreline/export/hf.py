@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,51 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def hf_rename(args: ModelArgs) -> dict[str, str]:
     """oreline tensor name → HF tensor name. The identity, by construction of oreline.model.llama."""
     return {name: name for name in expected_shapes(args)}
+
+
+# ---------------------------------------------------------------------------------------------
+# files read from a model folder
+
+
+def model_file(path: Path) -> Path | None:
+    """`path` when it is a regular file, None when there is nothing at that name; anything else is
+    refused. A symbolic link in a model folder can name any file on the machine (tokenizer.json ->
+    ~/.ssh/id_ed25519): followed, that file would be copied into the import and into every export
+    of it. A FIFO or device would block the read or never end. The one link accepted is the Hugging
+    Face hub cache's own: snapshots/REV/NAME -> ../../blobs/HASH, a regular file in that cache's blobs/."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(st.st_mode) or (stat.S_ISLNK(st.st_mode) and _hub_cache_blob(path)):
+        return path
+    what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+    raise InputError(
+        f"{path} is {what}; oreline reads only regular files from a model folder (a link could name any file "
+        "on this machine, which would then be copied into the import and its exports)",
+        "copy the real file in its place (cp --dereference), or download the model with "
+        "`huggingface-cli download REPO --local-dir DIR`, which writes regular files",
+    )
+
+
+def _hub_cache_blob(path: Path) -> bool:
+    """A link of the Hugging Face hub cache: models--ORG--NAME/snapshots/REV/NAME -> ../../blobs/HASH,
+    where blobs/ is a real folder and HASH a regular file in it (checked without following any other link)."""
+    from pathlib import PurePosixPath
+
+    target = PurePosixPath(os.readlink(path))
+    if len(target.parts) != 4 or target.parts[:3] != ("..", "..", "blobs"):
+        return False
+    snapshot = Path(os.path.realpath(path.parent))  # the link's ../.. is taken from where it really is
+    if snapshot.parent.name != "snapshots":
+        return False
+    blobs = snapshot.parent.parent / "blobs"
+    try:
+        return stat.S_ISDIR(os.lstat(blobs).st_mode) and stat.S_ISREG(
+            os.lstat(blobs / target.parts[3]).st_mode
+        )
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,7 +151,7 @@ def hf_config(args: ModelArgs, special_ids: dict[str, int], dtype: str = "float3
 def tokenizer_special_ids(tokenizer_dir: Path | None) -> dict[str, int]:
     """Ids of <pad>, <s>, </s> from tokenizer.json's added tokens (oreline's fixed 0/1/2 by default)."""
     ids = dict(DEFAULT_SPECIAL_IDS)
-    if tokenizer_dir is None or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+    if tokenizer_dir is None or not model_file(Path(tokenizer_dir) / "tokenizer.json"):
         return ids
     from oreline.tokens.train_bpe import read_tokenizer_json
 
@@ -145,7 +192,7 @@ def write_inference_tokenizer(
     cfg_path = tokenizer_dir / "tokenizer_config.json"
     cfg = (
         json.loads(cfg_path.read_text(encoding="utf-8"))
-        if cfg_path.is_file()
+        if model_file(cfg_path)
         else {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": "<s>",
@@ -159,7 +206,7 @@ def write_inference_tokenizer(
         json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8"
     )
     written = ["tokenizer.json", "tokenizer_config.json"]
-    if (tokenizer_dir / "special_tokens_map.json").is_file():
+    if model_file(tokenizer_dir / "special_tokens_map.json"):
         shutil.copy2(tokenizer_dir / "special_tokens_map.json", out / "special_tokens_map.json")
         written.append("special_tokens_map.json")
     return written
@@ -188,28 +235,45 @@ def _temp_sibling(out_dir: Path) -> Path:
     return tmp
 
 
-def _legacy_files(folder: Path) -> list[str] | None:
-    """The files of an export or import written before `.oreline-owner` existed, as its own record
-    lists them (oreline_export.json "files", checksums.json "files"); None when it is neither."""
+# The names each kind writes (relative to its folder): what replacing an earlier output may delete,
+# never a list read from the folder (a planted marker or oreline_export.json could name anything).
+EXPORT_NAMES = re.compile(
+    r"model\.safetensors|model-\d{5}-of-\d{5}\.safetensors|model\.safetensors\.index\.json|config\.json|"
+    r"generation_config\.json|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|oreline_export\.json"
+)
+IMPORT_NAMES = re.compile(
+    r"model\.safetensors|meta\.json|checksums\.json|tokenizer(/(tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json))?"
+)
+
+
+def _legacy_export(folder: Path) -> bool:
+    """An export written before `.oreline-owner` existed: its oreline_export.json says so."""
     try:
-        if (folder / "oreline_export.json").is_file():
-            record = json.loads((folder / "oreline_export.json").read_text(encoding="utf-8"))
-            return [*record["files"], "oreline_export.json"] if record.get("format") == "hf-llama" else None
-        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-        if meta.get("source") == "import-hf":
-            sums = json.loads((folder / "checksums.json").read_text(encoding="utf-8"))
-            return [*sums["files"], "checksums.json"]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return None
+        return (
+            json.loads((folder / "oreline_export.json").read_text(encoding="utf-8")).get("format")
+            == "hf-llama"
+        )
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _legacy_import(folder: Path) -> bool:
+    """An import written before `.oreline-owner` existed: its meta.json says so."""
+    try:
+        return json.loads((folder / "meta.json").read_text(encoding="utf-8")).get("source") == "import-hf"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _publish(tmp: Path, out_dir: Path, kind: str, command: str) -> None:
     """Replace out_dir by tmp, only if out_dir is empty or an earlier output of the same kind that
-    holds nothing but the files it was written with (`oreline.outdir.publish_folder`)."""
+    holds nothing but names that kind writes (`oreline.outdir.publish_folder`)."""
     from oreline.outdir import publish_folder
 
-    publish_folder(tmp, out_dir, kind, command, legacy_files=_legacy_files)
+    if kind == "export-hf":
+        publish_folder(tmp, out_dir, kind, command, EXPORT_NAMES, legacy=_legacy_export)
+    else:
+        publish_folder(tmp, out_dir, kind, command, IMPORT_NAMES, legacy=_legacy_import)
 
 
 def _file_hashes(folder: Path) -> dict[str, dict[str, Any]]:
@@ -284,7 +348,7 @@ def export_state_dict_hf(
     copied = []
     if tokenizer_dir is not None:
         tokenizer_dir = Path(tokenizer_dir)
-        if not (tokenizer_dir / "tokenizer.json").is_file():
+        if not model_file(tokenizer_dir / "tokenizer.json"):
             shutil.rmtree(tmp)
             raise InputError(
                 f"tokenizer folder {tokenizer_dir} has no tokenizer.json",
@@ -436,7 +500,7 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     index = hf_dir / "model.safetensors.index.json"
-    if index.is_file():
+    if model_file(index):
         from oreline.outdir import safe_child
 
         weight_map = _read_json(index).get("weight_map")
@@ -445,7 +509,7 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
         files = sorted(set(map(str, weight_map.values())))
         for name in files:  # the index names files to open: they must stay in the model folder
             safe_child(hf_dir, name, f"{index} weight_map")
-    elif (hf_dir / "model.safetensors").is_file():
+    elif model_file(hf_dir / "model.safetensors"):
         files = ["model.safetensors"]
     elif any(hf_dir.glob("*.bin")):
         raise InputError(
@@ -459,7 +523,7 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
         )
     sd: dict[str, torch.Tensor] = {}
     for name in files:
-        if not (hf_dir / name).is_file():
+        if not model_file(hf_dir / name):
             raise InputError(
                 f"shard {name} named by the index is missing from {hf_dir}", "re-download or re-export it"
             )
@@ -496,7 +560,7 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     from oreline.train.checkpoint.format import FORMAT_VERSION, write_checksums
 
     hf_dir, out = Path(hf_dir), Path(out)
-    if not (hf_dir / "config.json").is_file():
+    if not model_file(hf_dir / "config.json"):
         raise InputError(f"{hf_dir} has no config.json", "pass a Hugging Face model folder")
     config = _read_json(hf_dir / "config.json")
     try:
@@ -514,6 +578,7 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     check_shapes(sd, args, source=f"import {hf_dir}")
     if args.tie_embeddings:
         sd.pop("lm_head.weight", None)
+    present = [name for name in TOKENIZER_FILES if model_file(hf_dir / name)]  # a link is refused here
 
     tmp = _temp_sibling(out)
     save_file(
@@ -522,11 +587,10 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
         metadata={"format": "pt", "step": "0"},
     )
     tokenizer_dir = None
-    if (hf_dir / "tokenizer.json").is_file():
+    if "tokenizer.json" in present:
         (tmp / "tokenizer").mkdir()
-        for name in TOKENIZER_FILES:
-            if (hf_dir / name).is_file():
-                shutil.copy2(hf_dir / name, tmp / "tokenizer" / name)
+        for name in present:
+            shutil.copy2(hf_dir / name, tmp / "tokenizer" / name)
         # oreline encodes without specials and adds BOS/EOS itself: back to the training tokenizer
         # (and its fingerprint) by dropping the BOS post-processor an oreline export carries.
         text = (hf_dir / "tokenizer.json").read_text(encoding="utf-8")

@@ -31,7 +31,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -214,7 +213,13 @@ def train_llama_reference(
         )
     hp = {**LLAMA_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
     work = out / "work"
-    shutil.rmtree(work, ignore_errors=True)  # a previous training's run dir: never resumed from
+    from oreline.outdir import remove_tree
+
+    # a previous training's run dir: never resumed from; a link there (refused at the claim) is not followed
+    if not remove_tree(out, work):
+        raise InputError(
+            f"{work} is a symbolic link or a file, not oreline's folder", f"remove {work} and run again"
+        )
     work.mkdir(parents=True)
     t0 = time.perf_counter()
     train_rows: list[dict[str, str]] = []

@@ -122,7 +122,8 @@ def train(
             from oreline.outdir import FolderLock
             from oreline.runs import RunDir
 
-            lock = FolderLock(RunDir.for_config(cfg).root, "oreline train").acquire()
+            run = RunDir.for_config(cfg).claim("oreline train")  # never a folder of the user's files
+            lock = FolderLock(run.root, "oreline train").acquire()
         summary = _train(cfg, resume, list(allow_config_change or []), info, console, stops)
     except TrainingStopped:
         dist.cleanup()  # every rank stopped after the same step and met in the checkpoint's last barrier

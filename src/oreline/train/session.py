@@ -208,8 +208,11 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         run.root.mkdir(parents=True, exist_ok=True)
         (run.root / "config.toml").write_text(to_toml(cfg), encoding="utf-8")
         fp_path = run.root / "fingerprint.json"
-        existing = json.loads(fp_path.read_text()) if fp_path.is_file() else {}
-        write_json_atomic(fp_path, {**existing, **fps})
+        try:  # the run's own file (RunDir.claim); one cut short by a kill is rewritten
+            existing = json.loads(fp_path.read_text())
+        except (OSError, ValueError):
+            existing = {}
+        write_json_atomic(fp_path, {**(existing if isinstance(existing, dict) else {}), **fps})
 
     fpt = flops_per_token(args, tc.seq_len)
     shapes = tuple(model_matmul_shapes(args, tc.micro_batch * tc.seq_len))

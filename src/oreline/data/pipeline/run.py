@@ -50,7 +50,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -78,7 +77,16 @@ from oreline.errors import ConfigError, DataIntegrityError, FingerprintMismatch,
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
 from oreline.io import write_json_atomic
-from oreline.outdir import LOCK, OWNER, FolderLock, claim_folder, is_data_run, is_temp_of, remove_listed
+from oreline.outdir import (
+    LOCK,
+    OWNER,
+    FolderLock,
+    claim_folder,
+    is_data_run,
+    is_temp_of,
+    remove_listed,
+    remove_tree,
+)
 
 STATS_VERSION = 1
 
@@ -552,7 +560,7 @@ def _dedup_phase(work: Path, finished: list[tuple[int, Path, str]], cfg: Config,
             write_json_atomic(ddir / f"{task_name(i)}.json", {})
     stats["seconds"] = round(time.perf_counter() - t0, 6)
     write_json_atomic(marker, stats)
-    shutil.rmtree(ddir / "stages", ignore_errors=True)  # the lists and removals.parquet hold the result
+    remove_tree(work.parent, ddir / "stages")  # the lists and removals.parquet hold the result
     return stats
 
 
