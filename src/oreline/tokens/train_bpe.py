@@ -54,9 +54,10 @@ HELDOUT_EVERY = 20  # one document in 20 (by id hash) is held out until heldout_
 # Longest run of non-space (or of space) characters the BPE trainer sees as one piece. Every
 # pre-token of both pre-tokenizers lies within such a run, and the trainer's time grows faster
 # than linearly with one word's length: a random 100 KB "word" took 23 s to train 512 merges, one
-# of 1 MB more than 120 s, one of 10 MB more than 300 s. Longer runs (base64 blobs, minified
+# of 1 MB more than 120 s, one of 10 MB more than 300 s (issue 32). Longer runs (base64 blobs, minified
 # code, hostile input) are fed in pieces of this many characters, after which they cost what the
-# same bytes of ordinary random words cost (measured: 1 MB in 5 s). No useful token is this long.
+# same bytes of ordinary random words cost (measured: 1 MB in 5 s, 10 MB in 19 s). No useful
+# token is this long.
 MAX_RUN_CHARS = 256
 _LONG_RUN = re.compile(rf"(?<!\S)\S{{{MAX_RUN_CHARS + 1},}}|(?<!\s)\s{{{MAX_RUN_CHARS + 1},}}")
 
