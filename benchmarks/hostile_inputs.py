@@ -207,6 +207,9 @@ class Case:
     overrides: list[str] = field(default_factory=list)
     max_seconds: float = 30.0  # time bound asserted by the tests (the child's wall time)
     max_rss_mb: float = 1000.0  # memory bound asserted by the tests (pipeline + extraction child)
+    call: str | None = (
+        None  # kind "call": the function of this module the child runs (inputs, out) -> summary
+    )
 
 
 def _bomb_warc(encoding: str) -> Callable[[Path], list[Path]]:
@@ -383,11 +386,396 @@ CASES: dict[str, Case] = {
 }
 
 # ---------------------------------------------------------------------------------------------
+# issue 32 items 9-10: sizes that are the attacker's word, files that are not regular files, and
+# unbounded readers. Each runs the real command's function in the capped child (kind "call", or
+# "data" for the Parquet inputs of run_data).
+
+WORD_CHARS = 10 * MiB  # the one "word" of tokenizer-long-word (the tests use 1 MiB)
+GGUF_ARRAY_ITEMS = 60_000_000  # uint8 items of the GGUF metadata array (a 60 MB file)
+METRICS_LINE_BYTES = GiB  # the one line of report-metrics-line
+FORGED_MAX_SEQ_LEN = 10**12
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        if n >> 7:
+            out.append(n & 0x7F | 0x80)
+            n >>= 7
+        else:
+            out.append(n)
+            return bytes(out)
+
+
+def understate_footer(path: Path, stated: int) -> None:
+    """Rewrite the row group and column sizes in a Parquet footer as `stated` bytes, in place: each
+    value's varint (Thrift compact, zigzag) becomes a same-length, non-minimal one of `stated`."""
+    import pyarrow.parquet as pq
+
+    md = pq.ParquetFile(path).metadata.row_group(0)
+    values = {md.total_byte_size} | {md.column(i).total_uncompressed_size for i in range(md.num_columns)}
+    data = path.read_bytes()
+    n = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - n : -8]
+    for v in values:
+        old = _varint(v << 1)  # zigzag of a positive i64
+        new = _varint(stated << 1)
+        assert len(new) <= len(old) and footer.count(old) == 1, (v, footer.count(old))
+        padded = bytes(b | 0x80 for b in new) + b"\x80" * (len(old) - len(new) - 1) + b"\x00"
+        footer = footer.replace(old, padded if len(new) < len(old) else new)
+    path.write_bytes(data[: -8 - n] + footer + data[-8:])
+
+
+def _good_parquet(d: Path, n: int = 2) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paras = prose_paragraphs(3 * n)
+    texts = ["\n\n".join(paras[3 * k : 3 * k + 3]) for k in range(n)]
+    pq.write_table(pa.table({"id": [f"good-{k}" for k in range(n)], "text": texts}), d / "good.parquet")
+    return d / "good.parquet"
+
+
+def _parquet_understated(d: Path) -> list[Path]:
+    """100 rows of 10 MB in one row group (zstd, 1 MB pages: a 100 KB file), the footer saying 1 KB."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = d / "understated.parquet"
+    rows = 100
+    table = pa.table({"id": [f"big-{k}" for k in range(rows)], "text": ["a" * (10 * MiB)] * rows})
+    pq.write_table(table, path, compression="zstd", use_dictionary=False, row_group_size=rows)
+    del table
+    understate_footer(path, 1000)
+    return [path, _good_parquet(d)]
+
+
+def _parquet_dictionary(d: Path) -> list[Path]:
+    """2,000 rows all naming one 1 MB dictionary entry: a 5 KB file whose footer honestly states
+    1 MB (the dictionary) and whose rows decode to 2 GB. No Arrow schema is stored, so a reader
+    gets plain strings unless it asks for dictionaries."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 2000
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["b" * (1 << 20)]))
+    table = pa.table({"id": [f"rep-{k}" for k in range(rows)], "text": text})
+    pq.write_table(table, d / "dictionary.parquet", compression="zstd", store_schema=False)
+    return [d / "dictionary.parquet", _good_parquet(d)]
+
+
+def _prose_jsonl(path: Path, n: int = 60) -> Path:
+    paras = prose_paragraphs(n)
+    with open(path, "w", encoding="utf-8") as fh:
+        for k, p in enumerate(paras):
+            fh.write(json.dumps({"id": f"emma-{k}", "text": p}) + "\n")
+    return path
+
+
+def _long_word(d: Path) -> list[Path]:
+    import random
+    import string
+
+    path = _prose_jsonl(d / "docs.jsonl")
+    word = "".join(random.Random(0).choices(string.ascii_lowercase, k=WORD_CHARS))
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"id": "word", "text": word}) + "\n")
+    return [path]
+
+
+def tokenizer_train(inputs: list[str], out: str) -> dict:
+    """(child) `oreline tokenizer train` on the inputs, 512 tokens."""
+    from oreline.config import TokenizerConfig
+    from oreline.tokens.train_bpe import train_tokenizer
+
+    stats = train_tokenizer(
+        [Path(p) for p in inputs], Path(out) / "tokenizer", TokenizerConfig(vocab_size=512, heldout_docs=0)
+    )
+    cut = stats.get("long_runs_cut", 0)
+    return {"dropped": {"long_runs_cut": cut} if cut else {}, "docs": stats["train_docs"], "errors": []}
+
+
+_TRAINED: dict[str, Path] = {}  # one small trained run per process, copied by the cases that need it
+
+
+def _run_config(root: Path, **dotted):
+    from oreline.config import config_from_dict, load_config, to_dict
+
+    tree = to_dict(load_config())
+    settings = {
+        "run.runs_dir": str(root),
+        "run.name": "run",
+        "model.preset": "debug",
+        "train.tokens": str(root / "tokens"),
+        "train.tokenizer": str(root / "tokenizer"),
+        "train.seq_len": 64,
+        "train.micro_batch": 2,
+        "train.steps": 2,
+        "train.log_every": 1,
+        "train.eval_every": 2,
+        "train.eval_batches": 1,
+        "train.optim.warmup_steps": 1,
+        "checkpoint.every": 2,
+        "eval.max_new_tokens": 4,
+        "eval.prompts": ["Emma"],
+    } | dotted
+    for key, value in settings.items():
+        node = tree
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    return config_from_dict(tree)
+
+
+def trained_run(d: Path) -> Path:
+    """A copy under d of a real run (tokenizer, tokens, 2 training steps, a full checkpoint)."""
+    import atexit
+    import shutil
+
+    if "root" not in _TRAINED:
+        from oreline.config import TokenizeConfig, TokenizerConfig
+        from oreline.tokens.tokenize import tokenize_corpus
+        from oreline.tokens.train_bpe import train_tokenizer
+        from oreline.train.loop import train
+
+        root = Path(tempfile.mkdtemp(prefix="hostile-trained-"))
+        atexit.register(shutil.rmtree, root, True)
+        docs = _prose_jsonl(root / "docs.jsonl", 400)
+        train_tokenizer([docs], root / "tokenizer", TokenizerConfig(vocab_size=512, heldout_docs=5))
+        tokenize_corpus(
+            [docs], root / "tokenizer", root / "tokens", TokenizeConfig(val_fraction=0.1, workers=1)
+        )
+        with open(os.devnull, "w") as quiet:
+            from rich.console import Console
+
+            train(_run_config(root), resume="none", console=Console(file=quiet))
+        _TRAINED["root"] = root
+    dest = d / "trained"
+    shutil.copytree(_TRAINED["root"], dest, symlinks=True)
+    return dest
+
+
+def _train_inputs(d: Path) -> list[Path]:
+    root = trained_run(d)
+    return [root]
+
+
+def train_max_seq_len(inputs: list[str], out: str) -> dict:
+    """(child) `oreline train` with model.max_seq_len = FORGED_MAX_SEQ_LEN: refused before allocating."""
+    from oreline.errors import ConfigError
+    from oreline.train.loop import train
+
+    cfg = _run_config(Path(inputs[0]), **{"run.name": "long", "model.max_seq_len": FORGED_MAX_SEQ_LEN})
+    try:
+        with open(os.devnull, "w") as quiet:
+            from rich.console import Console
+
+            train(cfg, resume="none", console=Console(file=quiet))
+    except ConfigError as exc:
+        ok = "RoPE" in str(exc)
+        return {"dropped": {"refused": 1} if ok else {}, "docs": 0, "errors": [] if ok else [str(exc)[:300]]}
+    return {"dropped": {}, "docs": 0, "errors": ["trained with max_seq_len 10^12"]}
+
+
+def _forge_meta(edit: Callable[[dict], None]) -> Callable[[Path], list[Path]]:
+    """A trained run whose checkpoint meta.json's model_args are edited, checksums rewritten to
+    match (anyone who can write the folder can do as much)."""
+
+    def make(d: Path) -> list[Path]:
+        from oreline.train.checkpoint.format import write_checksums
+
+        root = trained_run(d)
+        (ckpt,) = [p for p in (root / "run" / "checkpoints").iterdir() if p.name.startswith("step-")]
+        meta = json.loads((ckpt / "meta.json").read_text())
+        edit(meta["model_args"])
+        (ckpt / "meta.json").write_text(json.dumps(meta))
+        write_checksums(ckpt)
+        return [ckpt]
+
+    return make
+
+
+def eval_checkpoint(inputs: list[str], out: str) -> dict:
+    """(child) `oreline eval CHECKPOINT`: a forged meta.json is refused before the model is built."""
+    from oreline.errors import OrelineError
+    from oreline.eval.evaluate import evaluate_cli
+
+    try:
+        with open(os.devnull, "w") as quiet:
+            from rich.console import Console
+
+            evaluate_cli(Path(inputs[0]), out=Path(out) / "eval.json", console=Console(file=quiet))
+    except OrelineError as exc:
+        return {"dropped": {"refused": 1}, "docs": 0, "errors": [], "message": str(exc)[:300]}
+    return {"dropped": {}, "docs": 0, "errors": ["evaluated a forged checkpoint"]}
+
+
+def _run_with_export(d: Path, write: Callable[[Path], None]) -> Path:
+    """A minimal run folder (config, one metrics record) with export/model.gguf made by `write`."""
+    run = d / "run"
+    (run / "export").mkdir(parents=True)
+    (run / "config.toml").write_text('[run]\nname = "hostile"\n[train]\nseq_len = 64\n')
+    (run / "metrics.jsonl").write_text(json.dumps({"type": "train", "step": 1, "loss": 5.0}) + "\n")
+    (run / "tokens").mkdir()
+    (run / "tokens" / "manifest.json").write_text(json.dumps({"bos_id": 1, "eos_id": 2}))
+    write(run / "export" / "model.gguf")
+    return run
+
+
+def _gguf_fifo(d: Path) -> list[Path]:
+    return [_run_with_export(d, lambda p: os.mkfifo(p))]
+
+
+def _gguf_big_array(d: Path) -> list[Path]:
+    """A GGUF (v3, no tensors) whose metadata holds a uint8 array of GGUF_ARRAY_ITEMS items."""
+
+    def kv(key: str, kind: int, payload: bytes) -> bytes:
+        return struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", kind) + payload
+
+    def write(path: Path) -> None:
+        with open(path, "wb") as fh:
+            fh.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 3))
+            fh.write(kv("tokenizer.ggml.add_bos_token", 7, b"\x01"))
+            fh.write(kv("llama.context_length", 4, struct.pack("<I", 64)))
+            fh.write(kv("hostile.array", 9, struct.pack("<IQ", 0, GGUF_ARRAY_ITEMS)))
+            block = b"\0" * (1 << 20)
+            for start in range(0, GGUF_ARRAY_ITEMS, len(block)):
+                fh.write(block[: min(len(block), GGUF_ARRAY_ITEMS - start)])
+
+    return [_run_with_export(d, write)]
+
+
+def _metrics_line(d: Path) -> list[Path]:
+    """A run whose metrics.jsonl holds one METRICS_LINE_BYTES line (a JSON string) between two records."""
+    run = _run_with_export(d, lambda p: None)
+    with open(run / "metrics.jsonl", "ab") as fh:
+        fh.write(b'{"type": "train", "step": 2, "note": "')
+        block = b"x" * (16 * MiB)
+        for _ in range(METRICS_LINE_BYTES // len(block)):
+            fh.write(block)
+        fh.write(b'"}\n' + json.dumps({"type": "train", "step": 3, "loss": 4.0}).encode() + b"\n")
+    return [run]
+
+
+def doctor_and_report(inputs: list[str], out: str) -> dict:
+    """(child) `oreline doctor run` and `oreline report` on the run folder."""
+    from oreline.doctor.run import diagnose_run
+    from oreline.report.html import render_report
+
+    findings = diagnose_run(inputs[0])
+    html = render_report(inputs[0])
+    dropped = {}
+    for f in findings:
+        if f.check == "metrics_unreadable":
+            dropped["metrics_unreadable"] = 1
+        if f.check == "export_format":  # the GGUF was read (and judged), or refused as unreadable
+            dropped["gguf_refused" if "unreadable" in f.evidence else "gguf_read"] = 1
+    return {
+        "dropped": dropped,
+        "docs": 1 if "oreline report" in html else 0,  # the report was rendered
+        "errors": [],
+        "findings": [f"{f.check}: {f.evidence[:200]}" for f in findings],
+    }
+
+
+CASES.update(
+    {
+        c.name: c
+        for c in [
+            Case(
+                "parquet-understated-footer",
+                "Parquet row group of 1 GB (100 KB file), footer saying 1 KB",
+                _parquet_understated,
+                "read:too_large",
+                2,
+                overrides=["data.read.max_row_group_bytes=268435456"],
+            ),
+            Case(
+                "parquet-dictionary-rows",
+                "2,000 Parquet rows naming one 1 MB dictionary entry (5 KB file, 2 GB decoded)",
+                _parquet_dictionary,
+                "read:too_large",
+                2,
+                overrides=["data.read.max_record_bytes=100000"],
+            ),
+            Case(
+                "tokenizer-long-word",
+                "tokenizer train on prose plus one 10 MB word",
+                _long_word,
+                "long_runs_cut",
+                60,
+                kind="call",
+                call="tokenizer_train",
+                # cut into pieces, 10 MB of random letters cost what 10 MB of random short words cost
+                # the trainer (measured in one process: 8-letter words 9.8 s and 1,153 MB RSS)
+                max_seconds=120.0,
+                max_rss_mb=1500.0,
+            ),
+            Case(
+                "train-max-seq-len",
+                "oreline train with model.max_seq_len=10^12",
+                _train_inputs,
+                "refused",
+                kind="call",
+                call="train_max_seq_len",
+            ),
+            Case(
+                "eval-forged-vocab",
+                "oreline eval of a checkpoint whose meta.json says vocab_size 2^30",
+                _forge_meta(lambda a: a.update(vocab_size=1 << 30)),
+                "refused",
+                kind="call",
+                call="eval_checkpoint",
+            ),
+            Case(
+                "eval-forged-max-seq-len",
+                "oreline eval of a checkpoint whose meta.json says max_seq_len 10^12",
+                _forge_meta(lambda a: a.update(max_seq_len=FORGED_MAX_SEQ_LEN)),
+                "refused",
+                kind="call",
+                call="eval_checkpoint",
+            ),
+            Case(
+                "doctor-gguf-fifo",
+                "doctor run + report on a run whose export/model.gguf is a FIFO",
+                _gguf_fifo,
+                "gguf_refused",
+                1,
+                kind="call",
+                call="doctor_and_report",
+            ),
+            Case(
+                "doctor-gguf-array",
+                "doctor run + report on a GGUF holding a 60M-item metadata array",
+                _gguf_big_array,
+                "gguf_read",
+                1,
+                kind="call",
+                call="doctor_and_report",
+            ),
+            Case(
+                "report-metrics-line",
+                "doctor run + report on a metrics.jsonl with one 1 GB line",
+                _metrics_line,
+                "metrics_unreadable",
+                1,
+                kind="call",
+                call="doctor_and_report",
+            ),
+        ]
+    }
+)
+
+# ---------------------------------------------------------------------------------------------
 # running one case in a capped child
 
 
 CHILD = r"""
-import json, resource, sys
+import json, os, resource, sys
+# Arrow's mimalloc reserves 1 GiB of address space on its first allocation (RSS stays ~0): under
+# RLIMIT_AS that reservation, not memory, would fail the Parquet cases. 64 MiB arenas instead.
+os.environ.setdefault("MIMALLOC_ARENA_RESERVE", "64MiB")
 args = json.loads(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_AS, (args["cap"], args["cap"]))
 summary = {}
@@ -413,6 +801,13 @@ if args["kind"] == "data":
     read = stats["steps"][0]
     summary = {"dropped": dropped, "docs": stats["output"]["docs"], "errors": stats["errors"],
                "read_in": read["docs_in"], "read_out": read["docs_out"]}
+elif args["kind"] == "call":  # a function of this module: (inputs, out) -> summary
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("oreline_hostile_call", args["module"])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    summary = getattr(module, args["call"])(args["inputs"], args["out"])
 else:
     from pathlib import Path
     from oreline.tokens.inputs import Rejects, iter_texts
@@ -473,12 +868,19 @@ def check(case: Case, summary: dict) -> tuple[bool, str]:
     return True, f"ok: {' '.join(found) or 'all records read'}, {summary['docs']} good docs"
 
 
+def _input_bytes(path: Path) -> int:
+    """Bytes of an input file, or of the regular files under an input folder (a run, a checkpoint)."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.is_file() else 0
+
+
 def run_case(case: Case, root: Path, cap_bytes: int, timeout_s: float, env: dict | None = None) -> Result:
     """Build the case's input under root and run it in a child capped at cap_bytes of address space."""
     inputs_dir, out = root / "in", root / "out"
     inputs_dir.mkdir(parents=True, exist_ok=True)
     inputs = case.make(inputs_dir)
-    size = sum(p.stat().st_size for p in inputs)
+    size = sum(_input_bytes(p) for p in inputs)
     args = {
         "cap": cap_bytes,
         "kind": case.kind,
@@ -486,6 +888,8 @@ def run_case(case: Case, root: Path, cap_bytes: int, timeout_s: float, env: dict
         "out": str(out),
         "overrides": case.overrides,
         "summary": str(root / "summary.json"),
+        "call": case.call,
+        "module": str(Path(__file__).resolve()),
     }
     log = open(root / "child.log", "wb")  # noqa: SIM115 - closed below; a pipe could fill and stall the child
     t0 = time.perf_counter()

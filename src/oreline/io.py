@@ -104,3 +104,35 @@ def files_fingerprint(paths: Iterable[Path]) -> str:
         with open(path, "rb") as fh:
             hash_stream(fh, h)
     return h.hexdigest()
+
+
+def open_regular(path: str | Path) -> IO[bytes]:
+    """Open `path` for reading in binary, only if it is a regular file (InputError otherwise).
+
+    A FIFO named like an artifact (`model.gguf`) blocks a plain open() until something writes to
+    it, and a device (/dev/zero behind a symlink) never ends: readers of files a run folder merely
+    holds open them with O_NONBLOCK, check fstat on the open descriptor (no race with a rename),
+    then read them as usual.
+    """
+    import fcntl
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            from oreline.errors import InputError
+
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a folder"
+                if stat.S_ISDIR(mode)
+                else "not a regular file"
+            )
+            raise InputError(f"{path} is {kind}", "replace it with the file itself, or remove it")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

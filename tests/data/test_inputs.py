@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import zipfile
+from pathlib import Path
 
 from oreline.config import load_config
 from oreline.data.read.inputs import iter_input_documents
@@ -84,6 +85,7 @@ def test_parquet_row_over_the_limit_is_dropped_with_its_id_and_the_next_rows_rea
 
 BOUNDED_READ = """
 import json
+from pathlib import Path
 import sys
 import pyarrow as pa
 from oreline.config import load_config
@@ -126,3 +128,76 @@ def test_a_parquet_row_group_over_the_limit_is_dropped_unread(tmp_path):
         assert (got["docs"], got["reported"]) == (docs, reported)
         if reported:  # the big row group was never decoded
             assert got["peak"] < 1 << 20, f"Arrow allocated {got['peak']:,} bytes"
+
+
+HOSTILE_READ = """
+import json
+from pathlib import Path
+import sys
+import pyarrow as pa
+from oreline.config import load_config
+from oreline.data.read.inputs import iter_input_documents
+reported = {}
+cfg = load_config(None, sys.argv[2:])
+docs = list(iter_input_documents(sys.argv[1], cfg, report=lambda r, o, p: reported.update({r: p})))
+print(json.dumps({"docs": len(docs), "reported": reported, "peak": pa.default_memory_pool().max_memory()}))
+"""
+
+
+def _hostile_read(path, *overrides) -> dict:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", HOSTILE_READ, str(path), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _benchmark_module():
+    import importlib.util
+    import sys
+
+    name = "oreline_hostile_cases"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).parents[2] / "benchmarks" / "hostile_inputs.py"
+        )
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def test_a_footer_that_understates_a_row_group_is_not_believed(tmp_path):
+    """The footer says 1,000 bytes; the page headers (which Arrow holds each page to) say 24 MB:
+    the row group is over an 8 MB limit and is dropped unread, the counted size in the reason."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "understated.parquet"
+    rows = [{"id": f"r{i}", "text": "a" * (1 << 20)} for i in range(24)]
+    pq.write_table(pa.Table.from_pylist(rows), path, compression="zstd", use_dictionary=False)
+    _benchmark_module().understate_footer(path, 1000)
+    assert pq.ParquetFile(path).metadata.row_group(0).total_byte_size == 1000
+    got = _hostile_read(path, f"data.read.max_row_group_bytes={8 << 20}")
+    assert got["docs"] == 0 and list(got["reported"]) == ["read:too_large"]
+    assert "the footer states 1,000" in got["reported"]["read:too_large"]
+    assert got["peak"] < 1 << 20, f"Arrow allocated {got['peak']:,} bytes"
+
+
+def test_rows_repeating_one_dictionary_entry_are_measured_not_expanded(tmp_path):
+    """200 rows naming one 1 MiB dictionary entry (a few KB on disk, footer honestly ~1 MB) are
+    each over max_record_bytes: counted from the dictionary's lengths, never expanded by Arrow."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * 200, pa.int32()), pa.array(["b" * (1 << 20)]))
+    table = pa.table({"id": [f"r{i}" for i in range(200)], "text": text})
+    pq.write_table(table, tmp_path / "dict.parquet", compression="zstd", store_schema=False)
+    got = _hostile_read(tmp_path / "dict.parquet", "data.read.max_record_bytes=100000")
+    assert got["docs"] == 0 and list(got["reported"]) == ["read:too_large"]
+    assert got["peak"] < 16 << 20, f"Arrow allocated {got['peak']:,} bytes (200 MiB expanded)"

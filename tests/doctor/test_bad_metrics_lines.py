@@ -74,3 +74,19 @@ def test_a_tokenizer_json_nested_100k_deep_is_a_finding_not_a_check_crash(health
     finding = next(f for f in diagnose_run(healthy_run) if f.check == "fingerprint_mismatch")
     assert finding.status == "fail" and "unreadable (RecursionError" in finding.evidence
     assert "re-run oreline tokenizer train" in finding.fix
+
+
+def test_a_line_past_the_cap_is_a_bad_line_skipped_unread(healthy_run):
+    """A metrics.jsonl line longer than MAX_METRICS_LINE_BYTES (a 1 GB line took 2.5 GB) is
+    counted as a bad line with its number; the records after it are read."""
+    from oreline.doctor.artifacts import MAX_METRICS_LINE_BYTES
+
+    path = healthy_run / "metrics.jsonl"
+    before, _ = read_metrics(path)
+    with open(path, "a") as fh:
+        fh.write('{"type": "note", "text": "' + "x" * (MAX_METRICS_LINE_BYTES + 1) + '"}\n')
+        fh.write('{"type": "note", "text": "after"}\n')
+    by_type, bad = read_metrics(path)
+    assert [why for _, why in bad] == [f"longer than {MAX_METRICS_LINE_BYTES:,} bytes"]
+    assert by_type["note"] == [{"type": "note", "text": "after"}]
+    assert {k: len(v) for k, v in by_type.items() if k != "note"} == {k: len(v) for k, v in before.items()}

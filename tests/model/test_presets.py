@@ -210,3 +210,19 @@ def test_training_memory_refuses_a_huge_micro_batch_and_accepts_the_demo():
     assert need["total"] < 2**30
     sharded = training_memory(args, 8, 256, shards=4)
     assert sharded["state"] == need["state"] // 4 and sharded["activations"] == need["activations"]
+
+
+def test_the_memory_floor_counts_the_rope_tables_of_max_seq_len():
+    """model.max_seq_len=10^12 makes 2 × 10^12 × head_dim fp32 RoPE entries (terabytes) whatever
+    train.seq_len is: refused before anything is allocated, by training and by eval/scoring."""
+    from oreline.model.presets import check_model_memory, rope_bytes
+
+    args = resolve_model_args(ModelConfig(preset="debug", max_seq_len=10**12))
+    assert rope_bytes(args) == 2 * 10**12 * args.head_dim * 4
+    assert training_memory(args, 4, 64)["rope"] == rope_bytes(args)
+    with pytest.raises(ConfigError, match=r"RoPE tables 2 × model.max_seq_len=1,000,000,000,000"):
+        check_training_memory(args, 4, 64, "fp32", False, 1, torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"meta.json: the model it describes needs"):
+        check_model_memory(args, torch.device("cpu"), "ckpt/meta.json")
+    small = resolve_model_args(ModelConfig(preset="debug"))
+    assert check_model_memory(small, torch.device("cpu"), "ckpt/meta.json")["rope"] == rope_bytes(small)

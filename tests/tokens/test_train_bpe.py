@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -155,3 +156,18 @@ def test_round_trip_any_text(byte_tokenizer_dir, metaspace_tokenizer_dir):
             assert not {0, 1, 2} & set(ids)
 
     check()
+
+
+def test_runs_longer_than_the_cap_reach_the_trainer_in_pieces():
+    """A pre-token never exceeds MAX_RUN_CHARS: a long run of letters or of spaces is cut, the
+    pieces add up to the text, and ordinary text passes as it is."""
+    from oreline.tokens.train_bpe import MAX_RUN_CHARS, _bounded_runs
+
+    text = "emma " + "x" * (3 * MAX_RUN_CHARS + 7) + " woodhouse" + " " * (MAX_RUN_CHARS + 1) + "end"
+    counters: dict = {}
+    pieces = list(_bounded_runs(text, counters))
+    assert "".join(pieces) == text and counters == {"long_runs_cut": 2}
+    too_long = re.compile(rf"\S{{{MAX_RUN_CHARS + 1}}}|\s{{{MAX_RUN_CHARS + 1}}}")
+    assert not any(too_long.search(p) for p in pieces)
+    plain = "Emma Woodhouse, handsome, clever, and rich " * 100
+    assert list(_bounded_runs(plain, counters)) == [plain] and counters == {"long_runs_cut": 2}

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from oreline.config import expand
-from oreline.errors import DataIntegrityError
+from oreline.errors import DataIntegrityError, OrelineError
+from oreline.io import open_regular
 
 EOS_TOKEN = "</s>"
 CHECKPOINT_RE = re.compile(r"^(model-)?step-(\d+)$")
@@ -82,14 +83,27 @@ def read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"{path} unreadable ({exc})"
 
 
+# Longest metrics.jsonl line read (a record is a few KB; the start record, with the whole config,
+# tens of KB). A longer line is a bad line, skipped a window at a time: a 1 GB line took 2.5 GB.
+MAX_METRICS_LINE_BYTES = 4 << 20
+
+
 def read_metrics(path: Path) -> tuple[dict[str, list[dict]], list[tuple[int, str]]]:
-    """metrics.jsonl → records by type, plus (line number, error) for lines that are not objects."""
+    """metrics.jsonl → records by type, plus (line number, error) for lines that are not objects or
+    are longer than MAX_METRICS_LINE_BYTES. Only a regular file is read (a FIFO would block)."""
     by_type: dict[str, list[dict]] = {}
     bad: list[tuple[int, str]] = []
     if not path.is_file():
         return by_type, bad
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for lineno, line in enumerate(fh, 1):
+    try:
+        fh = open_regular(path)
+    except (OSError, OrelineError) as exc:
+        return by_type, [(0, f"unreadable ({exc})")]
+    with fh:
+        for lineno, line in enumerate(_bounded_lines(fh, MAX_METRICS_LINE_BYTES), 1):
+            if line is None:
+                bad.append((lineno, f"longer than {MAX_METRICS_LINE_BYTES:,} bytes"))
+                continue
             if not line.strip():
                 continue
             try:
@@ -102,6 +116,18 @@ def read_metrics(path: Path) -> tuple[dict[str, list[dict]], list[tuple[int, str
                 continue
             by_type.setdefault(str(rec.get("type", "unknown")), []).append(rec)
     return by_type, bad
+
+
+def _bounded_lines(fh, limit: int):
+    """Lines of a binary file as text (UTF-8, bad bytes replaced), None for a line over `limit`
+    bytes, which is skipped without being held."""
+    while raw := fh.readline(limit + 1):
+        if len(raw) > limit:
+            while not raw.endswith(b"\n") and (raw := fh.readline(1 << 20)):
+                pass
+            yield None
+            continue
+        yield raw.decode("utf-8", "replace")
 
 
 @dataclass

@@ -654,18 +654,15 @@ def check_export_format(run: RunArtifacts) -> list[Finding]:
 
 
 def _gguf_format_problems(path: Path, bos: int, eos: int, context: int | None) -> list[str]:
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        return []  # reading GGUF needs the optional `gguf` package; the HF folder is still checked
-    try:
-        fields = {
-            k: f.contents()
-            for k, f in GGUFReader(str(path)).fields.items()
-            if k.startswith(
+    from oreline.export.gguf import read_gguf_metadata
+
+    try:  # bounded, regular files only: a FIFO or a 60M-item array is a finding, not a hang
+        fields = read_gguf_metadata(
+            path,
+            lambda k: k.startswith(
                 ("tokenizer.ggml.add_", "tokenizer.ggml.bos", "tokenizer.ggml.eos", "llama.context")
-            )
-        }
+            ),
+        )
     except Exception as exc:  # an unreadable file is the finding
         return [f"unreadable ({type(exc).__name__}: {exc})"]
     problems = []

@@ -50,7 +50,8 @@ def evaluate_cli(
     from oreline.config import config_from_dict
     from oreline.model.kernels.matmul import available_backends
     from oreline.model.kernels.select import kernels_for
-    from oreline.model.llama import Llama, ModelArgs
+    from oreline.model.llama import Llama, ModelArgs, check_shapes
+    from oreline.model.presets import check_model_memory
     from oreline.tokens.format import convention
     from oreline.tokens.loader import TokenLoader
     from oreline.tokens.train_bpe import load_tokenizer
@@ -77,6 +78,10 @@ def evaluate_cli(
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     # the kernels the run trained with (oreline.model.kernels.select), so eval computes as training did
     recorded = meta.get("cpu_matmul") if meta.get("cpu_matmul") in available_backends() else "blas"
+    # meta.json's model_args are the file's word: the weights read must have their shapes, and the
+    # model they describe (a forged max_seq_len's RoPE tables) must fit, before anything is built
+    check_shapes(state_dict, args, source=str(ckpt))
+    check_model_memory(args, device, f"{ckpt}/meta.json")
     model = Llama(args, kernels_for(cfg.train.kernels, device, recorded))
     model.load_state_dict(state_dict, strict=True)
     model.to(device)

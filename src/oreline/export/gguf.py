@@ -296,10 +296,106 @@ def export_gguf(checkpoint: Path, out_file: Path, dtype: str = "float32", consol
     return summary
 
 
+# Bounds of read_gguf_metadata. gguf's GGUFReader parses every metadata array item by item in
+# Python: a 60M-item array took minutes and 3.8 GB. Real files hold a vocabulary of at most a few
+# hundred thousand strings and a few dozen keys.
+GGUF_MAX_KEYS = 1 << 16
+GGUF_MAX_STRING_BYTES = 1 << 20  # one key or string value
+GGUF_MAX_ARRAY_ITEMS = 1 << 22  # items of one string array (fixed-size items are skipped unread)
+_GGUF_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+
+
+def read_gguf_metadata(path: Path, wanted=lambda key: True) -> dict[str, Any]:
+    """The metadata of a GGUF file whose key passes `wanted`, read in bounded memory and time.
+
+    Opens only a regular file (oreline.io.open_regular: a FIFO would block); scalars and strings
+    are read; arrays of fixed-size items are skipped by seeking and returned only as their length
+    when wanted (("array", n)); string arrays are walked, refused past GGUF_MAX_ARRAY_ITEMS.
+    DataIntegrityError names what is out of bounds or truncated."""
+    import struct
+
+    from oreline.io import open_regular
+
+    def bad(what: str) -> DataIntegrityError:
+        return DataIntegrityError(f"{path}: {what}", "re-export the file (oreline export --format gguf)")
+
+    with open_regular(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+
+        def read(n: int) -> bytes:
+            if fh.tell() + n > size:
+                raise bad(f"truncated (needs {n:,} bytes at offset {fh.tell():,} of {size:,})")
+            return fh.read(n)
+
+        def unpack(fmt: str) -> Any:
+            return struct.unpack(fmt, read(struct.calcsize(fmt)))[0]
+
+        def string() -> str:
+            n = unpack("<Q")
+            if n > GGUF_MAX_STRING_BYTES:
+                raise bad(f"a string of {n:,} bytes (more than {GGUF_MAX_STRING_BYTES:,})")
+            return read(n).decode("utf-8", "replace")
+
+        def skip(n: int) -> None:
+            if fh.tell() + n > size:
+                raise bad(f"truncated (an array of {n:,} bytes at offset {fh.tell():,} of {size:,})")
+            fh.seek(n, 1)
+
+        def value(kind: int, keep: bool) -> Any:
+            if kind in _GGUF_SCALARS:
+                return unpack(_GGUF_SCALARS[kind])
+            if kind == 8:
+                return string()
+            if kind != 9:
+                raise bad(f"unknown metadata value type {kind}")
+            item, count = unpack("<I"), unpack("<Q")
+            if item in _GGUF_SCALARS:
+                skip(count * struct.calcsize(_GGUF_SCALARS[item]))
+                return ("array", count)
+            if count > GGUF_MAX_ARRAY_ITEMS:
+                raise bad(f"a metadata array of {count:,} items (more than {GGUF_MAX_ARRAY_ITEMS:,})")
+            if item == 8:
+                items = [string() for _ in range(count)]
+                return items if keep else ("array", count)
+            raise bad(f"a metadata array of type {item} (nested arrays are not read)")
+
+        if read(4) != b"GGUF":
+            raise bad("not a GGUF file (no GGUF magic)")
+        version = unpack("<I")
+        if version not in (2, 3):
+            raise bad(f"GGUF version {version} (this reader knows 2 and 3)")
+        _tensors, n_keys = unpack("<Q"), unpack("<Q")
+        if n_keys > GGUF_MAX_KEYS:
+            raise bad(f"{n_keys:,} metadata keys (more than {GGUF_MAX_KEYS:,})")
+        meta: dict[str, Any] = {}
+        for _ in range(n_keys):
+            key = string()
+            keep = wanted(key)
+            got = value(unpack("<I"), keep)
+            if keep:
+                meta[key] = got
+        return meta
+
+
 def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(metadata, tensors) of a GGUF file via gguf's reader: metadata as Python values, tensors as
-    numpy arrays in oreline's row-major shapes (quantized ones dequantized to float32)."""
+    numpy arrays in oreline's row-major shapes (quantized ones dequantized to float32). The
+    metadata is walked by read_gguf_metadata first, so a hostile file fails fast, not in gguf's
+    item-by-item parse."""
     gguf = _gguf()
+    read_gguf_metadata(path, lambda key: False)
     reader = gguf.GGUFReader(str(path))
     meta: dict[str, Any] = {}
     for key, field in reader.fields.items():

@@ -45,6 +45,9 @@ __all__ = [
     "memory_estimate",
     "training_memory",
     "check_training_memory",
+    "check_model_memory",
+    "model_memory",
+    "rope_bytes",
     "print_model_info",
     "check_shapes",
     "expected_shapes",
@@ -240,8 +243,10 @@ def training_memory(
     With activation checkpointing a layer keeps only its input (dim), plus one layer's full set
     while it is recomputed. logits: one fp32 (tokens × vocab) buffer, all the fused loss of the CPU
     kernels keeps (oreline.model.kernels.cross_entropy; the reference loss keeps more).
-    batch: the loader's int64 rows plus inputs and labels. Temporaries, the allocator's slack and
-    the framework itself come on top, so this is a floor: a run that exceeds it cannot fit.
+    batch: the loader's int64 rows plus inputs and labels. rope: the cos and sin tables, fp32
+    (max_seq_len × head_dim each, rope_bytes), built whatever train.seq_len is. Temporaries, the
+    allocator's slack and the framework itself come on top, so this is a floor: a run that exceeds
+    it cannot fit.
     """
     tokens = micro_batch * seq_len
     act_bytes = 2 if precision == "bf16" else 4
@@ -256,12 +261,45 @@ def training_memory(
         "activations": activations,
         "logits": tokens * args.vocab_size * 4,
         "batch": 3 * (tokens + micro_batch) * 8,
+        "rope": rope_bytes(args),
         "per_layer_values": per_layer,
         "tokens": tokens,
         "act_bytes": act_bytes,
     }
-    out["total"] = out["state"] + out["activations"] + out["logits"] + out["batch"]
+    out["total"] = out["state"] + out["activations"] + out["logits"] + out["batch"] + out["rope"]
     return out
+
+
+def rope_bytes(args: ModelArgs) -> int:
+    """Bytes of the model's RoPE tables: cos and sin, fp32, max_seq_len × head_dim each (a
+    model.max_seq_len of 10^12 would be terabytes, whatever the sequences trained on)."""
+    return 2 * args.max_seq_len * args.head_dim * 4
+
+
+def model_memory(args: ModelArgs) -> dict[str, int]:
+    """Bytes a built fp32 model holds (eval, scoring): weights plus the RoPE tables."""
+    out = {"weights": 4 * count_params(args)["total"], "rope": rope_bytes(args)}
+    out["total"] = out["weights"] + out["rope"]
+    return out
+
+
+def check_model_memory(args: ModelArgs, device: torch.device, source: str) -> dict[str, int]:
+    """Refuse (ConfigError) to build a model whose weights and RoPE tables alone exceed the memory
+    free on `device`, before allocating: model arguments read from a file (a checkpoint's meta.json,
+    a reference.json) are the file's word, and a forged max_seq_len or vocab_size would otherwise
+    be an allocation of terabytes. `source` names the file the arguments came from."""
+    need = model_memory(args)
+    have, where = available_memory(device)
+    if need["total"] <= have:
+        return need
+    raise ConfigError(
+        f"{source}: the model it describes needs at least {_gib(need['total'])}, more than the "
+        f"{_gib(have)} {where}: weights {count_params(args)['total']:,} parameters × 4 bytes = "
+        f"{_gib(need['weights'])} (dim={args.dim}, n_layers={args.n_layers}, ffn_dim={args.ffn_dim}, "
+        f"vocab_size={args.vocab_size}); RoPE tables 2 × max_seq_len {args.max_seq_len:,} × head_dim "
+        f"{args.head_dim} × 4 bytes = {_gib(need['rope'])}",
+        "check that file's model_args (a damaged or foreign file), or run on a machine with more memory",
+    )
 
 
 def available_memory(device: torch.device, local_ranks: int = 1) -> tuple[int, str]:
@@ -312,8 +350,9 @@ def check_training_memory(
         f"activations {need['tokens']:,} tokens (train.micro_batch={micro_batch} × train.seq_len={seq_len}) × "
         f"{layers} × {need['act_bytes']} bytes = {_gib(need['activations'])}; "
         f"logits {need['tokens']:,} tokens × {args.vocab_size:,} vocabulary × 4 bytes = {_gib(need['logits'])}; "
-        f"batch {_gib(need['batch'])}",
-        "lower train.micro_batch (raise train.grad_accum to keep the global batch), pick a smaller model "
+        f"batch {_gib(need['batch'])}; RoPE tables 2 × model.max_seq_len={args.max_seq_len:,} × head_dim "
+        f"{args.head_dim} × 4 bytes = {_gib(need['rope'])}",
+        "lower model.max_seq_len (it need not exceed train.seq_len), lower train.micro_batch (raise train.grad_accum to keep the global batch), pick a smaller model "
         "(model.preset, model.dim, model.n_layers), or set train.activation_checkpointing=true",
     )
 

@@ -31,7 +31,16 @@ from pathlib import Path
 from oreline.document import content_id
 from oreline.errors import InputError
 from oreline.outdir import require_finished_data_run
-from oreline.parquet import MAX_ROW_GROUP_BYTES, batch_rows, row_group_bytes
+from oreline.parquet import (
+    MAX_BATCH_ROWS,
+    MAX_ROW_GROUP_BYTES,
+    byte_lengths,
+    byte_slices,
+    row_bytes,
+    row_group_bytes,
+    small_value,
+    string_columns,
+)
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")
 BATCH_ROWS = 1024
@@ -114,49 +123,72 @@ def _parquet_batches(
     rejects: Rejects,
     max_text_bytes: int = MAX_LINE_BYTES,
 ) -> Iterator[tuple[list[str], list[str]]]:
-    """Batches of ~64 MiB; a row group stating more than MAX_ROW_GROUP_BYTES, or a text over
-    `max_text_bytes`, is counted as too_large and never decoded into Python (oreline/parquet.py)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    """Batches of ~64 MiB of real text; a row group whose pages decode to more than
+    MAX_ROW_GROUP_BYTES, or a text over `max_text_bytes`, is counted as too_large and never
+    decoded into Python; string columns are read as dictionaries (oreline/parquet.py)."""
+    import numpy as np
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
-    names = pf.schema_arrow.names
+    schema = pq.read_schema(path)
+    names = schema.names
     if text_key not in names:
         raise InputError(
             f"{path} has no {text_key!r} column (columns: {names})",
             "pass documents written by `oreline data` or set data.read.jsonl_text_key",
         )
     columns = [text_key] + ([id_key] if id_key in names else [])
+    pf = pq.ParquetFile(path, read_dictionary=string_columns(schema, columns))
     first, end = row_groups or (0, pf.num_row_groups)
     row = sum(pf.metadata.row_group(g).num_rows for g in range(first))
     for g in range(first, end):
         rows = pf.metadata.row_group(g).num_rows
-        if (size := row_group_bytes(pf, g, columns)) > MAX_ROW_GROUP_BYTES:  # never decoded
+        try:
+            size = row_group_bytes(pf, g, columns, path=path, stop_above=MAX_ROW_GROUP_BYTES)
+        except (OSError, ValueError) as exc:
+            rejects.add("bad_parquet", str(path), row, f"row group {g}: unreadable page header ({exc})")
+            row += rows
+            continue
+        if size > MAX_ROW_GROUP_BYTES:  # never decoded
             rejects.add(
                 "too_large",
                 str(path),
                 row,
-                f"row group {g} (rows {row}-{row + rows - 1}): {size:,} bytes uncompressed, more than "
-                f"{MAX_ROW_GROUP_BYTES:,}; rewrite the file with smaller row groups",
+                f"row group {g} (rows {row}-{row + rows - 1}): pages of more than {MAX_ROW_GROUP_BYTES:,} "
+                f"bytes uncompressed ({size:,} counted); rewrite the file with smaller row groups",
             )
             row += rows
             continue
-        for batch in pf.iter_batches(batch_size=batch_rows(rows, size), columns=columns, row_groups=[g]):
+        for batch in pf.iter_batches(batch_size=MAX_BATCH_ROWS, columns=columns, row_groups=[g]):
             text = batch.column(text_key)
-            big: set[int] = set()
-            if pa.types.is_string(text.type) or pa.types.is_large_string(text.type):
-                mask = pc.fill_null(pc.greater(pc.binary_length(text), max_text_bytes), False)
-                big = {i for i, b in enumerate(mask.to_pylist()) if b}
-            ids = batch.column(id_key).to_pylist() if id_key in names else [None] * batch.num_rows
-            if big:  # counted here, and nulled before the column becomes Python strings
-                for i in sorted(big):
-                    rejects.add(
-                        "too_large", str(path), row + i, f"id {ids[i]!r}: more than {max_text_bytes:,} bytes"
-                    )
-                text = pc.if_else(mask, pa.scalar(None, text.type), text)
-            yield _clean(ids, text.to_pylist(), str(path), row, rejects, skip=big)
+            textual = bool(string_columns(batch.schema, [text_key]))
+            lengths = byte_lengths(text) if textual else np.zeros(batch.num_rows, dtype=np.int64)
+            big = set(np.flatnonzero(lengths > max_text_bytes).tolist())
+            for i in sorted(big):  # counted here, and never made Python strings
+                doc_id = small_value(batch.column(id_key), i) if id_key in names else None
+                rejects.add(
+                    "too_large", str(path), row + i, f"id {doc_id!r}: more than {max_text_bytes:,} bytes"
+                )
+            sizes = row_bytes(batch, columns)
+            sizes[list(big)] = 0
+            for start, stop in byte_slices(sizes):
+                part = batch.slice(start, stop - start)
+                ids = part.column(id_key).to_pylist() if id_key in names else [None] * part.num_rows
+                skip = {i - start for i in big if start <= i < stop}
+                yield _clean(
+                    ids, _texts(part.column(text_key), skip), str(path), row + start, rejects, skip=skip
+                )
             row += batch.num_rows
+
+
+def _texts(column, skip: set[int]) -> list:
+    """column.to_pylist() with the rows in `skip` left None, never decoded."""
+    if not skip:
+        return column.to_pylist()
+    import pyarrow as pa
+
+    keep = [i for i in range(len(column)) if i not in skip]
+    values = iter(column.take(pa.array(keep, type=pa.int64())).to_pylist())
+    return [None if i in skip else next(values) for i in range(len(column))]
 
 
 def _jsonl_batches(

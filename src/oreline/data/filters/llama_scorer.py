@@ -41,7 +41,8 @@ class LlamaScorer:
         import torch
         from safetensors.torch import load_file
 
-        from oreline.model.llama import Llama, ModelArgs
+        from oreline.model.llama import Llama, ModelArgs, check_shapes
+        from oreline.model.presets import check_model_memory
         from oreline.tokens.train_bpe import load_tokenizer
 
         folder = Path(folder)
@@ -56,8 +57,12 @@ class LlamaScorer:
             )
         self.tok = load_tokenizer(folder / "tokenizer")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        state = load_file(str(weights))
+        # reference.json's model_args are the file's word: shapes and memory checked before building
+        check_shapes(state, args, source=str(weights))
+        check_model_memory(args, self.device, str(folder / "reference.json"))
         self.model = Llama(args)
-        self.model.load_state_dict(load_file(str(weights)), strict=True)
+        self.model.load_state_dict(state, strict=True)
         self.model.to(self.device).eval()
         self.seq_len = args.max_seq_len
         self.max_tokens = max_tokens

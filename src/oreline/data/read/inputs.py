@@ -36,7 +36,16 @@ from typing import Any
 
 from oreline.document import Document, content_id
 from oreline.errors import InputError
-from oreline.parquet import MAX_ROW_GROUP_BYTES, batch_rows, row_group_bytes
+from oreline.parquet import (
+    MAX_BATCH_ROWS,
+    MAX_ROW_GROUP_BYTES,
+    byte_lengths,
+    byte_slices,
+    row_bytes,
+    row_group_bytes,
+    small_value,
+    string_columns,
+)
 
 KINDS: dict[str, tuple[str, ...]] = {
     "warc": (
@@ -310,17 +319,18 @@ def _obj_to_doc(
 def _iter_parquet(
     path: Path, text_key: str, id_key: str, report: Report, limit: int, group_limit: int
 ) -> Iterator[Document]:
-    """Rows of a Parquet file as documents, in bounded memory (oreline/parquet.py): a row group over
-    `group_limit` is dropped whole, unread; batches of ~64 MiB within the others."""
+    """Rows of a Parquet file as documents, in bounded memory (oreline/parquet.py): a row group whose
+    pages decode to more than `group_limit` is dropped whole, unread; string columns are read as
+    dictionaries and turned into Python strings ~64 MiB of real bytes at a time."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from oreline.data.read.shards import row_to_doc
 
     try:
-        pf = pq.ParquetFile(path)
+        schema = pq.read_schema(path)
+        pf = pq.ParquetFile(path, read_dictionary=string_columns(schema))
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError variants for non-Parquet bytes
         report("read:bad_parquet", None, f"{type(exc).__name__}: {exc}")
         return
@@ -330,47 +340,59 @@ def _iter_parquet(
     row_index = 0
     for g in range(pf.num_row_groups):
         meta = pf.metadata.row_group(g)
-        if (size := row_group_bytes(pf, g)) > group_limit:
+        rows = f"row group {g} (rows {row_index}-{row_index + meta.num_rows - 1})"
+        try:
+            size = row_group_bytes(pf, g, path=path, stop_above=group_limit)
+        except (OSError, ValueError) as exc:
+            report("read:bad_parquet", row_index, f"{rows}: unreadable page header ({exc})")
+            row_index += meta.num_rows
+            continue
+        if size > group_limit:
             report(
                 "read:too_large",
                 row_index,
-                f"row group {g} (rows {row_index}-{row_index + meta.num_rows - 1}): {size:,} "
-                f"bytes uncompressed, more than {group_limit:,} (data.read.max_row_group_bytes); "
-                "rewrite the file with smaller row groups or raise the limit",
+                f"{rows}: pages of more than {group_limit:,} bytes uncompressed "
+                f"({size:,} counted; the footer states {meta.total_byte_size:,}), over "
+                "data.read.max_row_group_bytes; rewrite the file with smaller row groups or raise the limit",
             )
             row_index += meta.num_rows
             continue
-        for batch in pf.iter_batches(batch_size=batch_rows(meta.num_rows, size), row_groups=[g]):
+        for batch in pf.iter_batches(batch_size=MAX_BATCH_ROWS, row_groups=[g]):
             text = batch.column(text_key)
             textual = pa.types.is_string(text.type) or pa.types.is_large_string(text.type)
-            big = (
-                pc.fill_null(pc.greater(pc.binary_length(text), limit), False).to_numpy(zero_copy_only=False)
-                if textual
-                else np.zeros(batch.num_rows, dtype=bool)
-            )
+            if pa.types.is_dictionary(text.type):
+                textual = pa.types.is_string(text.type.value_type) or pa.types.is_large_string(
+                    text.type.value_type
+                )
+            lengths = byte_lengths(text) if textual else np.zeros(batch.num_rows, dtype=np.int64)
+            big = lengths > limit
             if big.any():  # dropped before they become Python strings
-                ids = batch.column(id_key).to_pylist() if id_key in batch.schema.names else [None] * len(big)
-                lengths = pc.binary_length(text).to_pylist()
+                ids = batch.column(id_key) if id_key in batch.schema.names else None
                 for i in np.flatnonzero(big).tolist():
+                    doc_id = small_value(ids, i) if ids is not None else None
                     report(
                         "read:too_large",
                         row_index + i,
-                        f"row {row_index + i} (id {ids[i]!r}): {lengths[i]:,} bytes of {text_key!r}, "
+                        f"row {row_index + i} (id {doc_id!r}): {int(lengths[i]):,} bytes of {text_key!r}, "
                         f"more than {limit:,} (data.read.max_record_bytes)",
                     )
-                batch = batch.filter(pa.array(~big))
-            for i, row in zip(np.flatnonzero(~big).tolist(), batch.to_pylist(), strict=True):
-                doc = row_to_doc(row, text_key=text_key, id_key=id_key)
-                if not isinstance(doc.text, str):
-                    report(
-                        "read:no_text",
-                        row_index + i,
-                        f"row {row_index + i}: {text_key!r} is {type(doc.text).__name__}",
-                    )
-                else:
-                    if not doc.id:
-                        doc.id = content_id(doc.text)
-                    doc.metadata.setdefault("source_file", str(path))
-                    doc.metadata.setdefault("offset", row_index + i)
-                    yield doc
-            row_index += len(big)
+            keep = np.flatnonzero(~big)
+            kept = batch.take(pa.array(keep)) if big.any() else batch
+            for start, stop in byte_slices(row_bytes(kept)):
+                for i, row in zip(
+                    keep[start:stop].tolist(), kept.slice(start, stop - start).to_pylist(), strict=True
+                ):
+                    doc = row_to_doc(row, text_key=text_key, id_key=id_key)
+                    if not isinstance(doc.text, str):
+                        report(
+                            "read:no_text",
+                            row_index + i,
+                            f"row {row_index + i}: {text_key!r} is {type(doc.text).__name__}",
+                        )
+                    else:
+                        if not doc.id:
+                            doc.id = content_id(doc.text)
+                        doc.metadata.setdefault("source_file", str(path))
+                        doc.metadata.setdefault("offset", row_index + i)
+                        yield doc
+            row_index += batch.num_rows
