@@ -134,12 +134,12 @@ def lock_holder():
 
     procs = []
 
-    def hold(folder, command="oreline data") -> subprocess.Popen:
+    def hold(folder, command="oreline data", env=None) -> subprocess.Popen:
         proc = subprocess.Popen(
             [sys.executable, "-c", _HOLD, str(folder), command],
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
         )
         procs.append(proc)
         assert proc.stdout.readline().strip() == "held"
