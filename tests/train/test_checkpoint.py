@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -348,7 +349,7 @@ from oreline.train.checkpoint.save import save_checkpoint
 root = Path(sys.argv[1])
 print("found", find_resumable(root).name, flush=True)
 async_save.ASYNC_ON_CPU = True
-model = torch.nn.Linear(4, 4)
+model = torch.nn.Linear(4096, 4096)  # 64 MB: the process ends while they are being written
 save_checkpoint(root, 3, model, torch.optim.AdamW(model.parameters()), {}, cfg=CheckpointConfig(async_save=True))
 os._exit(0)
 """
@@ -368,7 +369,7 @@ def test_find_resumable_finishes_a_save_in_flight_and_skips_one_a_kill_left(tmp_
     train_step(model, opt, torch.Generator().manual_seed(0))
     save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
     second = save_checkpoint(tmp_path, 2, model, opt, meta_for(2), cfg=CheckpointConfig(async_save=True))
-    assert not second.exists() and (tmp_path / ".tmp-step-00000002").is_dir()  # in flight
+    # (in flight, or published already: it is published as soon as it is written)
     skipped: list = []
     assert find_resumable(tmp_path, skipped=skipped) == second and skipped == []
     assert verify_checkpoint(second) == (True, []) and wait_for_pending_save() is None
@@ -394,6 +395,23 @@ def test_find_resumable_finishes_a_save_in_flight_and_skips_one_a_kill_left(tmp_
     assert [(p.name, problems) for p, problems in skipped] == [
         (".tmp-step-00000003", ["incomplete save (temporary folder: the save was interrupted)"])
     ]
+
+
+def test_an_async_save_is_published_as_soon_as_it_is_written(tmp_path, monkeypatch):
+    """Not at the next save: after a crash the newest resumable checkpoint is at most one interval old."""
+    monkeypatch.setattr(async_save, "ASYNC_ON_CPU", True)
+    model, opt = build()
+    gen = torch.Generator().manual_seed(0)
+    train_step(model, opt, gen)
+    save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    path = save_checkpoint(tmp_path, 2, model, opt, meta_for(2), cfg=CheckpointConfig(async_save=True))
+    deadline = time.monotonic() + 120
+    while read_latest(tmp_path) != path.name and time.monotonic() < deadline:
+        train_step(model, opt, gen)  # training goes on; nothing here waits for the save
+        time.sleep(0.05)
+    assert read_latest(tmp_path) == path.name and async_save.published()
+    assert verify_checkpoint(path) == (True, []) and not (tmp_path / ".tmp-step-00000002").exists()
+    assert wait_for_pending_save() == path
 
 
 def test_rollback_right_after_an_async_save_loads_that_save(tmp_path, monkeypatch):
