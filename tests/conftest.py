@@ -134,12 +134,12 @@ def lock_holder():
 
     procs = []
 
-    def hold(folder, command="oreline data") -> subprocess.Popen:
+    def hold(folder, command="oreline data", env=None) -> subprocess.Popen:
         proc = subprocess.Popen(
             [sys.executable, "-c", _HOLD, str(folder), command],
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
         )
         procs.append(proc)
         assert proc.stdout.readline().strip() == "held"
@@ -208,3 +208,48 @@ def slurm_cluster() -> str:
     if proc.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in states):
         pytest.skip(f"{reason}; sinfo: {(proc.stderr or proc.stdout).strip()[:200] or 'no usable node'}")
     return os.environ.get("SLURM_CONF", "")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """mount(size) → a folder on a tmpfs of `size` (e.g. "4m") that is really full when full (ENOSPC
+    from the kernel, as on a full disk); unmounted at the end. Needs root (CI runs as root); skipped
+    where mounting is not allowed."""
+    import os
+    import subprocess
+
+    mounted = []
+
+    def mount(size: str) -> Path:
+        where = tmp_path / f"small-disk-{len(mounted)}"
+        where.mkdir()
+        if os.geteuid() != 0:
+            pytest.skip("mounting a small tmpfs needs root")
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()[:200]}")
+        mounted.append(where)
+        return where
+
+    mount.fill = fill_disk  # (test modules reach conftest helpers through fixtures)
+    yield mount
+    for where in reversed(mounted):
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def fill_disk(folder: Path, leave: int) -> Path:
+    """Fill the file system of `folder` up to `leave` free bytes with one file; return it."""
+    import shutil
+
+    filler = Path(folder) / "filler.bin"
+    with open(filler, "wb") as fh:
+        room = shutil.disk_usage(folder).free - leave
+        while room > 0:
+            n = fh.write(b"\0" * min(room, 1 << 20))
+            room -= n
+    return filler

@@ -64,8 +64,70 @@ def test_a_dead_holder_is_taken_over_and_a_remote_one_is_not(tmp_path, dead_lock
     (tmp_path / "b" / LOCK).write_text(
         json.dumps({"host": "elsewhere-node-7", "pid": 1234, "command": "oreline train"})
     )
-    with pytest.raises(FolderInUse, match=r"pid 1234 on host elsewhere-node-7.*delete .*\.oreline-lock"):
+    with pytest.raises(
+        FolderInUse, match=r"pid 1234 on host elsewhere-node-7.*taken over once it has not been"
+    ):
         FolderLock(tmp_path / "b", "t").acquire()
+
+
+def _remote_lock(folder: Path, age_s: float, **fields) -> Path:
+    """The lock of a holder on another node, last renewed `age_s` seconds ago."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rec = {"host": "elsewhere-node-7", "pid": 1234, "command": "oreline train", "token": "t0", **fields}
+    (folder / LOCK).write_text(json.dumps(rec))
+    then = time.time() - age_s
+    os.utime(folder / LOCK, (then, then))
+    return folder / LOCK
+
+
+def test_a_remote_lock_is_taken_over_once_its_lease_ran_out(tmp_path):
+    # renewed 10 s ago: the holder on the other node may well be alive
+    _remote_lock(tmp_path / "a", 10, lease_s=120)
+    with pytest.raises(FolderInUse, match=r"pid 1234 on host elsewhere-node-7"):
+        FolderLock(tmp_path / "a", "t").acquire()
+    # not renewed for longer than its lease: taken over on any host, the old holder named
+    _remote_lock(tmp_path / "a", 130, lease_s=120)
+    with (
+        pytest.warns(UserWarning, match=r"oreline train \(pid 1234 on host elsewhere-node-7.*lease 120 s"),
+        FolderLock(tmp_path / "a", "t") as lock,
+    ):
+        assert lock.holder()["token"] == lock.token
+    # the lease the holder recorded counts, not the taker's
+    _remote_lock(tmp_path / "b", 600, lease_s=3600)
+    with pytest.raises(FolderInUse, match=r"elsewhere-node-7"):
+        FolderLock(tmp_path / "b", "t", lease_s=60).acquire()
+    # a lock of an oreline without leases is judged by the taker's lease
+    _remote_lock(tmp_path / "c", 90)
+    with pytest.raises(FolderInUse):
+        FolderLock(tmp_path / "c", "t", lease_s=120).acquire()
+    with pytest.warns(UserWarning, match="elsewhere-node-7"):
+        FolderLock(tmp_path / "c", "t", lease_s=60).acquire().release()
+
+
+def test_a_live_holder_renews_its_lease(tmp_path, lock_holder, monkeypatch):
+    proc = lock_holder(tmp_path / "out", "oreline data", env={"ORELINE_LOCK_LEASE_S": "0.5"})
+    lock = tmp_path / "out" / LOCK
+    rec = json.loads(lock.read_text())
+    assert rec["lease_s"] == 0.5
+    # the holder as if it ran on another node: same lock (token), another host
+    lock.write_text(json.dumps({**rec, "host": "elsewhere-node-7"}))
+    os.utime(lock, (time.time() - 60, time.time() - 60))
+    time.sleep(1.5)  # three renewals, three leases
+    assert time.time() - lock.stat().st_mtime < 1.0  # renewed
+    with pytest.raises(FolderInUse, match=f"pid {proc.pid} on host elsewhere-node-7"):
+        FolderLock(tmp_path / "out", "t").acquire()
+    proc.kill()
+    proc.wait()
+    time.sleep(1.0)  # two leases without a renewal
+    with pytest.warns(UserWarning, match=f"pid {proc.pid} on host elsewhere-node-7.*its process is gone"):
+        FolderLock(tmp_path / "out", "t").acquire().release()
+    assert not lock.exists()
+
+
+def test_a_bad_lease_setting_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORELINE_LOCK_LEASE_S", "soon")
+    with pytest.raises(ConfigError, match="ORELINE_LOCK_LEASE_S"):
+        FolderLock(tmp_path, "t")
 
 
 def test_claim_refuses_a_foreign_folder_and_force_never_takes_reserved_names(tmp_path):

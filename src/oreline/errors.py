@@ -46,3 +46,21 @@ class DistributedError(OrelineError):
 
 class ClusterError(OrelineError):
     """A cluster scheduler (Slurm) cannot be reached, refused a job, or a job failed for good."""
+
+
+class DiskFull(OrelineError):
+    """A write failed because the device (or the user's quota) is full."""
+
+
+def disk_full_cause(exc: BaseException | None) -> OSError | None:
+    """The ENOSPC/EDQUOT OSError behind `exc` (itself, or along its cause/context chain, as a worker
+    process's error arrives wrapped), or None when the failure is something else."""
+    import errno
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -26,13 +26,18 @@ everywhere:
   that kind writes (`written`, fixed in the code): a marker or a file list read from the folder
   never decides what is deleted, so a planted `.oreline-owner` cannot get `.git` or notes deleted.
 - **One writer per folder.** `FolderLock` is an exclusive lock file `.oreline-lock` holding the
-  writer's host, pid, process start time and command, created atomically (written under a
-  temporary name, then hard-linked into place: the lock is never seen half-written). A second
-  writer is refused with the holder named. A holder on this host whose pid is gone (or reused by
-  another process, told apart by its start time) is stale: the lock is taken over with a warning.
-  A holder on another host cannot be checked from here: the message says how to remove the lock.
-  The same process may take a lock it already holds (`oreline run` holds the run folder and then
-  trains in it).
+  writer's host, pid, process start time, command and lease, created atomically (written under a
+  temporary name, then hard-linked into place: the lock is never seen half-written). The lock is a
+  lease: while the holder lives, a thread renews it every quarter lease (its modification time is
+  the heartbeat; 30 s at the default lease of 120 s, `ORELINE_LOCK_LEASE_S`). A second writer is
+  refused with the holder named, unless the lock is stale: a holder on this host whose pid is gone
+  (or reused by another process, told apart by its start time) at once; a lock on another host
+  once it has not been renewed for longer than the lease the holder recorded (a job killed on a
+  node and requeued onto another). A stale lock is taken over with a warning naming the old holder.
+  Its age is measured against the modification time of the taker's own temporary lock file in the
+  same folder, so clocks of different nodes need not agree (on NFS both are the server's). The same
+  process may take a lock it already holds (`oreline run` holds the run folder and then trains in
+  it).
 - **Names from files stay inside their folder.** `safe_child` refuses absolute names, `..`
   components and empty names read from manifests and indexes, and never echoes file contents.
 """
@@ -41,9 +46,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 import warnings
@@ -51,7 +58,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from oreline.errors import DataIntegrityError, InputError, OrelineError
+from oreline.errors import ConfigError, DataIntegrityError, InputError, OrelineError
 
 OWNER = ".oreline-owner"
 LOCK = ".oreline-lock"
@@ -419,16 +426,49 @@ def _alive(pid: int, start: str | None) -> bool:
     return start is None or now is None or now == start
 
 
-class FolderLock:
-    """Exclusive lock of a folder for one writer; a context manager (`with FolderLock(d, "cmd"):`)."""
+LEASE_ENV = "ORELINE_LOCK_LEASE_S"
+DEFAULT_LEASE_S = 120.0
 
-    def __init__(self, folder: str | Path, command: str):
+
+def lock_lease_s() -> float:
+    """The lease a lock taken now records: $ORELINE_LOCK_LEASE_S seconds, else 120."""
+    raw = os.environ.get(LEASE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LEASE_S
+    try:
+        lease = float(raw)
+    except ValueError:
+        lease = -1.0
+    if not (0 < lease < float("inf")):
+        raise ConfigError(
+            f"{LEASE_ENV}={raw[:40]!r} is not a positive number of seconds",
+            f"set {LEASE_ENV} to the lock lease in seconds (default {DEFAULT_LEASE_S:.0f}), or unset it",
+        )
+    return lease
+
+
+def _lease_of(rec: dict[str, Any], default: float) -> float:
+    """The lease the holder recorded (a lock of an oreline without leases: `default`)."""
+    lease = rec.get("lease_s")
+    return float(lease) if isinstance(lease, (int, float)) and 0 < lease < float("inf") else default
+
+
+class FolderLock:
+    """Exclusive lock of a folder for one writer; a context manager (`with FolderLock(d, "cmd"):`).
+
+    A lease: while held, a daemon thread renews it (touches the lock file) every `lease_s / 4`."""
+
+    def __init__(self, folder: str | Path, command: str, lease_s: float | None = None):
         self.folder = Path(folder)
         self.path = self.folder / LOCK
         self.command = command
         self.token = uuid.uuid4().hex
+        self.lease_s = float(lease_s) if lease_s is not None else lock_lease_s()
         self.held = False
+        self.lost: str | None = None  # set by the renewing thread when another process took the lock
         self._reentrant = False
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
 
     def _record(self) -> dict[str, Any]:
         return {
@@ -438,6 +478,7 @@ class FolderLock:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "command": self.command,
             "token": self.token,
+            "lease_s": self.lease_s,
         }
 
     def holder(self) -> dict[str, Any] | None:
@@ -449,60 +490,74 @@ class FolderLock:
             return {}
         return rec if isinstance(rec, dict) else {}
 
-    def _create(self) -> bool:
+    def _create(self) -> float | None:
+        """Link our lock into place. None when it is ours now; else the folder's clock now (the
+        modification time of our temporary lock file), against which the holder's age is measured."""
         tmp = self.folder / f".{LOCK}.{self.token}"
         tmp.write_text(json.dumps(self._record(), indent=2) + "\n", encoding="utf-8")
         try:
             os.link(tmp, self.path)  # atomic, and fails if a lock exists: never two holders
-            return True
+            return None
         except FileExistsError:
-            return False
+            return tmp.stat().st_mtime
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _age(self, now: float) -> float | None:
+        """Seconds since the lock was last renewed, by the folder's clock; None if it is gone."""
+        try:
+            return now - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return None
 
     def acquire(self) -> FolderLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
-            if self._create():
-                self.held = True
+            now = self._create()
+            if now is None:
+                self._hold()
                 return self
-            rec = self.holder()
-            if rec is None:
+            rec, age = self.holder(), self._age(now)
+            if rec is None or age is None:
                 continue  # released between our attempt and the read
             host, pid = rec.get("host"), rec.get("pid")
-            if (
-                host == socket.gethostname()
-                and pid == os.getpid()
-                and rec.get("proc_start") == _proc_start(os.getpid())
-            ):
-                self.held, self._reentrant = True, True  # this process holds it already
+            local = host == socket.gethostname()
+            if local and pid == os.getpid() and rec.get("proc_start") == _proc_start(os.getpid()):
+                self.held, self._reentrant = True, True  # this process holds it already (and renews it)
                 return self
-            if (
-                host == socket.gethostname()
-                and isinstance(pid, int)
-                and not _alive(pid, rec.get("proc_start"))
-            ):
-                self._take_over(rec)
+            lease = _lease_of(rec, self.lease_s)
+            if local and isinstance(pid, int) and not _alive(pid, rec.get("proc_start")):
+                self._take_over(rec, "which is no longer running")
+                continue
+            if not local and age > lease:
+                # Another host: its pid cannot be checked from here, but a live holder renews its
+                # lease every lease/4; one silent for longer than the lease was killed or cut off.
+                self._take_over(
+                    rec,
+                    f"whose lease was last renewed {age:.0f} s ago (lease {lease:.0f} s): its process is gone",
+                    renewed_after=now - lease,
+                )
                 continue
             who = (
                 f"{rec.get('command', '?')} (pid {pid} on host {host}, since {rec.get('started', '?')})"
                 if rec
                 else "an unreadable lock"
             )
-            local = host == socket.gethostname()
-            raise FolderInUse(
-                f"{self.folder} is being written by {who}: lock {self.path}",
-                "wait for that process to finish, or stop it"
-                + (
-                    ""
-                    if local
-                    else f"; if it is no longer running on {host}, delete {self.path} and run again"
-                ),
-            )
+            if local:
+                hint = "wait for that process to finish, or stop it"
+                if age > lease:
+                    hint += f" (it has not renewed its lock for {age:.0f} s: it may hang)"
+            else:
+                hint = (
+                    f"wait for that process to finish, or stop it; its lock is renewed while it runs (last "
+                    f"{max(age, 0):.0f} s ago) and is taken over once it has not been for {lease:.0f} s"
+                )
+            raise FolderInUse(f"{self.folder} is being written by {who}: lock {self.path}", hint)
         raise FolderInUse(f"could not take the lock {self.path} (it changed hands three times)", "run again")
 
-    def _take_over(self, rec: dict[str, Any]) -> None:
-        """Remove a dead holder's lock; only that lock, even when another process races us to it."""
+    def _take_over(self, rec: dict[str, Any], why: str, renewed_after: float | None = None) -> None:
+        """Remove a stale holder's lock; only that lock, even when another process races us to it or
+        the holder renews it meanwhile (`renewed_after`: a renewal after that time gives it back)."""
         aside = self.folder / f".{LOCK}.stale-{self.token}"
         try:
             os.rename(self.path, aside)
@@ -512,16 +567,41 @@ class FolderLock:
             now = json.loads(aside.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             now = {}
-        if now.get("token") != rec.get("token"):  # someone took it over first: give theirs back
+        if not isinstance(now, dict):
+            now = {}
+        renewed = renewed_after is not None and aside.stat().st_mtime > renewed_after
+        if now.get("token") != rec.get("token") or renewed:  # not the lock we judged stale: give it back
             with contextlib.suppress(FileExistsError):
                 os.link(aside, self.path)
         else:
+            host = rec.get("host")
+            where = "this host" if host == socket.gethostname() else f"host {host}"
             warnings.warn(
                 f"{self.path}: taking over the lock of {rec.get('command', '?')} (pid {rec.get('pid')} on "
-                f"this host, since {rec.get('started', '?')}), which is no longer running",
+                f"{where}, since {rec.get('started', '?')}), {why}",
                 stacklevel=3,
             )
         aside.unlink(missing_ok=True)
+
+    def _hold(self) -> None:
+        self.held, self.lost = True, None
+        self._stop.clear()
+        self._renewer = threading.Thread(target=self._renew, name="oreline-lock-lease", daemon=True)
+        self._renewer.start()
+
+    def _renew(self) -> None:
+        """The heartbeat: touch the lock while it is still ours (a transient error is retried at the
+        next beat; a lock that names another holder is not touched again)."""
+        while not self._stop.wait(self.lease_s / 4):
+            rec = self.holder()
+            if rec is not None and rec.get("token") != self.token and rec != {}:
+                self.lost = f"{self.path} now names {rec.get('command', '?')} (pid {rec.get('pid')} on host {rec.get('host')})"
+                logging.getLogger("oreline").error(
+                    "the lock %s was taken over: %s; this process no longer holds it", self.path, self.lost
+                )
+                return
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
 
     def release(self) -> None:
         if not self.held:
@@ -529,6 +609,10 @@ class FolderLock:
         self.held = False
         if self._reentrant:
             return
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=10)
+            self._renewer = None
         rec = self.holder()
         if rec and rec.get("token") == self.token:
             self.path.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -348,7 +349,7 @@ from oreline.train.checkpoint.save import save_checkpoint
 root = Path(sys.argv[1])
 print("found", find_resumable(root).name, flush=True)
 async_save.ASYNC_ON_CPU = True
-model = torch.nn.Linear(4, 4)
+model = torch.nn.Linear(4096, 4096)  # 64 MB: the process ends while they are being written
 save_checkpoint(root, 3, model, torch.optim.AdamW(model.parameters()), {}, cfg=CheckpointConfig(async_save=True))
 os._exit(0)
 """
@@ -368,7 +369,7 @@ def test_find_resumable_finishes_a_save_in_flight_and_skips_one_a_kill_left(tmp_
     train_step(model, opt, torch.Generator().manual_seed(0))
     save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
     second = save_checkpoint(tmp_path, 2, model, opt, meta_for(2), cfg=CheckpointConfig(async_save=True))
-    assert not second.exists() and (tmp_path / ".tmp-step-00000002").is_dir()  # in flight
+    # (in flight, or published already: it is published as soon as it is written)
     skipped: list = []
     assert find_resumable(tmp_path, skipped=skipped) == second and skipped == []
     assert verify_checkpoint(second) == (True, []) and wait_for_pending_save() is None
@@ -394,6 +395,23 @@ def test_find_resumable_finishes_a_save_in_flight_and_skips_one_a_kill_left(tmp_
     assert [(p.name, problems) for p, problems in skipped] == [
         (".tmp-step-00000003", ["incomplete save (temporary folder: the save was interrupted)"])
     ]
+
+
+def test_an_async_save_is_published_as_soon_as_it_is_written(tmp_path, monkeypatch):
+    """Not at the next save: after a crash the newest resumable checkpoint is at most one interval old."""
+    monkeypatch.setattr(async_save, "ASYNC_ON_CPU", True)
+    model, opt = build()
+    gen = torch.Generator().manual_seed(0)
+    train_step(model, opt, gen)
+    save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    path = save_checkpoint(tmp_path, 2, model, opt, meta_for(2), cfg=CheckpointConfig(async_save=True))
+    deadline = time.monotonic() + 120
+    while read_latest(tmp_path) != path.name and time.monotonic() < deadline:
+        train_step(model, opt, gen)  # training goes on; nothing here waits for the save
+        time.sleep(0.05)
+    assert read_latest(tmp_path) == path.name and async_save.published()
+    assert verify_checkpoint(path) == (True, []) and not (tmp_path / ".tmp-step-00000002").exists()
+    assert wait_for_pending_save() == path
 
 
 def test_rollback_right_after_an_async_save_loads_that_save(tmp_path, monkeypatch):
@@ -512,3 +530,90 @@ def test_raw_files_are_refused_by_dcps_stock_reader_and_truncation_is_an_error(t
                 storage_reader=RawTensorReader(str(tmp_path)),
                 **compat.dcp_no_dist(True),
             )
+
+
+# ---------------------------------------------------------------------------------------------
+# a full disk (a real small tmpfs: the kernel says ENOSPC)
+
+
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
+def test_a_full_disk_is_one_error_and_the_save_leaves_nothing_behind(small_disk, monkeypatch, async_):
+    monkeypatch.setattr(async_save, "ASYNC_ON_CPU", True)
+    root = small_disk("8m") / "checkpoints"
+    model, opt = build()
+    gen = torch.Generator().manual_seed(0)
+    train_step(model, opt, gen)
+    cfg = CheckpointConfig(async_save=async_, keep_last=5)
+    first = save_checkpoint(root, 1, model, opt, meta_for(1), cfg=cfg)
+    wait_for_pending_save()
+    size = sum(p.stat().st_size for p in first.iterdir())
+    filler = small_disk.fill(root, leave=size // 3)
+    train_step(model, opt, gen)
+    with pytest.raises(CheckpointError) as err:
+        save_checkpoint(root, 2, model, opt, meta_for(2), cfg=cfg)
+        wait_for_pending_save()  # (an async save fails here, or at the next save)
+    msg = str(err.value)
+    assert f"no space left on the device of {root}" in msg and "step-00000002" in msg
+    assert "a checkpoint needs about" in msg and "free space there" in msg and "step-00000001" in msg
+    assert "Traceback" not in msg and len(msg) < 800
+    assert not (root / ".tmp-step-00000002").exists() and not (root / "step-00000002").exists()
+    assert read_latest(root) == "step-00000001" and verify_checkpoint(first) == (True, [])
+    filler.unlink()  # space freed: the same save works
+    second = save_checkpoint(root, 2, model, opt, meta_for(2), cfg=cfg)
+    assert wait_for_pending_save() in (second, None) and verify_checkpoint(second) == (True, [])
+    assert read_latest(root) == "step-00000002"
+
+
+def test_resume_hashes_each_data_byte_once(tmp_path):
+    """A resume reads the checkpoint once: the data files are hashed as they are read, not all of
+    them hashed first and read again (bytes read by this process, /proc/self/io)."""
+    from oreline.train.checkpoint.verify import forget_verified
+
+    model, opt = build()
+    train_step(model, opt, torch.Generator().manual_seed(0))
+    save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
+    data = sum(p.stat().st_size for p in (tmp_path / "step-00000001").glob("*.distcp"))
+    forget_verified()  # as a new process
+
+    def read_bytes() -> int:
+        io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+        return int(io["rchar"])
+
+    before = read_bytes()
+    path = find_resumable(tmp_path)
+    load_checkpoint(path, *build(1))
+    spent = read_bytes() - before
+    assert data <= spent < 1.5 * data, (spent, data)
+    # a corrupted byte is still found, by the load
+    shard = next(path.glob("*.distcp"))
+    blob = bytearray(shard.read_bytes())
+    blob[len(blob) // 3] ^= 0x10
+    shard.write_bytes(bytes(blob))
+    forget_verified()
+    assert find_resumable(tmp_path) == path  # (sizes and index intact)
+    with pytest.raises(CheckpointError, match=r"__0_0\.distcp checksum mismatch"):
+        load_checkpoint(path, *build(1))
+
+
+def test_the_manifest_lists_what_the_ranks_reported(tmp_path):
+    from oreline.train.checkpoint.format import write_checksums
+
+    (tmp_path / "a.bin").write_bytes(b"a" * 10)
+    (tmp_path / "not-reported.bin").write_bytes(b"b")
+    write_checksums(tmp_path, names=["a.bin"])
+    listed = json.loads((tmp_path / "checksums.json").read_text())["files"]
+    assert set(listed) == {"a.bin"}
+    with pytest.raises(
+        CheckpointError, match=r"missing\.distcp was reported written by a rank but is not there"
+    ):
+        write_checksums(tmp_path, names=["a.bin", "missing.distcp"])
+
+
+def test_verify_reports_a_latest_that_names_a_missing_folder(tmp_path):
+    model, opt = build()
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints", 1, model, opt, meta_for(1))
+    (run / "checkpoints" / "latest").write_text("step-00000009\n")
+    res = CliRunner().invoke(app, ["checkpoint", "verify", str(run)], terminal_width=200)
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1 and "names step-00000009, which no longer exists" in out, out

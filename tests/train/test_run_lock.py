@@ -7,6 +7,7 @@ tests/train/conftest.py, slowed by train.debug.sleep_per_step_s so it is still r
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -51,3 +52,50 @@ def test_a_second_train_on_a_run_in_use_is_refused(train_config, tmp_path, one_t
     with pytest.warns(UserWarning, match=f"pid {proc.pid}.*no longer running"):
         summary = train(train_config(train__steps=6, train__eval_every=0), resume="none")
     assert summary["step"] == 6 and not (run / LOCK).exists()
+
+
+@pytest.mark.slow
+def test_a_killed_run_on_another_node_is_taken_over_once_its_lease_ran_out(
+    train_config, tmp_path, one_thread
+):
+    """Slurm requeues a job killed on one node onto another: the lock names a host this node cannot
+    check. While its holder lives (renewing the lease) it is refused; once the holder is SIGKILLed
+    and the lease has run out, `--resume auto` takes the lock over and resumes from its checkpoint."""
+    lease = 2.0
+    cfg = train_config(train__steps=400, train__debug__sleep_per_step_s=0.2, checkpoint__every=2)
+    run = tmp_path / "t"
+    (tmp_path / "cfg.toml").write_text(to_toml(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oreline", "train", "-c", str(tmp_path / "cfg.toml")],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "ORELINE_LOCK_LEASE_S": str(lease)},
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while (
+            not (run / "checkpoints" / "latest").is_file()
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        rec = json.loads((run / LOCK).read_text())
+        assert rec["lease_s"] == lease
+        # the same lock (its token), as if that run were on another node
+        (run / LOCK).write_text(json.dumps({**rec, "host": "elsewhere-node-7"}))
+        time.sleep(2 * lease)  # a live holder renews: its lease stays fresh
+        with pytest.raises(FolderInUse, match=f"pid {proc.pid} on host elsewhere-node-7"):
+            train(cfg)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+    time.sleep(lease + 0.5)  # no renewals now
+    saved = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step-"))
+    more = train_config(train__steps=saved + 2, train__eval_every=0, checkpoint__every=2)
+    changed = ["train.steps", "train.eval_every", "train.debug.sleep_per_step_s"]
+    with pytest.warns(UserWarning, match=f"pid {proc.pid} on host elsewhere-node-7.*its process is gone"):
+        summary = train(more, resume="auto", allow_config_change=changed)
+    assert summary["resumed_from"] is not None and summary["step"] == saved + 2 and not (run / LOCK).exists()

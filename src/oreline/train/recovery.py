@@ -125,38 +125,63 @@ def resume_if_asked(
     """
     if resume == "none":
         return None, []
-    from oreline.train.checkpoint.format import read_meta
+    from oreline.train.checkpoint.format import CheckpointCorrupted, read_meta
     from oreline.train.checkpoint.load import load_checkpoint
     from oreline.train.checkpoint.resume import check_resume_compatible, find_resumable
+    from oreline.train.checkpoint.verify import forget_verified
 
+    # A resume reads checkpoints as a new process would: what an earlier train() in this process
+    # wrote is not trusted (its files may have changed since); the load verifies what it reads.
+    forget_verified()
     events: list[dict] = []
-    if resume == "auto":
-        if not s.run.checkpoints.is_dir():
-            return None, []
-        skipped: list = []
-        path = find_resumable(s.run.checkpoints, console=_Say(say), skipped=skipped)
-        for bad, problems in skipped:
-            events.append(
-                {
-                    "type": "event",
-                    "step": None,
-                    "kind": "checkpoint_invalid",
-                    "values": {"path": str(bad), "problems": list(problems)},
-                    "action": "skipped",
-                    "message": f"checkpoint {bad} is invalid ({'; '.join(problems)}): not resumed from",
-                }
-            )
-        if path is None:
-            return None, events
-    else:
-        path = Path(resume)
-    # Compatibility first, from meta.json alone: a changed model must fail with the keys, not
-    # with a tensor shape error half-way through loading.
-    changed = check_resume_compatible(
-        read_meta(path) or {}, to_dict(cfg), allow, fingerprints=s.fingerprints, model_args=s.args.to_dict()
-    )
-    dist.check_resume_batch(read_meta(path) or {}, s.batch, allow)  # same global batch at any world size
-    meta = load_checkpoint(path, s.model, s.optimizer)  # also restores this rank's RNG states
+
+    def passed_over(bad: Path, problems: list[str]) -> None:
+        events.append(
+            {
+                "type": "event",
+                "step": None,
+                "kind": "checkpoint_invalid",
+                "values": {"path": str(bad), "problems": list(problems)},
+                "action": "skipped",
+                "message": f"checkpoint {bad} is invalid ({'; '.join(problems)}): not resumed from",
+            }
+        )
+
+    below: int | None = None
+    while True:
+        if resume == "auto":
+            if not s.run.checkpoints.is_dir():
+                return None, []
+            skipped: list = []
+            path = find_resumable(s.run.checkpoints, console=_Say(say), skipped=skipped, below=below)
+            for bad, problems in skipped:
+                passed_over(bad, problems)
+            if path is None:
+                return None, events
+        else:
+            path = Path(resume)
+        # Compatibility first, from meta.json alone: a changed model must fail with the keys, not
+        # with a tensor shape error half-way through loading.
+        changed = check_resume_compatible(
+            read_meta(path) or {},
+            to_dict(cfg),
+            allow,
+            fingerprints=s.fingerprints,
+            model_args=s.args.to_dict(),
+        )
+        dist.check_resume_batch(read_meta(path) or {}, s.batch, allow)  # same global batch at any world size
+        try:
+            meta = load_checkpoint(path, s.model, s.optimizer)  # also restores this rank's RNG states
+            break
+        except CheckpointCorrupted as exc:
+            # A data file's bytes differ from the manifest (found by the rank reading it, and told
+            # to every rank by DCP's load): with --resume auto the next older checkpoint is loaded
+            # over the partly overwritten tensors, as if this one had been passed over in the search.
+            if resume != "auto":
+                raise
+            say(f"[yellow]skipping checkpoint {path.name}: {exc.problem}[/]")
+            passed_over(path, [exc.problem])
+            below = int((read_meta(path) or {})["step"])  # (meta.json itself was verified)
     _restore(meta, s, state)
     s.loader.load_state_dict(meta["loader"])
     stability.load_state_dict(meta.get("stability", {}))

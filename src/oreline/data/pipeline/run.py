@@ -73,7 +73,14 @@ from oreline.data.pipeline.tasks import (
     task_name,
 )
 from oreline.data.read.inputs import KINDS, discover_inputs, input_kind
-from oreline.errors import ConfigError, DataIntegrityError, FingerprintMismatch, InputError
+from oreline.errors import (
+    ConfigError,
+    DataIntegrityError,
+    DiskFull,
+    FingerprintMismatch,
+    InputError,
+    disk_full_cause,
+)
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
 from oreline.io import write_json_atomic
@@ -198,9 +205,41 @@ def run_data(
             f"no readable input among {len(unknown)} file(s) given ({', '.join(str(u) for u in unknown[:3])})",
             "pass files ending in " + " ".join(s for group in KINDS.values() for s in group),
         )
-    claim_folder(out, "data", "oreline data", force=force, reserved=DATA_NAMES.fullmatch, legacy=is_data_run)
-    with FolderLock(out, "oreline data"):
-        return _run_data(files, unknown, unreadable, out, cfg, workers, console, t_start)
+    try:
+        claim_folder(
+            out, "data", "oreline data", force=force, reserved=DATA_NAMES.fullmatch, legacy=is_data_run
+        )
+        with FolderLock(out, "oreline data"):
+            return _run_data(files, unknown, unreadable, out, cfg, workers, console, t_start)
+    except Exception as exc:  # a full disk, wherever it struck (a worker's error arrives wrapped)
+        full = disk_full_cause(exc)
+        if full is None:
+            raise
+        raise _disk_full(out, full, sum(_size(f) for f, _ in files)) from None
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # (an object-store URL)
+        return 0
+
+
+def _disk_full(out: Path, exc: OSError, input_bytes: int) -> DiskFull:
+    """A full disk as one error (a worker's arrives wrapped in the pool's exceptions): the folder,
+    the room there and the fix; the run resumes from its finished tasks when started again."""
+    import shutil
+
+    try:
+        free = f"{shutil.disk_usage(out).free / 2**20:.1f} MB free"
+    except OSError:
+        free = "free space unknown"
+    size = f"; the inputs total {input_bytes / 2**20:.1f} MB" if input_bytes else ""
+    return DiskFull(
+        f"no space left on the device of {out} while writing {exc.filename or 'the output'} ({free}{size})",
+        "free space there or pass another --out, then run the same `oreline data` command again: it "
+        "continues from the tasks that finished",
+    )
 
 
 def _discover_urls(urls: list[str]) -> tuple[list[tuple[str, str]], list[str]]:

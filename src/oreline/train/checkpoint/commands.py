@@ -79,10 +79,15 @@ def verify_cli(path: Path, console) -> int:
         if (path / CHECKSUMS).is_file() or (path / META).is_file()
         else [e.path for e in list_checkpoints(path)]
     )
+    # a run's `latest` that names a missing folder (or holds no checkpoint name) is a problem too:
+    # resume then falls back to the newest valid checkpoint, which may be older than the user thinks
+    note = None if targets == [path] else latest_problem(checkpoints_root(path))
+    if note:
+        console.print(f"[red]INVALID[/] {note}")
     if not targets:
         console.print(f"[red]no checkpoints found under {path}[/]")
         return 1
-    bad = 0
+    bad = 1 if note else 0
     for t in targets:
         ok, problems = verify_checkpoint(t)
         bad += not ok
@@ -90,7 +95,10 @@ def verify_cli(path: Path, console) -> int:
             f"{'[green]ok[/]     ' if ok else '[red]INVALID[/]'} {t}"
             + ("" if ok else f": {'; '.join(problems)}")
         )
-    console.print(f"{len(targets) - bad} of {len(targets)} checkpoints valid")
+    console.print(
+        f"{len(targets) - bad + bool(note)} of {len(targets)} checkpoints valid"
+        + ("; `latest` names no valid checkpoint" if note else "")
+    )
     if signing_key():
         console.print(f"signatures checked with the key in {KEY_ENV} (unsigned checkpoints count as invalid)")
     else:

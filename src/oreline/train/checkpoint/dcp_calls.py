@@ -58,6 +58,27 @@ def async_save_group() -> dist.ProcessGroup | None:
     return _ASYNC_GROUP[1]
 
 
+_PUBLISH_GROUP: tuple = (None, None)  # (the default group, a gloo group of its ranks made for it)
+
+
+def publish_group() -> dist.ProcessGroup | None:
+    """The process group an async save is published over (None without a process group).
+
+    The publish runs in a background thread as soon as the tensor write completes
+    (`async_save`), while the training thread goes on with its own collectives on the default
+    group: two threads must not issue collectives on one group. This gloo group of every rank,
+    made once (at the first async save, which every rank reaches at the same step: `new_group` is
+    a collective), carries only the publish's digest gather and its agreement.
+    """
+    global _PUBLISH_GROUP
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    world_group = dist.group.WORLD
+    if _PUBLISH_GROUP[0] is not world_group:
+        _PUBLISH_GROUP = (world_group, dist.new_group(backend="gloo"))
+    return _PUBLISH_GROUP[1]
+
+
 _STAGER: tuple = ((), None)  # (the state's structure, DCP's stager holding pinned copies of it)
 
 

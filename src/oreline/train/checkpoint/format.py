@@ -19,12 +19,14 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
+from oreline.errors import CheckpointError
 from oreline.train.checkpoint.signature import (
     CRYPTOGRAPHIC,
     SIGNATURE,
@@ -68,8 +70,12 @@ def write_file_synced(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+def json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
 def write_json_synced(path: Path, obj: Any) -> None:
-    write_file_synced(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    write_file_synced(path, json_bytes(obj))
 
 
 def write_latest(root: Path, name: str) -> None:
@@ -97,25 +103,66 @@ def manifest_algo() -> str:
     return SIGNED_ALGO if signing_key() else HASH_ALGO
 
 
-def write_checksums(folder: Path, known: dict[str, dict] | None = None) -> None:
-    """checksums.json for every file in folder, and signature.json when ORELINE_CHECKPOINT_KEY is set.
+def digest_entry(data: bytes) -> dict[str, Any]:
+    """The manifest entry of bytes a rank is about to write (a small file: RNG states, meta.json)."""
+    algo = manifest_algo()
+    h = xxhash.xxh3_128(data) if algo == HASH_ALGO else hashlib.new(algo, data)
+    entry: dict[str, Any] = {"bytes": len(data), "hash": h.hexdigest()}
+    if algo != HASH_ALGO:
+        entry["algo"] = algo
+    return entry
 
-    `known` holds {"bytes", "hash"[, "algo"]} entries (no "algo": xxh3-128) computed while a file
-    was written (raw_tensors.RawTensorWriter); one is used only when its size matches the
-    file on disk and its algorithm is the manifest's, every other file is read and hashed here."""
+
+class CheckpointCorrupted(CheckpointError):
+    """A checkpoint's file differs from its manifest, found while reading it (`problem` says how)."""
+
+    def __init__(self, path: Path, problem: str, hint: str):
+        super().__init__(f"checkpoint {path} is invalid: {problem}", hint)
+        self.path, self.problem = Path(path), problem
+
+    def __reduce__(self):  # DCP gathers a rank's load error to every rank by pickling it
+        return (CheckpointCorrupted, (self.path, self.problem, self.hint))
+
+
+def write_checksums(
+    folder: Path, known: dict[str, dict] | None = None, names: Iterable[str] | None = None
+) -> None:
+    """checksums.json, and signature.json when ORELINE_CHECKPOINT_KEY is set.
+
+    `names`: the files the manifest lists, exactly — for a checkpoint, what its ranks report they
+    wrote (a listing of the folder can miss files other nodes just wrote on NFS); a reported file
+    that is not there is a CheckpointError. None: every file in the folder (one that this process
+    wrote alone). `known` holds {"bytes", "hash"[, "algo"]} entries (no "algo": xxh3-128) computed
+    while a file was written (raw_tensors.RawTensorWriter, `digest_entry`); one is used only when
+    its size matches the file on disk and its algorithm is the manifest's, every other file is
+    read and hashed here."""
     known = known or {}
     key = signing_key()
     algo = manifest_algo()
+    if names is None:
+        rels = [
+            p.relative_to(folder).as_posix()
+            for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name not in (CHECKSUMS, SIGNATURE)
+        ]
+    else:
+        rels = sorted(set(names) - {CHECKSUMS, SIGNATURE})
     files = {}
-    for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.name not in (CHECKSUMS, SIGNATURE):
-            rel = p.relative_to(folder).as_posix()
+    for rel in rels:
+        p = folder / rel
+        try:
             size = p.stat().st_size
-            entry = known.get(rel)
-            if entry and entry["bytes"] == size and entry.get("algo", HASH_ALGO) == algo:
-                files[rel] = {"bytes": size, "hash": entry["hash"]}
-            else:
-                files[rel] = {"bytes": size, "hash": file_digest(p, algo)}
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"{p} was reported written by a rank but is not there",
+                "put the run folder (run.runs_dir) on a file system every node sees, then train again: "
+                "--resume auto continues from the last checkpoint",
+            ) from None
+        entry = known.get(rel)
+        if entry and entry["bytes"] == size and entry.get("algo", HASH_ALGO) == algo:
+            files[rel] = {"bytes": size, "hash": entry["hash"]}
+        else:
+            files[rel] = {"bytes": size, "hash": file_digest(p, algo)}
     checksums = {"algo": algo, "files": files}
     checksums["self"] = self_hash(checksums)
     write_json_synced(folder / CHECKSUMS, checksums)

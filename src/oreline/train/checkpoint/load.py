@@ -8,8 +8,9 @@ without building a model (eval, export), and finding the checkpoint a path means
 - `resolve_checkpoint(path)`: a checkpoint folder itself, or a run's `latest` valid checkpoint, or
   its newest valid one (`resume.find_resumable`), or its newest model-only snapshot.
 
-Loading never unpickles arbitrary objects: the folder is verified first (`verify.ensure_verified`,
-once per process), DCP's `.metadata` is read by the allow-listed unpickler (`metadata`), raw
+Loading never unpickles arbitrary objects: everything but the tensor data files is verified first,
+the data files as they are read (`verify.reading_check`; a checkpoint this process wrote or read
+is trusted), DCP's `.metadata` is read by the allow-listed unpickler (`metadata`), raw
 tensors are read into place and older torch.save ones with `weights_only=True`
 (`raw_tensors.RawTensorReader`), non-tensor (byte) items are refused, model-only snapshots are
 safetensors, everything else is JSON. A failed load is a CheckpointError naming the file, not
@@ -50,14 +51,15 @@ from oreline.train.checkpoint.metadata import read_dcp_metadata
 from oreline.train.checkpoint.raw_tensors import RawTensorReader
 from oreline.train.checkpoint.resume import find_resumable
 from oreline.train.checkpoint.rng import restore_rng_state
-from oreline.train.checkpoint.verify import ensure_verified, verify_checkpoint
+from oreline.train.checkpoint.verify import ensure_verified, mark_verified, reading_check, verify_checkpoint
 
 log = logging.getLogger("oreline.checkpoint")
 
 
-def _reader(path: Path) -> RawTensorReader:
-    """Reads raw-tensor files and, through DCP's own reader, torch.save ones (older checkpoints)."""
-    return RawTensorReader(str(path))
+def _reader(path: Path, expect: tuple[dict[str, dict], str] | None) -> RawTensorReader:
+    """Reads raw-tensor files and, through DCP's own reader, torch.save ones (older checkpoints),
+    checking the data files it reads against `expect` (`verify.reading_check`)."""
+    return RawTensorReader(str(path), expect)
 
 
 def _restore_param_groups(saved: list[dict], current: list[dict]) -> list[dict]:
@@ -80,15 +82,22 @@ def load_checkpoint(
 ) -> dict:
     """Load a full checkpoint into the live model (and optimizer) in place; return its meta.
 
-    Verifies checksums first (once per process). Restores this rank's RNG states unless told not to.
+    Verifies everything but the data files first and the data files this rank reads as it reads
+    them (`verify.reading_check`; nothing for a checkpoint this process wrote or read already): a
+    corrupted data file is a `CheckpointCorrupted` raised after the model's tensors were partly
+    overwritten, so the caller loads another checkpoint or stops. Restores this rank's RNG states
+    unless told not to.
     An async save in flight is finished first: it may be the very checkpoint asked for (a rollback
     right after a save); every rank calls this at the same point.
     """
     path = Path(path)
     wait_for_pending_save()
-    ensure_verified(path)
     meta = read_meta(path) or {}
-    if meta.get("kind") != "full":
+    if meta.get("kind") == "full":
+        expect = reading_check(path)
+        meta = read_meta(path) or {}  # (as verified)
+    else:
+        ensure_verified(path)
         raise CheckpointError(
             f"{path} is a {meta.get('kind')} snapshot: it holds no optimizer state",
             "resume from a step-* checkpoint, or start fresh with --resume none",
@@ -98,13 +107,13 @@ def load_checkpoint(
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
         with quiet_single_process(), load_errors(path):
-            dcp.load(state, storage_reader=_reader(path), **compat.dcp_no_dist(no_process_group()))
+            dcp.load(state, storage_reader=_reader(path, expect), **compat.dcp_no_dist(no_process_group()))
         set_model_state_dict(model, state["model"])
-    elif not _load_single_process(path, model, optimizer, meta):
+    elif not _load_single_process(path, model, optimizer, meta, expect):
         msd, osd = get_state_dict(model, optimizer)  # initialises empty AdamW state with a zero-lr step
         state = {"model": msd, "optim": osd["state"]}
         with quiet_single_process(), load_errors(path):
-            dcp.load(state, storage_reader=_reader(path), **compat.dcp_no_dist(no_process_group()))
+            dcp.load(state, storage_reader=_reader(path, expect), **compat.dcp_no_dist(no_process_group()))
         groups = _restore_param_groups(meta["optim_param_groups"], osd["param_groups"])
         set_state_dict(
             model,
@@ -112,6 +121,7 @@ def load_checkpoint(
             model_state_dict=state["model"],
             optim_state_dict={"state": state["optim"], "param_groups": groups},
         )
+    mark_verified(path)  # every byte read matched: a rollback to it reads without hashing
     if restore_rng:
         me = rank()
         rng_file = path / f"rng-rank{me:05d}.json"
@@ -136,7 +146,11 @@ def load_checkpoint(
 
 
 def _load_single_process(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    meta: dict,
+    expect: tuple[dict[str, dict], str] | None,
 ) -> bool:
     """World 1, plain parameters: load without `get_state_dict`'s optimizer initialisation.
 
@@ -170,7 +184,7 @@ def _load_single_process(
         )
     state = {"model": get_model_state_dict(model), "optim": optim_state}
     with quiet_single_process(), load_errors(path):
-        dcp.load(state, storage_reader=_reader(path), **compat.dcp_no_dist(True))
+        dcp.load(state, storage_reader=_reader(path, expect), **compat.dcp_no_dist(True))
     set_model_state_dict(model, state["model"])
     native: dict[str, Any] = {"state": {}, "param_groups": []}
     groups = _restore_param_groups(saved_groups, optimizer.param_groups)
@@ -196,7 +210,8 @@ def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
     from oreline.model.llama import ModelArgs
 
     path = resolve_checkpoint(path)
-    ensure_verified(path)
+    full = (read_meta(path) or {}).get("kind") == "full"
+    expect = reading_check(path) if full else ensure_verified(path)
     meta = read_meta(path) or {}
     if meta.get("kind") == "model_only":
         from safetensors.torch import load_file
@@ -216,7 +231,7 @@ def load_model_state(path: Path) -> tuple[dict[str, torch.Tensor], Any, dict]:
                 sd[key.removeprefix("model.")] = torch.empty(tmd.size, dtype=tmd.properties.dtype)
         holder = {"model": sd}
         with quiet_single_process(), load_errors(path):
-            dcp.load(holder, storage_reader=_reader(path), **compat.dcp_no_dist(True))
+            dcp.load(holder, storage_reader=_reader(path, expect), **compat.dcp_no_dist(True))
         sd = holder["model"]
     if "model_args" not in meta:
         raise CheckpointError(
@@ -233,7 +248,7 @@ def resolve_checkpoint(path: Path) -> Path:
         return path
     root = checkpoints_root(path)
     latest = read_latest(root)  # (when it names nothing valid, find_resumable below says so)
-    if latest and verify_checkpoint(root / latest)[0]:
+    if latest and verify_checkpoint(root / latest, contents=False)[0]:  # the load hashes what it reads
         return root / latest
     found = find_resumable(root)
     if found is not None:

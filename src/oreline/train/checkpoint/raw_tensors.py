@@ -59,7 +59,7 @@ from torch.futures import Future  # DCP waits on torch futures (.wait()), not co
 
 from oreline import compat
 from oreline.errors import CheckpointError
-from oreline.train.checkpoint.format import HASH_ALGO, manifest_algo
+from oreline.train.checkpoint.format import HASH_ALGO, CheckpointCorrupted, manifest_algo
 from oreline.train.checkpoint.metadata import RAW_DESCRIPTOR, read_dcp_metadata
 
 # Largest single write()/readinto(): big enough that syscalls cost nothing, small enough that a
@@ -181,11 +181,75 @@ class RawTensorWriter(FileSystemWriter):
         return results
 
 
+class _StreamCheck:
+    """The digest of one data file, fed by the bytes the reader reads (in a helper thread) and by
+    the bytes between and after them, read here: a file a rank reads from is hashed whole, in the
+    same forward pass, and compared with its manifest entry at the end."""
+
+    def __init__(self, fh, where: str, want: dict, algo: str):
+        self.fh, self.where, self.want = fh, where, want
+        self.digest = xxhash.xxh3_128() if algo == HASH_ALGO else hashlib.new(algo)
+        self.hasher = ThreadPoolExecutor(1)  # updates run in submission order
+        self.pos = 0  # bytes hashed so far (the file's first `pos` bytes)
+
+    def skip_to(self, offset: int) -> None:
+        """Hash the bytes from where hashing stands up to `offset` (read here: no tensor needs them)."""
+        if offset <= self.pos:
+            return
+        self.fh.seek(self.pos)
+        while self.pos < offset:
+            chunk = self.fh.read(min(_IO_CHUNK, offset - self.pos))
+            if not chunk:
+                break  # the file is shorter: the size check in `finish` says so
+            self.hasher.submit(self.digest.update, chunk)
+            self.pos += len(chunk)
+
+    def read(self, offset: int, mv: memoryview) -> None:
+        """`mv` now holds the file's bytes from `offset`: hash what of them is not hashed yet."""
+        self.skip_to(offset)
+        if offset + len(mv) > self.pos:
+            self.hasher.submit(self.digest.update, mv[self.pos - offset :])
+            self.pos = offset + len(mv)
+
+    def finish(self, size: int) -> None:
+        self.skip_to(size)
+        self.hasher.shutdown(wait=True)
+        if self.pos != self.want["bytes"] or self.digest.hexdigest() != self.want["hash"]:
+            what = (
+                f"has {self.pos} bytes, expected {self.want['bytes']} (truncated or overwritten)"
+                if self.pos != self.want["bytes"]
+                else "checksum mismatch (corrupted)"
+            )
+            raise CheckpointCorrupted(
+                Path(self.where).parent, f"{Path(self.where).name} {what}", _REPLACED_HINT
+            )
+
+    def abandon(self) -> None:
+        self.hasher.shutdown(wait=True)
+
+
 class RawTensorReader(FileSystemReader):
     """Reads what RawTensorWriter wrote (and, through DCP's own reader, what FileSystemWriter wrote).
 
     Never unpickles: `.metadata` through the allow-listed reader, raw tensors by `readinto`, stock
-    tensors by `torch.load(weights_only=True)`, non-tensor items refused."""
+    tensors by `torch.load(weights_only=True)`, non-tensor items refused.
+
+    `expect` (the manifest's file entries and algorithm, `verify.reading_check`): every data file
+    this rank reads from is hashed as it is read (raw tensor files) or before it is read (stock
+    ones, which torch.load parses) and a mismatch is a `CheckpointCorrupted` naming the file.
+    None: the checkpoint is trusted (this process wrote or verified it)."""
+
+    def __init__(self, path: str, expect: tuple[dict[str, dict], str] | None = None) -> None:
+        super().__init__(path)
+        self.expect = expect
+
+    def _want(self, rel: str, where: str) -> dict:
+        want = self.expect[0].get(rel) if self.expect else None
+        if want is None:  # (verify.reading_check refuses a data file the manifest does not cover)
+            raise CheckpointError(
+                f"{where} is not covered by the checkpoint's checksums.json", _REPLACED_HINT
+            )
+        return want
 
     def read_metadata(self) -> Metadata:  # (no **kwargs: DCP then tries no rank-local fallback file)
         md = read_dcp_metadata(Path(self.path))
@@ -220,6 +284,12 @@ class RawTensorReader(FileSystemReader):
                 )
         raw = [r for r in plan.items if self._is_raw(r.storage_index)]
         other = [r for r in plan.items if not self._is_raw(r.storage_index)]
+        if other and self.expect is not None:  # hashed before torch.load parses it
+            for rel in sorted({self.storage_data[r.storage_index].relative_path for r in other}):
+                where = str(Path(self.path) / rel)
+                with open(where, "rb") as fh:
+                    check = _StreamCheck(fh, where, self._want(rel, where), self.expect[1])
+                    check.finish(os.fstat(fh.fileno()).st_size)
         if other:
             try:
                 super().read_data(dataclasses.replace(plan, items=other), planner)  # synchronous
@@ -244,13 +314,26 @@ class RawTensorReader(FileSystemReader):
                 ) from None
             with fh:
                 size = os.fstat(fh.fileno()).st_size
-                for req in reqs:
-                    self._read_one(fh, req, planner, where, size)
+                check = (
+                    None
+                    if self.expect is None
+                    else _StreamCheck(fh, where, self._want(rel, where), self.expect[1])
+                )
+                try:
+                    for req in reqs:
+                        self._read_one(fh, req, planner, where, size, check)
+                    if check is not None:
+                        check.finish(size)
+                finally:
+                    if check is not None:
+                        check.abandon()
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
-    def _read_one(self, fh, req, planner: LoadPlanner, where: str, size: int) -> None:
+    def _read_one(
+        self, fh, req, planner: LoadPlanner, where: str, size: int, check: _StreamCheck | None
+    ) -> None:
         info = self.storage_data[req.storage_index]  # DCP's _StorageInfo
         key = (req.storage_index.fqn, tuple(req.storage_index.offset or ()))
         if key not in self._chunks:
@@ -275,9 +358,14 @@ class RawTensorReader(FileSystemReader):
                 f"{info.offset}..{info.offset + nbytes}",
                 _REPLACED_HINT,
             )
+        if check is not None:
+            check.skip_to(info.offset)  # (the bytes before this item, hashed in the same pass)
         fh.seek(info.offset)
         if nbytes:
-            _read_exact(fh, memoryview(buf.reshape(-1).view(torch.uint8).numpy()), where)
+            mv = memoryview(buf.reshape(-1).view(torch.uint8).numpy())
+            _read_exact(fh, mv, where)
+            if check is not None:
+                check.read(info.offset, mv)
         if not direct:
             for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
                 buf = buf.narrow(dim, start, length)

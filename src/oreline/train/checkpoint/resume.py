@@ -2,7 +2,10 @@
 
 - `find_resumable(root)`: the newest valid full checkpoint, passing over invalid ones (reported,
   and listed in `skipped`) and interrupted saves (`.tmp-` folders). It is the one search: a
-  `--resume auto`, a rollback and `load.resolve_checkpoint` all use it. In the process that
+  `--resume auto`, a rollback and `load.resolve_checkpoint` all use it. It checks everything but
+  the bytes of the tensor data files (`verify_checkpoint(contents=False)`): those are hashed by
+  the ranks that read them while loading, and a load that finds one corrupted makes
+  `--resume auto` search again below that step (`below`). In the process that
   started an async save it first finishes that save (`async_save.wait_for_pending_save`), so a
   search right after a save sees it complete; a fresh process has nothing in flight and sees on
   disk what a kill left: the last complete checkpoint, the interrupted one skipped.
@@ -22,22 +25,29 @@ from oreline.config import Config, diff_keys, to_dict
 from oreline.errors import CheckpointError
 from oreline.train.checkpoint.async_save import wait_for_pending_save
 from oreline.train.checkpoint.format import checkpoints_root, latest_problem, list_checkpoints
-from oreline.train.checkpoint.verify import mark_verified, verify_checkpoint
+from oreline.train.checkpoint.verify import verify_checkpoint
 
 log = logging.getLogger("oreline.checkpoint")
 
 
-def find_resumable(ckpt_root: Path, console=None, skipped: list | None = None) -> Path | None:
+def find_resumable(
+    ckpt_root: Path, console=None, skipped: list | None = None, below: int | None = None
+) -> Path | None:
     """Newest valid full checkpoint under ckpt_root (or a run dir). Invalid ones are reported and skipped.
 
     An async save this process has in flight is finished first: right after a save the search
     must find that save, not report its `.tmp-` folder as interrupted (see the module docstring).
     Every rank calls this at the same point when a save may be in flight (finishing it is a
     collective). `skipped`, if given, receives (path, problems) for every checkpoint passed over.
+    `below`: only checkpoints of earlier steps (the search again after a load found one corrupted).
     """
     wait_for_pending_save()
-    entries = [e for e in list_checkpoints(ckpt_root) if e.kind in ("full", "incomplete")]
-    note = latest_problem(checkpoints_root(ckpt_root))
+    entries = [
+        e
+        for e in list_checkpoints(ckpt_root)
+        if e.kind in ("full", "incomplete") and (below is None or e.step < below)
+    ]
+    note = latest_problem(checkpoints_root(ckpt_root)) if below is None else None
     if note:  # said before the search, so the fallback below is not a surprise
         msg = f"{note}: falling back to the newest valid checkpoint"
         if console is not None:
@@ -49,10 +59,9 @@ def find_resumable(ckpt_root: Path, console=None, skipped: list | None = None) -
         if e.kind == "incomplete":
             problems = ["incomplete save (temporary folder: the save was interrupted)"]
         else:
-            ok, problems = verify_checkpoint(e.path)
+            ok, problems = verify_checkpoint(e.path, contents=False)  # the load hashes what it reads
             if ok:
                 newest_ok = e.path
-                mark_verified(e.path)  # the load that follows does not hash it again
                 break
         msg = f"skipping checkpoint {e.path.name}: {'; '.join(problems)}"
         if console is not None:

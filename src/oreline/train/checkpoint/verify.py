@@ -11,9 +11,17 @@ the manifest covers, each within its file: a `.metadata` that would run code, a 
 (non-tensor) item, or a data file replaced by a shorter one of another format make the checkpoint
 invalid before anything loads it, with the file named.
 
-Loading verifies once per process (`ensure_verified`; `mark_verified` records a verification done
-elsewhere, e.g. by the search for the checkpoint to resume). Like `format`, this module imports
-torch only when a full checkpoint's index is checked.
+`verify_checkpoint` is verification on demand (`oreline checkpoint verify | ls | inspect | sign`).
+Loading a full checkpoint does not hash it all first: `reading_check` verifies everything but the
+bytes of the tensor data files, and each rank hashes the data files it reads as it reads them
+(`raw_tensors.RawTensorReader`): every rank hashing the whole checkpoint before loading it
+was 96 GB of reads per rank for an 8B model; now each byte is hashed once, by the rank that reads it. A checkpoint this process wrote
+(its digests were computed while writing) or already read is trusted (`mark_verified`): a
+rollback hashes no data file. The search for the checkpoint to resume (`resume.find_resumable`) checks
+with `contents=False` too; a data file found corrupted while loading makes `--resume auto` fall
+back to the next older checkpoint (`oreline.train.recovery`). Model-only snapshots are verified
+whole (`ensure_verified`). Like `format`, this module imports torch only when a full checkpoint's
+index is checked.
 """
 
 from __future__ import annotations
@@ -35,11 +43,18 @@ from oreline.train.checkpoint.format import (
 )
 from oreline.train.checkpoint.signature import KEY_ENV, key_id, signature_problem, signing_key
 
+DATA_SUFFIX = ".distcp"  # DCP's tensor data files: hashed by the reader as it reads them
 
-def verify_checkpoint(path: Path, check_signature: bool = True) -> tuple[bool, list[str]]:
+
+def verify_checkpoint(
+    path: Path, check_signature: bool = True, contents: bool = True
+) -> tuple[bool, list[str]]:
     """Check completeness and checksums of one checkpoint folder. Returns (ok, problems).
 
-    With ORELINE_CHECKPOINT_KEY set (and `check_signature`), its signature is checked first."""
+    With ORELINE_CHECKPOINT_KEY set (and `check_signature`), its signature is checked first.
+    `contents=False` checks everything but the bytes of the tensor data files (`*.distcp`): their
+    presence and sizes, and every other file hashed (meta.json, RNG states, the DCP index); the
+    ranks that load the checkpoint hash the data files as they read them (`reading_check`)."""
     path = Path(path)
     problems: list[str] = []
     if not path.is_dir():
@@ -73,7 +88,7 @@ def verify_checkpoint(path: Path, check_signature: bool = True) -> tuple[bool, l
         size = f.stat().st_size
         if size != want["bytes"]:
             problems.append(f"{rel} has {size} bytes, expected {want['bytes']} (truncated or overwritten)")
-        elif file_digest(f, algo) != want["hash"]:
+        elif (contents or not rel.endswith(DATA_SUFFIX)) and file_digest(f, algo) != want["hash"]:
             problems.append(f"{rel} checksum mismatch (corrupted)")
     if META not in files:
         problems.append(f"{META} is not covered by {CHECKSUMS}")
@@ -185,7 +200,8 @@ def _verified_key(path: Path) -> tuple[str, int, int, str] | None:
 
 
 def mark_verified(path: Path) -> None:
-    """Record that `path` just verified, so loading it in this process does not hash it again."""
+    """Record that `path` is known intact in this process (this process wrote it, or read and
+    verified it), so loading it again (a rollback) does not hash it again."""
     key = _verified_key(Path(path))
     if key is not None:
         _VERIFIED.add(key)
@@ -194,6 +210,28 @@ def mark_verified(path: Path) -> None:
 def forget_verified() -> None:
     """Make the next load verify again (benchmarks; files changed behind this process's back)."""
     _VERIFIED.clear()
+
+
+def reading_check(path: Path) -> tuple[dict[str, dict], str] | None:
+    """Before a full checkpoint is read: everything but its data files' bytes verified now
+    (`verify_checkpoint(contents=False)`: manifest, signature, sizes, small files, the DCP index;
+    cheap); returns (manifest entries, algorithm) the reader checks the data files it reads
+    against, or None when this process wrote or read the checkpoint already (`mark_verified`).
+
+    So a resume hashes each byte once, on the rank that reads it, in the same pass that reads it,
+    instead of every rank hashing the whole checkpoint first, and a rollback hashes no data file."""
+    path = Path(path)
+    ok, problems = verify_checkpoint(path, contents=False)
+    if not ok:
+        raise CheckpointError(
+            f"checkpoint {path} is invalid: {'; '.join(problems)}",
+            "resume from an older one (--resume auto skips invalid ones) or --resume none",
+        )
+    key = _verified_key(path)
+    if key is not None and key in _VERIFIED:
+        return None
+    checksums = json.loads((path / CHECKSUMS).read_bytes())
+    return checksums["files"], checksums.get("algo", HASH_ALGO)
 
 
 def ensure_verified(path: Path) -> None:
