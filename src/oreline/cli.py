@@ -24,6 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 tokenizer_app = typer.Typer(help="Train and inspect BPE tokenizers.", no_args_is_help=True)
+tokens_app = typer.Typer(help="Check token shard folders.", no_args_is_help=True)
 model_app = typer.Typer(help="Model presets: sizes, shapes, FLOPs, memory.", no_args_is_help=True)
 checkpoint_app = typer.Typer(help="List, verify and inspect checkpoints of a run.", no_args_is_help=True)
 doctor_app = typer.Typer(help="Diagnose the environment or a run from its artifacts.", no_args_is_help=True)
@@ -33,6 +34,7 @@ quality_app = typer.Typer(
 launch_app = typer.Typer(help="Write launch scripts for clusters (Slurm, torchrun).", no_args_is_help=True)
 config_app = typer.Typer(help="Show resolved configs and valid keys.", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
+app.add_typer(tokens_app, name="tokens")
 app.add_typer(model_app, name="model")
 app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(doctor_app, name="doctor")
@@ -190,6 +192,17 @@ def tokenize(
         console=console,
     )
     print_manifest_summary(manifest, console)
+
+
+@tokens_app.command("verify")
+def tokens_verify(
+    tokens_dir: Annotated[Path, typer.Argument(help="token shard folder (with manifest.json)")],
+    workers: Annotated[int, typer.Option(help="shards checked at once")] = 4,
+) -> None:
+    """Check every shard in full (sha256, index, every id); exit 1 if any is damaged. Training checks headers only."""
+    from oreline.tokens.verify import verify_cli
+
+    raise typer.Exit(verify_cli(tokens_dir, workers, Console()))
 
 
 # ---------------------------------------------------------------------------------------------

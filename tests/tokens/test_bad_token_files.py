@@ -156,17 +156,27 @@ def test_train_on_a_manifest_that_is_a_list_names_the_file(tokens_dir, byte_toke
 # token ids outside the vocabulary
 
 
-def _plant_out_of_vocabulary_id(tokens: Path, split: str = "train") -> tuple[Path, int]:
-    """Overwrite one token of the split's first shard with an id past its vocabulary, and refresh the
-    shard's sha256 in the manifest (as a tool that wrote the shard itself would): only the id is wrong."""
+def _plant_out_of_vocabulary_id(
+    tokens: Path, split: str = "train", at: int | None = None
+) -> tuple[Path, int]:
+    """Overwrite one token with an id past its vocabulary (token `at` of the split's stream, by
+    default the middle of its first shard), and refresh the shard's sha256 in the manifest (as a
+    tool that wrote the shard itself would): only the id is wrong."""
     manifest_path = tokens / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    entry = next(s for s in manifest["shards"] if s["split"] == split)
+    entries = [s for s in manifest["shards"] if s["split"] == split]
+    entry, local = entries[0], entries[0]["tokens"] // 2
+    if at is not None:
+        for entry in entries:
+            if at < entry["tokens"]:
+                local = at
+                break
+            at -= entry["tokens"]
     path = tokens / entry["name"]
     header = fmt.read_header(path)
     bad = header.vocab_size + 100
     ids = np.memmap(path, dtype=header.dtype, mode="r+", offset=fmt.HEADER_SIZE, shape=(header.tokens,))
-    ids[header.tokens // 2] = bad
+    ids[local] = bad
     ids.flush()
     del ids
     entry["sha256"] = file_sha256(path)
@@ -174,18 +184,21 @@ def _plant_out_of_vocabulary_id(tokens: Path, split: str = "train") -> tuple[Pat
     return path, bad
 
 
-def test_an_out_of_vocabulary_id_is_found_when_the_loader_opens_the_shard(tokens_dir, tmp_path):
+def test_an_out_of_vocabulary_id_is_found_by_the_full_check(tokens_dir, tmp_path):
     tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
     path, bad = _plant_out_of_vocabulary_id(tokens)
     with pytest.raises(DataIntegrityError) as err:
-        TokenLoader(tokens, seq_len=32, micro_batch=2)
+        TokenLoader(tokens, seq_len=32, micro_batch=2, verify="full")
     assert f"token shard {path} holds token id {bad}, outside its vocabulary" in str(err.value)
+    code, out = oreline_cli("tokens", "verify", str(tokens))
+    assert code == 1, out
+    assert f"token shard {path} holds token id {bad}" in out and "1 of" in out
 
 
 def test_an_out_of_vocabulary_id_is_found_per_batch_with_header_only_verification(tokens_dir, tmp_path):
     tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
     path, bad = _plant_out_of_vocabulary_id(tokens)
-    loader = TokenLoader(tokens, seq_len=32, micro_batch=4, verify="header")  # opens: no full read
+    loader = TokenLoader(tokens, seq_len=32, micro_batch=4)  # opens: no full read
     with pytest.raises(DataIntegrityError, match=f"holds token id {bad}") as err:
         for _ in range(loader.num_sequences // 4 + 2):  # one epoch reaches every sequence
             loader.next_batch()
@@ -196,8 +209,12 @@ def test_train_on_a_shard_with_an_out_of_vocabulary_id_names_the_shard(
     tokens_dir, byte_tokenizer_dir, tmp_path
 ):
     tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
-    path, bad = _plant_out_of_vocabulary_id(tokens)
-    code, out = oreline_cli("train", "-c", str(train_config(tmp_path, tokens, byte_tokenizer_dir)))
+    config = train_config(tmp_path, tokens, byte_tokenizer_dir)
+    tc = load_config(config, []).train
+    # ids are checked per batch: put the bad one in the first sequence the run reads
+    first = TokenLoader(tokens, seq_len=tc.seq_len, seed=tc.seed).global_indices(0, 1)[0]
+    path, bad = _plant_out_of_vocabulary_id(tokens, at=first * tc.seq_len + 10)
+    code, out = oreline_cli("train", "-c", str(config))
     assert_clean_error(code, out, f"token shard {path} holds token id {bad}", "re-run oreline tokenize")
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -11,8 +13,10 @@ import torch
 
 from oreline.errors import ConfigError, DataIntegrityError, FingerprintMismatch, InputError
 from oreline.tokens import shards as fmt
-from oreline.tokens.loader import IGNORE_INDEX, TokenLoader
+from oreline.tokens.loader import IGNORE_INDEX, MAX_OPEN_SHARDS, TokenLoader
+from oreline.tokens.order import FeistelOrder
 from oreline.tokens.tokenize import read_manifest
+from oreline.tokens.verify import verify_tokens
 
 T, B = 32, 4
 
@@ -70,11 +74,12 @@ def test_deterministic_and_seeded(tokens_dir):
     assert same(a, b) and not same(a, c)
 
 
-def test_epochs_use_seed_plus_epoch(tokens_dir):
+def test_each_epoch_is_a_seeded_bijection_of_its_own(tokens_dir):
     loader = TokenLoader(tokens_dir, seq_len=T, micro_batch=B, seed=5)
     n = loader.num_sequences
-    assert loader.global_indices(n, n) == np.random.default_rng(6).permutation(n).tolist()
-    assert loader.global_indices(n, n) != loader.global_indices(0, n)
+    second = loader.global_indices(n, n)
+    assert second == FeistelOrder(n, seed=5, epoch=1).permute(np.arange(n)).tolist()
+    assert sorted(second) == list(range(n)) and second != loader.global_indices(0, n)
 
 
 def test_resume_mid_epoch_equals_uninterrupted(tokens_dir):
@@ -173,14 +178,19 @@ def test_refuses_bad_magic(damaged):
         TokenLoader(copy, seq_len=T)
 
 
-def test_refuses_checksum_mismatch_unless_header_only(damaged):
+def test_sha256_is_checked_by_tokens_verify_not_at_each_launch(damaged):
     copy, shard = damaged
+    assert verify_tokens(copy)["bad"] == []  # fresh from tokenize: every shard passes
     data = bytearray(shard.read_bytes())
-    data[fmt.HEADER_SIZE + 10] ^= 0x01
+    data[fmt.HEADER_SIZE + 10] ^= 0x01  # one token changed, header and size intact
     shard.write_bytes(bytes(data))
+    TokenLoader(copy, seq_len=T).next_batch()  # a launch reads headers only
     with pytest.raises(DataIntegrityError, match="sha256"):
-        TokenLoader(copy, seq_len=T)
-    TokenLoader(copy, seq_len=T, verify="header")  # documented trade-off for huge corpora
+        TokenLoader(copy, seq_len=T, verify="full")
+    result = verify_tokens(copy)
+    assert [name for name, _ in result["bad"]] == [shard.name]
+    assert "sha256" in result["bad"][0][1] and "re-run oreline tokenize" in result["bad"][0][1]
+    assert result["shards"] == len(read_manifest(copy)["shards"])
 
 
 def test_refuses_shard_swapped_from_another_tokenizer(damaged):
@@ -236,3 +246,110 @@ def test_rank_union_holds_across_the_epoch_boundary(tokens_dir):
     four, end = _union(tokens_dir, 4, 2, 2, state=state)
     assert all(torch.equal(a, b) for a, b in zip(one, four, strict=True))
     assert end["epoch"] == 1 and end["consumed_sequences"] == n - 5 + 16
+
+
+def test_state_of_the_stored_permutation_order_is_refused_with_the_way_out(tokens_dir):
+    loader = TokenLoader(tokens_dir, seq_len=T, micro_batch=B, seed=1)
+    old = {**loader.state_dict(), "version": 1}
+    with pytest.raises(ConfigError, match="version 1") as err:
+        loader.load_state_dict(old)
+    assert "--resume none" in str(err.value) and "cannot continue" in str(err.value)
+
+
+def _linked_copies(tokens_dir, dest, copies):
+    """A token folder whose train split is `copies` hard links of each train shard (val as is)."""
+    dest.mkdir()
+    m = read_manifest(tokens_dir)
+    shards = [s for s in m["shards"] if s["split"] == "val"]
+    for s in shards:
+        (dest / s["name"]).hardlink_to(tokens_dir / s["name"])
+    for c in range(copies):
+        for s in (s for s in m["shards"] if s["split"] == "train"):
+            name = f"c{c:04d}-{s['name']}"
+            (dest / name).hardlink_to(tokens_dir / s["name"])
+            shards.append({**s, "name": name})
+    (dest / "manifest.json").write_text(json.dumps({**m, "shards": shards}))
+    return dest
+
+
+def _open_descriptors():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_open_shards_are_bounded_by_an_lru(tokens_dir, tmp_path):
+    many = _linked_copies(tokens_dir, tmp_path / "many", 30)
+    before = _open_descriptors()
+    loader = TokenLoader(many, seq_len=T, micro_batch=64, seed=4)
+    assert loader.num_shards > 2 * MAX_OPEN_SHARDS and loader.open_shards == 0  # opening maps nothing
+    most = 0
+    for _ in range(loader.num_sequences // 64):  # one epoch: every shard is read
+        loader.next_batch()
+        most = max(most, _open_descriptors() - before)
+    assert loader.open_shards == MAX_OPEN_SHARDS and most <= MAX_OPEN_SHARDS
+    # the LRU changes what is mapped, never what is read
+    tight = TokenLoader(many, seq_len=T, micro_batch=64, seed=4, max_open_shards=1)
+    wide = TokenLoader(many, seq_len=T, micro_batch=64, seed=4, max_open_shards=10_000)
+    assert same(batches(tight, 20), batches(wide, 20)) and tight.open_shards == 1
+
+
+def _sparse_tokens(folder, shards, tokens, documents, vocab_size=256):
+    """A token folder of `shards` hard links to one sparse shard of `tokens` zero ids: a corpus of
+    any size that costs no disk. Its document index holds only its required ends (0 … N)."""
+    folder.mkdir()
+    fp = "ab" * 32
+    header = fmt.ShardHeader(
+        fmt.dtype_code_for(vocab_size),
+        tokens,
+        documents,
+        vocab_size,
+        fmt._align8(fmt.HEADER_SIZE + tokens * fmt.DTYPES[fmt.dtype_code_for(vocab_size)].itemsize),
+        fp,
+    )
+    first = folder / "train-0000000000-00000-000.tok"
+    with open(first, "wb") as fh:
+        fh.write(header.pack())
+        fh.truncate(header.file_size)
+        fh.seek(header.file_size - 8)
+        fh.write(np.array([tokens], dtype="<u8").tobytes())
+    entries = []
+    for k in range(shards):
+        path = folder / f"train-0000000000-{k:05d}-000.tok"
+        if k:
+            path.hardlink_to(first)
+        entry = {"name": path.name, "split": "train", "tokens": tokens, "documents": documents}
+        entries.append({**entry, "sha256": "0" * 64, "bytes": header.file_size})
+    manifest = {
+        "shards": entries,
+        "tokenizer_fingerprint": fp,
+        "data_fingerprint": "cd" * 32,
+        "bos_id": 1,
+        "eos_id": 2,
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_loader_memory_is_o_shards_not_o_sequences(tmp_path):
+    # 8 shards of 10^8 tokens and 10^6 documents: 8·10^8 tokens, 1.25·10^7 sequences of 64
+    tokens = _sparse_tokens(tmp_path / "big", 8, 100_000_000, 1_000_000)
+    tracemalloc.start()
+    try:
+        loader = TokenLoader(tokens, seq_len=64, micro_batch=8, seed=0)
+        loader.next_batch()
+        loader.load_state_dict({**loader.state_dict(), "consumed_sequences": loader.num_sequences - 4})
+        loader.next_batch()  # across the epoch boundary: the next epoch's order costs nothing either
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # a stored permutation would be 100 MB, the document indexes 64 MB
+    assert loader.num_sequences == 12_499_999 and peak < 2_000_000, peak
+
+
+def test_a_shard_rewritten_after_start_up_is_refused_when_mapped(damaged):
+    copy, shard = damaged
+    loader = TokenLoader(copy, seq_len=T, micro_batch=B)
+    shard.write_bytes(shard.read_bytes()[:-8] + b"\0" * 16)  # 8 bytes longer: another file now
+    with pytest.raises(DataIntegrityError, match="changed after it was opened") as err:
+        for _ in range(loader.num_sequences // B + 1):
+            loader.next_batch()
+    assert shard.name in str(err.value)

@@ -6,14 +6,18 @@ shift between inputs and labels), so there are (N - 1) // T sequences and consec
 share one boundary token. Shards are memory-mapped; a sequence that spans two shards is
 stitched from both.
 
-Global order: epoch e visits all sequences in the order of a permutation seeded with seed + e.
-The only state is `consumed` (sequences of the global order handed out so far, over all ranks);
-epoch = consumed // num_sequences. Each `next_batch()` takes the next micro_batch * world_size
-sequences of the global order (crossing into the next epoch when one ends) and rank r keeps
-slice [r*micro_batch, (r+1)*micro_batch). Therefore the union over ranks of one step equals the
-single-rank global batch, with no overlap and no gap, and a run resumed at another world size
-with the same global batch continues the very same order. Resume is O(1): `load_state_dict`
-sets `consumed`; no data is re-read.
+Global order: epoch e visits all sequences in the order of a seeded bijection of [0, n)
+computed per position (`tokens/order.py`: a Feistel network with cycle-walking, keyed by seed
+and epoch), never a materialised permutation, so the loader's memory is O(shards) and not
+O(sequences). The only state is `consumed` (sequences of the global order handed out so far, over
+all ranks); epoch = consumed // num_sequences. Each `next_batch()` takes the next
+micro_batch * world_size sequences of the global order (crossing into the next epoch when one
+ends) and rank r keeps slice [r*micro_batch, (r+1)*micro_batch). Therefore the union over ranks
+of one step equals the single-rank global batch, with no overlap and no gap, and a run resumed
+at another world size with the same global batch continues the very same order. Resume is O(1):
+`load_state_dict` sets `consumed`; no data is re-read. State version 2 is this order; a version 1
+state (the stored permutation of oreline before it) is refused, since its order cannot be
+continued.
 
 Labels: labels[t] = stream[t + 1], except that a target equal to BOS is set to -100 (ignored by
 cross-entropy): after an EOS, which document comes next is decided by the packing order, not
@@ -22,15 +26,23 @@ kept: ending a document is. With `doc_mask=True`, `doc_ids` (B, T) int32 numbers
 within each sequence (it increases at every BOS) so the model can build block-diagonal causal
 masks (tokens attend only within their document).
 
-Integrity: every shard's header, size and tokenizer fingerprint are checked on open, and with
-verify="full" (the default) also its sha256 against the manifest and every token id against the
-vocabulary in its header (an id past the embedding is an IndexError on CPU, a device assert on
-CUDA). For corpora so large that reading everything at start-up hurts, verify="header" keeps the
-header, size and fingerprint checks, and the ids are checked per batch instead (~5 µs a batch).
+Integrity, and what start-up costs: the start-up cost must not grow with the corpus, so opening a
+loader reads the manifest and each shard's 128-byte header only (~50 µs a shard): header
+checksum, file size, tokenizer fingerprint and the manifest's token and document counts. No shard
+is hashed, mapped or has its document index read. A shard's sha256 is checked once, not per
+launch: `oreline tokenize` hashes each shard from the finished file into the manifest, and
+`oreline tokens verify` re-checks every shard (sha256, index, every id) after a copy or a transfer
+(verify="full" does the same here, for small corpora and tests). Every batch's ids are checked
+against the vocabulary (~5 µs a batch; an id past the embedding is an IndexError on CPU, a device
+assert on CUDA) and the error names the shard. Shards are mapped when a batch first reads them
+and kept in an LRU of at most `max_open_shards` mappings (one file descriptor each), so a corpus
+of any number of shards runs under `ulimit -n 1024`; a shard whose header or size changed since
+start-up is refused when it is mapped.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +53,12 @@ import torch
 
 from oreline.errors import ConfigError, DataIntegrityError, FingerprintMismatch, InputError
 from oreline.tokens import shards as fmt
+from oreline.tokens.order import FeistelOrder
 from oreline.tokens.tokenize import read_manifest
 
 IGNORE_INDEX = -100
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the per-position Feistel order; 1: a materialised permutation (refused)
+MAX_OPEN_SHARDS = 64
 
 
 @dataclass(slots=True)
@@ -66,7 +80,8 @@ class TokenLoader:
         world_size: int = 1,
         tokenizer_fingerprint: str | None = None,
         doc_mask: bool = False,
-        verify: Literal["full", "header"] = "full",
+        verify: Literal["full", "header"] = "header",
+        max_open_shards: int = MAX_OPEN_SHARDS,
     ):
         if not 0 <= rank < world_size:
             raise ConfigError(
@@ -74,6 +89,8 @@ class TokenLoader:
             )
         if verify not in ("full", "header"):
             raise ConfigError(f"verify={verify!r}", 'use verify="full" or verify="header"')
+        if max_open_shards < 1:
+            raise ConfigError(f"max_open_shards={max_open_shards}", "keep at least one shard open")
         self.dir = Path(tokens_dir)
         self.split = split
         self.seq_len = seq_len
@@ -99,34 +116,25 @@ class TokenLoader:
             )
             raise InputError(f"no {split!r} shards in {self.dir}", hint)
         expected_fp = m["tokenizer_fingerprint"]
-        self.shards = []
-        for s in entries:
-            shard = fmt.open_shard(
-                self.dir / s["name"], expected_fp, s["sha256"] if verify == "full" else None
-            )
-            if shard.header.tokens != s["tokens"] or shard.header.documents != s["documents"]:
-                raise DataIntegrityError(
-                    f"token shard {shard.path} holds {shard.header.tokens} tokens, the manifest says {s['tokens']}",
-                    fmt.FIX,
-                )
+        self._paths = [self.dir / s["name"] for s in entries]
+        self._headers = []
+        for path, s in zip(self._paths, entries, strict=True):
+            if verify == "full":  # reads every byte: sha256, document index, ids, BOS/EOS of each document
+                header = fmt.verify_shard(path, expected_fp, s, m["bos_id"], m["eos_id"])
+            else:  # one 128-byte read
+                header = fmt.check_header(path, expected_fp, s)
             # the id check trusts the header's vocabulary: it must be the one the folder was made for
-            if shard.header.vocab_size != m.get("vocab_size", shard.header.vocab_size):
+            if header.vocab_size != m.get("vocab_size", header.vocab_size):
                 raise DataIntegrityError(
-                    f"token shard {shard.path} declares a vocabulary of {shard.header.vocab_size}, "
-                    f"its manifest {m['vocab_size']}",
+                    f"token shard {path} declares a vocabulary of {header.vocab_size}, its manifest {m['vocab_size']}",
                     fmt.FIX,
                 )
-            if verify == "full":  # the file was just read for its hash: 2 tokens a document more
-                fmt.check_boundaries(shard, m["bos_id"], m["eos_id"])
-            self.shards.append(shard)
-        # verify="full" checked every id on open; otherwise each batch is checked (_make_batch)
-        self._vocab_limit = None if verify == "full" else min(s.header.vocab_size for s in self.shards)
-        # plain ndarray views of the mappings: slicing a np.memmap subclass costs more than the copy
-        self._arrays = [np.asarray(s.tokens) for s in self.shards]
+            self._headers.append(header)
+        self._vocab_limit = min(h.vocab_size for h in self._headers)
+        self.max_open_shards = max_open_shards
+        self._open: OrderedDict[int, np.ndarray] = OrderedDict()  # shard number → its mapped tokens
         self.bos_id, self.eos_id = m["bos_id"], m["eos_id"]
-        self._starts = np.cumsum(
-            [0] + [s.header.tokens for s in self.shards]
-        )  # global token offset of each shard
+        self._starts = np.cumsum([0] + [h.tokens for h in self._headers])  # global token offset of each shard
         self.total_tokens = int(self._starts[-1])
         self._num_sequences = max(0, (self.total_tokens - 1) // seq_len)
         if self._num_sequences == 0:
@@ -135,8 +143,8 @@ class TokenLoader:
                 "lower train.seq_len or tokenize more documents",
             )
         self.consumed = 0
-        self._perm_epoch = -1
-        self._perm: np.ndarray | None = None
+        self._order: FeistelOrder | None = None
+        self._order_epoch = -1
 
     # -- properties ----------------------------------------------------------------------------
 
@@ -151,7 +159,7 @@ class TokenLoader:
     @property
     def vocab_size(self) -> int:
         """The vocabulary the shards were written for: every id is below it (checked)."""
-        return max(s.header.vocab_size for s in self.shards)
+        return max(h.vocab_size for h in self._headers)
 
     def check_fits(self, vocab_size: int, bos_id: int, eos_id: int, model: str) -> None:
         """DataIntegrityError unless the tokens fit `model` (an embedding of vocab_size rows) and
@@ -184,36 +192,73 @@ class TokenLoader:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _window(self, start: int, out: np.ndarray) -> None:
-        """Copy stream[start : start + len(out)] into `out` (int64), stitched across shard boundaries."""
+    @property
+    def num_shards(self) -> int:
+        return len(self._headers)
+
+    @property
+    def open_shards(self) -> int:
+        """Shards mapped now (each holds one file descriptor); at most max_open_shards."""
+        return len(self._open)
+
+    def _tokens(self, k: int) -> np.ndarray:
+        """Shard k's tokens, mapped on first use; the least recently used mapping goes first."""
+        tokens = self._open.get(k)
+        if tokens is not None:
+            self._open.move_to_end(k)
+            return tokens
+        if len(self._open) >= self.max_open_shards:
+            self._open.popitem(last=False)  # its array is dropped: munmap, and its descriptor closed
+        tokens = fmt.map_tokens(self._paths[k], self._headers[k])
+        self._open[k] = tokens
+        return tokens
+
+    def _pieces(self, start: int, length: int) -> Iterator[tuple[int, int, int]]:
+        """(shard, offset in the shard, length) of stream[start : start + length], in order."""
         k = int(np.searchsorted(self._starts, start, side="right")) - 1
         done = 0
-        while done < len(out):
+        while done < length:
             local = start + done - int(self._starts[k])
-            piece = self._arrays[k][local : local + len(out) - done]
-            out[done : done + len(piece)] = piece
-            done += len(piece)
+            take = min(length - done, int(self._starts[k + 1]) - start - done)
+            if take > 0:
+                yield k, local, take
+                done += take
             k += 1
 
-    def _permutation(self, epoch: int) -> np.ndarray:
-        if epoch != self._perm_epoch:
-            self._perm = np.random.default_rng(self.seed + epoch).permutation(self._num_sequences)
-            self._perm_epoch = epoch
-        return self._perm
+    def _window(self, start: int, out: np.ndarray) -> None:
+        """Copy stream[start : start + len(out)] into `out` (int64), stitched across shard boundaries."""
+        done = 0
+        for k, local, take in self._pieces(start, len(out)):
+            out[done : done + take] = self._tokens(k)[local : local + take]
+            done += take
+
+    def _name_bad_id(self, seq_indices: list[int]) -> None:
+        """Error path: raise naming the shard that holds an id past the vocabulary (reads only the
+        pieces of this batch, never the whole corpus)."""
+        T = self.seq_len
+        for i in seq_indices:
+            for k, local, take in self._pieces(i * T, T + 1):
+                piece = self._tokens(k)[local : local + take]
+                fmt.check_ids(self._paths[k], self._headers[k], int(piece.max()))
 
     def _make_batch(self, seq_indices: list[int]) -> Batch:
         T = self.seq_len
         rows = np.empty((len(seq_indices), T + 1), dtype=np.int64)  # (B, T+1)
         for row, i in zip(rows, seq_indices, strict=True):
             self._window(i * T, row)
-        if self._vocab_limit is not None and rows.size and rows.max() >= self._vocab_limit:
-            for shard in self.shards:  # error path only: name the shard that holds the bad id
-                fmt.check_ids(shard.path, shard.header, int(shard.tokens.max()))
+        if rows.size and rows.max() >= self._vocab_limit:
+            self._name_bad_id(seq_indices)
         inputs = torch.from_numpy(rows[:, :-1].copy())
         labels = torch.from_numpy(rows[:, 1:].copy())
         labels[labels == self.bos_id] = IGNORE_INDEX
         doc_ids = torch.cumsum(inputs == self.bos_id, dim=1, dtype=torch.int32) if self.doc_mask else None
         return Batch(inputs, labels, doc_ids)
+
+    def order(self, epoch: int) -> FeistelOrder:
+        """The bijection of epoch `epoch` (position in the epoch → sequence index)."""
+        if self._order is None or self._order_epoch != epoch:
+            self._order, self._order_epoch = FeistelOrder(self._num_sequences, self.seed, epoch), epoch
+        return self._order
 
     def global_indices(self, start: int, count: int) -> list[int]:
         """Sequence indices at global-order positions [start, start + count), across epochs."""
@@ -223,7 +268,7 @@ class TokenLoader:
         while len(out) < count:
             epoch, offset = divmod(pos, n)
             take = min(count - len(out), n - offset)
-            out.extend(self._permutation(epoch)[offset : offset + take].tolist())
+            out.extend(self.order(epoch).permute(np.arange(offset, offset + take)).tolist())
             pos += take
         return out
 
@@ -272,6 +317,14 @@ class TokenLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the exact next batch of the global order (world size may differ)."""
+        if state.get("version") == 1:
+            raise ConfigError(
+                "loader state version 1 comes from an oreline that stored the data order as a permutation; "
+                f"this oreline computes the order per position (version {STATE_VERSION}) and cannot continue "
+                "that order",
+                "finish this run with the oreline version that wrote the checkpoint, or start a new run "
+                "(--resume none): its data order will differ",
+            )
         if state.get("version") != STATE_VERSION:
             raise ConfigError(
                 f"loader state version {state.get('version')} is not {STATE_VERSION}",

@@ -19,13 +19,15 @@ Layout (little-endian), every section 8-byte aligned so it can be memory-mapped 
 
 The file size is implied by the header, so a truncated file is detected without reading it;
 the header checksum catches a corrupted header; the sha256 of the whole file is kept in the
-manifest (verified by the loader with verify="full"). uint16 holds vocabularies up to 65,536
+manifest, written from the finished file at tokenize time and checked again by
+`oreline tokens verify` (`verify_shard`), not at each training launch. uint16 holds vocabularies up to 65,536
 ids (Llama-2 style 32k); larger vocabularies (Llama-3's 128k) use uint32.
 """
 
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -205,9 +207,11 @@ class Shard:
         return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
 
-def open_shard(path: Path, tokenizer_fingerprint: str | None = None, sha256: str | None = None) -> Shard:
-    """Open and check a shard: header, size, tokenizer fingerprint, and (when given) the file sha256
-    and every token id below the header's vocabulary size."""
+def check_header(
+    path: Path, tokenizer_fingerprint: str | None = None, entry: dict | None = None
+) -> ShardHeader:
+    """The checks that cost one 128-byte read: the file exists, its header (checksum, version,
+    dtype, offsets), its size, its tokenizer fingerprint and (given its manifest entry) its counts."""
     path = Path(path)
     if not path.is_file():
         raise DataIntegrityError(f"token shard {path} is missing", FIX)
@@ -217,6 +221,16 @@ def open_shard(path: Path, tokenizer_fingerprint: str | None = None, sha256: str
             f"token shard {path} was built with tokenizer {header.fingerprint[:12]}…, this run uses {tokenizer_fingerprint[:12]}…",
             "re-run oreline tokenize with the tokenizer in use",
         )
+    if entry is not None:
+        check_counts(path, header, entry)
+    return header
+
+
+def open_shard(path: Path, tokenizer_fingerprint: str | None = None, sha256: str | None = None) -> Shard:
+    """Open and check a shard: header, size, tokenizer fingerprint, and (when given) the file sha256
+    and every token id below the header's vocabulary size."""
+    path = Path(path)
+    header = check_header(path, tokenizer_fingerprint)
     if sha256 is not None:
         actual = file_sha256(path)
         if actual != sha256:
@@ -271,6 +285,47 @@ def check_boundaries(shard: Shard, bos_id: int, eos_id: int) -> None:
                 "the document index or the manifest's special ids do not fit the tokens",
                 FIX,
             )
+
+
+def map_tokens(path: Path, header: ShardHeader) -> np.ndarray:
+    """The token section of a shard whose header was read before, mapped read-only (one mapping,
+    one file descriptor, released when the returned array is dropped); the document index is not
+    read. A file replaced or cut since `header` was read is a DataIntegrityError."""
+    if header.tokens == 0:
+        return np.empty(0, header.dtype)
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    checked = _FIELDS.size + 8  # the fields and their checksum (the reserved bytes are not checked)
+    if len(mm) != header.file_size or mm[:checked] != header.pack()[:checked]:
+        mm.close()
+        raise DataIntegrityError(
+            f"token shard {path} changed after it was opened (its header or size differ now)",
+            "do not rewrite token shards while a run reads them; " + FIX,
+        )
+    return np.frombuffer(mm, dtype=header.dtype, count=header.tokens, offset=HEADER_SIZE)
+
+
+def verify_shard(
+    path: Path, tokenizer_fingerprint: str, entry: dict, bos_id: int | None = None, eos_id: int | None = None
+) -> ShardHeader:
+    """The full check of one shard against its manifest entry: header, size, tokenizer, sha256 of
+    the whole file, the document index and every token id, and with the manifest's special ids the
+    BOS and EOS of every document. Reads the whole file once."""
+    shard = open_shard(path, tokenizer_fingerprint, entry["sha256"])
+    check_counts(shard.path, shard.header, entry)
+    if bos_id is not None and eos_id is not None:
+        check_boundaries(shard, bos_id, eos_id)
+    return shard.header
+
+
+def check_counts(path: Path, header: ShardHeader, entry: dict) -> None:
+    """DataIntegrityError when a shard's header and its manifest entry disagree on its counts."""
+    if header.tokens != entry["tokens"] or header.documents != entry["documents"]:
+        raise DataIntegrityError(
+            f"token shard {path} holds {header.tokens} tokens and {header.documents} documents, "
+            f"the manifest says {entry['tokens']} and {entry['documents']}",
+            FIX,
+        )
 
 
 def check_ids(path: Path, header: ShardHeader, max_id: int) -> None:
