@@ -294,3 +294,25 @@ def test_a_task_that_kills_its_worker_every_time_comes_back_as_a_crash_result(ra
     assert executor.map(os.getpid, [()], label="after")[0] > 0  # the cluster is still fine
     with pytest.raises(ValueError, match="invalid literal"):
         executor.map(int, [("12",), ("not a number",)], label="raise")
+
+
+def test_a_task_that_raises_leaves_no_progress_actor_on_the_cluster(ray_overrides):
+    """The map's progress actor is killed when a task raises too, not only when the map returns:
+    the driver lives on (it reports the error, a test goes on) and holds the exception, whose
+    traceback holds the map's frame and its handle of the actor, which Ray would keep alive."""
+    import ray
+    from ray._private.state import actors  # Ray's GCS actor table (no dashboard on the test cluster)
+
+    def live_sinks() -> int:
+        table = actors(actor_state_name="ALIVE").values()
+        return sum(1 for a in table if a["ActorClassName"].endswith("_Sink"))
+
+    executor = make_executor("ray", ray=load_config(overrides=ray_overrides).data.ray)
+    with pytest.raises(ValueError, match="invalid literal") as raised:
+        executor.map(int, [("12",), ("not a number",)], label="raise")
+    assert ray.is_initialized() and raised.value  # the driver goes on, the error in hand
+    deadline = time.monotonic() + 30
+    while live_sinks() and time.monotonic() < deadline:
+        time.sleep(0.2)  # ray.kill is asynchronous (and ends the actors of earlier maps too)
+    assert live_sinks() == 0
+    del raised
