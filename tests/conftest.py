@@ -327,8 +327,9 @@ def dead_lock():
 
 
 # Tests marked `slurm` submit real jobs to the cluster `sinfo` reaches: the single-node cluster of
-# scripts/local-slurm.sh (`.ci/run` starts it; SLURM_CONF names its config). Without one they are
-# skipped, with the command that starts it in the reason.
+# scripts/local-slurm.sh (scripts/test.sh and .ci/run start a private one; SLURM_CONF names its
+# config). Without one they are skipped, with the reason: why scripts/test.sh could not start one
+# (ORELINE_SLURM_UNAVAILABLE), or the command that starts one.
 LOCAL_SLURM_CONF = (
     Path(os.environ.get("ORELINE_SLURM_DIR") or f"/tmp/oreline-slurm-{os.getuid()}") / "slurm.conf"
 )
@@ -342,7 +343,12 @@ def slurm_cluster() -> str:
 
     if not os.environ.get("SLURM_CONF") and LOCAL_SLURM_CONF.is_file():
         os.environ["SLURM_CONF"] = str(LOCAL_SLURM_CONF)
-    reason = "no Slurm cluster: start one with `scripts/local-slurm.sh start` (CI does)"
+    reason = (
+        f"no Slurm cluster: {os.environ['ORELINE_SLURM_UNAVAILABLE']}"
+        if os.environ.get("ORELINE_SLURM_UNAVAILABLE")
+        else "no Slurm cluster: run the suite with scripts/test.sh (it starts one), or start one with "
+        "`scripts/local-slurm.sh start`"
+    )
     if shutil.which("sinfo") is None:
         pytest.skip(f"{reason}; `sinfo` is not installed")
     try:
