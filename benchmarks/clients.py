@@ -225,6 +225,33 @@ def corpus(samples: Path) -> tuple[list[str], list[str]]:
     return prose, multi
 
 
+def train_demo_like(docs: list[str], tok, args, *, steps: int, batch: int, seq_len: int, report=None):
+    """A small Llama (`args`) trained as oreline trains: `[BOS] text [EOS]` documents in one stream,
+    BOS never a target, AdamW at 3e-3, seeded; (the model in eval mode, its last loss).
+    tests/export/conftest.py builds its model with it too (loading this file by path)."""
+    import torch
+
+    from oreline.model.llama import Llama
+
+    stream = torch.tensor([t for d in docs for t in [tok.bos_id, *tok.encode(d), tok.eos_id]])
+    torch.manual_seed(0)
+    model = Llama(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        starts = torch.randint(0, len(stream) - seq_len - 1, (batch,), generator=gen)
+        x = torch.stack([stream[s : s + seq_len] for s in starts])
+        y = torch.stack([stream[s + 1 : s + seq_len + 1] for s in starts])
+        y = y.masked_fill(y == tok.bos_id, -100)  # oreline's loader: BOS is never a target
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if report is not None:
+            report(step, loss)
+    return model.eval(), loss.item()
+
+
 def build(work: Path, steps: int) -> dict:
     """Tokenizer, model, checkpoint, HF and GGUF exports, and oreline's own numbers."""
     import torch
@@ -232,7 +259,7 @@ def build(work: Path, steps: int) -> dict:
     from oreline.config import TokenizerConfig
     from oreline.export.gguf import export_gguf
     from oreline.export.hf import export_hf
-    from oreline.model.llama import Llama, ModelArgs
+    from oreline.model.llama import ModelArgs
     from oreline.model.scoring import generate_samples
     from oreline.tokens.train_bpe import load_tokenizer, train_tokenizer
     from oreline.train.checkpoint.save import save_checkpoint
@@ -249,7 +276,6 @@ def build(work: Path, steps: int) -> dict:
         [work / "docs.jsonl"], work / "tokenizer", TokenizerConfig(vocab_size=2048, heldout_docs=0)
     )
     tok = load_tokenizer(work / "tokenizer")
-    stream = torch.tensor([t for d in docs for t in [tok.bos_id, *tok.encode(d), tok.eos_id]])
     args = ModelArgs(
         dim=128,
         n_layers=3,
@@ -260,22 +286,12 @@ def build(work: Path, steps: int) -> dict:
         max_seq_len=256,
         tie_embeddings=True,
     )
-    torch.manual_seed(0)
-    model = Llama(args)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(0)
-    for step in range(steps):
-        starts = torch.randint(0, len(stream) - SEQ_LEN - 1, (16,), generator=gen)
-        x = torch.stack([stream[s : s + SEQ_LEN] for s in starts])
-        y = torch.stack([stream[s + 1 : s + SEQ_LEN + 1] for s in starts])
-        y = y.masked_fill(y == tok.bos_id, -100)  # oreline's loader: BOS is never a target
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+
+    def report(step: int, loss) -> None:
         if step % 100 == 0 or step == steps - 1:
             print(f"train step {step}: loss {loss.item():.3f}", flush=True)
-    model.eval()
+
+    model, loss = train_demo_like(docs, tok, args, steps=steps, batch=16, seq_len=SEQ_LEN, report=report)
     train_s = time.perf_counter() - t0
     meta = {
         "model_args": args.to_dict(),
@@ -329,7 +345,7 @@ def build(work: Path, steps: int) -> dict:
         "ours": ours,
         "inputs": inputs,
         "train_s": train_s,
-        "loss": loss.item(),
+        "loss": loss,
         "vocab": tok.vocab_size,
         "params": model.num_params(),
     }

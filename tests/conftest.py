@@ -16,12 +16,157 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
+import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from oreline.config import EMBEDDED_SAMPLES, sample_problems
+
+# ---------------------------------------------------------------------------------------------
+# hermetic runs: what a test sees does not depend on where or how the suite was started
+
+# Variables a launcher or a cluster job sets, which would change what oreline does (a torchrun rank,
+# a Slurm array task, a requeue, a signing key): a suite started inside one must not inherit them.
+# SLURM_CONF stays: it names the cluster the tests marked `slurm` use.
+INHERITED_RUN_ENV = (
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "ORELINE_LAUNCHED_NPROC",
+    "ORELINE_RESUME_COMMAND",
+    "ORELINE_REQUEUE_FILE",
+    "ORELINE_CHECKPOINT_KEY",
+    "ORELINE_SLURM_TASK_KEY",
+    "ORELINE_INFLATE",
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hermetic_session(tmp_path_factory):
+    """Every test runs in an empty temporary working folder (a relative path, such as the demo
+    config's `runs_dir = "runs"`, lands there and never in the checkout's runs/), with per-machine
+    decisions cached in a session folder instead of ~/.cache/oreline, without the launcher and
+    cluster variables of the shell that started it, and with Python's own SIGINT/SIGTERM/SIGUSR1
+    dispositions: started in the background (`nohup … &`) the suite inherits SIGINT ignored, and so
+    would every process a test starts. Tests reach the repository by absolute paths (__file__)."""
+    saved_env = {k: os.environ.get(k) for k in (*INHERITED_RUN_ENV, "ORELINE_CACHE_DIR")}
+    saved_env.update({k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "TORCHELASTIC_"))})
+    for key in list(os.environ):
+        if key in INHERITED_RUN_ENV or (key.startswith(("SLURM_", "TORCHELASTIC_")) and key != "SLURM_CONF"):
+            del os.environ[key]
+    os.environ["ORELINE_CACHE_DIR"] = str(tmp_path_factory.mktemp("oreline-cache"))
+    # a relative PYTHONPATH (`PYTHONPATH=src pytest`) would name another folder from the new working
+    # folder, and the processes tests start would import another oreline, or none
+    saved_env["PYTHONPATH"] = os.environ.get("PYTHONPATH")
+    if os.environ.get("PYTHONPATH"):
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(p) if p else p for p in os.environ["PYTHONPATH"].split(os.pathsep)
+        )
+    saved_signals = {
+        sig: signal.signal(sig, handler)
+        for sig, handler in (
+            (signal.SIGINT, signal.default_int_handler),
+            (signal.SIGTERM, signal.SIG_DFL),
+            (signal.SIGUSR1, signal.SIG_DFL),
+        )
+    }
+    cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        for sig, handler in saved_signals.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers several test folders use. Test folders are not packages (--import-mode=importlib): tests
+# take them as fixtures; a module-level helper of a test file imports the plain function from
+# `oreline_test_helpers` (this module, registered under that name at the end of the file).
+
+
+def run_cli(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> tuple[int, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "oreline", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        # rich would wrap long messages (and paths) at 80 columns
+        env={**os.environ, "COLUMNS": "10000", **(env or {})},
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="session")
+def oreline_cli() -> Callable[..., tuple[int, str]]:
+    """oreline_cli(*args, timeout=180, env=None): run `python -m oreline ARGS` as a user would, in a
+    fresh process; (exit code, stdout + stderr)."""
+    return run_cli
+
+
+def run_and_kill(
+    cmd, ready: Callable[[], bool], *, env=None, timeout: float = 120.0, poll: float = 0.005
+) -> bool:
+    proc = subprocess.Popen(
+        cmd, start_new_session=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return False  # finished before the kill point
+            if ready():
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return True
+            time.sleep(poll)
+        raise AssertionError("the run never reached the kill point")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def kill_at() -> Callable[..., bool]:
+    """kill_at(cmd, ready, env=None, timeout=120): start `cmd` in its own process group and SIGKILL
+    the whole group as soon as ready() holds; True if it was killed, False if it finished first."""
+    return run_and_kill
+
+
+# what differs between two runs of the same work: wall time, rates, process ids, the pool's size
+TIMING_FIELDS = frozenset({"seconds", "signature_seconds", "pid", "workers", "tokens_per_second"})
+
+
+def drop_timings(obj):
+    if isinstance(obj, dict):
+        return {k: drop_timings(v) for k, v in obj.items() if k not in TIMING_FIELDS}
+    if isinstance(obj, list):
+        return [drop_timings(v) for v in obj]
+    return obj
+
+
+@pytest.fixture(scope="session")
+def untimed() -> Callable:
+    """untimed(stats): a stats or manifest record without its timing fields (TIMING_FIELDS), at any
+    depth, so that two runs of the same work compare equal."""
+    return drop_timings
 
 
 @pytest.fixture(scope="session")
@@ -182,8 +327,9 @@ def dead_lock():
 
 
 # Tests marked `slurm` submit real jobs to the cluster `sinfo` reaches: the single-node cluster of
-# scripts/local-slurm.sh (`.ci/run` starts it; SLURM_CONF names its config). Without one they are
-# skipped, with the command that starts it in the reason.
+# scripts/local-slurm.sh (scripts/test.sh and .ci/run start a private one; SLURM_CONF names its
+# config). Without one they are skipped, with the reason: why scripts/test.sh could not start one
+# (ORELINE_SLURM_UNAVAILABLE), or the command that starts one.
 LOCAL_SLURM_CONF = (
     Path(os.environ.get("ORELINE_SLURM_DIR") or f"/tmp/oreline-slurm-{os.getuid()}") / "slurm.conf"
 )
@@ -197,7 +343,12 @@ def slurm_cluster() -> str:
 
     if not os.environ.get("SLURM_CONF") and LOCAL_SLURM_CONF.is_file():
         os.environ["SLURM_CONF"] = str(LOCAL_SLURM_CONF)
-    reason = "no Slurm cluster: start one with `scripts/local-slurm.sh start` (CI does)"
+    reason = (
+        f"no Slurm cluster: {os.environ['ORELINE_SLURM_UNAVAILABLE']}"
+        if os.environ.get("ORELINE_SLURM_UNAVAILABLE")
+        else "no Slurm cluster: run the suite with scripts/test.sh (it starts one), or start one with "
+        "`scripts/local-slurm.sh start`"
+    )
     if shutil.which("sinfo") is None:
         pytest.skip(f"{reason}; `sinfo` is not installed")
     try:
@@ -253,3 +404,6 @@ def fill_disk(folder: Path, leave: int) -> Path:
             n = fh.write(b"\0" * min(room, 1 << 20))
             room -= n
     return filler
+
+
+sys.modules.setdefault("oreline_test_helpers", sys.modules[__name__])

@@ -40,6 +40,7 @@ def test_this_torch_is_in_the_tested_range_and_its_private_apis_are_found():
         assert compat.dcp_raw_writer_internals() is not None
         assert compat.fsdp_reduce_scatter_base() is not None
         assert compat.torch_save_config() is not None
+        assert compat.fused_adamw_skip() is not None
         if torch.backends.mkldnn.is_available():
             assert compat.onednn_linear() is not None
     else:  # older releases in the range may lack one: then it is None (and warned about), never an error
@@ -49,6 +50,7 @@ def test_this_torch_is_in_the_tested_range_and_its_private_apis_are_found():
                 compat.dcp_raw_writer_internals,
                 compat.fsdp_reduce_scatter_base,
                 compat.torch_save_config,
+                compat.fused_adamw_skip,
                 compat.onednn_linear,
             ):
                 accessor()

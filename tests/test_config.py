@@ -164,24 +164,6 @@ def test_cli_config_show_and_keys():
 # bad values and bad files through the real command line: a clear error, never a traceback
 
 
-def oreline_cli(*args: str, timeout: float = 120) -> tuple[int, str]:
-    """Run `python -m oreline ARGS` as a user would; (exit code, stdout + stderr)."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "COLUMNS": "10000"}  # rich would wrap long messages (and paths) at 80 columns
-    proc = subprocess.run(
-        [sys.executable, "-m", "oreline", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
-    return proc.returncode, proc.stdout + proc.stderr
-
-
 BAD_VALUES = [
     ("model.n_heads=0", "model.n_heads"),
     ("train.optim.lr=nan", "train.optim.lr"),
@@ -204,6 +186,13 @@ BAD_VALUES = [
         ("train.optim.lr=inf", "train.optim.lr"),
         ("model.dim=0", "model.dim"),
         ("model.vocab_size=1000000000", "model.vocab_size"),
+        # intervals: log_every = 0 used to pass and divide by zero after step 1 (n % 0)
+        ("train.log_every=0", "train.log_every"),
+        ("train.eval_every=-1", "train.eval_every"),
+        ("train.eval_batches=0", "train.eval_batches"),
+        ("train.generate_every=-1", "train.generate_every"),
+        ("checkpoint.keep_every=-1", "checkpoint.keep_every"),
+        ("checkpoint.model_only_every=-2", "checkpoint.model_only_every"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_key(override, key):
@@ -212,7 +201,7 @@ def test_a_bad_value_is_refused_naming_the_key(override, key):
     assert str(err.value).startswith(f"{key} in ")
 
 
-def test_cli_refuses_bad_values_naming_every_key():
+def test_cli_refuses_bad_values_naming_every_key(oreline_cli):
     """One run with every bad value: each is named (pydantic reports them all), no traceback."""
     code, out = oreline_cli("config", "show", *(o for o, _ in BAD_VALUES))
     assert code == 2, out
@@ -230,7 +219,7 @@ def test_dim_not_divisible_by_heads_is_refused_at_load():
         load_config(None, ["model.dim=100", "model.n_heads=8"])
 
 
-def test_cli_refuses_a_binary_config_file(tmp_path):
+def test_cli_refuses_a_binary_config_file(tmp_path, oreline_cli):
     path = tmp_path / "binary.toml"
     path.write_bytes(bytes(range(256)) * 8)  # not UTF-8: 0x80 is a continuation byte with no lead
     code, out = oreline_cli("config", "show", "-c", str(path))
@@ -239,7 +228,7 @@ def test_cli_refuses_a_binary_config_file(tmp_path):
 
 
 @pytest.mark.parametrize("nesting", ["[" * 100_000 + "]" * 100_000, "{a = " * 100_000 + "1" + "}" * 100_000])
-def test_cli_refuses_a_config_nested_100k_deep(tmp_path, nesting):
+def test_cli_refuses_a_config_nested_100k_deep(tmp_path, nesting, oreline_cli):
     path = tmp_path / "deep.toml"
     path.write_text(f"x = {nesting}\n")
     code, out = oreline_cli("config", "show", "-c", str(path))

@@ -11,6 +11,7 @@ caller takes the public path, and one warning per feature says what was given up
 | `torch.distributed.checkpoint.filesystem` internals (`_StorageInfo`, `_StoragePrefix`, `_split_by_size_and_type`, `DEFAULT_SUFFIX`) | raw tensor files under DCP (train/checkpoint/raw_tensors.py), ~3x faster saves | DCP's stock `FileSystemWriter` (torch.save per tensor; loads with weights_only=True) |
 | `torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultReduceScatter` | FSDP2 gradient communication time in metrics, with `train.profile` only | FSDP2's own reduce-scatter, `comm_ms` without the reduce-scatters |
 | `torch.utils.serialization.config.save.compute_crc32` | skip torch.save's CRC32 (checksums.json covers it) | CRC32 stays on |
+| `optimizer.found_inf` (the attribute GradScaler sets; fused Adam/AdamW's `step` reads it) | a rejected step is skipped inside the fused kernel: no host read per step | the verdict is read on the host every step (`optim.fused=false`'s path) |
 
 One public API changed inside the range: DCP's `save`/`load` gained `no_dist` after 2.6
 (`dcp_no_dist`); before it, DCP decides from whether a process group is initialised, which is what
@@ -139,6 +140,31 @@ def torch_save_config() -> Any:
         return config
 
     return _private("skipping torch.save's CRC32 in stock-writer saves", "the CRC32 is computed", get)
+
+
+def fused_adamw_skip() -> Any:
+    """`skip(optimizer, mask)`: makes the next step of a fused Adam/AdamW a no-op where `mask` (a
+    0-dim bool tensor, on the device) is true — weights, moments and step count left as they are —
+    through `optimizer.found_inf`, the private hook torch's GradScaler uses; or None."""
+
+    def get() -> Any:
+        import inspect
+
+        import torch
+
+        if "found_inf" not in inspect.getsource(torch.optim.AdamW.step):
+            raise AttributeError("torch.optim.AdamW.step no longer reads optimizer.found_inf")
+        return _set_found_inf
+
+    return _private(
+        "skipping a rejected step inside the fused AdamW kernel",
+        "the loop reads each step's verdict on the host and skips optimizer.step() there",
+        get,
+    )
+
+
+def _set_found_inf(optimizer: Any, mask: Any) -> None:
+    optimizer.found_inf = mask.float()  # 1.0: the fused kernels skip the update
 
 
 @functools.cache

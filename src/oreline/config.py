@@ -466,15 +466,17 @@ class TrainConfig(Section):
         600.0, gt=0, description="timeout of every collective: a dead peer fails the run, no hang"
     )
     doc_mask: bool = Field(False, description="attention masked at document boundaries")
-    log_every: int = 10
+    log_every: int = Field(10, ge=1, description="metrics every N steps (and at steps 1 and the last)")
     profile: bool = Field(
         False,
         description="precise per-step timings: wait for the device after every step and time FSDP2's "
         "gradient reduce-scatters (slower; ordinary steps never wait for the device)",
     )
-    eval_every: int = 200
-    eval_batches: int = 20
-    generate_every: int = Field(0, description="greedy generations every N steps (0: at eval only)")
+    eval_every: int = Field(
+        200, ge=0, description="validation every N steps (and at the last); 0: at the end only"
+    )
+    eval_batches: int = Field(20, ge=1, description="validation batches per evaluation")
+    generate_every: int = Field(0, ge=0, description="greedy generations every N steps (0: at eval only)")
     optim: OptimConfig = OptimConfig()
     stability: StabilityConfig = StabilityConfig()
     debug: DebugConfig = DebugConfig()
@@ -485,9 +487,9 @@ class CheckpointConfig(Section):
     keep_last: int = Field(
         3, ge=1, description="newest full checkpoints kept (at least 1; a large number keeps all)"
     )
-    keep_every: int = Field(0, description="also keep every M-th step permanently; 0 disables")
+    keep_every: int = Field(0, ge=0, description="also keep every M-th step permanently; 0 disables")
     model_only_every: int = Field(
-        0, description="light model-only snapshots (never resumed from); 0 disables"
+        0, ge=0, description="light model-only snapshots (never resumed from); 0 disables"
     )
     async_save: bool = Field(
         False, alias="async", description="CUDA: save in the background with DCP async save"

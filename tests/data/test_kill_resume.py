@@ -3,11 +3,8 @@ an uninterrupted run: the same document ids and texts, the same rejects, no dupl
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -34,38 +31,17 @@ def _command(inputs, out):
     return [sys.executable, "-m", "oreline", "data", *inputs, "--out", str(out), "--workers", "2"]
 
 
-def _run_and_kill(inputs, out, ready, timeout=60.0) -> bool:
-    """Start the CLI in its own process group, SIGKILL the group once ready() holds; True if killed."""
-    proc = subprocess.Popen(
-        _command(inputs, out), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                return False  # finished before the kill point
-            if ready():
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return True
-            time.sleep(0.01)
-        raise AssertionError("the run never reached the kill point")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.mark.slow
-def test_sigkill_and_resume_match_an_uninterrupted_run(samples, tmp_path):
+def test_sigkill_and_resume_match_an_uninterrupted_run(samples, tmp_path, kill_at):
     inputs = [str(samples / "web-archives" / p) for p in INPUTS]
     ref_stats = run_data(inputs, tmp_path / "ref", load_config(), workers=1)
     out = tmp_path / "killed"
 
     # kill 1: in phase 1, after the first task finished and while others are being written
     phase1 = out / "work" / "phase1"
-    killed = _run_and_kill(
-        inputs, out, lambda: phase1.is_dir() and any(p.name.startswith("task-") for p in phase1.iterdir())
+    killed = kill_at(
+        _command(inputs, out),
+        lambda: phase1.is_dir() and any(p.name.startswith("task-") for p in phase1.iterdir()),
     )
     assert killed, "the run finished before it could be killed in phase 1"
     assert not (out / "_SUCCESS").exists()
@@ -74,7 +50,9 @@ def test_sigkill_and_resume_match_an_uninterrupted_run(samples, tmp_path):
 
     # kill 2: the resumed run, in phase 3, as soon as a final shard is in place
     docs_dir = out / "docs"
-    killed = _run_and_kill(inputs, out, lambda: docs_dir.is_dir() and any(docs_dir.glob("part-*.parquet")))
+    killed = kill_at(
+        _command(inputs, out), lambda: docs_dir.is_dir() and any(docs_dir.glob("part-*.parquet"))
+    )
     assert not (out / "_SUCCESS").exists() or not killed
 
     # finish

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -45,26 +43,16 @@ def assert_intact(root: Path, files: dict[str, bytes]) -> None:
         assert (root / rel).read_bytes() == data, rel
 
 
-def oreline(*args: str) -> tuple[int, str]:
-    """Run the CLI; its exit code and stderr with rich's line wrapping undone."""
-    result = subprocess.run(
-        [sys.executable, "-m", "oreline", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "400"},
-    )
-    return result.returncode, " ".join(result.stderr.split())
-
-
-def test_data_refuses_a_folder_of_user_files_and_deletes_nothing(samples, tmp_path):
+def test_data_refuses_a_folder_of_user_files_and_deletes_nothing(samples, tmp_path, oreline_cli):
     out = tmp_path / "mine"
     files = user_folder(out)
-    code, err = oreline("data", str(samples / WARC), "--out", str(out))
+    code, err = oreline_cli("data", str(samples / WARC), "--out", str(out))
+    err = " ".join(err.split())  # rich's line wrapping undone
     assert code == 2, err[-2000:]
     assert f"{out} is not empty" in err and "--force" in err and "not created by oreline data" in err
     # --force still never takes a folder that has names oreline writes (docs/): nothing is touched
-    code, err = oreline("data", str(samples / WARC), "--out", str(out), "--force")
+    code, err = oreline_cli("data", str(samples / WARC), "--out", str(out), "--force")
+    err = " ".join(err.split())  # rich's line wrapping undone
     assert (
         code == 2
         and f"{out} holds docs, names oreline data writes" in err

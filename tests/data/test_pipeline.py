@@ -295,3 +295,24 @@ def test_a_small_dedup_plan_runs_in_this_process_a_large_one_on_the_pool(tmp_pat
     small = _plan_executor(pool, paths[:-1])
     assert small is not pool and small.name == "local" and small.workers == 1
     assert _plan_executor(pool, paths) is pool
+
+
+def test_a_crashed_write_task_is_reported_with_its_input_file(samples, tmp_path):
+    """A phase-3 (write) task whose worker died twice comes back as TaskCrashed with its job,
+    (i, work, out, cfg): stats.json names the task's input file, as for a crashed filter task, not
+    the run's work folder."""
+    from oreline.data.pipeline.run import _merge_stats
+    from oreline.data.pipeline.tasks import run_phase1
+
+    cfg = _cfg("data.dedup.exact=false", "data.dedup.minhash=false")
+    out, work = tmp_path / "out", tmp_path / "out" / "work"
+    paths = [samples / "web-archives" / "warcio-edge-cases" / "example.warc.gz"] * 2
+    tasks = [(i, p, "warc") for i, p in enumerate(paths)]
+    for i, p, kind in tasks:
+        run_phase1(i, str(p), kind, str(work), cfg)
+    crashes = [
+        TaskCrashed((0, str(work), str(out), cfg), "worker process died while running this task (twice)"),
+        TaskCrashed((1, str(paths[1]), "warc", str(work), cfg), "worker process died (twice)"),
+    ]
+    stats = _merge_stats(work, tasks, tasks, [], crashes, {}, 2, "fp")
+    assert [e["file"] for e in stats["errors"] if e["offset"] is None] == [str(paths[0]), str(paths[1])]

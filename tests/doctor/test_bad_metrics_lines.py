@@ -3,8 +3,6 @@ their line numbers, never a RecursionError / ValueError / OverflowError tracebac
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
@@ -28,18 +26,10 @@ def add_lines(run, *lines: str) -> list[int]:
     return list(range(first, first + len(lines)))
 
 
-def test_doctor_cli_counts_deep_and_huge_lines_with_their_numbers(healthy_run):
+def test_doctor_cli_counts_deep_and_huge_lines_with_their_numbers(healthy_run, oreline_cli):
     deep, huge, overflow = add_lines(healthy_run, DEEP, HUGE_INT, FLOAT_OVERFLOW)
-    proc = subprocess.run(
-        [sys.executable, "-m", "oreline", "doctor", "run", str(healthy_run)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "COLUMNS": "10000"},
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out  # a warning, not a failure: the rest of the run is healthy
+    code, out = oreline_cli("doctor", "run", str(healthy_run), timeout=300)
+    assert code == 0, out  # a warning, not a failure: the rest of the run is healthy
     assert "Traceback" not in out, out
     assert "metrics_unreadable" in out and "3 lines of metrics.jsonl skipped" in out
     assert f"line {deep}: nested too deeply" in out

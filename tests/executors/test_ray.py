@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 import pytest
+from oreline_test_helpers import drop_timings as untimed
 
 from oreline.config import TokenizerConfig, load_config
 from oreline.data.pipeline.run import run_data
@@ -35,19 +35,10 @@ INPUTS = [
     "ia-blackbook-2008/IAH-20080430204825-00000-blackbook.warc.gz",
     "warcio-edge-cases/example.warc.gz",
 ]
-TIMING = {"seconds", "signature_seconds", "pid", "workers", "tokens_per_second"}
 
 
 def _inputs(samples) -> list[str]:
     return [str(samples / "web-archives" / p) for p in INPUTS]
-
-
-def _untimed(obj):
-    if isinstance(obj, dict):
-        return {k: _untimed(v) for k, v in obj.items() if k not in TIMING}
-    if isinstance(obj, list):
-        return [_untimed(v) for v in obj]
-    return obj
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -60,8 +51,8 @@ def assert_same_data_output(ref: Path, out: Path) -> None:
         assert sorted(a) == sorted(b), sub
         assert a == b, f"{sub} shards differ"
     assert (out / "_SUCCESS").is_file()
-    stats_ref = _untimed(json.loads((ref / "stats.json").read_text()))
-    stats_out = _untimed(json.loads((out / "stats.json").read_text()))
+    stats_ref = untimed(json.loads((ref / "stats.json").read_text()))
+    stats_out = untimed(json.loads((out / "stats.json").read_text()))
     assert stats_out == stats_ref
     # one attempt folder per task is left: the committed one (killed attempts' folders are gone)
     work = out / "work"
@@ -98,11 +89,11 @@ def test_tokenize_on_ray_equals_the_local_run(local_run, ray_overrides, tmp_path
             [str(local_run / "docs")], tok, tmp_path / name, cfg.tokenize, workers=2, ray=cfg.data.ray
         )
     assert len(results["ray"]["shards"]) > 2
-    assert _untimed(results["ray"]) == _untimed(results["local"])
+    assert untimed(results["ray"]) == untimed(results["local"])
     local_files, ray_files = _files(tmp_path / "local"), _files(tmp_path / "ray")
     for f in (local_files, ray_files):
         f.pop(".oreline-owner")  # the folder's owner record: its creation time and pid
-    manifests = [_untimed(json.loads(f.pop("manifest.json"))) for f in (local_files, ray_files)]
+    manifests = [untimed(json.loads(f.pop("manifest.json"))) for f in (local_files, ray_files)]
     assert manifests[0] == manifests[1]
     assert local_files == ray_files
 
@@ -223,35 +214,16 @@ def test_worker_node_killed_in_the_dedup_bucket_stage_the_plan_completes_with_id
     assert out[2] == ref[2]  # each input file's removal list, byte for byte
 
 
-def _wait_and_kill(cmd, ready, env, timeout=120.0) -> bool:
-    proc = subprocess.Popen(
-        cmd, start_new_session=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                return False
-            if ready():
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return True
-            time.sleep(0.005)
-        raise AssertionError("the run never reached the kill point")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.mark.slow
-def test_driver_sigkilled_mid_run_resumes_to_identical_output(samples, local_run, ray_overrides, tmp_path):
+def test_driver_sigkilled_mid_run_resumes_to_identical_output(
+    samples, local_run, ray_overrides, tmp_path, kill_at
+):
     out = tmp_path / "ray"
     cmd = [sys.executable, "-m", "oreline", "data", *_inputs(samples), "--out", str(out), *ray_overrides]
     env = dict(os.environ)
     phase1 = out / "work" / "phase1"
-    killed = _wait_and_kill(
-        cmd, lambda: phase1.is_dir() and 0 < len(list(phase1.glob("task-*.json"))) < len(INPUTS), env
+    killed = kill_at(
+        cmd, lambda: phase1.is_dir() and 0 < len(list(phase1.glob("task-*.json"))) < len(INPUTS), env=env
     )
     assert killed, "the run finished before the driver could be killed in phase 1"
     assert not (out / "_SUCCESS").exists()
@@ -274,7 +246,7 @@ def test_two_concurrent_attempts_of_one_task_leave_one_valid_output(samples, ray
     job = (0, big, "warc", str(work), cfg)
     first, second = executor.map(run_phase1, [job, job], label="filter")
     assert not isinstance(first, TaskCrashed) and not isinstance(second, TaskCrashed)
-    assert _untimed(first) == _untimed(second)
+    assert untimed(first) == untimed(second)
     # the tasks' progress reached the driver through the cluster: both attempts read the whole
     # file (they did run at once; a late one would have found the marker and read nothing)
     alone = LocalQueue()
@@ -322,3 +294,25 @@ def test_a_task_that_kills_its_worker_every_time_comes_back_as_a_crash_result(ra
     assert executor.map(os.getpid, [()], label="after")[0] > 0  # the cluster is still fine
     with pytest.raises(ValueError, match="invalid literal"):
         executor.map(int, [("12",), ("not a number",)], label="raise")
+
+
+def test_a_task_that_raises_leaves_no_progress_actor_on_the_cluster(ray_overrides):
+    """The map's progress actor is killed when a task raises too, not only when the map returns:
+    the driver lives on (it reports the error, a test goes on) and holds the exception, whose
+    traceback holds the map's frame and its handle of the actor, which Ray would keep alive."""
+    import ray
+    from ray._private.state import actors  # Ray's GCS actor table (no dashboard on the test cluster)
+
+    def live_sinks() -> int:
+        table = actors(actor_state_name="ALIVE").values()
+        return sum(1 for a in table if a["ActorClassName"].endswith("_Sink"))
+
+    executor = make_executor("ray", ray=load_config(overrides=ray_overrides).data.ray)
+    with pytest.raises(ValueError, match="invalid literal") as raised:
+        executor.map(int, [("12",), ("not a number",)], label="raise")
+    assert ray.is_initialized() and raised.value  # the driver goes on, the error in hand
+    deadline = time.monotonic() + 30
+    while live_sinks() and time.monotonic() < deadline:
+        time.sleep(0.2)  # ray.kill is asynchronous (and ends the actors of earlier maps too)
+    assert live_sinks() == 0
+    del raised

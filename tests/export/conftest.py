@@ -11,6 +11,8 @@ import pytest
 from oreline.config import TokenizerConfig
 from oreline.tokens.train_bpe import train_tokenizer
 
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(samples, tmp_path_factory) -> Path:
@@ -31,15 +33,19 @@ def tokenizer_dir(samples, tmp_path_factory) -> Path:
 def demo_model(samples, tokenizer_dir):
     """A demo-like Llama (tied, GQA) trained briefly on `[BOS] text [EOS]` documents, as oreline trains:
     unlike a random one it continues a prompt differently with and without the BOS in front."""
+    import importlib.util
+
     import torch
 
-    from oreline.model.llama import Llama, ModelArgs
+    from oreline.model.llama import ModelArgs
     from oreline.tokens.train_bpe import load_tokenizer
 
+    spec = importlib.util.spec_from_file_location("oreline_bench_clients", BENCHMARKS / "clients.py")
+    clients = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(clients)
     tok = load_tokenizer(tokenizer_dir)
     with gzip.open(samples / "english-prose" / "tinyshakespeare.txt.gz", "rt", encoding="utf-8") as fh:
         paras = [p for p in fh.read(200_000).split("\n\n") if p.strip()]
-    stream = torch.tensor([t for p in paras for t in [tok.bos_id, *tok.encode(p), tok.eos_id]])
     args = ModelArgs(
         dim=64,
         n_layers=2,
@@ -50,22 +56,10 @@ def demo_model(samples, tokenizer_dir):
         max_seq_len=256,
         tie_embeddings=True,
     )
-    torch.manual_seed(0)
-    model = Llama(args)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is as fast, and immune to a busy machine
     try:
-        for _ in range(80):
-            starts = torch.randint(0, len(stream) - 65, (8,), generator=gen)
-            x = torch.stack([stream[s : s + 64] for s in starts])
-            y = torch.stack([stream[s + 1 : s + 65] for s in starts])
-            y = y.masked_fill(y == tok.bos_id, -100)  # the loader's rule: BOS is never a target
-            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        model, _ = clients.train_demo_like(paras, tok, args, steps=80, batch=8, seq_len=64)
     finally:
         torch.set_num_threads(threads)
-    return model.eval(), tok
+    return model, tok

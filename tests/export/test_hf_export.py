@@ -273,26 +273,15 @@ def test_cli_bf16_sharded_export(tokenizer_dir, tmp_path):
         assert (hf(x).logits - rounded(x)).abs().max().item() < 1e-4
 
 
-def test_cli_export_with_a_binary_tokenizer_json_names_the_file(tokenizer_dir, tmp_path):
-    import os
+def test_cli_export_with_a_binary_tokenizer_json_names_the_file(tokenizer_dir, tmp_path, oreline_cli):
     import shutil
-    import subprocess
-    import sys
 
     broken = tmp_path / "tokenizer"
     shutil.copytree(tokenizer_dir, broken)
     (broken / "tokenizer.json").write_bytes(bytes(range(128, 256)) * 16)
     snapshot(make_model(512), tmp_path / "run" / "checkpoints", broken)
-    proc = subprocess.run(
-        [sys.executable, "-m", "oreline", "export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "COLUMNS": "10000"},
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2 and "Traceback" not in out, out
+    code, out = oreline_cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), timeout=300)
+    assert code == 2 and "Traceback" not in out, out
     assert f"{broken / 'tokenizer.json'} is not UTF-8 text" in out and "oreline tokenizer train" in out
     assert not (tmp_path / "hf").exists()
 

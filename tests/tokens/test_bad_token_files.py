@@ -8,10 +8,7 @@ shards) the way a disk, a copy or a hostile file breaks it, and runs the real co
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,20 +20,6 @@ from oreline.io import file_sha256
 from oreline.tokens import shards as fmt
 from oreline.tokens.loader import TokenLoader
 from oreline.tokens.train_bpe import load_tokenizer
-
-
-def oreline_cli(*args: str, timeout: float = 180) -> tuple[int, str]:
-    """Run `python -m oreline ARGS` as a user would; (exit code, stdout + stderr)."""
-    env = {**os.environ, "COLUMNS": "10000"}  # rich would wrap long messages (and paths) at 80 columns
-    proc = subprocess.run(
-        [sys.executable, "-m", "oreline", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
-    return proc.returncode, proc.stdout + proc.stderr
 
 
 def assert_clean_error(code: int, out: str, *needles: str) -> None:
@@ -89,7 +72,7 @@ def _break_tokenizer(src: Path, dest: Path, how: str) -> Path:
 
 @pytest.mark.parametrize("how", ["empty", "truncated", "binary"])
 def test_tokenize_with_a_broken_tokenizer_json_names_the_file_and_the_rebuild(
-    how, byte_tokenizer_dir, corpus_files, tmp_path
+    how, byte_tokenizer_dir, corpus_files, tmp_path, oreline_cli
 ):
     file = _break_tokenizer(byte_tokenizer_dir, tmp_path / "tok", how)
     code, out = oreline_cli(
@@ -144,7 +127,9 @@ def test_a_manifest_of_the_wrong_shape_is_named(edit, message, tokens_dir, tmp_p
     assert str(manifest) in str(err.value) and message in str(err.value)
 
 
-def test_train_on_a_manifest_that_is_a_list_names_the_file(tokens_dir, byte_tokenizer_dir, tmp_path):
+def test_train_on_a_manifest_that_is_a_list_names_the_file(
+    tokens_dir, byte_tokenizer_dir, tmp_path, oreline_cli
+):
     tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
     manifest = tokens / "manifest.json"
     manifest.write_text(json.dumps(json.loads(manifest.read_text())["shards"]))
@@ -206,7 +191,7 @@ def test_an_out_of_vocabulary_id_is_found_per_batch_with_header_only_verificatio
 
 
 def test_train_on_a_shard_with_an_out_of_vocabulary_id_names_the_shard(
-    tokens_dir, byte_tokenizer_dir, tmp_path
+    tokens_dir, byte_tokenizer_dir, tmp_path, oreline_cli
 ):
     tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
     config = train_config(tmp_path, tokens, byte_tokenizer_dir)

@@ -6,12 +6,8 @@ is not consumed by `tokenize` or `tokenizer train` unless the user says so.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 
@@ -25,24 +21,13 @@ from oreline.tokens.train_bpe import train_tokenizer
 from .conftest import write_parquet
 
 
-def oreline(*args: str) -> tuple[int, str]:
-    """Run the CLI; its exit code and stderr with rich's line wrapping undone."""
-    result = subprocess.run(
-        [sys.executable, "-m", "oreline", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "400"},
-    )
-    return result.returncode, " ".join(result.stderr.split())
-
-
-def test_tokenize_keeps_a_users_tok_file(corpus, byte_tokenizer_dir, tmp_path):
+def test_tokenize_keeps_a_users_tok_file(corpus, byte_tokenizer_dir, tmp_path, oreline_cli):
     docs = write_parquet(tmp_path / "docs.parquet", corpus["shakespeare"])
     out = tmp_path / "out"
     out.mkdir()
     (out / "my-notes.tok").write_bytes(b"my own notes, not a shard")
-    code, err = oreline("tokenize", str(docs), "--tokenizer", str(byte_tokenizer_dir), "--out", str(out))
+    code, err = oreline_cli("tokenize", str(docs), "--tokenizer", str(byte_tokenizer_dir), "--out", str(out))
+    err = " ".join(err.split())  # rich's line wrapping undone
     assert code == 2 and f"{out} is not empty (my-notes.tok)" in err and "--force" in err
     assert sorted(p.name for p in out.iterdir()) == ["my-notes.tok"]
     # --force: written next to it; a re-run with other settings replaces oreline's shards, only those
@@ -97,7 +82,7 @@ def test_manifest_shard_names_that_leave_the_folder_are_refused(tokens_dir, tmp_
 
 
 @pytest.mark.slow
-def test_an_unfinished_data_run_is_not_consumed(samples, byte_tokenizer_dir, tmp_path):
+def test_an_unfinished_data_run_is_not_consumed(samples, byte_tokenizer_dir, tmp_path, oreline_cli, kill_at):
     """`oreline data` killed as soon as its first shard is in docs/: tokenize and tokenizer train refuse
     the folder (and its docs/), naming it and the command that finishes it; --allow-incomplete reads it."""
     inputs = [
@@ -110,31 +95,20 @@ def test_an_unfinished_data_run_is_not_consumed(samples, byte_tokenizer_dir, tmp
         )
     ]
     data = tmp_path / "data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "oreline", "data", *inputs, "--out", str(data), "--workers", "1"],
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while (
-        proc.poll() is None
-        and not list((data / "docs").glob("part-*.parquet"))
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.01)
-    assert proc.poll() is None, "the data run finished before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    command = [sys.executable, "-m", "oreline", "data", *inputs, "--out", str(data), "--workers", "1"]
+    killed = kill_at(command, lambda: bool(list((data / "docs").glob("part-*.parquet"))))
+    assert killed, "the data run finished before it could be killed"
     assert not (data / "_SUCCESS").exists()
 
     for target in (data, data / "docs"):
-        code, err = oreline(
+        code, err = oreline_cli(
             "tokenize", str(target), "--tokenizer", str(byte_tokenizer_dir), "--out", str(tmp_path / "t")
         )
+        err = " ".join(err.split())  # rich's line wrapping undone
         assert code == 2 and f"{data} is an oreline data run that has not finished (no _SUCCESS)" in err, err
         assert f"--out {data}` again" in err and "--allow-incomplete" in err
-        code, err = oreline("tokenizer", "train", str(target), "--out", str(tmp_path / "tok"))
+        code, err = oreline_cli("tokenizer", "train", str(target), "--out", str(tmp_path / "tok"))
+        err = " ".join(err.split())  # rich's line wrapping undone
         assert code == 2 and "has not finished (no _SUCCESS)" in err, err
     assert not (tmp_path / "t").exists() and not (tmp_path / "tok").exists()
     assert (data / LOCK).exists()  # the killed run's lock: stale, taken over by the run that finishes it

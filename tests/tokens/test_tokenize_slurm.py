@@ -13,23 +13,15 @@ import pytest
 
 pytestmark = pytest.mark.slurm
 
-TIMING = {"seconds", "tokens_per_second"}
-
-
-def _untimed(obj):
-    if isinstance(obj, dict):
-        return {k: _untimed(v) for k, v in obj.items() if k not in TIMING}
-    if isinstance(obj, list):
-        return [_untimed(v) for v in obj]
-    return obj
-
 
 def _files(folder: Path) -> dict[str, bytes]:
     # the owner record holds its creation time and pid; the manifest is compared without its timings
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name[0] != "."}
 
 
-def test_tokenize_on_slurm_equals_the_local_run(slurm_cluster, corpus_files, byte_tokenizer_dir, tmp_path):
+def test_tokenize_on_slurm_equals_the_local_run(
+    slurm_cluster, corpus_files, byte_tokenizer_dir, tmp_path, untimed
+):
     def command(out: Path, executor: str) -> list[str]:
         cmd = [sys.executable, "-m", "oreline", "tokenize", *map(str, corpus_files), "--tokenizer"]
         cmd += [str(byte_tokenizer_dir), "--out", str(out), "--workers", "2", "--executor", executor]
@@ -44,7 +36,7 @@ def test_tokenize_on_slurm_equals_the_local_run(slurm_cluster, corpus_files, byt
     # one array index per task, each with its log
     assert len(list((out / "slurm" / "tokenize-0" / "logs").glob("*_*.out"))) == len(corpus_files)
     got, want = _files(out), _files(local)
-    manifests = [_untimed(json.loads(f.pop("manifest.json"))) for f in (got, want)]
+    manifests = [untimed(json.loads(f.pop("manifest.json"))) for f in (got, want)]
     assert manifests[0] == manifests[1]
     assert len(got) > len(corpus_files) and got == want
     # a second run finds the manifest up to date and submits nothing

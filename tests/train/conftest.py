@@ -125,21 +125,6 @@ def train_config(tmp_path, prose_tokens):
     return lambda **dotted: make_config(tmp_path, prose_tokens, **dotted)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def machine_cache(tmp_path_factory):
-    """Per-machine decisions (the CPU matmul backend of train.cpu_matmul = "auto") go to a session folder,
-    not the user's ~/.cache/oreline; subprocess runs inherit it through the environment."""
-    import os
-
-    before = os.environ.get("ORELINE_CACHE_DIR")
-    os.environ["ORELINE_CACHE_DIR"] = str(tmp_path_factory.mktemp("oreline-cache"))
-    yield Path(os.environ["ORELINE_CACHE_DIR"])
-    if before is None:
-        os.environ.pop("ORELINE_CACHE_DIR", None)
-    else:
-        os.environ["ORELINE_CACHE_DIR"] = before
-
-
 # Test folders are not packages (--import-mode=importlib): test modules reach the plain helpers
 # above (make_config, write_config, read_metrics) as import_module("oreline_test_train_fixtures").
 sys.modules.setdefault("oreline_test_train_fixtures", sys.modules[__name__])

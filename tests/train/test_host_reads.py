@@ -85,6 +85,40 @@ def test_unfused_adamw_reads_the_verdict_once_per_step(tmp_path, train_config, o
     assert all(s["reads"] > 1 for s in (ordinary[0], ordinary[2])), ordinary
 
 
+def test_without_torchs_found_inf_hook_the_fused_path_reads_the_verdict(
+    tmp_path, train_config, one_thread, monkeypatch
+):
+    """optimizer.found_inf is a private hook of torch's Adam, reached through oreline.compat only: on
+    a torch outside the tested range (compat's own switch) the fused optimizer's run says so once
+    and falls back to reading the verdict on the host, and still skips the NaN step."""
+    import warnings
+
+    from oreline import compat
+
+    monkeypatch.setattr(compat, "_forced_untested", True)
+    compat.reset_warnings()
+    cfg = train_config(
+        train__steps=6,
+        train__log_every=5,
+        train__eval_every=0,
+        train__cpu_matmul="blas",
+        train__debug__count_host_reads=True,
+        train__debug__inject_nan_at_step=3,
+        eval__prompts=[],
+    )
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            assert train(cfg, resume="none")["skipped_steps"] == 1
+    finally:
+        compat.reset_warnings()
+    assert [str(w.message) for w in caught if "fused AdamW kernel" in str(w.message)], [
+        str(w.message) for w in caught
+    ]
+    ordinary = [s for s in host_reads(tmp_path / "t") if not s["why"]]
+    assert ordinary[1]["step"] == 3 and ordinary[1]["ops"] == {"_local_scalar_dense": 1}, ordinary
+
+
 def write_run_config(path, runs, corpus, parallel: str) -> None:
     write_config(
         path,

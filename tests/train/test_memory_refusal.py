@@ -7,9 +7,6 @@ failure traceback, an out-of-memory kill or hours of swapping.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -24,21 +21,13 @@ from oreline.config import to_toml
         ("train.micro_batch=1000000000", ["train.micro_batch=1000000000 × train.seq_len=64"]),
     ],
 )
-def test_train_refuses_before_allocating(override, needles, tmp_path, train_config):
+def test_train_refuses_before_allocating(override, needles, tmp_path, train_config, oreline_cli):
     config = tmp_path / "train.toml"
     config.write_text(to_toml(train_config(train__cpu_matmul="blas")))
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "oreline", "train", "-c", str(config), override],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "COLUMNS": "10000"},
-    )
+    code, out = oreline_cli("train", "-c", str(config), override, timeout=300)
     seconds = time.perf_counter() - t0
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
+    assert code == 2, out
     assert "Traceback" not in out, out
     assert "training needs at least" in out and "available RAM (psutil)" in out, out
     for needle in needles:

@@ -245,24 +245,50 @@ def test_sigterm_to_the_launcher_stops_two_ranks_at_one_step(prose_tokens, tmp_p
 def test_repeated_sigterm_is_one_request_and_a_second_ctrl_c_acts_at_once():
     from oreline.train.shutdown import StopRequests
 
-    stops = StopRequests().install()
+    # a second Ctrl-C does what the handler found at install would have done: Python's own here,
+    # whatever the suite inherited (started with `&`, SIGINT arrives ignored)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        os.kill(os.getpid(), signal.SIGTERM)  # a service manager signals every process of the job,
-        os.kill(os.getpid(), signal.SIGTERM)  # and torchrun passes the signal on again
-        assert stops.requested and stops.signum == signal.SIGTERM  # ... and we are still here
-        os.kill(os.getpid(), signal.SIGINT)
-        assert stops.signum == signal.SIGTERM
-    finally:
-        stops.uninstall()
-    stops = StopRequests().install()
-    try:
-        os.kill(os.getpid(), signal.SIGINT)
-        assert stops.signum == signal.SIGINT
-        with pytest.raises(KeyboardInterrupt):
+        stops = StopRequests().install()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # a service manager signals every process of the job,
+            os.kill(os.getpid(), signal.SIGTERM)  # and torchrun passes the signal on again
+            assert stops.requested and stops.signum == signal.SIGTERM  # ... and we are still here
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1)  # (the handler runs at the next bytecode)
+            assert stops.signum == signal.SIGTERM
+        finally:
+            stops.uninstall()
+        stops = StopRequests().install()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stops.signum == signal.SIGINT
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # (the handler runs at the next bytecode)
+        finally:
+            stops.uninstall()
     finally:
-        stops.uninstall()
+        signal.signal(signal.SIGINT, inherited)
+
+
+def test_a_second_ctrl_c_keeps_an_ignored_sigint_ignored():
+    """Started with SIGINT ignored (`nohup oreline train &`): a SIGINT is still a stop request, and a
+    second one does what it would have done without oreline: nothing."""
+    from oreline.train.shutdown import StopRequests
+
+    inherited = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        stops = StopRequests().install()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stops.signum == signal.SIGINT
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)  # (no KeyboardInterrupt at the next bytecode)
+        finally:
+            stops.uninstall()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_resume_command_drops_resume_and_keeps_the_launch():

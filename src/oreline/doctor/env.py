@@ -394,6 +394,11 @@ def check_clock() -> Finding:
     if out is None:
         reason = "chronyc absent" if shutil.which("chronyc") is None else "chronyc tracking failed"
         return Finding("clock", "skip", f"not checked: {reason}", "compare `date +%s.%N` across nodes")
+    return clock_from_tracking(out)
+
+
+def clock_from_tracking(out: str) -> Finding:
+    """The clock finding from the text `chronyc tracking` printed."""
     match = re.search(r"System time\s*:\s*([\d.]+) seconds (fast|slow)", out)
     if not match:
         return Finding(

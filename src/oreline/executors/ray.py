@@ -213,6 +213,7 @@ class RayExecutor:
                     except RayTaskError as exc:  # the task raised: a bug, as in the local pool
                         for other in pending:
                             ray.cancel(other, force=False)
+                        ray.kill(sink)  # the driver lives on: the actor would stay on the cluster
                         cause = exc.cause if isinstance(exc.cause, BaseException) else exc
                         raise cause from None
                     except RayError as exc:  # worker, node or memory: Ray's retries are spent

@@ -117,8 +117,6 @@ def train_reference(
         out, "reference", "oreline quality train-reference", legacy=lambda d: (d / "reference.json").is_file()
     )
     if kind == "llama":
-        from oreline.quality.reference_lm import train_llama_reference
-
         facts = train_llama_reference(iter_docs(docs), out, console, **llama)
         files = ["model.safetensors", "tokenizer/tokenizer.json"]
         meta = {"kind": "llama", "tokenizer": "tokenizer/ (byte-level BPE, oreline.tokens)", **facts}

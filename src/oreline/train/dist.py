@@ -133,11 +133,12 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
     from oreline.train.shutdown import die_with_parent
 
     die_with_parent()  # also for ranks not started through `python -m oreline` (no-op if already set)
-    if cfg.parallel == "none" and os.environ.get("ORELINE_LAUNCHED_NPROC"):
-        cfg.parallel = (
-            "ddp"  # `oreline train --nproc N` asked for several processes: DDP unless told otherwise
-        )
-    if cfg.parallel == "none":
+    # `oreline train --nproc N` asked for several processes: DDP unless told otherwise. Decided here,
+    # in DistInfo.parallel, never written back to cfg: the recorded config is the one the user gave
+    parallel = cfg.parallel
+    if parallel == "none" and os.environ.get("ORELINE_LAUNCHED_NPROC"):
+        parallel = "ddp"
+    if parallel == "none":
         raise ConfigError(
             f"launched with WORLD_SIZE={world} but train.parallel=none",
             "set train.parallel=ddp (or fsdp) to train on several processes",
@@ -161,7 +162,7 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
     # host flags (stop requests) travel through gloo on the CPU: through NCCL they would be device
     # tensors, and reading one waits for everything queued on the device
     _HOST_GROUP = tdist.new_group(backend="gloo") if backend == "nccl" else None
-    return DistInfo(rank, world, local_rank, device, backend, rank == 0, cfg.parallel)
+    return DistInfo(rank, world, local_rank, device, backend, rank == 0, parallel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,10 +385,10 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
     FSDP2 also applies at world size 1 when the caller started a process group itself
     (benchmarks/gpu_check.py: one GPU with FSDP2's bf16 mixed precision, as each rank of a job runs).
     """
-    one_rank_fsdp = cfg.parallel == "fsdp" and tdist.is_initialized()
+    one_rank_fsdp = info.parallel == "fsdp" and tdist.is_initialized()
     if not info.distributed and not one_rank_fsdp:
         return model
-    if cfg.parallel == "ddp":
+    if info.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [info.local_rank] if info.device.type == "cuda" else None
@@ -396,7 +397,7 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
         )
         ddp.register_comm_hook(COMM, _timed_allreduce_hook)
         return ddp
-    if cfg.parallel == "fsdp":
+    if info.parallel == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -415,7 +416,7 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
             for m in (*blocks, model):
                 m.set_custom_reduce_scatter(comm)
         return model
-    raise ConfigError(f"train.parallel={cfg.parallel!r} is unknown", "use train.parallel=ddp or fsdp")
+    raise ConfigError(f"train.parallel={info.parallel!r} is unknown", "use train.parallel=ddp or fsdp")
 
 
 def sync_context(model: nn.Module, last: bool) -> Any:

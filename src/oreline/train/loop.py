@@ -92,6 +92,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from oreline import compat
 from oreline.config import Config
 from oreline.errors import TrainingError
 from oreline.model.scoring import breakdown_means, loss_breakdown
@@ -230,7 +231,7 @@ def _train(
     frozen = torch.zeros((), dtype=torch.bool, device=s.device)  # a rollback is pending (see settle)
     pending: list[Pending] = []  # the steps since the last read, oldest first
     # the fused AdamW kernels skip a step on the device (found_inf); the others need the verdict on the host
-    fused = bool(s.optimizer.defaults.get("fused"))
+    skip_on_device = compat.fused_adamw_skip() if s.optimizer.defaults.get("fused") else None
     reads = StepReads(tc.debug.count_host_reads)
 
     try:
@@ -288,10 +289,10 @@ def _train(
             if rollback_ready:  # this step and every one after it until the read are no-ops
                 frozen = frozen | (verdict[0] != 0)
                 applied = applied & ~frozen
-            if fused:  # found_inf = 1: the kernels leave weights, moments and step count as they are
-                s.optimizer.found_inf = (~applied).float()
+            if skip_on_device is not None:  # the kernels leave weights, moments and step count as they are
+                skip_on_device(s.optimizer, ~applied)
                 s.optimizer.step()
-            elif bool(applied):  # optim.fused=false: one host read per step
+            elif bool(applied):  # optim.fused=false (or no found_inf in this torch): one host read per step
                 s.optimizer.step()
             judge.accept(loss, grad_norm, applied)
             s.optimizer.zero_grad(set_to_none=True)

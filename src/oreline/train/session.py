@@ -280,6 +280,7 @@ def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, 
         "device": str(s.device)
         + (f" ({torch.cuda.get_device_name(s.device)})" if s.device.type == "cuda" else ""),
         "world_size": info.world_size,
+        "parallel": info.parallel,  # the launch's choice (--nproc N: ddp); the config keeps what was given
         "precision": cfg.train.precision,
         "kernels": cfg.train.kernels,
         "cpu_matmul": f"{s.cpu_matmul} ({s.cpu_matmul_source})" if s.cpu_matmul else None,

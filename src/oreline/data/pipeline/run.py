@@ -645,8 +645,13 @@ def _merge_stats(work: Path, tasks, finished, unknown, crashes, dedup_stats, wor
             entry["seconds"] = round(entry["seconds"] + v["seconds"], 6)
         errors.extend(s["errors"])
         files[s["file"]] = s["input"]
+    # every task's job starts with its index (phase 1: (i, input, kind, ...), phase 3: (i, work, out,
+    # cfg)): the user is told the input file, never the work folder
+    inputs = {i: str(path) for i, path, _ in tasks}
     for c in crashes:
-        errors.append({"file": str(c.args[1]) if len(c.args) > 1 else "?", "offset": None, "error": c.error})
+        errors.append(
+            {"file": inputs.get(c.args[0], "?") if c.args else "?", "offset": None, "error": c.error}
+        )
     output = {
         "docs": sum(s["output"]["docs"] for s in p3),
         "bytes": sum(s["output"]["bytes"] for s in p3),

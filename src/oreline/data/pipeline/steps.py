@@ -5,7 +5,6 @@ runner in `oreline.data.pipeline.runner`; the filters themselves are pure functi
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections import Counter
 
@@ -39,7 +38,7 @@ def extract_text(html: str, cfg, paths: dict[str, dict] | None = None) -> tuple[
     `paths`, when given, counts per extraction path (e.g. "pruned", "pruned:too_deep") the pages
     and the seconds they took, the call to the child included: `{path: {"docs", "seconds"}}`."""
     t0 = time.perf_counter()
-    if getattr(cfg, "isolate", False):
+    if cfg.isolate:
         if cfg.extractor not in EXTRACTORS:
             raise ConfigError(f"unknown extractor {cfg.extractor!r}", f"use one of {sorted(EXTRACTORS)}")
         if not html:
@@ -116,20 +115,10 @@ def quality_steps(cfg) -> list[Step]:
 
     qcfg = cfg.data.quality
     steps = [Step(f"quality:{name}", fn) for name, fn in quality_filters(qcfg)]
-    if (
-        qcfg.enabled
-        and qcfg.perplexity_model
-        and importlib.util.find_spec("oreline.data.filters.perplexity") is not None
-    ):
+    if qcfg.perplexity_model:
         from oreline.data.filters.perplexity import perplexity_filter_factory
 
-        made = perplexity_filter_factory(qcfg)
-        if isinstance(made, Step):
-            steps.append(made)
-        elif callable(made):
-            steps.append(Step("quality:perplexity", made))
-        elif made:
-            steps.extend(Step(f"quality:{name}", fn) for name, fn in made)
+        steps.append(perplexity_filter_factory(qcfg))  # the batched Step "quality:perplexity"
     return steps
 
 
