@@ -142,6 +142,7 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
             f"launched with WORLD_SIZE={world} but train.parallel=none",
             "set train.parallel=ddp (or fsdp, hsdp) to train on several processes",
         )
+    set_socket_interface(cfg, world)
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:
         raise ConfigError("train.backend=nccl needs CUDA devices", "use train.backend=gloo on CPU")
@@ -162,6 +163,52 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
     # tensors, and reading one waits for everything queued on the device
     _HOST_GROUP = tdist.new_group(backend="gloo") if backend == "nccl" else None
     return DistInfo(rank, world, local_rank, device, backend, rank == 0, cfg.parallel)
+
+
+SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def route_interface(host: str) -> tuple[str | None, str | None]:
+    """(interface, local IPv4 address) this machine reaches `host` through, by the kernel's route
+    (a UDP socket connected to it: no packet is sent); (None, None) when `host` does not resolve."""
+    import socket
+
+    import psutil
+
+    try:
+        ip = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((ip, 9))
+            local = probe.getsockname()[0]
+    except OSError:
+        return None, None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+            return name, local
+    return None, local
+
+
+def set_socket_interface(cfg: TrainConfig, world: int) -> str | None:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME for this rank; returns the interface set, if any.
+
+    `train.socket_ifname` sets both. Otherwise, on a multi-node launch (WORLD_SIZE > LOCAL_WORLD_SIZE)
+    a variable left unset gets the interface that routes to the rendezvous host (MASTER_ADDR):
+    without it gloo binds to the address the machine's own hostname resolves to, which on many
+    images is 127.0.1.1 (the other nodes' connections then never arrive), and NCCL may pick a
+    docker or management interface. Variables set by the user are kept. One node: nothing changes.
+    """
+    if cfg.socket_ifname:
+        for var in SOCKET_VARS:
+            os.environ[var] = cfg.socket_ifname
+        return cfg.socket_ifname
+    if world <= _env_int("LOCAL_WORLD_SIZE", world) or all(os.environ.get(v) for v in SOCKET_VARS):
+        return None
+    name, _ = route_interface(os.environ.get("MASTER_ADDR", ""))
+    if name is None or name == "lo":  # a loopback route cannot serve other nodes: leave the defaults
+        return None
+    for var in SOCKET_VARS:
+        os.environ.setdefault(var, name)
+    return name
 
 
 # ---------------------------------------------------------------------------------------------
