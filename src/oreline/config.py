@@ -457,7 +457,33 @@ class TrainConfig(Section):
         "auto",
         description="CPU fp32 matmuls: oneDNN or torch's BLAS (MKL); auto takes oneDNN when ≥ 1.2× faster (2.2× on AMD CPUs with AVX-512 here), measured once per machine and cached; a resume keeps the checkpoint's backend",
     )
-    parallel: Literal["none", "ddp", "fsdp"] = Field("none", description="data parallelism under torchrun")
+    parallel: Literal["none", "ddp", "fsdp", "hsdp"] = Field(
+        "none",
+        description="data parallelism under torchrun: ddp (replicas), fsdp (FSDP2 shards over every rank), "
+        "hsdp (shards within a node, replicas across nodes: a 2-D device mesh)",
+    )
+    hsdp_shard_size: int | None = Field(
+        None,
+        ge=1,
+        description="hsdp: ranks that share one copy of the model (a divisor of the world size); None: the ranks of one node (LOCAL_WORLD_SIZE)",
+    )
+    reduce_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="dtype of the gradient reduction across ranks (fsdp/hsdp: FSDP2's reduce_dtype; ddp: a bf16 all-reduce); bf16 halves the traffic, with bf16's rounding in the sum",
+    )
+    fsdp_grad_sync: Literal["micro_batch", "step"] = Field(
+        "micro_batch",
+        description="fsdp/hsdp with grad_accum > 1: reduce-scatter gradients after every micro-batch (sharded gradients only), "
+        "or once per step (fewer collectives, but every rank keeps the whole model's unsharded fp32 gradients between micro-batches)",
+    )
+    tf32: bool = Field(
+        True,
+        description="CUDA with precision=fp32: fp32 matmuls and convolutions on TF32 tensor cores (10-bit mantissa products, fp32 accumulation); false: full fp32 products",
+    )
+    socket_ifname: str | None = Field(
+        None,
+        description="network interface of the collectives' sockets (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) on multi-node launches; None: the interface that routes to the rendezvous host",
+    )
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: NCCL on CUDA, gloo on CPU")
     find_unused_parameters: bool = Field(
         False, description="DDP: allow parameters the forward does not use (slower)"

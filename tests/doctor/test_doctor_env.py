@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 
+import psutil
 import pytest
 import torch
 from rich.console import Console
@@ -149,3 +151,55 @@ def test_malformed_master_port_is_named(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "29500x")
     for finding in (check_port(), check_rendezvous()):
         assert finding.status == "fail" and "'29500x'" in finding.evidence and finding.fix
+
+
+def test_gloo_interface_is_checked(monkeypatch):
+    from oreline.doctor.env import check_socket_interfaces
+
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "SLURM_JOB_NUM_NODES"):
+        monkeypatch.delenv(var, raising=False)
+    assert {f.check for f in check_env(distributed=True)} >= {"gloo_interface", "nccl_interface"}
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nosuchif0")
+    bad = by_check(check_socket_interfaces())["gloo_interface"]
+    assert (
+        bad.status == "fail" and "no interface nosuchif0" in bad.evidence and "lo 127.0.0.1" in bad.evidence
+    )
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    assert by_check(check_socket_interfaces())["gloo_interface"].status == "ok"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    found = by_check(check_socket_interfaces())["gloo_interface"]
+    own = socket.gethostbyname(socket.gethostname())
+    # several nodes and no interface named: loopback is refused as the listening address
+    assert found.status == ("warn" if own.startswith("127.") else "ok"), found
+
+
+def test_ranks_of_a_multi_node_launch_take_the_interface_routing_to_the_rendezvous(monkeypatch):
+    from oreline.config import TrainConfig
+    from oreline.train.dist import route_interface, set_socket_interface
+
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(var, raising=False)
+    assert route_interface("127.0.0.1")[0] == "lo"
+    name, local = route_interface(socket.gethostname())
+    assert local is not None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert set_socket_interface(TrainConfig(), 4) is None  # a loopback route serves no other node
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+    assert set_socket_interface(TrainConfig(), 2) is None  # one node: the defaults
+    assert set_socket_interface(TrainConfig(socket_ifname="eth7"), 2) == "eth7"  # the config wins
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7" == os.environ["NCCL_SOCKET_IFNAME"]
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(var)
+    others = [n for n in psutil.net_if_addrs() if n != "lo"]
+    addrs = {
+        n: [a.address for a in v if a.family == socket.AF_INET] for n, v in psutil.net_if_addrs().items()
+    }
+    remote = next((addrs[n][0] for n in others if addrs[n]), None)
+    if remote is None:
+        pytest.skip("no non-loopback IPv4 interface on this machine")
+    monkeypatch.setenv("MASTER_ADDR", remote)
+    chosen = set_socket_interface(TrainConfig(), 4)
+    assert chosen is not None and chosen != "lo" and remote in addrs[chosen]
+    assert os.environ["GLOO_SOCKET_IFNAME"] == chosen == os.environ["NCCL_SOCKET_IFNAME"]

@@ -169,7 +169,7 @@ def _plant_out_of_vocabulary_id(
     return path, bad
 
 
-def test_an_out_of_vocabulary_id_is_found_by_the_full_check(tokens_dir, tmp_path):
+def test_an_out_of_vocabulary_id_is_found_by_the_full_check(tokens_dir, tmp_path, oreline_cli):
     tokens = _copy_tokens(tokens_dir, tmp_path / "tokens")
     path, bad = _plant_out_of_vocabulary_id(tokens)
     with pytest.raises(DataIntegrityError) as err:
@@ -225,7 +225,7 @@ def _backtracking_tokenizer(src: Path, dest: Path) -> Path:
 
 
 @pytest.mark.hostile
-def test_a_text_that_panics_the_tokenizer_is_one_rejected_document(byte_tokenizer_dir, tmp_path):
+def test_a_text_that_panics_the_tokenizer_is_one_rejected_document(byte_tokenizer_dir, tmp_path, oreline_cli):
     tok_dir = _backtracking_tokenizer(byte_tokenizer_dir, tmp_path / "tok")
     good = [f"Document {i}: a perfectly ordinary paragraph of plain English text." for i in range(6)]
     docs = tmp_path / "docs.jsonl"

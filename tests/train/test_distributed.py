@@ -3,7 +3,7 @@
 Real `oreline train` runs of the debug preset on the prose token shards (tests/train/conftest.py),
 20 steps, seq_len 64, global batch 8 sequences:
 
-- 1 rank, micro 2 × accum 4 (the reference); 2-rank DDP (`oreline train --nproc 2`) and 2-rank
+- 1 rank, micro 2 × accum 4 (the reference); 4-rank HSDP (2 × 2 mesh, micro 2 × accum 1); 2-rank DDP (`oreline train --nproc 2`) and 2-rank
   FSDP2 (`torchrun -m oreline train`), both with activation checkpointing, micro 2 × accum 2:
   the same loss at every step (relative difference ≤ 1e-5), the same parameters on both ranks
   (train.debug.param_digest), final weights close to the reference's. Step 7's loss is made NaN
@@ -177,6 +177,10 @@ def runs(prose_tokens, tmp_path_factory):
         ("ref", {"train.grad_accum": 4}),
         ("ddp", {"train.grad_accum": 2, "train.activation_checkpointing": True}),
         ("fsdp", {"train.grad_accum": 2, "train.parallel": "fsdp", "train.activation_checkpointing": True}),
+        (
+            "hsdp",
+            {"train.grad_accum": 1, "train.parallel": "hsdp", "train.hsdp_shard_size": 2},
+        ),
         ("kill", {"train.grad_accum": 2, "train.parallel": "ddp", "train.debug.sleep_per_step_s": 0.15}),
         ("wrongworld", {"train.grad_accum": 4, "train.parallel": "ddp", "train.global_batch_tokens": 512}),
     ):
@@ -185,6 +189,7 @@ def runs(prose_tokens, tmp_path_factory):
         "ref": Job(oreline("train", "-c", str(c["ref"])), root / "ref.log"),
         "ddp": Job(oreline("train", "-c", str(c["ddp"]), "--nproc", "2"), root / "ddp.log"),
         "fsdp": Job(torchrun(2, "-m", "oreline", "train", "-c", str(c["fsdp"])), root / "fsdp.log"),
+        "hsdp": Job(torchrun(4, "-m", "oreline", "train", "-c", str(c["hsdp"])), root / "hsdp.log"),
         "kill": Job(torchrun(2, "-m", "oreline", "train", "-c", str(c["kill"])), root / "kill.log"),
         "wrongworld": Job(
             torchrun(2, "-m", "oreline", "train", "-c", str(c["wrongworld"])), root / "wrongworld.log"
@@ -250,6 +255,31 @@ def test_ddp_and_fsdp_equal_one_process(runs):
     # `oreline train --nproc 2` chose DDP: the start record says so, the recorded config is as given
     assert next(r for r in records(run["ddp"]) if r["type"] == "start")["parallel"] == "ddp"
     assert 'parallel = "none"' in (run["ddp"] / "config.toml").read_text()
+
+
+def test_hsdp_on_a_two_by_two_mesh_equals_one_process(runs):
+    """4 gloo ranks, train.parallel=hsdp with shards of 2 (replicated twice): micro 2 × accum 1 ×
+    world 4 = the reference's 8 sequences; the same losses and final weights within the DDP/FSDP
+    tolerances, the same parameters on every rank."""
+    for name in ("ref", "hsdp"):
+        runs["jobs"][name].ok()
+    run = runs["run"]
+    ref = losses(run["ref"])
+    assert_same_losses(ref, losses(run["hsdp"]), range(1, STEPS + 1))
+    recs = records(run["hsdp"])
+    start = next(r for r in recs if r["type"] == "start")
+    assert start["world_size"] == 4 and start["global_batch"]["tokens"] == 8 * 64
+    skips = [r for r in recs if r["type"] == "event" and r["action"] == "skip"]
+    assert [(r["step"], r["kind"]) for r in skips] == [(NAN_STEP, "nonfinite")], skips
+    digests = {(run["hsdp"] / "debug" / f"params-rank{r:05d}.sha256").read_text() for r in range(4)}
+    assert len(digests) == 1, "hsdp: ranks ended with different parameters"
+    sd_ref, _, _ = load_model_state(run["ref"])
+    sd, _, meta = load_model_state(run["hsdp"])
+    assert meta["world_size"] == 4 and sd.keys() == sd_ref.keys()
+    for k in sd:
+        assert torch.allclose(sd[k], sd_ref[k], rtol=1e-4, atol=1e-5), (
+            f"hsdp: {k} differs from the 1-rank run"
+        )
 
 
 def start_resumes(jobs: dict, root: Path, c: dict) -> None:

@@ -59,3 +59,40 @@ def test_cli_writes_script(tmp_path):
         capture_output=True,
     )
     subprocess.run(["bash", "-n", str(out)], check=True)
+
+
+def _config(tmp_path, train: str = "") -> object:
+    path = tmp_path / "c.toml"
+    path.write_text(f'[run]\nname = "x"\nruns_dir = "{tmp_path}"\n[train]\n{train}\n')
+    return path
+
+
+def test_slurm_script_sets_socket_interfaces_current_nccl_names_and_fabric(tmp_path, monkeypatch):
+    for var in list(__import__("os").environ):
+        if var.startswith(("NCCL_", "TORCH_NCCL_", "FI_", "UCX_", "GLOO_")):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("FI_PROVIDER", "efa")  # a fabric setting of the writer's environment
+    text = slurm_script(_config(tmp_path, 'socket_ifname = "ib0"'), nodes=2, gpus_per_node=8)
+    assert "export GLOO_SOCKET_IFNAME=ib0" in text and "export NCCL_SOCKET_IFNAME=ib0" in text
+    assert "ip -4 -o addr show dev ib0" in text  # the head node's address on that interface
+    assert "\nexport TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in text
+    assert "NCCL_ASYNC_ERROR_HANDLING=1" not in text.replace("TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "")
+    assert "\nexport FI_PROVIDER=efa" in text and "# export FI_EFA_USE_DEVICE_RDMA=1" in text
+    assert "# export NCCL_IB_HCA=" in text
+    cpu = slurm_script(_config(tmp_path), nodes=2, gpus_per_node=0)
+    assert "NCCL" not in cpu and "FI_PROVIDER" not in cpu
+    assert "each rank takes the interface that routes to MASTER_ADDR" in cpu
+
+
+def test_slurm_script_rendezvous_address_is_not_loopback(tmp_path):
+    """The script's MASTER_ADDR lines, run in bash on this host (whose name resolves to loopback
+    in many containers): an address other nodes can reach, or the head node's name at worst."""
+    text = slurm_script(_config(tmp_path), nodes=2, gpus_per_node=0)
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("HEAD_NODE="))
+    end = next(i for i, line in enumerate(lines) if line.startswith("export MASTER_ADDR"))
+    snippet = "\n".join(
+        ["set -euo pipefail", "HEAD_NODE=$(hostname)", *lines[start + 1 : end], 'echo "$MASTER_ADDR"']
+    )
+    addr = subprocess.run(["bash", "-c", snippet], check=True, capture_output=True, text=True).stdout.strip()
+    assert addr and not addr.startswith("127."), addr

@@ -19,6 +19,10 @@ With `--distributed`:
   a remote one must resolve and answer (a refused connection means the host is up but nothing
   listens yet, which is normal before rank 0 starts: warn). Unset: a bind test on a free port.
 - backends: gloo/NCCL availability; NCCL version (`torch.cuda.nccl.version()`) with CUDA.
+- gloo_interface / nccl_interface: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, when set, name an
+  interface with an IPv4 address (a warning when MASTER_ADDR is reached through another one);
+  unset, the host's name must not resolve to loopback, where other nodes cannot connect (the
+  interface that routes to MASTER_ADDR is suggested; oreline sets it itself on multi-node launches).
 - visible_devices: CUDA_VISIBLE_DEVICES versus the devices torch sees versus LOCAL_WORLD_SIZE.
 - clock: `chronyc tracking` offset; warn above 0.1 s, fail above 1 s (torch elastic timeouts and
   log ordering across nodes assume roughly synchronized clocks). Without chronyc: skip.
@@ -362,6 +366,106 @@ def check_backends() -> list[Finding]:
     return findings
 
 
+def check_socket_interfaces() -> list[Finding]:
+    """The interface gloo and NCCL open their sockets on: a named one (GLOO_SOCKET_IFNAME,
+    NCCL_SOCKET_IFNAME) must exist and hold an IPv4 address; unset, gloo takes the address this
+    host's name resolves to, which must not be loopback when other nodes are to reach it."""
+    import psutil
+
+    from oreline.train.dist import route_interface
+
+    addrs = {
+        name: [a.address for a in infos if a.family == socket.AF_INET]
+        for name, infos in psutil.net_if_addrs().items()
+    }
+    master = os.environ.get("MASTER_ADDR")
+    route, _ = route_interface(master) if master else (None, None)
+    findings = []
+    for var, lib in (("GLOO_SOCKET_IFNAME", "gloo"), ("NCCL_SOCKET_IFNAME", "nccl")):
+        value = os.environ.get(var)
+        check = f"{lib}_interface"
+        if value:
+            # NCCL takes a comma list and prefixes (^ excludes, = exact); gloo takes one name
+            names = [n.lstrip("=") for n in value.split(",") if n and not n.startswith("^")]
+            missing = [n for n in names if n not in addrs and not any(k.startswith(n) for k in addrs)]
+            bare = [n for n in names if n in addrs and not addrs[n]]
+            if missing or bare:
+                findings.append(
+                    Finding(
+                        check,
+                        "fail",
+                        f"{var}={value}: "
+                        + (
+                            f"no interface {', '.join(missing)}"
+                            if missing
+                            else f"{', '.join(bare)} has no IPv4 address"
+                        )
+                        + f" (this host has {', '.join(f'{k} {v[0]}' for k, v in addrs.items() if v)})",
+                        f"set {var} (or train.socket_ifname) to an interface listed here"
+                        + (f", e.g. {route}, which routes to MASTER_ADDR" if route else ""),
+                    )
+                )
+                continue
+            warn = master is not None and route is not None and route not in names and route != "lo"
+            findings.append(
+                Finding(
+                    check,
+                    "warn" if warn else "ok",
+                    f"{var}={value}"
+                    + (f"; MASTER_ADDR={master} is reached through {route}" if route else ""),
+                    f"check that {value} reaches the other nodes (the route to MASTER_ADDR is {route})"
+                    if warn
+                    else "",
+                )
+            )
+            continue
+        if lib == "nccl":
+            try:
+                import torch
+
+                cuda = torch.cuda.is_available()
+            except Exception:  # the torch check reports a broken torch
+                cuda = False
+            if not cuda:
+                findings.append(Finding(check, "skip", f"{var} unset; CUDA not available: NCCL unused"))
+                continue
+        try:
+            own = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            own = None
+        nodes = _env_int("SLURM_JOB_NUM_NODES") or 1
+        world, local_world = _env_int("WORLD_SIZE"), _env_int("LOCAL_WORLD_SIZE")
+        several = (
+            nodes > 1 or (world or 0) > (local_world or world or 0) or bool(master and not _is_local(master))
+        )
+        if (own is None or own.startswith("127.")) and several:
+            findings.append(
+                Finding(
+                    check,
+                    "warn",
+                    f"{var} unset and this host's name resolves to {own or 'nothing'}: {lib} would listen "
+                    "where other nodes cannot connect"
+                    + (
+                        f"; oreline sets it to {route} (the route to MASTER_ADDR) on multi-node launches"
+                        if route
+                        else ""
+                    ),
+                    f"set train.socket_ifname (or {var}) to the interface between the nodes"
+                    + (f", e.g. {route}" if route and route != "lo" else ""),
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    check,
+                    "ok",
+                    f"{var} unset; {lib} uses {own}, the address of this host's name"
+                    + ("" if several else " (one node: enough)"),
+                )
+            )
+    return findings
+
+
 def check_visible_devices() -> Finding:
     import torch
 
@@ -472,6 +576,7 @@ def check_env(distributed: bool = False, run_dir: Path | None = None) -> list[Fi
     if distributed:
         findings += _guarded("rendezvous", check_rendezvous)
         findings += _guarded("backends", check_backends)
+        findings += _guarded("socket_interfaces", check_socket_interfaces)
         findings += _guarded("visible_devices", check_visible_devices)
         findings += _guarded("clock", check_clock)
         findings += _guarded("shared_fs", check_shared_fs, run_dir)

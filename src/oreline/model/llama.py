@@ -352,6 +352,21 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps, kernels.rms_norm)
 
 
+class OutputHead(nn.Linear):
+    """The untied output projection: a bias-free nn.Linear (state dict `lm_head.weight`) whose call
+    applies `fn(h, self.weight, *args)`, the model's logits or fused loss kernel.
+
+    The output is computed through this module's own call, not by reading its weight from outside,
+    so module hooks see it: FSDP2 gathers the weight of the final norm + output head unit in the
+    pre-forward hooks of the modules that run (oreline.train.dist.wrap_model)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, h: torch.Tensor, fn: Callable = F.linear, *args: torch.Tensor) -> torch.Tensor:
+        return fn(h, self.weight, *args)
+
+
 class Llama(nn.Module):
     """Llama causal LM. forward(input_ids (B, T), doc_ids=None) -> fp32 logits (B, T, vocab).
 
@@ -362,8 +377,12 @@ class Llama(nn.Module):
         super().__init__()
         self.args = args
         self.kernels = kernels
-        self.model = Decoder(args, kernels)
-        self.lm_head = None if args.tie_embeddings else kernels.projection(args.dim, args.vocab_size)
+        # The layers' own default initialisers draw from the global RNG here and are overwritten by
+        # init_weights: their draws are undone, so init_weights starts from the caller's RNG state
+        # exactly as a meta-device model initialised later with the same seed does.
+        with torch.random.fork_rng(devices=[]):
+            self.model = Decoder(args, kernels)
+            self.lm_head = None if args.tie_embeddings else OutputHead(args.dim, args.vocab_size)
         cos, sin = rope_tables(args)
         # Not persistent: derived from args, never part of a checkpoint or an HF export.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -414,27 +433,40 @@ class Llama(nn.Module):
             h = block(h, cos, sin, mask, cache[i] if cache else None)
         h = self.model.norm(h)
         if labels is not None:
-            return self.kernels.token_loss(h, self.output_weight, labels)  # (B, T)
-        logits = self.kernels.logits(h, self.output_weight)  # (B, T, vocab)
+            return self._output(h, self.kernels.token_loss, labels)  # (B, T)
+        logits = self._output(h, self.kernels.logits)  # (B, T, vocab)
         return logits.float()
 
+    def _output(self, h: torch.Tensor, fn: Callable, *args: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None:  # tied: the embedding table, which FSDP keeps in the root unit
+            return fn(h, self.model.embed_tokens.weight, *args)
+        return self.lm_head(h, fn, *args)
+
     @torch.no_grad()
-    def init_weights(self) -> None:
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
         """normal(0, init_std) for every matrix, ones for norms, recomputed RoPE tables.
 
         With `depth_scaled_init` the projections that write into the residual stream (o_proj,
         down_proj) get std / sqrt(2·n_layers), GPT-2's rule (Radford et al. 2019) that keeps the
-        residual variance from growing with depth: each block adds two such outputs. Callable
-        after `to_empty()` on a meta-device model (FSDP), which is why it also rebuilds the
-        non-persistent RoPE buffers.
+        residual variance from growing with depth: each block adds two such outputs.
+
+        The values are drawn on the CPU from `generator` (default: the global CPU generator), one
+        full matrix at a time in module order, whatever device or sharding the parameters have:
+        a parameter sharded by FSDP2 (a DTensor) keeps its own rows of the full draw, so a
+        meta-device model wrapped with FSDP2, `to_empty()`-ed and initialised with a generator
+        seeded with s holds exactly the weights of `torch.manual_seed(s); Llama(args)`, and no
+        rank ever holds more than one full matrix (the largest: the embedding table). Parameters
+        still on the meta device are skipped (a model built under `torch.device("meta")`).
+        Rebuilds the non-persistent RoPE buffers too (they are empty after `to_empty()`).
         """
         a = self.args
+        gen = generator if generator is not None else torch.default_generator
         out_std = a.init_std / math.sqrt(2 * a.n_layers) if a.depth_scaled_init else a.init_std
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 std = out_std if name.endswith(("o_proj", "down_proj")) else a.init_std
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-            elif isinstance(module, RMSNorm):
+                _normal_from(module.weight, std, gen)
+            elif isinstance(module, RMSNorm) and not module.weight.is_meta:
                 module.reset_parameters()
         if self.rope_cos.device.type != "meta":
             cos, sin = rope_tables(a, device=self.rope_cos.device)
@@ -446,6 +478,37 @@ class Llama(nn.Module):
         (a lookup, no FLOPs); an untied lm_head is counted either way."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.model.embed_tokens.weight.numel() if exclude_embedding else n
+
+
+def _normal_from(param: torch.Tensor, std: float, gen: torch.Generator) -> None:
+    """Fill `param` with its part of one normal(0, std) draw of its full shape from the CPU `gen`."""
+    if param.is_meta:
+        return
+    if type(param.data) is torch.Tensor and param.device.type == "cpu" and param.dtype == torch.float32:
+        param.normal_(mean=0.0, std=std, generator=gen)  # the same numbers as the full draw below
+        return
+    full = torch.empty(param.shape, dtype=torch.float32).normal_(mean=0.0, std=std, generator=gen)
+    if hasattr(param, "to_local"):  # a DTensor shard (FSDP2): this rank's rows of the full draw
+        local = param.to_local()
+        local.copy_(local_part(full, param.device_mesh, param.placements))
+    else:
+        param.copy_(full)
+
+
+def local_part(full: torch.Tensor, mesh: object, placements: Sequence[object]) -> torch.Tensor:
+    """This rank's part of `full` under DTensor `placements` on `mesh` (Shard(d): torch.chunk's
+    split along d, what DTensor and FSDP2 hold; Replicate: all of it), computed without any
+    collective."""
+    coord = mesh.get_coordinate()  # type: ignore[attr-defined]
+    part = full
+    for mesh_dim, placement in enumerate(placements):
+        dim = getattr(placement, "dim", None)
+        if dim is None:  # Replicate
+            continue
+        chunks = torch.chunk(part, mesh.size(mesh_dim), dim=dim)  # type: ignore[attr-defined]
+        i = coord[mesh_dim]
+        part = chunks[i] if i < len(chunks) else part.narrow(dim, 0, 0)
+    return part
 
 
 # ---------------------------------------------------------------------------------------------

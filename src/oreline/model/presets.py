@@ -233,10 +233,17 @@ def training_memory(
     precision: str = "fp32",
     activation_checkpointing: bool = False,
     shards: int = 1,
+    grad_sync_per_step: bool = False,
 ) -> dict[str, int]:
     """Bytes one rank needs to train, estimated from the shapes alone (nothing is allocated).
 
     state: weights + grads + AdamW (memory_estimate), divided by `shards` under FSDP.
+    gathered (FSDP, shards > 1): what FSDP2 holds unsharded on top of the shards — two transformer
+    blocks' parameters (the one computing and the one prefetched) and the output head's (kept
+    gathered from forward to backward), in the compute dtype, plus the unsharded fp32 gradient of
+    the largest unit before its reduce-scatter.
+    accum_grads (FSDP with `grad_sync_per_step`, train.fsdp_grad_sync="step" and grad_accum > 1):
+    the whole model's unsharded fp32 gradients, kept between micro-batches (32 GB at 8B).
     activations: what autograd keeps per token and layer — the two norm inputs and outputs, the
     attention output and its projection input (6·dim), k and v (2·kv_dim), and the MLP's w1, w3,
     SiLU and product outputs (4·ffn_dim) — in the activation dtype (2 bytes under bf16 autocast).
@@ -256,8 +263,18 @@ def training_memory(
         activations = (args.n_layers * args.dim + per_layer) * tokens * act_bytes
     else:
         activations = args.n_layers * per_layer * tokens * act_bytes
+    n = count_params(args)["total"]
+    block = sum(math.prod(v) for k, v in expected_shapes(args).items() if k.startswith("model.layers.0."))
+    head = args.vocab_size * args.dim + args.dim
+    gathered, accum_grads = 0, 0
+    if shards > 1:
+        gathered = act_bytes * (2 * block + head) + 4 * max(block, head)
+        if grad_sync_per_step:
+            accum_grads = 4 * n
     out = {
         "state": memory_estimate(args)[precision]["total"] // max(1, shards),
+        "gathered": gathered,
+        "accum_grads": accum_grads,
         "activations": activations,
         "logits": tokens * args.vocab_size * 4,
         "batch": 3 * (tokens + micro_batch) * 8,
@@ -266,7 +283,15 @@ def training_memory(
         "tokens": tokens,
         "act_bytes": act_bytes,
     }
-    out["total"] = out["state"] + out["activations"] + out["logits"] + out["batch"] + out["rope"]
+    out["total"] = (
+        out["state"]
+        + out["gathered"]
+        + out["accum_grads"]
+        + out["activations"]
+        + out["logits"]
+        + out["batch"]
+        + out["rope"]
+    )
     return out
 
 
@@ -324,6 +349,7 @@ def check_training_memory(
     shards: int,
     device: torch.device,
     local_ranks: int | None = None,
+    grad_sync_per_step: bool = False,
 ) -> dict[str, int]:
     """Refuse (ConfigError, with the arithmetic) a run whose memory floor exceeds what is free,
     before anything is allocated: a typo like model.dim=10**6 or train.micro_batch=10**9 would
@@ -331,7 +357,9 @@ def check_training_memory(
     sharing this host's RAM (None: torchrun's LOCAL_WORLD_SIZE, else 1)."""
     if local_ranks is None:
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    need = training_memory(args, micro_batch, seq_len, precision, activation_checkpointing, shards)
+    need = training_memory(
+        args, micro_batch, seq_len, precision, activation_checkpointing, shards, grad_sync_per_step
+    )
     have, where = available_memory(device, local_ranks)
     if need["total"] <= have:
         return need
@@ -351,8 +379,16 @@ def check_training_memory(
         f"{layers} × {need['act_bytes']} bytes = {_gib(need['activations'])}; "
         f"logits {need['tokens']:,} tokens × {args.vocab_size:,} vocabulary × 4 bytes = {_gib(need['logits'])}; "
         f"batch {_gib(need['batch'])}; RoPE tables 2 × model.max_seq_len={args.max_seq_len:,} × head_dim "
-        f"{args.head_dim} × 4 bytes = {_gib(need['rope'])}",
-        "lower model.max_seq_len (it need not exceed train.seq_len), lower train.micro_batch (raise train.grad_accum to keep the global batch), pick a smaller model "
+        f"{args.head_dim} × 4 bytes = {_gib(need['rope'])}"
+        + (f"; FSDP gathered units {_gib(need['gathered'])}" if need["gathered"] else "")
+        + (
+            f"; unsharded fp32 gradients kept between micro-batches (train.fsdp_grad_sync=step) "
+            f"{n:,} × 4 bytes = {_gib(need['accum_grads'])}"
+            if need["accum_grads"]
+            else ""
+        ),
+        ("set train.fsdp_grad_sync=micro_batch, " if need["accum_grads"] else "")
+        + "lower model.max_seq_len (it need not exceed train.seq_len), lower train.micro_batch (raise train.grad_accum to keep the global batch), pick a smaller model "
         "(model.preset, model.dim, model.n_layers), or set train.activation_checkpointing=true",
     )
 

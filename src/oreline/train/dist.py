@@ -97,8 +97,8 @@ class DistInfo:
 
     @property
     def sharded(self) -> bool:
-        """FSDP: every forward is a collective, so every rank must run it (generation too)."""
-        return self.distributed and self.parallel == "fsdp"
+        """FSDP/HSDP: every forward is a collective, so every rank must run it (generation too)."""
+        return self.distributed and self.parallel in ("fsdp", "hsdp")
 
 
 _DEVICE = torch.device("cpu")  # where this process's collective tensors live (CUDA for NCCL)
@@ -141,8 +141,9 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
     if parallel == "none":
         raise ConfigError(
             f"launched with WORLD_SIZE={world} but train.parallel=none",
-            "set train.parallel=ddp (or fsdp) to train on several processes",
+            "set train.parallel=ddp (or fsdp, hsdp) to train on several processes",
         )
+    set_socket_interface(cfg, world)
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:
         raise ConfigError("train.backend=nccl needs CUDA devices", "use train.backend=gloo on CPU")
@@ -163,6 +164,52 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
     # tensors, and reading one waits for everything queued on the device
     _HOST_GROUP = tdist.new_group(backend="gloo") if backend == "nccl" else None
     return DistInfo(rank, world, local_rank, device, backend, rank == 0, parallel)
+
+
+SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def route_interface(host: str) -> tuple[str | None, str | None]:
+    """(interface, local IPv4 address) this machine reaches `host` through, by the kernel's route
+    (a UDP socket connected to it: no packet is sent); (None, None) when `host` does not resolve."""
+    import socket
+
+    import psutil
+
+    try:
+        ip = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((ip, 9))
+            local = probe.getsockname()[0]
+    except OSError:
+        return None, None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+            return name, local
+    return None, local
+
+
+def set_socket_interface(cfg: TrainConfig, world: int) -> str | None:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME for this rank; returns the interface set, if any.
+
+    `train.socket_ifname` sets both. Otherwise, on a multi-node launch (WORLD_SIZE > LOCAL_WORLD_SIZE)
+    a variable left unset gets the interface that routes to the rendezvous host (MASTER_ADDR):
+    without it gloo binds to the address the machine's own hostname resolves to, which on many
+    images is 127.0.1.1 (the other nodes' connections then never arrive), and NCCL may pick a
+    docker or management interface. Variables set by the user are kept. One node: nothing changes.
+    """
+    if cfg.socket_ifname:
+        for var in SOCKET_VARS:
+            os.environ[var] = cfg.socket_ifname
+        return cfg.socket_ifname
+    if world <= _env_int("LOCAL_WORLD_SIZE", world) or all(os.environ.get(v) for v in SOCKET_VARS):
+        return None
+    name, _ = route_interface(os.environ.get("MASTER_ADDR", ""))
+    if name is None or name == "lo":  # a loopback route cannot serve other nodes: leave the defaults
+        return None
+    for var in SOCKET_VARS:
+        os.environ.setdefault(var, name)
+    return name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,16 +381,25 @@ class _Span:
 COMM = CommTimer()
 
 
+@dataclass(frozen=True)
+class _AllReduceState:
+    timer: CommTimer
+    dtype: torch.dtype | None  # None: the gradients' own dtype; bf16: train.reduce_dtype = "bf16"
+
+
 def _timed_allreduce_hook(state, bucket):  # no annotations: DDP rejects the string ones of `from __future__`
-    """DDP comm hook: the default mean all-reduce of one gradient bucket, with its span recorded."""
-    start = state.stamp()
+    """DDP comm hook: the default mean all-reduce of one gradient bucket, with its span recorded
+    (in bf16 when train.reduce_dtype = "bf16": half the bytes, then copied back into the bucket)."""
+    start = state.timer.stamp()
     buf = bucket.buffer()
     buf.div_(tdist.get_world_size())
-    fut = tdist.all_reduce(buf, async_op=True).get_future()
+    low = buf.to(state.dtype) if state.dtype is not None and state.dtype != buf.dtype else None
+    fut = tdist.all_reduce(buf if low is None else low, async_op=True).get_future()
 
     def done(f: torch.futures.Future) -> torch.Tensor:
-        state.add(start, state.stamp())
-        return f.value()[0]
+        state.timer.add(start, state.timer.stamp())
+        out = f.value()[0]
+        return out if low is None else buf.copy_(out)
 
     return fut.then(done)
 
@@ -385,7 +441,7 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
     FSDP2 also applies at world size 1 when the caller started a process group itself
     (benchmarks/gpu_check.py: one GPU with FSDP2's bf16 mixed precision, as each rank of a job runs).
     """
-    one_rank_fsdp = info.parallel == "fsdp" and tdist.is_initialized()
+    one_rank_fsdp = info.parallel in ("fsdp", "hsdp") and tdist.is_initialized()
     if not info.distributed and not one_rank_fsdp:
         return model
     if info.parallel == "ddp":
@@ -395,37 +451,130 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
         ddp = DistributedDataParallel(
             model, device_ids=ids, find_unused_parameters=cfg.find_unused_parameters
         )
-        ddp.register_comm_hook(COMM, _timed_allreduce_hook)
+        low = torch.bfloat16 if cfg.reduce_dtype == "bf16" else None
+        ddp.register_comm_hook(_AllReduceState(COMM, low), _timed_allreduce_hook)
         return ddp
-    if info.parallel == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
+    if info.parallel in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = init_device_mesh(info.device.type, (info.world_size,))
+        mesh = device_mesh(cfg, info)
+        reduce = torch.bfloat16 if cfg.reduce_dtype == "bf16" else torch.float32
         if info.device.type == "cuda" and cfg.precision == "bf16":
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        else:
-            mp = MixedPrecisionPolicy()  # fp32 compute and reduction (CPU: bf16 matmuls are ~20× slower)
-        blocks = list(model.model.layers)
-        for block in blocks:
-            fully_shard(block, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
+        else:  # fp32 compute (CPU: bf16 matmuls are ~20× slower); the reduction as asked
+            mp = MixedPrecisionPolicy(reduce_dtype=None if reduce == torch.float32 else reduce)
+        units = fsdp_units(model)
+        for unit, reshard in units:
+            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp)  # the root: buffers, and the tied embedding + norm
         # the timed reduce-scatter waits for each collective: a profiling tool, not the default path
         comm = _timed_reduce_scatter() if cfg.profile else None
         if comm is not None:  # None: a torch outside the tested range (oreline.compat), comm_ms not measured
-            for m in (*blocks, model):
-                m.set_custom_reduce_scatter(comm)
+            for m in model.modules():
+                if hasattr(m, "set_custom_reduce_scatter"):
+                    m.set_custom_reduce_scatter(comm)
         return model
-    raise ConfigError(f"train.parallel={info.parallel!r} is unknown", "use train.parallel=ddp or fsdp")
+    raise ConfigError(f"train.parallel={info.parallel!r} is unknown", "use train.parallel=ddp, fsdp or hsdp")
 
 
-def sync_context(model: nn.Module, last: bool) -> Any:
-    """Context for one micro-batch: gradients are reduced across ranks only on the last one."""
+def fsdp_units(model: nn.Module) -> list[tuple[Any, bool]]:
+    """FSDP2 units below the root, in forward order, each with whether it reshards after forward
+    (torchtitan's distributed/fsdp.py layout).
+
+    - the embedding table, a unit of its own (resharded: backward needs it only at the very end);
+    - every transformer block; the last one is not resharded after forward, since backward
+      starts with it and would gather it again at once;
+    - the final norm + output head, one unit, not resharded after forward (the same reason).
+    With tied embeddings the table is also the output projection: it and the final norm stay in
+    the root unit, which FSDP2 keeps gathered from forward to backward.
+    """
+    blocks = list(model.model.layers)
+    units: list[tuple[Any, bool]] = []
+    untied = getattr(model, "lm_head", None) is not None
+    if untied:
+        units.append((model.model.embed_tokens, True))
+    units += [(block, i < len(blocks) - 1) for i, block in enumerate(blocks)]
+    if untied:
+        units.append(([model.model.norm, model.lm_head], False))
+    return units
+
+
+def hsdp_shape(cfg: TrainConfig, world: int, local_world: int) -> tuple[int, int]:
+    """(replicas, shards) of the HSDP mesh: `train.hsdp_shard_size` ranks (default: one node's,
+    LOCAL_WORLD_SIZE) hold one copy of the model between them; the copies are replicated."""
+    shard = cfg.hsdp_shard_size or local_world
+    if shard < 1 or world % shard:
+        raise ConfigError(
+            f"train.parallel=hsdp: {world} ranks cannot be split into groups of {shard} "
+            f"({'train.hsdp_shard_size' if cfg.hsdp_shard_size else 'the ranks per node'})",
+            "set train.hsdp_shard_size to a divisor of the number of ranks (e.g. the GPUs per node)",
+        )
+    return world // shard, shard
+
+
+def device_mesh(cfg: TrainConfig, info: DistInfo) -> Any:
+    """FSDP2's mesh: 1-D over every rank ("fsdp"), or 2-D (replicate, shard) for "hsdp", whose
+    shard dimension is the ranks of one node (consecutive ranks, as torchrun numbers a node's)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if cfg.parallel == "hsdp":
+        shape = hsdp_shape(cfg, info.world_size, _env_int("LOCAL_WORLD_SIZE", info.world_size))
+        return init_device_mesh(info.device.type, shape, mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(info.device.type, (info.world_size,))
+
+
+def shard_count(cfg: TrainConfig, world: int) -> int:
+    """Into how many shards each rank's model state is split (1: DDP, or a single process)."""
+    if world <= 1 or cfg.parallel not in ("fsdp", "hsdp"):
+        return 1
+    if cfg.parallel == "hsdp":
+        return hsdp_shape(cfg, world, _env_int("LOCAL_WORLD_SIZE", world))[1]
+    return world
+
+
+def sync_context(model: nn.Module, last: bool, every_micro_batch: bool = True) -> Any:
+    """Context for one micro-batch. DDP reduces gradients on the last micro-batch only (its
+    accumulated gradients are as large as the model whether reduced or not). FSDP2 reduce-scatters
+    after every micro-batch by default: deferring it (`every_micro_batch=False`,
+    train.fsdp_grad_sync="step") keeps the whole model's unsharded gradients on every rank between
+    micro-batches (32 GB per rank at 8B), which sharding exists to avoid."""
     if hasattr(model, "no_sync"):  # DDP
         return contextlib.nullcontext() if last else model.no_sync()
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(last)
+        model.set_requires_gradient_sync(last or every_micro_batch)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def gathered(model: nn.Module) -> Any:
+    """FSDP2: all-gather every unit's parameters once and keep them for the body (generation);
+    a plain or DDP model passes through.
+
+    Generation runs one forward per new token: with the units resharding after each forward, every
+    token would all-gather the whole model again (n_tokens × the model's size in traffic). Here
+    each unit is gathered once and resharded at the end; the body holds the full parameters (in
+    FSDP2's compute dtype) for its duration. Every rank must enter it (it is a collective)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        yield
+        return
+    policy = {}  # each unit's own reshard_after_forward, restored at the end
+    for unit, reshard in fsdp_units(model):
+        for u in unit if isinstance(unit, list) else [unit]:
+            policy[id(u)] = reshard
+    try:
+        for unit in units:
+            if unit is not model:
+                unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            if unit is not model:
+                unit.set_reshard_after_forward(policy.get(id(unit), True), recurse=False)
 
 
 def check_unused_parameters(model: nn.Module, train_model: nn.Module) -> None:

@@ -21,16 +21,11 @@ from oreline.slurm_script import job_name as job_name_of
 # (variable, value, enabled by default, when to set it)
 NCCL_SETTINGS: list[tuple[str, str, bool, str]] = [
     (
-        "NCCL_ASYNC_ERROR_HANDLING",
-        "1",
-        True,
-        "turn a hung collective (dead peer) into an error instead of a silent hang; keep it on",
-    ),
-    (
         "TORCH_NCCL_ASYNC_ERROR_HANDLING",
         "1",
         True,
-        "the same switch under the name newer PyTorch releases read",
+        "turn a hung collective (dead peer) into an error instead of a silent hang; keep it on "
+        "(the name PyTorch reads since 2.2; NCCL_ASYNC_ERROR_HANDLING is the deprecated one)",
     ),
     (
         "NCCL_SOCKET_TIMEOUT",
@@ -43,12 +38,6 @@ NCCL_SETTINGS: list[tuple[str, str, bool, str]] = [
         "1",
         False,
         "set only on clusters WITHOUT InfiniBand/RoCE, or to diagnose an IB fault: forces TCP sockets (much slower)",
-    ),
-    (
-        "NCCL_SOCKET_IFNAME",
-        "eth0",
-        False,
-        "pin the interface NCCL uses for sockets when nodes have several (docker0, lo, ...) and it picks the wrong one",
     ),
     (
         "NCCL_SOCKET_NTHREADS",
@@ -69,6 +58,65 @@ NCCL_SETTINGS: list[tuple[str, str, bool, str]] = [
         "INFO prints the topology and transport chosen per ring: set it when a job is slow or fails at init",
     ),
 ]
+
+# Fabric settings, by fabric: written commented out; uncomment the block of yours (README, "Multi-node").
+FABRIC_SETTINGS: dict[str, list[tuple[str, str, str]]] = {
+    "InfiniBand / RoCE": [
+        (
+            "NCCL_IB_HCA",
+            "mlx5",
+            "the HCAs NCCL may use (prefix list; ^ excludes), when some ports are not for training",
+        ),
+        ("NCCL_IB_GID_INDEX", "3", "RoCE v2: the GID index of the RoCE v2 address (show_gids lists them)"),
+    ],
+    "AWS EFA (aws-ofi-nccl plugin)": [
+        ("FI_PROVIDER", "efa", "libfabric provider: EFA"),
+        ("FI_EFA_USE_DEVICE_RDMA", "1", "GPUDirect RDMA over EFA (p4d/p5 instances)"),
+        ("FI_EFA_FORK_SAFE", "1", "the data loader forks worker processes: make libfabric fork-safe"),
+    ],
+}
+# Variables passed through from the environment the script is written in (prefixes): fabric and
+# collective settings exported there reach every rank even on clusters whose sbatch exports nothing.
+PASS_THROUGH_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "UCX_", "GLOO_")
+
+
+def fabric_lines(gpu: bool, socket_ifname: str | None, environ: dict[str, str] | None = None) -> list[str]:
+    """The environment lines of the sbatch script: the sockets' interface, collective and fabric settings."""
+    import os
+
+    env = dict(os.environ if environ is None else environ)
+    lines = ["# The interface the collectives' sockets use (gloo" + (", NCCL" if gpu else "") + ")."]
+    ifvars = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if gpu else ("GLOO_SOCKET_IFNAME",)
+    if socket_ifname:
+        lines += [f"export {var}={shlex.quote(socket_ifname)}  # train.socket_ifname" for var in ifvars]
+    else:
+        lines.append(
+            "# Unset here: each rank takes the interface that routes to MASTER_ADDR (train.socket_ifname pins one)."
+        )
+    passed = {
+        k: v
+        for k, v in sorted(env.items())
+        if k.startswith(PASS_THROUGH_PREFIXES) and (gpu or k.startswith("GLOO_"))
+    }
+    if socket_ifname:
+        passed = {k: v for k, v in passed.items() if k not in ifvars}
+    if passed:
+        lines.append("# Passed through from the environment this script was written in:")
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in passed.items()]
+    if not gpu:
+        return lines
+    lines += ["", "# NCCL settings (the seed article's list). Uncomment the ones your cluster needs."]
+    for var, value, enabled, why in NCCL_SETTINGS:
+        if var in passed:
+            continue
+        lines.append(f"# {why}")
+        lines.append(("" if enabled else "# ") + f"export {var}={value}")
+    for fabric, settings in FABRIC_SETTINGS.items():
+        lines.append(f"# {fabric}:")
+        for var, value, why in settings:
+            if var not in passed:
+                lines.append(f"# export {var}={value}  # {why}")
+    return lines
 
 
 def check_allocation(cfg: Config, nodes: int, nproc_per_node: int) -> dict[str, Any]:
@@ -171,21 +219,29 @@ def slurm_script(
         "fi",
         f"PYTHON={python}",
         "",
-        "# Rendezvous on the first node of the allocation.",
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "# Rendezvous on the first node of the allocation (this shell runs there), by address: a node",
+        "# may resolve its own name to 127.0.1.1 (/etc/hosts), which the other nodes cannot reach.",
+        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        *(
+            [  # the head node's address on the configured interface
+                f"MASTER_ADDR=$(ip -4 -o addr show dev {shlex.quote(cfg.train.socket_ifname)} 2>/dev/null"
+                " | awk '{split($4, a, \"/\"); print a[1]; exit}' || true)"
+            ]
+            if cfg.train.socket_ifname
+            else ["MASTER_ADDR="]
+        ),
+        '[ -n "$MASTER_ADDR" ] || MASTER_ADDR=$(getent ahostsv4 "$HEAD_NODE" | awk \'$1 !~ /^127\\./ {print $1; exit}\' || true)',
+        "[ -n \"$MASTER_ADDR\" ] || MASTER_ADDR=$(hostname -I 2>/dev/null | awk '{print $1}' || true)",
+        "MASTER_ADDR=${MASTER_ADDR:-$HEAD_NODE}",
         f"MASTER_PORT=$(({port} + ${{SLURM_JOB_ID:-0}} % 1000))  # two jobs sharing a node meet on two ports",
         "export MASTER_ADDR MASTER_PORT",
         "",
     ]
-    if gpu:
-        lines.append("# NCCL settings (the seed article's list). Uncomment the ones your cluster needs.")
-        for var, value, enabled, why in NCCL_SETTINGS:
-            lines.append(f"# {why}")
-            lines.append(("" if enabled else "# ") + f"export {var}={value}")
-    else:
+    if not gpu:
         lines.append(
             "# A CPU job: the processes talk over gloo (train.backend = auto picks it without CUDA)."
         )
+    lines += fabric_lines(gpu, cfg.train.socket_ifname)
     lines += [
         "",
         "# Threads per process: the CPUs Slurm gave this node's task, shared by its processes.",

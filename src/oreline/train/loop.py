@@ -262,7 +262,15 @@ def _train(
 
             # -- forward and backward of every micro-batch, the loss normalised by the global target count
             sums = forward_backward(
-                s.train_model, batches, n_targets, info, s.autocast, bos, eos, loss_factor
+                s.train_model,
+                batches,
+                n_targets,
+                info,
+                s.autocast,
+                bos,
+                eos,
+                loss_factor,
+                sync_every_micro_batch=tc.fsdp_grad_sync == "micro_batch",
             )
             with dist.COMM.span():
                 dist.all_reduce_sum(sums)
@@ -576,13 +584,16 @@ def forward_backward(
     bos_id: int,
     eos_id: int,
     loss_factor: float = 1.0,
+    sync_every_micro_batch: bool = True,
 ) -> torch.Tensor:
     """Backward of Σ CE / n_targets over all micro-batches; returns this rank's loss_breakdown sums.
 
     n_targets is the target count of the whole global step (all micro-batches, all ranks). Each
     micro-batch contributes (Σ its per-token CE) · world / n_targets: gradients accumulate over
     micro-batches by addition and DDP averages over ranks, so the `world` factor makes the result
-    exactly ∇ (Σ CE over the global batch / n_targets). DDP synchronises only on the last micro-batch.
+    exactly ∇ (Σ CE over the global batch / n_targets). DDP synchronises only on the last micro-batch;
+    FSDP2 reduce-scatters after every micro-batch unless `sync_every_micro_batch` is off
+    (dist.sync_context says why).
     The loop passes n_targets as the all-reduced device tensor (reading it would wait for the device);
     the scale is then computed there, in float64 as from a Python float, and multiplied in the loss's
     dtype, as a Python float scale would be.
@@ -594,7 +605,8 @@ def forward_backward(
         scale = info.world_size / max(n_targets, 1.0)
     for i, b in enumerate(batches):
         last = i == len(batches) - 1
-        with dist.sync_context(model, last) if info.distributed else _nullcontext():
+        sync = dist.sync_context(model, last, sync_every_micro_batch) if info.distributed else _nullcontext()
+        with sync:
             with autocast():  # (B, T) CE, 0 where ignored; the logits never materialise (kernels)
                 per_token = model(b.input_ids, b.doc_ids, labels=b.labels)
             if loss_factor != 1.0:
@@ -735,7 +747,8 @@ def evaluate(s: Setup, info: dist.DistInfo, batches: int, cfg: Config) -> dict[s
 def generations(s: Setup, cfg: Config, prompts: list[str] | None = None) -> list[dict[str, Any]]:
     from oreline.model.scoring import generate_samples
 
-    with _eager(cfg):
+    # FSDP/HSDP: the model is gathered once for all prompts, not once per generated token
+    with _eager(cfg), dist.gathered(s.model):
         return generate_samples(
             s.model,
             s.tokenizer,

@@ -108,7 +108,6 @@ def _fingerprints(cfg: Config, tokenizer_fp: str, data_fp: str) -> dict[str, str
 
 def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     """Tokenizer, loaders, model, optimizer, fingerprints and device peak; prints the plan."""
-    from oreline.model.llama import Llama
     from oreline.model.presets import check_training_memory, flops_per_token, resolve_model_args
     from oreline.model.scoring import token_byte_lengths
     from oreline.tokens.loader import TokenLoader
@@ -188,17 +187,13 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         tc.seq_len,
         tc.precision,
         tc.activation_checkpointing,
-        info.world_size if info.sharded else 1,
+        dist.shard_count(tc, info.world_size),
         device,
+        grad_sync_per_step=tc.fsdp_grad_sync == "step" and tc.grad_accum > 1,
     )
+    say_tf32(tc, device, say)
 
-    torch.manual_seed(tc.seed)  # the initial weights are a function of the seed
-    model = Llama(args, kernels_for(tc.kernels, device, cpu_matmul or "blas")).to(device)
-    if tc.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    if tc.compile:
-        compile_blocks(model)  # before wrapping, as torchtitan does (compile, then DDP / FSDP2)
-    train_model = dist.wrap_model(model, tc, info)
+    model, train_model = build_model(args, kernels_for(tc.kernels, device, cpu_matmul or "blas"), tc, info)
     optimizer = build_optimizer(
         model, tc.optim, device
     )  # after wrapping: FSDP2 turns parameters into DTensor shards
@@ -259,6 +254,60 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         cpu_matmul=cpu_matmul,
         cpu_matmul_source=cpu_matmul_source,
     )
+
+
+def build_model(
+    args: Any, kernels: Any, tc: Any, info: dist.DistInfo
+) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(model, train_model): the Llama built on the meta device, wrapped, then materialised on the
+    device and initialised from `train.seed`.
+
+    Nothing of the model is allocated before wrapping: under FSDP/HSDP each rank then allocates
+    only its shards (`to_empty`), and `init_weights` fills each shard with its rows of the full
+    draw, one matrix at a time, so a rank never holds the whole model, and the weights are those
+    of `torch.manual_seed(seed); Llama(args)` in one process whatever the sharding
+    (tests/train/test_meta_init.py). DDP broadcasts rank 0's weights when it wraps, so there the
+    model is materialised and initialised first. Activation checkpointing and regional
+    compilation come before wrapping, as torchtitan does (compile, then DDP / FSDP2).
+    """
+    from oreline.model.llama import Llama
+
+    torch.manual_seed(tc.seed)  # anything drawn later from the global generator starts from the seed too
+    gen = torch.Generator().manual_seed(tc.seed)  # the initial weights are a function of the seed
+    with torch.device("meta"):
+        model = Llama(args, kernels)
+    if tc.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    if tc.compile:
+        compile_blocks(model)
+    fsdp = tc.parallel in ("fsdp", "hsdp") and (info.distributed or torch.distributed.is_initialized())
+    if not fsdp:  # one process, or DDP
+        model.to_empty(device=info.device)
+        model.init_weights(gen)
+        return model, dist.wrap_model(model, tc, info)
+    train_model = dist.wrap_model(model, tc, info)
+    model.to_empty(device=info.device)
+    model.init_weights(gen)
+    return model, train_model
+
+
+def say_tf32(tc: Any, device: torch.device, say: Any) -> str | None:
+    """CUDA + precision=fp32: TF32 matmuls unless train.tf32=false, and a warning that fp32 on a GPU
+    is the slow path; returns what was set (None off CUDA, where nothing changes)."""
+    if device.type != "cuda" or tc.precision != "fp32":
+        return None
+    torch.set_float32_matmul_precision("high" if tc.tf32 else "highest")
+    torch.backends.cudnn.allow_tf32 = tc.tf32
+    what = (
+        "TF32 matmuls (train.tf32=true: fp32 storage, 10-bit mantissa products)"
+        if tc.tf32
+        else "full fp32 matmuls (train.tf32=false)"
+    )
+    say(
+        f"[yellow]warning:[/] train.precision=fp32 on a GPU: {what}; bf16 (train.precision=bf16) runs "
+        "the tensor cores at full rate and halves activation memory"
+    )
+    return what
 
 
 def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, resumed: Path | None) -> dict:

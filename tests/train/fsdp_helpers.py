@@ -1,0 +1,138 @@
+"""A torchrun worker script for tests/train/test_meta_init.py: FSDP2/HSDP set-up on real components.
+
+Run as `python -m torch.distributed.run --standalone --nproc_per_node=N fsdp_helpers.py PARALLEL`
+(PARALLEL: fsdp, or hsdp with train.hsdp_shard_size=2). Rank 0 prints one `RESULT {json}` line
+per scenario:
+
+- init_tied / init_untied: the model `session.build_model` builds on the meta device, shards and
+  initialises from train.seed, gathered whole (full_tensor), against `torch.manual_seed(seed);
+  Llama(args)` in this process: every tensor bit-identical; plus its FSDP units (which modules
+  are FSDP2 modules and whether each reshards after forward);
+- grad_sync: after the first of two micro-batches, whether every parameter already holds its
+  sharded gradient (train.fsdp_grad_sync="micro_batch": reduce-scattered, nothing unsharded kept)
+  or none does ("step": the unsharded gradients wait for the last micro-batch);
+- generate: all-gathers counted (FSDP2's "FSDP::all_gather" profiler labels) while 6 tokens are generated through the
+  loop's `generations`, and the tokens, equal to the plain model's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from types import SimpleNamespace
+
+import torch
+
+from oreline.config import Config, ModelConfig, TrainConfig
+from oreline.model.llama import Llama, generate
+from oreline.model.presets import resolve_model_args
+from oreline.train import dist
+from oreline.train.session import build_model
+
+
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in model.state_dict().items():
+        out[name] = t.full_tensor() if hasattr(t, "full_tensor") else t
+    return out
+
+
+def units(model: torch.nn.Module) -> list[str]:
+    from torch.distributed.fsdp import FSDPModule
+
+    names = []
+    for name, m in model.named_modules():
+        if isinstance(m, FSDPModule):
+            group = m._get_fsdp_state()._fsdp_param_group  # noqa: SLF001 (reading the layout)
+            reshard = group is not None and group.post_forward_mesh_info is not None
+            names.append(f"{name or '<root>'}:{'reshard' if reshard else 'keep'}")
+    return names
+
+
+def init_scenario(cfg: TrainConfig, info: dist.DistInfo, tied: bool) -> dict:
+    args = resolve_model_args(ModelConfig(preset="debug", tie_embeddings=tied), 512)
+    model, _ = build_model(args, Llama(args).kernels, cfg, info)
+    got = full_state(model)
+    torch.manual_seed(cfg.seed)
+    want = Llama(args).state_dict()
+    differ = [k for k in want if not torch.equal(want[k], got[k])]
+    return {
+        "differ": differ,
+        "n": len(want),
+        "units": units(model),
+        "local_rows": int(model.model.layers[0].mlp.up_proj.weight.to_local().shape[0]),
+        "rope_equal": bool(torch.equal(model.rope_cos, Llama(args).rope_cos)),
+    }
+
+
+def grad_sync_scenario(cfg: TrainConfig, info: dist.DistInfo) -> dict:
+    args = resolve_model_args(ModelConfig(preset="debug"), 512)
+    g = torch.Generator().manual_seed(info.rank)
+    batches = []
+    for _ in range(2):
+        ids = torch.randint(0, 512, (2, 16), generator=g)
+        batches.append(SimpleNamespace(input_ids=ids, doc_ids=None, labels=torch.roll(ids, -1, 1)))
+    out = {}
+    for mode in ("micro_batch", "step"):
+        model, train_model = build_model(args, Llama(args).kernels, cfg, info)
+        held = []
+        for i, b in enumerate(batches):  # as forward_backward runs them (dist.sync_context)
+            with dist.sync_context(train_model, i == 1, mode == "micro_batch"):
+                train_model(b.input_ids, labels=b.labels).sum().backward()
+            held.append(all(p.grad is not None for p in model.parameters()))
+        out[mode] = held
+        grad = model.model.layers[0].self_attn.q_proj.weight.grad.full_tensor()
+        out[mode + "_q_grad"] = grad.double().abs().sum().item()
+    return out
+
+
+def generate_scenario(cfg: TrainConfig, info: dist.DistInfo) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from oreline.train.loop import generations
+
+    class Tok:  # ids in, ids out: the prompt is its own token list
+        bos_id, eos_id = 1, None
+
+        def encode(self, text: str) -> list[int]:
+            return [int(x) for x in text.split()]
+
+        def decode(self, ids: list[int]) -> str:
+            return " ".join(map(str, ids))
+
+    args = resolve_model_args(ModelConfig(preset="debug"), 512)
+    model, _ = build_model(args, Llama(args).kernels, cfg, info)
+    torch.manual_seed(cfg.seed)
+    plain = Llama(args)
+    full = Config()
+    full.eval.max_new_tokens = 6
+    setup = SimpleNamespace(model=model, tokenizer=Tok())
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        gens = generations(setup, full, ["5 9 13"])
+    # FSDP2 labels each unit's parameter all-gather "FSDP::all_gather (<unit>)"
+    gathers = [e.name for e in prof.events() if re.fullmatch(r"FSDP::all_gather( \(.*\))?", e.name)]
+    want = generate(plain, [1, 5, 9, 13], 6)
+    return {"all_gathers": len(gathers), "tokens": gens[0]["ids"], "plain": want, "units": len(units(model))}
+
+
+def main() -> None:
+    parallel = sys.argv[1]
+    extra = {"hsdp_shard_size": 2} if parallel == "hsdp" else {}
+    cfg = TrainConfig(parallel=parallel, seed=7, **extra)
+    info = dist.init_distributed(cfg)
+    results = {
+        "init_untied": lambda: init_scenario(cfg, info, tied=False),
+        "init_tied": lambda: init_scenario(cfg, info, tied=True),
+        "grad_sync": lambda: grad_sync_scenario(cfg, info),
+        "generate": lambda: generate_scenario(cfg, info),
+    }
+    for name, run in results.items():
+        out = run()
+        if info.is_main:
+            print("RESULT " + json.dumps({"scenario": name, "world": info.world_size, **out}), flush=True)
+    dist.cleanup()
+
+
+if __name__ == "__main__":
+    main()
