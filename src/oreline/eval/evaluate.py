@@ -87,6 +87,9 @@ def evaluate_cli(
     model.to(device)
 
     n_batches = batches if batches is not None else cfg.eval.batches
+    # A one-off command over the val split (a small fraction of a corpus): it checks every byte it
+    # may read (sha256, document index, ids, BOS/EOS), as `oreline tokens verify` does, since a
+    # score computed on a tampered or damaged folder would be reported as real.
     val = TokenLoader(
         tokens_dir,
         split="val",
@@ -95,6 +98,7 @@ def evaluate_cli(
         seed=cfg.train.seed,
         tokenizer_fingerprint=tokenizer.fingerprint,
         doc_mask=cfg.train.doc_mask,
+        verify="full",
     )
     val.check_fits(args.vocab_size, tokenizer.bos_id, tokenizer.eos_id, f"the model of {ckpt}")
     metrics = validation_loss(
