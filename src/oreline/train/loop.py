@@ -714,7 +714,13 @@ def settle(
                     raise stability.storm_error(
                         anomaly, "no full checkpoint to roll back to (checkpoint.every)"
                     )
-                stability.record_rollback(anomaly, where=str(last_ckpt))  # raises past max_retries
+                if stability.retries_in_a_row >= stab.max_retries:
+                    raise stability.storm_error(
+                        anomaly,
+                        f"{stability.retries_in_a_row} rollbacks to {last_ckpt} with lr × {stab.lr_factor} "
+                        f"did not end it (train.stability.max_retries = {stab.max_retries})",
+                    )
+                stability.record_rollback(anomaly, where=str(last_ckpt))
                 log.log(
                     event(
                         p.step,
