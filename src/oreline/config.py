@@ -374,6 +374,7 @@ class DebugConfig(Section):
         None, description="multiply the loss by spike_factor at this step"
     )
     spike_factor: float = 50.0
+    spike_steps: int = Field(1, ge=1, description="inject the spike on this many steps in a row")
     sleep_per_step_s: float = Field(0.0, description="slow steps down (kill tests)")
     param_digest: bool = Field(
         False, description="each rank writes <run>/debug/params-rankN.sha256 at the end"
@@ -424,6 +425,12 @@ class StabilityConfig(Section):
     lr_factor: float = Field(0.8, description="rollback: multiply the learning rate by this")
     skip_batches: int = Field(1, description="rollback: batches skipped past the offending one")
     max_retries: int = Field(3, description="rollbacks before the run stops with an error")
+    max_consecutive_skips: int = Field(
+        5,
+        ge=0,
+        description="skipped steps in a row that escalate to a rollback (lr × lr_factor), or to an error "
+        "without a checkpoint; 0: never escalate",
+    )
 
 
 class TrainConfig(Section):

@@ -76,6 +76,20 @@ SETTINGS = {
 }
 
 
+# a spike on every step from 13 (issue 35): after the NaN of step 7 is skipped, 3 spikes skipped in a
+# row roll back to the checkpoint of step 12 with lr × 0.8; the replayed steps 13-15 were injected
+# once already, then 16-18 are skipped again, and past max_retries = 1 the run stops with the cause
+STORM = {
+    "checkpoint.every": 4,
+    "train.optim.lr": 1e-3,
+    "train.stability.min_history": 4,
+    "train.stability.max_consecutive_skips": 3,
+    "train.stability.max_retries": 1,
+    "train.debug.inject_spike_at_step": 13,
+    "train.debug.spike_steps": 100,
+}
+
+
 def env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "COLUMNS": "250"}
 
@@ -183,6 +197,8 @@ def runs(prose_tokens, tmp_path_factory):
         ),
         ("kill", {"train.grad_accum": 2, "train.parallel": "ddp", "train.debug.sleep_per_step_s": 0.15}),
         ("wrongworld", {"train.grad_accum": 4, "train.parallel": "ddp", "train.global_batch_tokens": 512}),
+        ("storm1", {"train.grad_accum": 4} | STORM),
+        ("storm2", {"train.grad_accum": 2, "train.parallel": "ddp"} | STORM),
     ):
         c[name] = write_config(root / f"{name}.toml", root / name, prose_tokens, SETTINGS | changes)
     jobs = {
@@ -195,6 +211,8 @@ def runs(prose_tokens, tmp_path_factory):
             torchrun(2, "-m", "oreline", "train", "-c", str(c["wrongworld"])), root / "wrongworld.log"
         ),
         "helper": Job(torchrun(2, str(HELPER), str(prose_tokens["tokens"])), root / "helper.log"),
+        "storm1": Job(oreline("train", "-c", str(c["storm1"])), root / "storm1.log"),
+        "storm2": Job(torchrun(2, "-m", "oreline", "train", "-c", str(c["storm2"])), root / "storm2.log"),
     }
     kill_result: dict = {}
     relaunch = lambda: Job(torchrun(2, "-m", "oreline", "train", "-c", str(c["kill"])), root / "kill2.log")  # noqa: E731
@@ -416,3 +434,30 @@ def test_ddp_checkpointing_and_unused_parameters(runs):
     for r in agree:
         assert r["nan_on_one"] == ["2.5", "nan"] and r["differ"] == ["2.5", repr(1.0 + 1e-12)], agree
         assert r["stop"] == [True, False], agree
+
+
+def test_a_spike_storm_escalates_the_same_on_one_and_two_ranks(runs):
+    """An injected NaN and a single spike are skipped, a storm of skips rolls back, a storm after
+    the rollback stops the run with the cause: the same steps on 1 rank and on 2 gloo ranks (every
+    rank judges the same all-reduced values)."""
+    expected = [
+        (NAN_STEP, "nonfinite", "skip"),
+        (13, "loss_spike", "skip"),
+        (14, "loss_spike", "skip"),
+        (15, "loss_spike", "skip"),
+        (15, "loss_spike", "rollback"),
+        (12, "rollback", "rollback"),
+        (16, "loss_spike", "skip"),
+        (17, "loss_spike", "skip"),
+        (18, "loss_spike", "skip"),
+    ]
+    for name in ("storm1", "storm2"):
+        job = runs["jobs"][name]
+        # ends (no rank hangs in a collective: Job.wait's timeout) and fails
+        assert job.wait() != 0, job.log.read_text(errors="replace")[-3000:]
+        got = [
+            (r["step"], r["kind"], r["action"]) for r in records(runs["run"][name]) if r["type"] == "event"
+        ]
+        assert got == expected, (name, got)
+        text = job.text()
+        assert "3 steps in a row were skipped" in text and "max_retries = 1" in text, text[-3000:]

@@ -19,6 +19,7 @@ Signatures and thresholds (records are the `train` lines of metrics.jsonl, one p
 | data_wait_high | median data_wait_frac (else data_ms/step_ms) over records after the first > 0.25 (warn), > 0.5 (fail) |
 | throughput_falling | ≥ 8 records after the first; median tokens/s of the last quarter < 0.75 × the first quarter's |
 | global_batch_mismatch | start.global_batch tokens ≠ micro·accum·world·seq_len, ≠ configured_tokens, ≠ train.global_batch_tokens; or a record's tokens_in_step below the global batch |
+| skipped_steps_high | ≥ 3 steps skipped by the stability guard and more than 2% of the steps run (warn), 10% (fail); the evidence names the kinds, the longest run of skips in a row and the first skip's values against its window |
 | grad_spikes | ≥ 3 grad norms above 4 × the median of the 16 before them (≥ 8 before needed), or ≥ 3 `grad_spike` events |
 | checkpoint_unloadable | `verify_checkpoint` (oreline.train.checkpoint.verify) fails, or — when that module is absent — meta.json is unreadable / lacks step / lists files that are missing; `latest` pointing nowhere |
 | val_far_above_train | last eval: val_loss − train_loss > 0.5 nats and val_loss > 1.25 × train_loss |
@@ -84,6 +85,9 @@ GRAD_SPIKE_FACTOR = 4.0
 GRAD_WINDOW = 16
 GRAD_MIN_HISTORY = 8
 GRAD_MIN_SPIKES = 3
+SKIP_WARN_FRACTION = 0.02  # issue 35's bar: a healthy run skips at most 2% of its steps
+SKIP_FAIL_FRACTION = 0.10
+SKIP_MIN_COUNT = 3  # one NaN batch skipped in a short run is the guard working, not a finding
 VAL_GAP_NATS = 0.5
 VAL_GAP_RATIO = 1.25
 MAX_LISTED = 8  # steps / files quoted in one evidence string
@@ -285,6 +289,49 @@ def check_grad_spikes(run: RunArtifacts) -> list[Finding]:
             "; ".join(parts),
             "lower train.optim.lr or lengthen warmup, keep train.optim.grad_clip=1.0, consider betas=(0.9, 0.95); "
             "inspect the batches at those steps for repeated or garbage documents",
+        )
+    ]
+
+
+def check_skipped_steps_high(run: RunArtifacts) -> list[Finding]:
+    """A guard that skips many steps trains on fewer batches than configured, silently: issue 35's
+    storm skipped 277 of 300 steps and ended 2 nats above the unguarded run."""
+    events = run.records("event")
+    skips = sorted({step_of(e) for e in events if e.get("action") == "skip"})
+    ran = max(
+        [step_of(r) for kind in ("train", "event", "end", "checkpoint") for r in run.records(kind)], default=0
+    )
+    if ran <= 0:
+        raise NotAvailable("no steps in metrics.jsonl")
+    frac = len(skips) / ran
+    if len(skips) < SKIP_MIN_COUNT or frac <= SKIP_WARN_FRACTION:
+        return []
+    kinds: dict[str, int] = {}
+    for e in events:
+        if e.get("action") == "skip":
+            kinds[str(e.get("kind"))] = kinds.get(str(e.get("kind")), 0) + 1
+    longest, start, best = 1, skips[0], (skips[0], skips[0])
+    for prev, cur in zip(skips, skips[1:], strict=False):
+        start = start if cur == prev + 1 else cur
+        if cur - start + 1 > longest:
+            longest, best = cur - start + 1, (start, cur)
+    first = next(e for e in events if e.get("action") == "skip")
+    rollbacks = sum(1 for e in events if e.get("kind") == "rollback")
+    evidence = (
+        f"{len(skips)} of {ran} steps skipped ({frac:.1%}): "
+        + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        + f"; longest run {longest} in a row (steps {best[0]}-{best[1]}); {rollbacks} rollbacks; "
+        f"first: {first.get('message', '')}"
+    )
+    return [
+        Finding(
+            "skipped_steps_high",
+            "fail" if frac > SKIP_FAIL_FRACTION else "warn",
+            evidence,
+            "the run trained on fewer batches than configured: lower train.optim.lr or raise "
+            "train.optim.warmup_steps; if these values are the run's normal level, raise "
+            "train.stability.grad_spike_min_ratio / z_threshold, and keep train.stability.max_consecutive_skips "
+            "on so a storm escalates",
         )
     ]
 
@@ -691,6 +738,7 @@ CHECKS = {
     "throughput_falling": check_throughput_falling,
     "global_batch_mismatch": check_global_batch_mismatch,
     "grad_spikes": check_grad_spikes,
+    "skipped_steps_high": check_skipped_steps_high,
     "checkpoint_unloadable": check_checkpoints,
     "val_far_above_train": check_val_far_above_train,
     "metrics_unreadable": check_metrics_unreadable,

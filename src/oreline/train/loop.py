@@ -252,9 +252,14 @@ def _train(
 
             # -- debug hooks: applied once, the first time step n is reached (not again after a rollback)
             loss_factor = 1.0
+            spike_at = tc.debug.inject_spike_at_step
             for at, factor in (
                 (tc.debug.inject_nan_at_step, math.nan),
-                (tc.debug.inject_spike_at_step, tc.debug.spike_factor),
+                # a spike on spike_steps steps in a row from inject_spike_at_step (a storm when > 1)
+                (
+                    n if spike_at is not None and spike_at <= n < spike_at + tc.debug.spike_steps else None,
+                    tc.debug.spike_factor,
+                ),
             ):
                 if at == n and n not in state.debug_injected:
                     loss_factor *= factor
@@ -302,7 +307,10 @@ def _train(
                 s.optimizer.step()
             elif bool(applied):  # optim.fused=false (or no found_inf in this torch): one host read per step
                 s.optimizer.step()
-            judge.accept(loss, grad_norm, applied)
+            # the window observes every step after warmup, a skipped one too (oreline.train.stability),
+            # but none whose rollback is pending: the rollback restores the checkpoint's window
+            joins = ~frozen if rollback_ready else torch.ones((), dtype=torch.bool, device=s.device)
+            judge.accept(loss, grad_norm, joins & (n > tc.optim.warmup_steps))
             s.optimizer.zero_grad(set_to_none=True)
             values = torch.cat(
                 [
@@ -690,14 +698,42 @@ def settle(
                 f"step {p.step}: the device {'applied' if applied else 'skipped'} the update, the host says {action}",
                 "report this as an oreline bug (oreline.train.loop.settle), with the run's metrics.jsonl",
             )
+        observe = p.step > cfg.train.optim.warmup_steps  # as the device's window did (judge.accept)
         if action in ("step", "log"):
-            stability.accept(loss, grad_norm)
+            stability.accept(loss, grad_norm, observe)
             if action == "log":
                 log.log(event(p.step, anomaly, "log", anomaly.describe() + " (stepped anyway: action=log)"))
         else:  # skip
-            stability.record_skip()
+            if observe:
+                stability.observe(loss, grad_norm)
+            storm = stability.record_skip() and stab.enabled
             state.skipped_steps += 1
             log.log(event(p.step, anomaly, "skip", anomaly.describe() + ": optimizer step skipped"))
+            if storm:  # skipping did not end it: roll back with a lower lr, or stop saying why
+                if last_ckpt is None:
+                    raise stability.storm_error(
+                        anomaly, "no full checkpoint to roll back to (checkpoint.every)"
+                    )
+                if stability.retries_in_a_row >= stab.max_retries:
+                    raise stability.storm_error(
+                        anomaly,
+                        f"{stability.retries_in_a_row} rollbacks to {last_ckpt} with lr × {stab.lr_factor} "
+                        f"did not end it (train.stability.max_retries = {stab.max_retries})",
+                    )
+                stability.record_rollback(anomaly, where=str(last_ckpt))
+                log.log(
+                    event(
+                        p.step,
+                        anomaly,
+                        "rollback",
+                        f"{stability.consecutive_skips} steps in a row skipped: {anomaly.describe()}",
+                    )
+                )
+                stability.consecutive_skips = 0
+                s.loader.load_state_dict(p.loader_after)
+                state.debug_injected = [at for at in state.debug_injected if at <= p.step]
+                rollback(s, state, stability, last_ckpt, p.step, cfg, log)
+                return None
         if math.isfinite(loss) and action != "skip":
             state.loss_sum += loss
             state.loss_count += 1

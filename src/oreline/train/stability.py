@@ -14,13 +14,22 @@ The loop computes the loss and the global grad norm of a step, then asks
 Rules, in order:
 1. **nonfinite**: the loss or the grad norm is NaN or ±inf. Judged from the first step.
 2. **loss_spike** / **grad_spike**: the value's z-score against the window exceeds `z_threshold`
-   (default 6σ). Only *upward* deviations count: a loss that falls fast is progress, not instability.
+   (default 6σ, σ as below). Only *upward* deviations count: a loss that falls fast is progress, not instability.
    Spikes are judged once the window holds `min_history` (default 16) healthy steps; the window keeps
    the last `window` (default 128) accepted steps.
 
-Statistics: plain mean and standard deviation of the window. Robust statistics (median / MAD) are
-not needed because only *accepted* steps enter the window, so past spikes never inflate it; and
-the mean/std pair keeps the z-score meaning what the config says ("σ above the window mean").
+Statistics: the window's median, and 1.4826 × its median absolute deviation as σ. The window holds
+the values of every step after the lr warmup, skipped ones included (`observe`): a window of
+accepted steps only never saw a new level, so once the grad norm settled above 4× the early mean
+(the lr peaking) every later step was "a spike" and skipped, and a skipped step changes nothing,
+so the next one was alike: 277 of 300 steps skipped on Gutenberg prose (issue 35). With skipped
+values in the window the baseline follows the run's real level, and the median and MAD keep one
+real spike from moving it. Warmup steps never join: a rising lr legitimately raises the norm, so
+judging waits until `min_history` steps after warmup are in the window (NaN/inf is judged from
+the first step). A storm that skipping does not end escalates: `max_consecutive_skips` skipped
+steps in a row roll back to the last full checkpoint with lr × `lr_factor` (bounded by
+`max_retries`), and without a checkpoint, or past the bound, the run stops with an error naming
+the values, the window and the fix.
 A spike must also be large in absolute terms: above `loss_spike_min_ratio` (default 1.2) × the window
 mean for the loss and `grad_spike_min_ratio` (default 4) × the mean for the grad norm. Small batches
 give heavy-tailed grad norms: in the demo run (batch 8 × 256 tokens) healthy steps reached 2.5× the
@@ -87,7 +96,7 @@ class Anomaly:
             return f"step {self.step}: non-finite value ({vals})"
         return (
             f"step {self.step}: {self.kind} ({vals}; z={self.z:.1f} > {self.threshold:g}σ "
-            f"over window mean {self.mean:.6g} ± {self.std:.3g})"
+            f"over window median {self.mean:.6g} ± {self.std:.3g})"
         )
 
     def to_dict(self) -> dict:
@@ -107,13 +116,22 @@ def _is_finite(v: float | None) -> bool:
     return v is None or math.isfinite(v)
 
 
+MAD_TO_SIGMA = 1.4826  # σ of a normal distribution = 1.4826 × its median absolute deviation
+
+
 def window_stats(values: deque[float] | list[float]) -> tuple[float, float]:
-    """Mean and (population) standard deviation with the relative floor, in float64."""
-    n = len(values)
-    mean = math.fsum(values) / n
-    var = math.fsum((v - mean) ** 2 for v in values) / n
-    std = max(math.sqrt(var), REL_SIGMA_FLOOR * abs(mean), 1e-12)
-    return mean, std
+    """The window's centre and spread: median, and 1.4826 × the median absolute deviation (σ for
+    normal data) with the relative floor, in float64. Robust statistics, because the window also
+    holds the values of skipped steps (see the module docstring): one spike moves neither."""
+    ordered = sorted(values)
+    med = _median(ordered)
+    mad = _median(sorted(abs(v - med) for v in ordered))
+    return med, max(MAD_TO_SIGMA * mad, REL_SIGMA_FLOOR * abs(med), 1e-12)
+
+
+def _median(ordered: list[float]) -> float:
+    n = len(ordered)
+    return 0.5 * (ordered[(n - 1) // 2] + ordered[n // 2])
 
 
 @dataclass
@@ -139,6 +157,7 @@ class StabilityMonitor:
         self.retries_in_a_row = 0
         self.last_rollback_step = -1
         self.last_checked_step = -1
+        self.consecutive_skips = 0  # skipped steps in a row (train.stability.max_consecutive_skips)
 
     # -- judging ---------------------------------------------------------------------------------
 
@@ -178,16 +197,24 @@ class StabilityMonitor:
             return Anomaly(kind, step, values, z=z, threshold=self.cfg.z_threshold, mean=mean, std=std)
         return None
 
-    def accept(self, loss: float, grad_norm: float | None) -> None:
-        """Add a healthy (or knowingly accepted) step to the window."""
+    def accept(self, loss: float, grad_norm: float | None, observe: bool = True) -> None:
+        """A healthy (or knowingly accepted) step: counted, and its values join the window when
+        `observe` (the loop observes steps after the lr warmup only)."""
+        if observe:
+            self.observe(loss, grad_norm)
+        self.counters.accepted += 1
+        self.consecutive_skips = 0
+        if self.last_checked_step > self.last_rollback_step:
+            self.retries_in_a_row = 0
+
+    def observe(self, loss: float, grad_norm: float | None) -> None:
+        """Add a step's finite values to the window: accepted steps and skipped ones alike, so the
+        baseline follows the run's real level instead of freezing at the last accepted one."""
         loss = float(loss)
         if math.isfinite(loss):
             self.losses.append(loss)
         if grad_norm is not None and math.isfinite(float(grad_norm)):
             self.grad_norms.append(float(grad_norm))
-        self.counters.accepted += 1
-        if self.last_checked_step > self.last_rollback_step:
-            self.retries_in_a_row = 0
 
     def record_verdict(
         self, step: int, loss: float, grad_norm: float | None, kind: str, z: float, mean: float, std: float
@@ -213,8 +240,25 @@ class StabilityMonitor:
 
     # -- actions the loop took -------------------------------------------------------------------
 
-    def record_skip(self) -> None:
+    def record_skip(self) -> bool:
+        """Count a skipped step; True when `max_consecutive_skips` steps in a row were skipped: a
+        storm that skipping cannot end (a skipped step changes nothing, so the next one is alike)."""
         self.counters.skipped += 1
+        self.consecutive_skips += 1
+        limit = self.cfg.max_consecutive_skips
+        return bool(limit) and self.consecutive_skips >= limit
+
+    def storm_error(self, anomaly: Anomaly, rolled_back: str = "") -> TrainingError:
+        """The error that ends a run whose skips did not stop (nothing to roll back to, or past
+        max_retries rollbacks): the cause, the values, the window and the fix."""
+        return TrainingError(
+            f"training is unstable: {self.consecutive_skips} steps in a row were skipped, the last "
+            f"{anomaly.describe()}" + (f"; {rolled_back}" if rolled_back else ""),
+            "lower train.optim.lr or raise train.optim.warmup_steps; if these values are the run's "
+            "normal level, raise train.stability.grad_spike_min_ratio / loss_spike_min_ratio or "
+            "train.stability.max_consecutive_skips (0 never escalates), or set checkpoint.every so a "
+            "storm can roll back (train.stability.action)",
+        )
 
     def record_rollback(self, anomaly: Anomaly | None = None, where: str = "") -> None:
         """Count a rollback; past `max_retries` rollbacks without a healthy step in between, stop."""
@@ -244,6 +288,7 @@ class StabilityMonitor:
             "anomalies": list(self.anomalies),
             "retries_in_a_row": self.retries_in_a_row,
             "last_rollback_step": self.last_rollback_step,
+            "consecutive_skips": self.consecutive_skips,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -254,6 +299,7 @@ class StabilityMonitor:
         self.anomalies = list(state.get("anomalies", []))
         self.retries_in_a_row = int(state.get("retries_in_a_row", 0))
         self.last_rollback_step = int(state.get("last_rollback_step", -1))
+        self.consecutive_skips = int(state.get("consecutive_skips", 0))
 
     def restore_window(self, state: dict) -> None:
         """Rollback: take the window of the checkpoint rolled back to, keep counters and retries.
@@ -307,14 +353,22 @@ class DeviceJudge:
     def _spike(
         self, value: torch.Tensor, window: torch.Tensor, count: torch.Tensor, min_ratio: float
     ) -> tuple[torch.Tensor, ...]:
-        n = count.clamp(min=1.0)
-        valid = torch.arange(window.numel(), device=self.device) >= window.numel() - count
-        mean = window.sum() / n
-        var = torch.where(valid, (window - mean) ** 2, 0.0).sum() / n
-        std = torch.maximum(var.sqrt(), (REL_SIGMA_FLOOR * mean.abs()).clamp(min=1e-12))
-        z = (value - mean) / std
+        n = window.numel()
+        valid = torch.arange(n, device=self.device) >= n - count
+        med = self._median(torch.where(valid, window, math.inf), count)
+        mad = self._median(torch.where(valid, (window - med).abs(), math.inf), count)
+        std = torch.maximum(MAD_TO_SIGMA * mad, (REL_SIGMA_FLOOR * med.abs()).clamp(min=1e-12))
+        z = (value - med) / std
         enough = count >= max(self.cfg.min_history, 1)
-        return enough & (z > self.cfg.z_threshold) & (value > min_ratio * mean), z, mean, std
+        return enough & (z > self.cfg.z_threshold) & (value > min_ratio * med), z, med, std
+
+    def _median(self, padded: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """Median of the `count` finite values of `padded` (the rest +inf), as `_median` takes it."""
+        ordered = torch.sort(padded).values
+        c = count.clamp(min=1.0).long()
+        lo = ordered.gather(0, ((c - 1) // 2).reshape(1))[0]
+        hi = ordered.gather(0, (c // 2).reshape(1))[0]
+        return 0.5 * (lo + hi)
 
     def judge(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
         loss, grad_norm = loss.double(), grad_norm.double()
@@ -333,7 +387,8 @@ class DeviceJudge:
         return torch.stack([kind.double(), *pick])
 
     def accept(self, loss: torch.Tensor, grad_norm: torch.Tensor, applied: torch.Tensor) -> None:
-        """`StabilityMonitor.accept` where `applied` (a bool tensor) holds: finite values join the window."""
+        """`StabilityMonitor.observe` where `applied` (a bool tensor: the loop passes "after warmup and
+        no rollback pending") holds: finite values join the window."""
         for buf, count, value in (
             (self.losses, self.n_losses, loss.double()),
             (self.grad_norms, self.n_grad_norms, grad_norm.double()),
