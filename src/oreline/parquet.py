@@ -204,6 +204,8 @@ def byte_lengths(array):
     if pa.types.is_dictionary(array.type):
         entry = pc.fill_null(pc.binary_length(array.dictionary), 0).to_numpy(zero_copy_only=False)
         idx = array.indices
+        if entry.size == 0:  # an all-null column has an empty dictionary: every row is 0 bytes
+            return np.zeros(len(array), dtype=np.int64)
         out = entry[pc.fill_null(idx, 0).to_numpy(zero_copy_only=False)].astype(np.int64)
         if idx.null_count:
             out[idx.is_null().to_numpy(zero_copy_only=False)] = 0

@@ -179,7 +179,11 @@ def test_ranks_of_a_multi_node_launch_take_the_interface_routing_to_the_rendezvo
     from oreline.train.dist import route_interface, set_socket_interface
 
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        monkeypatch.delenv(var, raising=False)
+        # setenv first: monkeypatch then restores the variable's original state (absent) at the
+        # end, whatever set_socket_interface wrote into os.environ meanwhile (a leaked "eth7"
+        # broke every later gloo test in the same session)
+        monkeypatch.setenv(var, "set-by-test")
+        monkeypatch.delenv(var)
     assert route_interface("127.0.0.1")[0] == "lo"
     name, local = route_interface(socket.gethostname())
     assert local is not None

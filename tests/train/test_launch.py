@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -96,3 +97,13 @@ def test_slurm_script_rendezvous_address_is_not_loopback(tmp_path):
     )
     addr = subprocess.run(["bash", "-c", snippet], check=True, capture_output=True, text=True).stdout.strip()
     assert addr and not addr.startswith("127."), addr
+    # an allocation of one node rendezvous on loopback: its own routable address may not answer
+    # itself (a container, a firewall), and no other node needs to reach it
+    one = subprocess.run(
+        ["bash", "-c", snippet],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SLURM_JOB_NUM_NODES": "1"},
+    ).stdout.strip()
+    assert one == "127.0.0.1", one
