@@ -5,13 +5,19 @@ is slow or huge to parse, a charset label naming no text codec, ...) next to a f
 documents, runs `run_data` (or the token layer's JSONL reader) on it in a child process whose
 address space is capped with RLIMIT_AS, and prints the input size, the child's peak RSS
 (including the extraction child it started), the wall time and the outcome: whether the hostile
-record was dropped with the expected reason while the good documents went through.
+record was dropped with the expected reason while the good documents went through. The cases of
+issue 32 (kind "call") run another command's function instead: `tokenizer train`, `train`,
+`tokenize`, `eval`, `export`, `checkpoint verify` (forged sizes, planted checkpoints, a tokenizer
+that panics) or `doctor run` + `report` (a FIFO, a huge GGUF array, a 1 GB metrics line). Where
+the tree fails, the outcome says how: the exception that ended the child, or what the command did
+instead of refusing.
 
     .venv/bin/python benchmarks/hostile_inputs.py [--cap-gib 3] [--timeout 120] [CASE ...]
 
 For the numbers of an older tree, point PYTHONPATH at its `src` (the child imports whatever
 `oreline` that finds). tests/data/test_hostile_inputs.py runs the same cases (`-m hostile`)
-with a 1.5 GiB cap and asserts the outcome and a time bound.
+with a 1.5 GiB cap and asserts the outcome and a time bound; tests/test_hostile_bounds.py runs
+the "call" cases so.
 """
 
 from __future__ import annotations
@@ -762,6 +768,268 @@ CASES.update(
                 1,
                 kind="call",
                 call="doctor_and_report",
+            ),
+        ]
+    }
+)
+
+# ---------------------------------------------------------------------------------------------
+# issue 32 items 3, 4 and 11: a checkpoint index that alters torch's own objects, a checkpoint item
+# behind DCP's zstd stream transform (a decompression bomb), a tokenizer whose regex makes Oniguruma
+# give up. The builders are shared with the tests (tests/train/test_checkpoint_hostile.py and
+# tests/tokens/test_bad_token_files.py load this file), so the table measures what they assert.
+
+CKPT_BOMB_BYTES = BOMB_BYTES  # decoded size of the zstd item (the test uses 256 MiB)
+EMBED = "model.model.embed_tokens.weight"  # the checkpoint item the planters replace
+
+
+def _metadata(folder: Path):
+    import pickle
+
+    with open(folder / ".metadata", "rb") as fh:  # the benchmark's own, trusted file
+        return pickle.load(fh)
+
+
+def plant_zstd_item(folder: Path, decoded: int, fqn: str = EMBED) -> int:
+    """The item `fqn` replaced by a zstd stream of `decoded` zero bytes, declared with DCP's
+    `stream.zstd/1` transform (DCP's stock reader decodes it whole before torch.load). Its size.
+    Checksums are left to the caller."""
+    import pickle
+
+    import zstandard
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    comp = zstandard.ZstdCompressor(level=1).compressobj()
+    piece = 16 * MiB
+    blob = b"".join(comp.compress(b"\0" * piece) for _ in range(decoded // piece)) + comp.flush()
+    md = _metadata(folder)
+    data = folder / "__0_0.distcp"
+    offset = data.stat().st_size
+    with open(data, "ab") as fh:
+        fh.write(blob)
+    for index in list(md.storage_data):
+        if index.fqn == fqn:
+            md.storage_data[index] = _StorageInfo("__0_0.distcp", offset, len(blob), ["stream.zstd/1"])
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    return len(blob)
+
+
+def pickle_str(text: str) -> bytes:
+    """A BINUNICODE opcode pushing `text`."""
+    return b"X" + len(text.encode()).to_bytes(4, "little") + text.encode()
+
+
+MEM_FORMAT_ENCODING = b"ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n"
+# each leaves the stack as it found it (BUILD, then POP): appended to a real index, the file still
+# unpickles to that index, and verification and loading go on as if it were the original
+METADATA_SIDE_EFFECTS = {
+    # enum member TORCH_CONTIGUOUS_FORMAT (got by calling the enum, as DCP's pickles do) gets
+    # _value_ = 7: every later save pickles its tensors' memory format as _MEM_FORMAT_ENCODING(7),
+    # which no reader can load
+    "enum-value": MEM_FORMAT_ENCODING + b"K\x00\x85R}" + pickle_str("_value_") + b"K\x07sb0",
+    # _get_layout's __module__/__qualname__ (kept outside its __dict__) become posix.system: every
+    # later pickle of torch.strided (each save's .metadata) then reads `posix.system("torch.strided")`
+    "layout-qualname": b"ctorch.serialization\n_get_layout\nN}("
+    + pickle_str("__module__")
+    + pickle_str("posix")
+    + pickle_str("__qualname__")
+    + pickle_str("system")
+    + b"u\x86b0",
+}
+
+
+def plant_metadata_side_effect(folder: Path, effect: str) -> None:
+    """The checkpoint's real index, re-pickled with one of METADATA_SIDE_EFFECTS before its STOP."""
+    import pickle
+
+    data = pickle.dumps(_metadata(folder), protocol=2)
+    (folder / ".metadata").write_bytes(data[:-1] + METADATA_SIDE_EFFECTS[effect] + b".")
+
+
+def _planted_checkpoint(plant: Callable[[Path], object]) -> Callable[[Path], list[Path]]:
+    """A trained run's checkpoint planted by `plant`, checksums rewritten to match (xxh3 is no secret)."""
+
+    def make(d: Path) -> list[Path]:
+        from oreline.train.checkpoint.format import write_checksums
+
+        root = trained_run(d)
+        (ckpt,) = [p for p in (root / "run" / "checkpoints").iterdir() if p.name.startswith("step-")]
+        plant(ckpt)
+        (ckpt / "checksums.json").unlink()
+        write_checksums(ckpt)
+        return [ckpt]
+
+    return make
+
+
+def _ckpt_outcome(ckpt: str, refused: Callable[[str], bool], run: Callable[[], object], what: str) -> dict:
+    """(child) run one command on the planted checkpoint `ckpt`: refused (an OrelineError that
+    `refused` recognises), or what it did instead (an error while loading, with the checkpoint's
+    path left out of it; an exception of another kind ends the child: the outcome column says which)."""
+    from oreline.errors import OrelineError
+
+    try:
+        result = run()
+    except OrelineError as exc:
+        message = " ".join(str(exc).split())
+        if refused(message):
+            return {"dropped": {"refused": 1}, "docs": 0, "errors": [], "message": message[:300]}
+        short = message.replace(f"{ckpt}/", "").replace(ckpt, "CHECKPOINT")
+        return {"dropped": {}, "docs": 0, "errors": [f"{what} failed while loading: {short[:120]}"]}
+    return {"dropped": {}, "docs": 0, "errors": [f"{what} {result}"]}
+
+
+def _verify(path: Path) -> tuple[int, str]:
+    """`oreline checkpoint verify PATH`: its exit status and output."""
+    import io
+
+    from rich.console import Console
+
+    from oreline.train.checkpoint.commands import verify_cli
+
+    console = Console(record=True, width=250, file=io.StringIO())
+    code = verify_cli(path, console)
+    return code, " ".join(console.export_text().split())
+
+
+def _zstd_refused(message: str) -> bool:
+    return "stream.zstd/1" in message
+
+
+def zstd_verify(inputs: list[str], out: str) -> dict:
+    """(child) `oreline checkpoint verify` of the checkpoint with a stream.zstd/1 item."""
+    code, text = _verify(Path(inputs[0]))
+    if code == 1 and _zstd_refused(text):
+        return {"dropped": {"refused": 1}, "docs": 0, "errors": [], "message": text[-300:]}
+    return {"dropped": {}, "docs": 0, "errors": [f"verify passed it (exit {code})"]}
+
+
+def zstd_eval(inputs: list[str], out: str) -> dict:
+    """(child) `oreline eval` of the checkpoint with a stream.zstd/1 item."""
+    from rich.console import Console
+
+    from oreline.eval.evaluate import evaluate_cli
+
+    def run() -> str:
+        with open(os.devnull, "w") as quiet:
+            evaluate_cli(Path(inputs[0]), out=Path(out) / "eval.json", batches=1, console=Console(file=quiet))
+        return "evaluated it"
+
+    return _ckpt_outcome(inputs[0], _zstd_refused, run, "eval")
+
+
+def zstd_export(inputs: list[str], out: str) -> dict:
+    """(child) `oreline export` of the checkpoint with a stream.zstd/1 item."""
+    from rich.console import Console
+
+    from oreline.export.hf import export_hf
+
+    def run() -> str:
+        with open(os.devnull, "w") as quiet:
+            export_hf(Path(inputs[0]), Path(out) / "hf", console=Console(file=quiet))
+        return "exported it"
+
+    return _ckpt_outcome(inputs[0], _zstd_refused, run, "export")
+
+
+def _torch_layout() -> str:
+    import torch
+
+    layout = torch.serialization._get_layout
+    return f"{layout.__module__}.{layout.__qualname__}"
+
+
+def metadata_side_effect_verify(inputs: list[str], out: str) -> dict:
+    """(child) `oreline checkpoint verify` of a real index that renames torch's _get_layout to
+    posix.system: refused, torch untouched; or passed, and the process's later saves would pickle
+    torch.strided as a call of posix.system."""
+    before = _torch_layout()
+    code, text = _verify(Path(inputs[0]))
+    after = _torch_layout()
+    altered = [] if after == before else [f"_get_layout is now {after}"]
+    if code == 1 and "refused setting the state of" in text and not altered:
+        return {"dropped": {"refused": 1}, "docs": 0, "errors": [], "message": text[-300:]}
+    return {"dropped": {}, "docs": 0, "errors": [f"verify exit {code}", *altered]}
+
+
+def backtracking_tokenizer(src: Path, dest: Path) -> Path:
+    """A copy of the tokenizer at src with a pre-tokenizer regex that backtracks exponentially:
+    `(a+)+b` on a run of 40 a's not followed by b exhausts Oniguruma's retry limit, and tokenizers
+    panics."""
+    import shutil
+
+    shutil.copytree(src, dest)
+    file = dest / "tokenizer.json"
+    config = json.loads(file.read_text(encoding="utf-8"))
+    config["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "(a+)+b"}, "behavior": "Isolated", "invert": False},
+            config["pre_tokenizer"],
+        ],
+    }
+    file.write_text(json.dumps(config), encoding="utf-8")
+    return dest
+
+
+def _panicking_tokenizer(d: Path) -> list[Path]:
+    """60 prose documents with one `a`*40 + `c` among them, and a trained tokenizer made to backtrack."""
+    from oreline.config import TokenizerConfig
+    from oreline.tokens.train_bpe import train_tokenizer
+
+    docs = _prose_jsonl(d / "docs.jsonl")
+    train_tokenizer([docs], d / "tokenizer", TokenizerConfig(vocab_size=512, heldout_docs=0))
+    lines = docs.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines.insert(30, json.dumps({"id": "backtrack", "text": "a" * 40 + "c"}) + "\n")
+    docs.write_text("".join(lines), encoding="utf-8")
+    return [docs, backtracking_tokenizer(d / "tokenizer", d / "backtracking-tokenizer")]
+
+
+def tokenize_docs(inputs: list[str], out: str) -> dict:
+    """(child) `oreline tokenize DOCS -t TOKENIZER`, one worker."""
+    from oreline.config import TokenizeConfig
+    from oreline.tokens.tokenize import tokenize_corpus
+
+    manifest = tokenize_corpus([inputs[0]], inputs[1], Path(out) / "tokens", TokenizeConfig(), workers=1)
+    return {
+        "dropped": dict(manifest.get("rejected", {})),
+        "docs": sum(s["documents"] for s in manifest["shards"]),
+        "errors": [],
+    }
+
+
+CASES.update(
+    {
+        c.name: c
+        for c in [
+            Case(
+                "ckpt-metadata-alters-torch",
+                "checkpoint verify of a real .metadata that also renames torch's _get_layout posix.system",
+                _planted_checkpoint(lambda ckpt: plant_metadata_side_effect(ckpt, "layout-qualname")),
+                "refused",
+                kind="call",
+                call="metadata_side_effect_verify",
+            ),
+            *(
+                Case(
+                    f"ckpt-zstd-{command}",
+                    f"oreline {'checkpoint verify' if command == 'verify' else command} of a checkpoint "
+                    f"item behind stream.zstd/1, {CKPT_BOMB_BYTES // GiB} GiB decoded",
+                    _planted_checkpoint(lambda ckpt: plant_zstd_item(ckpt, CKPT_BOMB_BYTES)),
+                    "refused",
+                    kind="call",
+                    call=f"zstd_{command}",
+                )
+                for command in ("verify", "eval", "export")
+            ),
+            Case(
+                "tokenize-regex-panic",
+                "oreline tokenize of 61 documents, one making the tokenizer's (a+)+b exhaust Oniguruma",
+                _panicking_tokenizer,
+                "encode_error",
+                60,
+                kind="call",
+                call="tokenize_docs",
             ),
         ]
     }

@@ -1,5 +1,5 @@
-"""Sizes that are the attacker's word, files that are not regular files, unbounded readers (issue 32
-items 9-10; `-m hostile`).
+"""Sizes that are the attacker's word, files that are not regular files, unbounded readers, planted
+checkpoints and a panicking tokenizer (issue 32 items 3, 4, 9-11; `-m hostile`).
 
 The `call` cases of benchmarks/hostile_inputs.py, each run in a child process capped at 1.5 GiB of
 address space as tests/data/test_hostile_inputs.py runs the pipeline's (which also runs the two
@@ -14,7 +14,15 @@ entry). Before this change each of these failed the cap, the time bound or both:
   2^30 or max_seq_len 10^12 built the model it described; the shapes and the memory are now
   checked first;
 - `oreline doctor run` / `report` blocked forever on a FIFO named export/model.gguf, took minutes
-  on a GGUF holding a 60M-item metadata array, and read a 1 GB metrics.jsonl line whole (2.5 GB).
+  on a GGUF holding a 60M-item metadata array, and read a 1 GB metrics.jsonl line whole (2.5 GB);
+- `oreline checkpoint verify` passed a real .metadata that also renamed torch's _get_layout
+  posix.system (the process's later saves then pickled torch.strided as a call of it); it is now
+  refused and torch is left as it was;
+- a checkpoint item behind DCP's `stream.zstd/1` transform (1 GiB of zeros here, 2 GiB in the
+  table) passed `checkpoint verify`, and `eval` / `export` decoded it whole (MemoryError under
+  the cap); all three now refuse the index before reading any data file;
+- `oreline tokenize` ended with a Rust panic on the one document that makes the tokenizer's regex
+  exhaust Oniguruma's retry limit; that document is now an `encode_error` reject.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ WORD_CHARS = 1 << 20  # the tokenizer case's word: more than 120 s before, ~5 s 
 
 CAP = int(1.5 * (1 << 30))
 CASES = [name for name, case in hostile.CASES.items() if case.kind == "call"]
+CKPT_BOMB_BYTES = 1 << 30  # decoded size of the zstd checkpoint item: past the cap for the old code
 SECONDS = {"tokenizer-long-word": 30.0}  # the bound for the 1 MiB word (the table's 10 MB: 120 s)
 
 
@@ -56,6 +65,7 @@ def child_env(samples) -> dict[str, str]:
 @pytest.mark.parametrize("name", CASES)
 def test_hostile_size_or_file_is_refused_in_bounded_memory_and_time(name, tmp_path, child_env, monkeypatch):
     monkeypatch.setattr(hostile, "WORD_CHARS", WORD_CHARS)
+    monkeypatch.setattr(hostile, "CKPT_BOMB_BYTES", CKPT_BOMB_BYTES)
     case = hostile.CASES[name]
     bound = SECONDS.get(name, case.max_seconds)
     result = hostile.run_case(case, tmp_path, CAP, timeout_s=3 * bound, env=child_env)

@@ -7,8 +7,10 @@ shards) the way a disk, a copy or a hostile file breaks it, and runs the real co
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,16 @@ from oreline.io import file_sha256
 from oreline.tokens import shards as fmt
 from oreline.tokens.loader import TokenLoader
 from oreline.tokens.train_bpe import load_tokenizer
+
+# issue 32 item 11's tokenizer is benchmarks/hostile_inputs.py's (its table measures it)
+_HOSTILE = "oreline_hostile_cases"
+if _HOSTILE not in sys.modules:  # another test module may have loaded it already
+    _spec = importlib.util.spec_from_file_location(
+        _HOSTILE, Path(__file__).resolve().parents[2] / "benchmarks" / "hostile_inputs.py"
+    )
+    sys.modules[_HOSTILE] = importlib.util.module_from_spec(_spec)  # dataclasses look their module up by name
+    _spec.loader.exec_module(sys.modules[_HOSTILE])
+hostile = sys.modules[_HOSTILE]
 
 
 def assert_clean_error(code: int, out: str, *needles: str) -> None:
@@ -207,26 +219,10 @@ def test_train_on_a_shard_with_an_out_of_vocabulary_id_names_the_shard(
 # issue 32 item 11: a tokenizer whose regex makes Oniguruma give up
 
 
-def _backtracking_tokenizer(src: Path, dest: Path) -> Path:
-    """The trained tokenizer with a pre-tokenizer regex that backtracks exponentially: `(a+)+b` on a
-    run of 40 a's not followed by b exhausts Oniguruma's retry limit, and tokenizers panics."""
-    shutil.copytree(src, dest)
-    file = dest / "tokenizer.json"
-    config = json.loads(file.read_text(encoding="utf-8"))
-    config["pre_tokenizer"] = {
-        "type": "Sequence",
-        "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": "(a+)+b"}, "behavior": "Isolated", "invert": False},
-            config["pre_tokenizer"],
-        ],
-    }
-    file.write_text(json.dumps(config), encoding="utf-8")
-    return dest
-
-
 @pytest.mark.hostile
 def test_a_text_that_panics_the_tokenizer_is_one_rejected_document(byte_tokenizer_dir, tmp_path, oreline_cli):
-    tok_dir = _backtracking_tokenizer(byte_tokenizer_dir, tmp_path / "tok")
+    # the trained tokenizer with `(a+)+b` before its pre-tokenizer: 40 a's then c exhaust Oniguruma
+    tok_dir = hostile.backtracking_tokenizer(byte_tokenizer_dir, tmp_path / "tok")
     good = [f"Document {i}: a perfectly ordinary paragraph of plain English text." for i in range(6)]
     docs = tmp_path / "docs.jsonl"
     with docs.open("w", encoding="utf-8") as fh:
