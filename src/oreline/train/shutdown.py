@@ -10,7 +10,7 @@ Two faults this module answers (issue 20, item 1):
   (`prctl(PR_SET_PDEATHSIG)`, Linux). Every rank calls it as the first thing `python -m oreline`
   does, so it holds whatever started the rank (`oreline train --nproc`, torchrun, srun → torchrun);
   `oreline train --nproc` sets the same signal on the torchrun agent it starts
-  (`oreline.train.dist.launch_torchrun`), so the chain launcher → agent → ranks holds at every
+  (`oreline.train.torchrun.launch_torchrun`), so the chain launcher → agent → ranks holds at every
   link. The race: a parent that dies between fork and the prctl call leaves the child already
   re-parented, and the death signal never comes; so after the call the parent is compared with
   the one seen first, and the process exits when they differ. SIGKILL, not SIGTERM: a launcher
