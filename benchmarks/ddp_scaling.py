@@ -38,6 +38,7 @@ from pathlib import Path
 from oreline.config import TokenizeConfig, TokenizerConfig, samples_dir
 from oreline.tokens.tokenize import tokenize_corpus
 from oreline.tokens.train_bpe import train_tokenizer
+from oreline.train.torchrun import torchrun_command
 
 
 def blocks(text: str, target: int = 1500) -> list[str]:
@@ -103,14 +104,7 @@ def run(name: str, cfg: Path, runs: Path, nproc: int, threads: int, accum: int, 
         "none",
     ]
     if nproc > 1:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            *cmd[1:],
-        ]
+        cmd = torchrun_command(nproc, cmd[3:])  # cmd[3:]: the arguments after `python -m oreline`
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -18,6 +18,33 @@ from typing import Any
 from oreline.train.shutdown import STOP_GRACE_S, set_parent_death_signal
 
 
+def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+    """`python -m torch.distributed.run --standalone --nproc_per_node=N -m oreline ARGV` with this
+    interpreter; `--nproc N` / `--nproc=N` are dropped from `argv` (the children must not launch again)."""
+    args: list[str] = []
+    skip = False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == "--nproc":
+            skip = i + 1 < len(argv)
+            continue
+        if a.startswith("--nproc="):
+            continue
+        args.append(a)
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "oreline",
+        *args,
+    ]
+
+
 def launch_torchrun(nproc: int, argv: list[str]) -> int:
     """Re-run this oreline command under torchrun with `nproc` processes; its exit code.
 
@@ -35,28 +62,7 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
     are passed on; torchrun passes them to every rank, which stops at the next step with a
     checkpoint. The exit code is then 128 + the signal, as if the signal had ended this process.
     """
-    args: list[str] = []
-    skip = False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if a == "--nproc":
-            skip = i + 1 < len(argv)
-            continue
-        if a.startswith("--nproc="):
-            continue
-        args.append(a)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "oreline",
-        *args,
-    ]
+    cmd = torchrun_command(nproc, argv)
     env = {**os.environ, "ORELINE_LAUNCHED_NPROC": str(nproc)}
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(STOP_GRACE_S))
     me = os.getpid()
