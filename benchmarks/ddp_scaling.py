@@ -13,7 +13,7 @@ Each run is a real `oreline train` subprocess (2 ranks through torchrun --standa
 the other. From its metrics.jsonl: the median over logged steps (the first 3 left out: warm-up) of
 tokens_per_s (global tokens / step wall time, averaged over ranks), step_ms, and, for 2 ranks,
 comm_ms / comm_frac (the span of gradient all-reduce / reduce-scatter plus the loop's small
-all-reduces; see oreline.train.dist). Ratios are against the 1-rank runs of the same invocation.
+all-reduces; see oreline.train.comm_timing). Ratios are against the 1-rank runs of the same invocation.
 
 On a machine whose cores are shared with other work the figures move from run to run: the
 printed load average says how busy it was, and `cores` (CPU seconds of all the run's processes,
