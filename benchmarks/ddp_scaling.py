@@ -13,7 +13,7 @@ Each run is a real `oreline train` subprocess (2 ranks through torchrun --standa
 the other. From its metrics.jsonl: the median over logged steps (the first 3 left out: warm-up) of
 tokens_per_s (global tokens / step wall time, averaged over ranks), step_ms, and, for 2 ranks,
 comm_ms / comm_frac (the span of gradient all-reduce / reduce-scatter plus the loop's small
-all-reduces; see oreline.train.dist). Ratios are against the 1-rank runs of the same invocation.
+all-reduces; see oreline.train.comm_timing). Ratios are against the 1-rank runs of the same invocation.
 
 On a machine whose cores are shared with other work the figures move from run to run: the
 printed load average says how busy it was, and `cores` (CPU seconds of all the run's processes,
@@ -38,6 +38,7 @@ from pathlib import Path
 from oreline.config import TokenizeConfig, TokenizerConfig, samples_dir
 from oreline.tokens.tokenize import tokenize_corpus
 from oreline.tokens.train_bpe import train_tokenizer
+from oreline.train.torchrun import torchrun_command
 
 
 def blocks(text: str, target: int = 1500) -> list[str]:
@@ -103,14 +104,7 @@ def run(name: str, cfg: Path, runs: Path, nproc: int, threads: int, accum: int, 
         "none",
     ]
     if nproc > 1:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            *cmd[1:],
-        ]
+        cmd = torchrun_command(nproc, cmd[3:])  # cmd[3:]: the arguments after `python -m oreline`
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

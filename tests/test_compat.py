@@ -17,7 +17,7 @@ from oreline.config import ModelConfig
 from oreline.model.kernels import matmul
 from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
-from oreline.train import dist
+from oreline.train import comm_timing
 from oreline.train.checkpoint.load import load_checkpoint
 from oreline.train.checkpoint.metadata import RAW_DESCRIPTOR, read_dcp_metadata
 from oreline.train.checkpoint.save import save_checkpoint
@@ -75,7 +75,7 @@ def test_outside_the_range_each_feature_falls_back_with_one_warning(untested_tor
     assert matmul.available_backends() == ["blas"]
     assert matmul.resolve_backend("auto")[0] == "blas"
     with pytest.warns(RuntimeWarning, match="FSDP2 communication timing"):
-        assert dist._timed_reduce_scatter() is None
+        assert comm_timing.timed_reduce_scatter() is None
     # reading a .metadata needs DCP's record class whatever the version: still found
     assert compat.dcp_storage_info() is not None
 

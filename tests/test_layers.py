@@ -3,11 +3,15 @@
 
 The graph is read from the source with `ast`, including imports inside functions: a lazy import
 is still a dependency (it only moves the failure from import time to call time), so it counts.
+
+docs/design.md's "Where is X?" list (concept → file) is checked here too: every path it names
+exists and every layer has an entry, so the list cannot rot as files move.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -165,3 +169,56 @@ def test_checker_flags_an_upward_import(source, target, upward):
         line.startswith(f"{source} ") and f"imports {target} " in line for line in upward_imports(graph)
     )
     assert reported is upward
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/design.md's "Where is X?" list names files that exist, in every layer
+
+DESIGN = SRC.parent / "docs" / "design.md"
+ROOT_FOLDERS = ("scripts/", "tests/", "benchmarks/", "docs/")
+
+
+def where_is_paths(text: str) -> list[tuple[str, str]]:
+    """(question, path) for every backticked path of the "Where is X?" list: a token with a "/" or
+    a file suffix; paths are below src/oreline/ unless they start with one of ROOT_FOLDERS."""
+    assert "\n## Where is X?\n" in text, "docs/design.md has no 'Where is X?' section"
+    section = text.split("\n## Where is X?\n", 1)[1].split("\n## ", 1)[0]
+    found = []
+    for line in section.splitlines():
+        if not line.startswith("- ") or "→" not in line:
+            continue
+        question, answer = line[2:].split("→", 1)
+        for token in re.findall(r"`([^`]+)`", answer):
+            if "/" in token or re.search(r"\.(py|sh|md)$", token):
+                found.append((question.strip(), token))
+    return found
+
+
+def resolve(path: str) -> Path:
+    return SRC.parent / path if path.startswith(ROOT_FOLDERS) else SRC / "oreline" / path
+
+
+def test_where_is_list_names_existing_paths():
+    entries = where_is_paths(DESIGN.read_text(encoding="utf-8"))
+    assert len(entries) >= 30  # a broken parser would pass the checks below vacuously
+    missing = [f"{q} → {p}" for q, p in entries if not resolve(p).exists()]
+    assert not missing, "docs/design.md, Where is X?, names paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_where_is_list_covers_every_layer():
+    named = set()
+    for _, path in where_is_paths(DESIGN.read_text(encoding="utf-8")):
+        if path.startswith(ROOT_FOLDERS):
+            continue
+        file = resolve(path) / "__init__.py" if path.endswith("/") else resolve(path)
+        named.add(group(module_name(file)))
+    absent = sorted(set(LAYERS) - named - {"__main__"})
+    assert not absent, f"docs/design.md, Where is X?, has no entry for the layers {absent}"
+
+
+def test_where_is_check_flags_a_missing_path():
+    """The check itself: a planted entry naming a file that does not exist is reported."""
+    planted = "intro\n## Where is X?\n\n- a thing → `train/no_such_module.py`, `scripts/demo.sh`\n\n## Next\n"
+    entries = where_is_paths(planted)
+    assert entries == [("a thing", "train/no_such_module.py"), ("a thing", "scripts/demo.sh")]
+    assert [p for _, p in entries if not resolve(p).exists()] == ["train/no_such_module.py"]

@@ -238,7 +238,7 @@ def train(
 ) -> None:
     """Train a Llama on token shards: one readable loop, metrics, checkpoints, recovery."""
     if nproc and nproc > 1:
-        from oreline.train.dist import launch_torchrun
+        from oreline.train.torchrun import launch_torchrun
 
         raise typer.Exit(launch_torchrun(nproc, sys.argv[1:]))
     from oreline.train.loop import train as train_fn

@@ -1,12 +1,10 @@
 """Reading Parquet files that someone else wrote, in bounded memory.
 
-Arrow decodes a row group's column chunks whole, whatever batch size is asked for (measured: 48
-rows of 4 MB in one row group peaked at 274 MB in Arrow's pool with batches of 1 and of 1,024
-rows), and a file of a few MB may hold a row group of many GB. The sizes in the footer are the
-writer's word: a footer that understates them passed a check on them (a 33 KB file stating 1 KB
-decoded to 1 GB), and a dictionary-encoded column is stated at its dictionary's size however
-often the rows repeat it (a 4 KB file stating 1 MB held 2,000 rows of a 1 MB string, 2 GB
-decoded). So readers bound what is decoded, not what is stated:
+Arrow decodes a row group's column chunks whole, whatever batch size is asked for, and a file of
+a few MB may hold a row group of many GB. The sizes in the footer are the writer's word: a footer
+can understate them, and a dictionary-encoded column is stated at its dictionary's size however
+often the rows repeat it (the cases found, with their sizes: docs/measurements.md). So readers
+bound what is decoded, not what is stated:
 
 - `row_group_bytes` sums the uncompressed sizes in the page headers of the column chunks
   (Arrow refuses a page that does not decompress to its header's size, so these cannot lie)

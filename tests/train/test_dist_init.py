@@ -24,7 +24,7 @@ dist.cleanup()
 def test_nproc_launch_trains_with_ddp_and_leaves_the_config_as_given(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    # what `oreline train --nproc 2` sets for its ranks (oreline.train.dist.launch_torchrun)
+    # what `oreline train --nproc 2` sets for its ranks (oreline.train.torchrun.launch_torchrun)
     env = {**os.environ, "ORELINE_LAUNCHED_NPROC": "2", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

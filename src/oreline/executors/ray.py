@@ -2,8 +2,8 @@
 
 Ray core tasks, not Ray Data: a task here is exactly the local pool's task (`fn(*job)`, writing
 its own files under the names the stage gives it), so the output does not depend on the
-executor. Ray Data would name its output files at random and its groupby was measured ~24× slower
-than numpy for the dedup buckets.
+executor. Ray Data would name its output files at random, and its groupby is much slower than
+numpy for the dedup buckets (docs/measurements.md).
 
 Failures, as in the local pool:
 - a task that raised (a bug; data errors are recorded by the task functions themselves) is never

@@ -25,9 +25,8 @@ of each frequency (oreline's own `apply_rope_scaling`). A tied model stores no `
 Types: float32 (bit-identical), float16, bfloat16, q8_0 (gguf's numpy quantizer, bit-exact with
 ggml's reference). Norms and rope factors stay float32 (1-D tensors, as the converter keeps them).
 
-Measured with llama-cpp-python 0.3.36 (benchmarks/clients.py, a demo-like model): 58 of 58 texts in
-13 languages (and a literal "<s>") tokenized exactly as `[BOS] + oreline's ids`; f32 and f16 greedy
-continuations identical to oreline eval's; held-out log-probabilities within 4.5e-3 nats (f32).
+benchmarks/clients.py checks the file with llama-cpp-python: tokenization, greedy continuations
+and log-probabilities against oreline's own (results in docs/measurements.md).
 """
 
 from __future__ import annotations

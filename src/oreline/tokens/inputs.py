@@ -15,8 +15,8 @@ named one by one are taken as they are.
 Bad input never crashes a run and never disappears: a JSONL line that is not JSON, a row
 without text, or an empty text is counted under a reason and returned to the caller, who keeps
 it in a rejects file next to its output. A JSONL line longer than `max_line_bytes` (50 MB, the
-data layer's record limit) is read at most that far and counted as `too_large`: a 2 MB
-.jsonl.gz holding one 2 GiB line used to be read whole (MemoryError).
+data layer's record limit) is read at most that far and counted as `too_large`, so a small
+compressed file holding one huge line cannot exhaust memory.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""torchrun initialisation, DDP / FSDP2 wrapping, timed gradient communication and the collectives
-the training loop uses.
+"""torchrun initialisation, DDP / FSDP2 wrapping and the collectives the training loop uses.
 
 Launch: `torchrun --standalone --nproc_per_node=N -m oreline train -c CONFIG`, or `oreline train
---nproc N ...`, which re-runs the same command under torchrun (`launch_torchrun`). torchrun sets
+--nproc N ...`, which re-runs the same command under torchrun (`oreline.train.torchrun`). torchrun sets
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT
 (https://pytorch.org/docs/stable/elastic/run.html); `init_distributed` reads them, picks the
 backend (NCCL on CUDA, gloo on CPU, `train.backend` overrides), binds each process to its local
@@ -32,16 +31,8 @@ the reentrant variant runs a nested backward that makes DDP mark a parameter rea
 find_unused_parameters=False it happens to work in torch 2.13 (tests/train/test_distributed.py
 shows both).
 
-Communication time (`comm_ms`, `comm_frac` in metrics.jsonl): for DDP a comm hook wraps each
-bucket's all-reduce and records when it started and when its future completed (perf_counter on
-CPU, CUDA events on GPU: nothing waits for the device); the loop adds the span of its own small
-all-reduces (target counts, loss sums, the step's agreement). The spans are read on logging steps
-(`CommTimer.take`). For FSDP2 the gradient reduce-scatters are timed only with `train.profile`:
-the timer replaces FSDP2's private reduce-scatter (oreline.compat) and waits for each one, so it
-stays out of ordinary runs, whose FSDP comm_ms then holds the loop's own all-reduces only.
-Overlapping spans are merged (their union is counted, not their sum), so comm_ms is the wall time
-during which a collective was in flight, part of which overlaps backward compute;
-comm_frac = comm_ms / step_ms. FSDP's parameter all-gathers are not included.
+Communication time (`comm_ms`, `comm_frac`) is measured by `oreline.train.comm_timing`, whose DDP
+comm hook and FSDP2 reduce-scatter `wrap_model` installs.
 
 Metrics are logged by rank 0 only; loss, grad norm and tokens are already global (all-reduced),
 timings are averaged over ranks with `mean_over_ranks`. `agree_on_step` all-reduces the loss,
@@ -55,30 +46,26 @@ state is a position in one global order, continues the same sequence of global b
 states are saved per rank; a rank that has none (more ranks than at save time) keeps the state
 derived from `train.seed` at start-up. Training draws no random numbers after initialisation
 (no dropout; the data order is a seeded permutation), so this changes no result.
-`check_resume_batch` refuses a resume whose global batch differs from the checkpoint's.
+`oreline.train.checkpoint.resume.check_resume_batch` refuses a resume whose global batch differs
+from the checkpoint's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import math
 import os
-import sys
-import threading
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as tdist
 from torch import nn
 
-from oreline import compat
 from oreline.config import TrainConfig
-from oreline.errors import ConfigError, DistributedError, TrainingError
+from oreline.errors import ConfigError, DistributedError
+from oreline.train.comm_timing import COMM, AllReduceState, timed_allreduce_hook, timed_reduce_scatter
 
 
 @dataclass(frozen=True)
@@ -148,6 +135,7 @@ def init_distributed(cfg: TrainConfig) -> DistInfo:
     if backend == "nccl" and not cuda:
         raise ConfigError("train.backend=nccl needs CUDA devices", "use train.backend=gloo on CPU")
     _DEVICE = device if backend == "nccl" else torch.device("cpu")
+    COMM.device = _DEVICE
     if not tdist.is_initialized():
         try:
             tdist.init_process_group(
@@ -312,124 +300,6 @@ def rank_finished() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# communication timing
-
-
-class CommTimer:
-    """Spans of collectives; `take()` returns the seconds of their union since the last take.
-
-    CPU spans are perf_counter pairs. CUDA spans are event pairs, turned into seconds relative to
-    a reference event at take time, which waits for the device: the loop takes on logging steps only.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._spans: list[tuple[Any, Any]] = []
-        self._ref: Any = None
-
-    def stamp(self) -> Any:
-        if _DEVICE.type == "cuda":
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            with self._lock:
-                if self._ref is None:
-                    self._ref = torch.cuda.Event(enable_timing=True)
-                    self._ref.record()
-            return ev
-        return time.perf_counter()
-
-    def add(self, start: Any, end: Any) -> None:
-        with self._lock:
-            self._spans.append((start, end))
-
-    def span(self) -> Any:
-        """`with COMM.span():` around a collective the loop itself makes."""
-        return _Span(self)
-
-    def take(self) -> float:
-        with self._lock:
-            spans, ref = self._spans, self._ref
-            self._spans, self._ref = [], None
-        if not spans:
-            return 0.0
-        if not isinstance(spans[0][0], float):
-            torch.cuda.synchronize()
-            spans = [(ref.elapsed_time(a) / 1e3, ref.elapsed_time(b) / 1e3) for a, b in spans]
-        total, cur_start, cur_end = 0.0, None, None
-        for a, b in sorted(spans):
-            if cur_end is None or a > cur_end:
-                if cur_end is not None:
-                    total += cur_end - cur_start
-                cur_start, cur_end = a, b
-            else:
-                cur_end = max(cur_end, b)
-        return total + (cur_end - cur_start)
-
-
-class _Span:
-    def __init__(self, timer: CommTimer):
-        self.timer = timer
-
-    def __enter__(self) -> None:
-        self.start = self.timer.stamp() if _active() else None
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.start is not None:
-            self.timer.add(self.start, self.timer.stamp())
-
-
-COMM = CommTimer()
-
-
-@dataclass(frozen=True)
-class _AllReduceState:
-    timer: CommTimer
-    dtype: torch.dtype | None  # None: the gradients' own dtype; bf16: train.reduce_dtype = "bf16"
-
-
-def _timed_allreduce_hook(state, bucket):  # no annotations: DDP rejects the string ones of `from __future__`
-    """DDP comm hook: the default mean all-reduce of one gradient bucket, with its span recorded
-    (in bf16 when train.reduce_dtype = "bf16": half the bytes, then copied back into the bucket)."""
-    start = state.timer.stamp()
-    buf = bucket.buffer()
-    buf.div_(tdist.get_world_size())
-    low = buf.to(state.dtype) if state.dtype is not None and state.dtype != buf.dtype else None
-    fut = tdist.all_reduce(buf if low is None else low, async_op=True).get_future()
-
-    def done(f: torch.futures.Future) -> torch.Tensor:
-        state.timer.add(start, state.timer.stamp())
-        out = f.value()[0]
-        return out if low is None else buf.copy_(out)
-
-    return fut.then(done)
-
-
-def _timed_reduce_scatter():
-    """An FSDP2 reduce-scatter (the default one) that records the span of every call into COMM."""
-    DefaultReduceScatter = compat.fsdp_reduce_scatter_base()  # noqa: N806 (a class)
-    if DefaultReduceScatter is None:
-        return None
-
-    class TimedReduceScatter(DefaultReduceScatter):
-        def __call__(
-            self,
-            output_tensor: torch.Tensor,
-            input_tensor: torch.Tensor,
-            group: Any,
-            op: Any,
-            async_op: bool = False,
-        ) -> Any:
-            start = COMM.stamp()
-            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
-            if work is not None and async_op:
-                work.wait()
-            COMM.add(start, COMM.stamp())
-            return None if async_op else work
-
-    return TimedReduceScatter()
-
-
-# ---------------------------------------------------------------------------------------------
 # wrapping
 
 
@@ -452,7 +322,7 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
             model, device_ids=ids, find_unused_parameters=cfg.find_unused_parameters
         )
         low = torch.bfloat16 if cfg.reduce_dtype == "bf16" else None
-        ddp.register_comm_hook(_AllReduceState(COMM, low), _timed_allreduce_hook)
+        ddp.register_comm_hook(AllReduceState(COMM, low), timed_allreduce_hook)
         return ddp
     if info.parallel in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -468,7 +338,7 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
             fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=mp)  # the root: buffers, and the tied embedding + norm
         # the timed reduce-scatter waits for each collective: a profiling tool, not the default path
-        comm = _timed_reduce_scatter() if cfg.profile else None
+        comm = timed_reduce_scatter() if cfg.profile else None
         if comm is not None:  # None: a torch outside the tested range (oreline.compat), comm_ms not measured
             for m in model.modules():
                 if hasattr(m, "set_custom_reduce_scatter"):
@@ -606,135 +476,3 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         if inner is None:
             return model
         model = inner
-
-
-def param_digest(model: nn.Module) -> str:
-    """sha256 of every parameter's full value (FSDP shards gathered), by name; every rank must call it."""
-    h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
-        t = p.detach()
-        if hasattr(t, "full_tensor"):
-            t = t.full_tensor()
-        h.update(name.encode())
-        h.update(t.to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def write_param_digest(model: nn.Module, run_root: Path, rank: int) -> Path:
-    """`<run>/debug/params-rankNNNNN.sha256` (train.debug.param_digest: ranks compared by tests)."""
-    digest = param_digest(model)
-    path = Path(run_root) / "debug" / f"params-rank{rank:05d}.sha256"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(digest + "\n", encoding="utf-8")
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
-# global batch across a resume
-
-
-def check_resume_batch(meta: dict, batch: dict, allow: list[str]) -> None:
-    """Refuse to resume with a global batch other than the checkpoint's (unless 'global_batch' is allowed).
-
-    A 2-rank checkpoint resumed on 1 rank with the same grad_accum would silently train on half
-    the batch the run was designed for; the arithmetic of both is in the message.
-    """
-    tc = (meta.get("config") or {}).get("train") or {}
-    world = meta.get("world_size")
-    if not tc or world is None or "global_batch" in allow:
-        return
-    saved = int(tc["micro_batch"]) * int(tc["grad_accum"]) * int(world) * int(tc["seq_len"])
-    if saved == batch["tokens"]:
-        return
-    per_step = batch["micro"] * batch["world"] * batch["seq_len"]
-    need = saved / per_step
-    raise TrainingError(
-        f"the checkpoint (step {meta.get('step')}) was trained with global batch = micro {tc['micro_batch']} × accum "
-        f"{tc['grad_accum']} × world {world} × seq_len {tc['seq_len']} = {saved:,} tokens; this run has micro "
-        f"{batch['micro']} × accum {batch['accum']} × world {batch['world']} × seq_len {batch['seq_len']} = "
-        f"{batch['tokens']:,} tokens",
-        (
-            f"set train.grad_accum={need:g} and pass --allow-config-change train.grad_accum"
-            if need == int(need) and need >= 1
-            else "change train.micro_batch / grad_accum / the number of processes"
-        )
-        + ", or pass --allow-config-change global_batch to resume with the new batch on purpose",
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# launching
-
-
-def launch_torchrun(nproc: int, argv: list[str]) -> int:
-    """Re-run this oreline command under torchrun with `nproc` processes; its exit code.
-
-    `argv` is the command line after the program name; `--nproc N` is removed so the children
-    do not launch again. The children get ORELINE_LAUNCHED_NPROC, which makes a config that says
-    train.parallel=none train with DDP (a config or override naming ddp/fsdp is kept).
-    torchrun is run as `python -m torch.distributed.run` from this interpreter, so the children
-    use the same environment as the parent whatever `torchrun` is first on PATH. torchrun sets
-    OMP_NUM_THREADS=1 in the children unless it is set (cores would be oversubscribed otherwise).
-
-    Lifetime (oreline.train.shutdown): the torchrun agent gets a parent-death SIGKILL, so it cannot
-    outlive this process (and its ranks, which set their own, cannot outlive it), and runs in a
-    process group of its own, so a terminal's Ctrl-C reaches it once — from here — and not twice
-    (torchrun would abort its graceful shutdown on the second). SIGTERM and SIGINT received here
-    are passed on; torchrun passes them to every rank, which stops at the next step with a
-    checkpoint. The exit code is then 128 + the signal, as if the signal had ended this process.
-    """
-    import signal
-    import subprocess
-
-    from oreline.train.shutdown import STOP_GRACE_S, set_parent_death_signal
-
-    args: list[str] = []
-    skip = False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if a == "--nproc":
-            skip = i + 1 < len(argv)
-            continue
-        if a.startswith("--nproc="):
-            continue
-        args.append(a)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "oreline",
-        *args,
-    ]
-    env = {**os.environ, "ORELINE_LAUNCHED_NPROC": str(nproc)}
-    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(STOP_GRACE_S))
-    me = os.getpid()
-
-    def arm() -> None:  # in the child, before exec: die with this process (or now, if it is already gone)
-        set_parent_death_signal(signal.SIGKILL)
-        if os.getppid() != me:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    # process_group=0: a group of its own in this session (the terminal's signals go to the foreground
-    # group, this process's, only); preexec_fn is safe here, no thread has been started yet
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=arm, process_group=0)  # noqa: PLW1509
-    received: list[int] = []
-
-    def forward(signum: int, frame: Any) -> None:
-        received.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        rc = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if received and rc != 0:
-        return 128 + received[0]
-    return rc

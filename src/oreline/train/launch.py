@@ -127,7 +127,7 @@ def check_allocation(cfg: Config, nodes: int, nproc_per_node: int) -> dict[str, 
     from oreline.runs import RunDir
     from oreline.train.batch import global_batch
     from oreline.train.checkpoint.format import read_latest, read_meta
-    from oreline.train.dist import check_resume_batch
+    from oreline.train.checkpoint.resume import check_resume_batch
 
     world = nodes * nproc_per_node
     batch = global_batch(cfg, world)

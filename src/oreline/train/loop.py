@@ -96,11 +96,12 @@ from oreline import compat
 from oreline.config import Config
 from oreline.errors import TrainingError
 from oreline.model.scoring import breakdown_means, loss_breakdown
-from oreline.train import dist
+from oreline.train import comm_timing, dist
 from oreline.train.batch import check_batch_tokens, to_device
 from oreline.train.host_reads import StepReads
 from oreline.train.monitor import MetricsLogger, memory_stats, mfu
 from oreline.train.optim import lr_at, set_lr
+from oreline.train.param_digest import write_param_digest
 from oreline.train.recovery import move_previous_training, resume_if_asked, rollback, save
 from oreline.train.session import Setup, TrainState, _nullcontext, setup_run, start_record
 from oreline.train.shutdown import StopRequests, TrainingStopped, ask_for_requeue, resume_command
@@ -247,7 +248,7 @@ def _train(
             t_data = time.perf_counter() - t0
             tokens_in_step = check_batch_tokens(batches, s.batch, info, n)
             counts = torch.stack([(b.labels != -100).sum() for b in batches]).sum().double().reshape(1)
-            with dist.COMM.span():
+            with comm_timing.COMM.span():
                 n_targets = dist.all_reduce_sum(counts)[0]  # stays on the device: the loss is divided there
 
             # -- debug hooks: applied once, the first time step n is reached (not again after a rollback)
@@ -277,7 +278,7 @@ def _train(
                 loss_factor,
                 sync_every_micro_batch=tc.fsdp_grad_sync == "micro_batch",
             )
-            with dist.COMM.span():
+            with comm_timing.COMM.span():
                 dist.all_reduce_sum(sums)
             if info.distributed and not checked_unused:  # DDP would fail a step later, naming nothing
                 dist.check_unused_parameters(s.model, s.train_model)
@@ -291,7 +292,7 @@ def _train(
 
             # -- the stability verdict, on the device and before the optimizer sees anything (the same
             # on every rank); a stop request (SIGTERM/SIGINT on any rank) is a host flag ORed over ranks
-            with dist.COMM.span():
+            with comm_timing.COMM.span():
                 loss, grad_norm = dist.agree_on_step(loss, grad_norm)
             stop = dist.any_rank(stops.requested)
             verdict = judge.judge(loss, grad_norm)  # [kind, z, mean, std]
@@ -360,7 +361,7 @@ def _train(
 
             # -- metrics
             if log_due:
-                window["comm"] = dist.COMM.take()
+                window["comm"] = comm_timing.COMM.take()
                 # timings averaged over ranks (tokens, loss and grad norm are global already)
                 if info.distributed:
                     window["seconds"], window["data"], window["comm"] = dist.mean_over_ranks(
@@ -420,7 +421,7 @@ def _train(
 
         wait_for_pending_save()  # an async save's meta, checksums and rename
     if tc.debug.param_digest:
-        dist.write_param_digest(s.model, s.run.root, info.rank)
+        write_param_digest(s.model, s.run.root, info.rank)
     reads.write(s.run.root, info.rank)
     seconds = time.perf_counter() - t_run
     last_loss = state.last_loss

@@ -24,7 +24,6 @@ from oreline.config import Config, to_dict
 from oreline.model.kernels.matmul import adopt_recorded
 from oreline.model.kernels.select import use_matmul_backend
 from oreline.runs import RunDir
-from oreline.train import dist
 from oreline.train.monitor import MetricsLogger
 from oreline.train.session import Setup, TrainState
 
@@ -127,7 +126,7 @@ def resume_if_asked(
         return None, []
     from oreline.train.checkpoint.format import CheckpointCorrupted, read_meta
     from oreline.train.checkpoint.load import load_checkpoint
-    from oreline.train.checkpoint.resume import check_resume_compatible, find_resumable
+    from oreline.train.checkpoint.resume import check_resume_batch, check_resume_compatible, find_resumable
     from oreline.train.checkpoint.verify import forget_verified
 
     # A resume reads checkpoints as a new process would: what an earlier train() in this process
@@ -169,7 +168,7 @@ def resume_if_asked(
             fingerprints=s.fingerprints,
             model_args=s.args.to_dict(),
         )
-        dist.check_resume_batch(read_meta(path) or {}, s.batch, allow)  # same global batch at any world size
+        check_resume_batch(read_meta(path) or {}, s.batch, allow)  # same global batch at any world size
         try:
             meta = load_checkpoint(path, s.model, s.optimizer)  # also restores this rank's RNG states
             break

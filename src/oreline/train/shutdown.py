@@ -1,6 +1,6 @@
 """How a training process ends when it is told to: with its launcher, or at a step boundary.
 
-Two faults this module answers (issue 20, item 1):
+Three situations this module answers:
 
 - **Ranks outlive their launcher.** torchrun starts every rank in a session of its own
   (`start_new_session=True` in torch.distributed.elastic's SubprocessHandler), so a SIGKILL of
@@ -10,7 +10,7 @@ Two faults this module answers (issue 20, item 1):
   (`prctl(PR_SET_PDEATHSIG)`, Linux). Every rank calls it as the first thing `python -m oreline`
   does, so it holds whatever started the rank (`oreline train --nproc`, torchrun, srun → torchrun);
   `oreline train --nproc` sets the same signal on the torchrun agent it starts
-  (`oreline.train.dist.launch_torchrun`), so the chain launcher → agent → ranks holds at every
+  (`oreline.train.torchrun.launch_torchrun`), so the chain launcher → agent → ranks holds at every
   link. The race: a parent that dies between fork and the prctl call leaves the child already
   re-parented, and the death signal never comes; so after the call the parent is compared with
   the one seen first, and the process exits when they differ. SIGKILL, not SIGTERM: a launcher
@@ -18,7 +18,7 @@ Two faults this module answers (issue 20, item 1):
   writes a checkpoint while a relaunch may already be starting in the same folder is the fault
   itself; the run resumes from its last periodic checkpoint.
 
-- **SIGTERM killed a run without a checkpoint** (exit −15). `StopRequests.install()` turns
+- **SIGTERM must not kill a run without a checkpoint** (exit −15). `StopRequests.install()` turns
   SIGTERM and SIGINT into a flag; the loop ORs it over ranks once per step (`dist.any_rank`, a
   host all-reduce through a CPU gloo group, so it never waits for the device and the training
   step stays free of host reads), and every rank then stops after the same step: a full
@@ -31,7 +31,7 @@ Two faults this module answers (issue 20, item 1):
   them; `oreline train --nproc` raises that wait to `STOP_GRACE_S` unless it is set, because a
   step plus a checkpoint of a large model can take longer than 30 s.
 
-- **The time limit or a preemption notice on Slurm** (issue 16). SIGUSR1 is a stop request too,
+- **The time limit or a preemption notice on Slurm.** SIGUSR1 is a stop request too,
   with the outcome "requeue": the sbatch script of `oreline launch slurm` asks Slurm for USR1
   some minutes before the time limit (`--signal=USR1@LEAD`, delivered to every process of the
   job's steps; torchrun's agent runs with USR1 ignored, so only the ranks act on it). The ranks

@@ -2,18 +2,16 @@
 
 The plain path — `logits = h @ Wᵀ`, then `F.cross_entropy(reduction="none")` — keeps the fp32
 logits AND log-softmax's (N, V) output for backward, then allocates a zero-filled (N, V) gradient
-for the NLL backward and a fourth (N, V) for log-softmax's. At the debug/demo shapes here
-(2,048 targets × 8,192 vocabulary = 64 MB per buffer) those passes over memory were ~85 ms of a
-~700 ms CPU step: log_softmax 31 ms, its backward 31 ms, the zero fill 22 ms (torch.profiler, 2
-threads). This function keeps a single buffer and works on it in place:
+for the NLL backward and a fourth (N, V) for log-softmax's. At the demo shapes those passes over
+memory are a large part of a CPU step (profile in docs/measurements.md). This function keeps a
+single buffer and works on it in place:
 
     forward   z = h Wᵀ; loss = max + log Σ exp(z − max) − z[label]   (z becomes softmax in place)
     backward  z ← z − onehot(label)  (= softmax − onehot, in place)
               dh = g · (z W),  dW = zᵀ (g · h)
 
 The per-row upstream gradient g scales the (N, dim) operands rather than the (N, V) buffer, which
-saves one pass over it. (Computing the logits a few rows at a time, so that the exp passes find
-them in cache, was tried and measured no faster once the allocator keeps freed blocks mapped.)
+saves one pass over it.
 
 It stays exact for ANY upstream gradient g (per row), unlike fused losses that precompute the
 gradient of a mean in forward. The price of the in-place backward: it can run once per forward

@@ -2,13 +2,8 @@
 
 Why: torch's x86 CPU wheel runs fp32 `mm` / `F.linear` through MKL, and MKL chooses its code
 path by CPU *vendor*: on AMD it runs AVX2 kernels even where the CPU has AVX-512. oneDNN (bundled
-with torch as "MKL-DNN") dispatches on CPUID *features*. On this project's 2-core AMD EPYC
-(AVX-512, full-width FMA units) one thread measured, for the demo model's shapes:
-
-    (M, K, N)            MKL F.linear    oneDNN linear     (GFLOP/s, fp32 in and out, fp32 accumulate)
-    2048 × 256 × 768        93               211
-    2048 × 768 × 256        90               209
-    2048 × 256 × 8192       64               105 (forward), 179 (x^T·dy, the weight gradient)
+with torch as "MKL-DNN") dispatches on CPUID *features*, and on an AVX-512 AMD EPYC it runs the
+demo model's products up to about twice as fast (docs/measurements.md).
 
 Both are plain fp32: against a float64 reference the errors are of the same order (oneDNN's
 ~2× MKL's, a different blocking of the same sums), nothing like bf16's. Which one is faster
@@ -17,10 +12,9 @@ when it is clearly (≥ 1.2×) faster; `"blas"` is torch's default, `"onednn"` f
 CPUs, where MKL already uses AVX-512/AMX, usually keep `blas`.
 
 The two give different last bits, so a run must not change backend half-way, and two runs of
-one config should not differ by the load of the machine at their start (issue 20: measured at
-every launch, runs on a loaded machine chose differently — oneDNN 78 vs BLAS 57, then 42 vs 45
-GFLOP/s — and diverged from step 2; resumed runs switched backend). The rule oreline train
-follows for "auto":
+one config should not differ by the load of the machine at their start (a choice measured at
+every launch differs with the load, docs/measurements.md). The rule oreline train follows for
+"auto":
 - a fresh run takes **this machine's decision**: measured once and cached in
   `<cache>/cpu-matmul/<key>.json` (`machine_choice`; the cache is ORELINE_CACHE_DIR, else
   $XDG_CACHE_HOME/oreline, else ~/.cache/oreline), the key being the CPU model and flags, the

@@ -10,9 +10,7 @@ With x̂ = x·r, r = (mean(x²) + eps)^-½ and y = x̂·w, and gx = g·x:
   dw = Σ_rows g·x̂ = gxᵀ · r                     (a matrix-vector product over the rows)
   dx = r · (g·w − x̂ · mean(g·w·x̂)) = g·w·r − x · (r³ · (gx · w) / d)
 
-Measured fwd + bwd on (8, 256, 256) fp32, 1 CPU thread (min of 15, a loaded machine): 0.83 ms,
-against 1.21 ms for the previous version of this function (mean(x²) through linalg.vecdot, which
-is a product then a sum) and 2.0 ms for the reference through autograd.
+Timings against the reference: docs/measurements.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ x·cos + rotate_half(x)·sin is written half by half into one output: with x = (
 halves of cos/sin equal, that is (x1·c − x2·s, x2·c + x1·s): two passes over x, where autograd's
 version makes five temporaries (the rotate-half cat, a neg and three products) and saves x. A
 rotation's gradient is the inverse rotation, rotate(g, cos, −sin), so nothing of x is saved.
-Measured fwd + bwd on (8, 256, 8, 32), 1 CPU thread: 1.58 ms vs 1.97 ms.
+Timings against the reference: docs/measurements.md.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ being written) holding `meta.json` and a `checksums.json` that lists every file'
 xxh3-128 hash plus a hash of itself; `latest` (a small file beside the folders) names the newest
 complete full checkpoint. What checks a folder against its manifest is `verify`.
 
-xxh3-128 (xxhash, ~11 GB/s here) rather than sha256 (~1.1 GB/s here): with the disk writing
-~400 MB/s, sha256 alone would cost a quarter of the save bandwidth. It detects corruption
+xxh3-128 (xxhash) rather than sha256: about ten times faster, so hashing costs a save little of
+the disk's bandwidth (docs/measurements.md). It detects corruption
 (truncation, flipped bytes), not tampering: anyone can recompute it. With `ORELINE_CHECKPOINT_KEY`
 set, the manifest is written with sha256 and signed (HMAC-SHA256, `signature`).
 

@@ -4,9 +4,8 @@ torch.distributed.checkpoint (DCP) stays the format and the API: planning, shard
 load, `.metadata` and the per-rank `__<rank>_<n>.distcp` files are DCP's own, so FSDP-sharded saves
 from every rank and loads at another world size work as before. Only how one tensor's bytes reach
 the file changes. DCP's FileSystemWriter serialises every tensor with `torch.save` (a zip archive per
-tensor, written through a Python callback) and its reader `torch.load`s each one back; for a 125m
-model + AdamW state (1.54 GB) that made a save run at ~30 % of this disk's sequential write speed.
-Here each tensor's memory is handed to `write()` as one memoryview (no copy, no archive), and the
+tensor, written through a Python callback) and its reader `torch.load`s each one back, far below
+the disk's sequential write speed (docs/measurements.md). Here each tensor's memory is handed to `write()` as one memoryview (no copy, no archive), and the
 result records DCP's usual `_StorageInfo(file, offset, length)` plus a transform descriptor
 `RAW_DESCRIPTOR`. Dtype and shape need not be stored again: they are in the tensor's
 `TensorStorageMetadata` chunk, which DCP writes to `.metadata` anyway.
@@ -27,7 +26,7 @@ checkpoint with "Unknown extension" instead of misreading it: load oreline check
 Checksums: while writing, each file's xxh3-128 (sha256 when checkpoints are signed) is computed from
 the same memory, in a helper thread that overlaps the writes (xxhash and hashlib release the GIL),
 and left in `RawTensorWriter.file_digests`; the save hands them to `format.write_checksums`,
-which then need not read 1.5 GB back (on this machine that re-read was a quarter of a save). Loads verify `checksums.json` against the files first.
+which then need not read the checkpoint back. Loads verify `checksums.json` against the files first.
 
 Sources: torch/distributed/checkpoint/filesystem.py (`_write_files_from_queue`, `_write_item`,
 `FileSystemReader.read_data`), whose file layout, bucketing and metadata this follows.

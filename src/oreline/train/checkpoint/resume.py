@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 
 from oreline.config import Config, diff_keys, to_dict
-from oreline.errors import CheckpointError
+from oreline.errors import CheckpointError, TrainingError
 from oreline.train.checkpoint.async_save import wait_for_pending_save
 from oreline.train.checkpoint.format import checkpoints_root, latest_problem, list_checkpoints
 from oreline.train.checkpoint.verify import verify_checkpoint
@@ -156,3 +156,32 @@ def check_resume_compatible(
             + " --allow-config-change ".join(k.split(" ")[0] for k in refused),
         )
     return [k for k in diffs if allowed(k)]
+
+
+def check_resume_batch(meta: dict, batch: dict, allow: list[str]) -> None:
+    """Refuse to resume with a global batch other than the checkpoint's (unless 'global_batch' is allowed).
+
+    A 2-rank checkpoint resumed on 1 rank with the same grad_accum would silently train on half
+    the batch the run was designed for; the arithmetic of both is in the message.
+    """
+    tc = (meta.get("config") or {}).get("train") or {}
+    world = meta.get("world_size")
+    if not tc or world is None or "global_batch" in allow:
+        return
+    saved = int(tc["micro_batch"]) * int(tc["grad_accum"]) * int(world) * int(tc["seq_len"])
+    if saved == batch["tokens"]:
+        return
+    per_step = batch["micro"] * batch["world"] * batch["seq_len"]
+    need = saved / per_step
+    raise TrainingError(
+        f"the checkpoint (step {meta.get('step')}) was trained with global batch = micro {tc['micro_batch']} × accum "
+        f"{tc['grad_accum']} × world {world} × seq_len {tc['seq_len']} = {saved:,} tokens; this run has micro "
+        f"{batch['micro']} × accum {batch['accum']} × world {batch['world']} × seq_len {batch['seq_len']} = "
+        f"{batch['tokens']:,} tokens",
+        (
+            f"set train.grad_accum={need:g} and pass --allow-config-change train.grad_accum"
+            if need == int(need) and need >= 1
+            else "change train.micro_batch / grad_accum / the number of processes"
+        )
+        + ", or pass --allow-config-change global_batch to resume with the new batch on purpose",
+    )

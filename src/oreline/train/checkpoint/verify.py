@@ -14,8 +14,8 @@ invalid before anything loads it, with the file named.
 `verify_checkpoint` is verification on demand (`oreline checkpoint verify | ls | inspect | sign`).
 Loading a full checkpoint does not hash it all first: `reading_check` verifies everything but the
 bytes of the tensor data files, and each rank hashes the data files it reads as it reads them
-(`raw_tensors.RawTensorReader`): every rank hashing the whole checkpoint before loading it
-was 96 GB of reads per rank for an 8B model; now each byte is hashed once, by the rank that reads it. A checkpoint this process wrote
+(`raw_tensors.RawTensorReader`), so each byte is hashed once, by the rank that reads it, instead of
+every rank reading the whole checkpoint before loading it. A checkpoint this process wrote
 (its digests were computed while writing) or already read is trusted (`mark_verified`): a
 rollback hashes no data file. The search for the checkpoint to resume (`resume.find_resumable`) checks
 with `contents=False` too; a data file found corrupted while loading makes `--resume auto` fall
