@@ -175,7 +175,7 @@ def _train(
             batch = next_global_batch(s.loader, s.device, s.batch, info, n)
             rollback_ready = runner.rolls_back and last_ckpt is not None
             result = runner.train_step(n, batch, debug_loss_factor(cfg, n, state), rollback_ready)
-            pending.append(Pending(n, result.pack(), lr, rollback_ready, s.loader.state_dict()))
+            pending.append(Pending(n, result, lr, rollback_ready, s.loader.state_dict()))
             state.step, state.tokens_seen = n, state.tokens_seen + batch.tokens
             if tc.debug.sleep_per_step_s > 0:
                 time.sleep(tc.debug.sleep_per_step_s)
@@ -502,11 +502,11 @@ def stop_after_step(
 
 @dataclass
 class Pending:
-    """A step taken whose `StepResult` is still on the device (`values`, packed), with what the host
-    knew then: its lr, whether a rollback had a checkpoint, the loader position after it."""
+    """A step taken whose `StepResult` is still on the device, with what the host knew then: its
+    lr, whether a rollback had a checkpoint, the loader position after it."""
 
     step: int
-    values: torch.Tensor
+    result: StepResult
     lr: float
     rollback_ready: bool
     loader_after: dict
@@ -532,7 +532,7 @@ def settle(
     step's result, or None after a rollback.
     """
     stab = cfg.train.stability
-    rows = torch.stack([p.values for p in pending]).tolist()  # the one device → host transfer
+    rows = torch.stack([p.result.pack() for p in pending]).tolist()  # the one device → host transfer
     steps = list(pending)
     pending.clear()
     r = None

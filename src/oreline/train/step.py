@@ -9,8 +9,9 @@ anomalous one until the loop reads it changes nothing, so the later rollback is 
 
 Contract: `train_step` reads nothing from the device on the host (with the fused AdamW kernels;
 `optim.fused=false` reads the verdict, one read per step). Its `StepResult` holds 0-d device
-tensors; the loop keeps it as one packed tensor (`pack`) until a step that reads anyway, where
-`StepResult.unpack` turns a read row into the same named fields as host values.
+tensors; the loop keeps it until a step that reads anyway, which reads every pending step's
+`pack`ed vector in one transfer, and `StepResult.unpack` turns each row into the same named
+fields as host values.
 """
 
 from __future__ import annotations
