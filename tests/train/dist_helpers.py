@@ -38,9 +38,9 @@ from oreline.model.presets import resolve_model_args
 from oreline.tokens.loader import TokenLoader
 from oreline.train import dist
 from oreline.train.batch import to_device
-from oreline.train.loop import forward_backward
 from oreline.train.performance import enable_activation_checkpointing
 from oreline.train.session import _nullcontext
+from oreline.train.step import forward_backward
 
 
 def reentrant_checkpointing(model: Llama) -> None:

@@ -17,9 +17,10 @@ from oreline.model.presets import resolve_model_args
 from oreline.tokens.loader import TokenLoader
 from oreline.train.batch import global_batch, to_device
 from oreline.train.dist import DistInfo
-from oreline.train.loop import forward_backward, train
+from oreline.train.loop import train
 from oreline.train.optim import lr_at
 from oreline.train.performance import enable_activation_checkpointing
+from oreline.train.step import forward_backward
 
 CPU1 = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None, is_main=True)
 TRAIN_KEYS = {

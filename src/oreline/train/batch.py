@@ -3,11 +3,14 @@
 global batch = micro_batch × grad_accum × world × seq_len tokens. `global_batch` computes it and
 refuses a config whose `train.global_batch_tokens` says otherwise (before anything is loaded);
 `check_batch_tokens` stops a run whose loader returned short batches instead of training on a
-smaller batch than the one stated; `to_device` moves a loader batch to the training device.
+smaller batch than the one stated; `to_device` moves a loader batch to the training device;
+`next_global_batch` fetches one step's `GlobalBatch`: its micro-batches, checked, and the target
+count of the whole global batch, which normalises the step's loss.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +18,7 @@ import torch
 
 from oreline.config import Config
 from oreline.errors import TrainingError
-from oreline.train import dist
+from oreline.train import comm_timing, dist
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -85,3 +88,32 @@ def check_batch_tokens(
             "the token loader returned short batches: check the token shards (oreline tokenize) hold enough data",
         )
     return local * info.world_size
+
+
+@dataclass
+class GlobalBatch:
+    """One step's data on this rank, fetched before any forward: `n_targets` (targets, labels ≠ -100,
+    over every micro-batch and rank) divides the loss, so it is known before the first backward.
+
+    n_targets stays a device tensor (reading it would wait for the device); `tokens` is global;
+    `data_seconds` is the time spent waiting for the loader (the train record's data_ms).
+    """
+
+    micro_batches: list[_Batch]
+    n_targets: torch.Tensor
+    tokens: int
+    data_seconds: float
+
+
+def next_global_batch(
+    loader: Any, device: torch.device, b: dict[str, int | None], info: dist.DistInfo, step: int
+) -> GlobalBatch:
+    """Step `step`'s `grad_accum` micro-batches from `loader`, on the device, checked against the stated batch."""
+    t0 = time.perf_counter()
+    micro = [to_device(loader.next_batch(), device) for _ in range(int(b["accum"]))]
+    data_seconds = time.perf_counter() - t0
+    tokens = check_batch_tokens(micro, b, info, step)
+    counts = torch.stack([(x.labels != -100).sum() for x in micro]).sum().double().reshape(1)
+    with comm_timing.COMM.span():
+        n_targets = dist.all_reduce_sum(counts)[0]
+    return GlobalBatch(micro, n_targets, tokens, data_seconds)

@@ -19,7 +19,10 @@ Per optimizer step (step N is the N-th; the checkpoint "step N" holds the state 
 5. metrics every `log_every` steps, full checkpoints every `checkpoint.every`, model-only every
    `checkpoint.model_only_every`, validation loss / bits per byte and greedy generations every
    `eval_every` steps and at the end. A final full checkpoint is written at the end whenever
-   checkpointing is on.
+   checkpointing is on. `oreline.train.schedule.Schedule` holds every such rule.
+
+Steps 2-4 are `StepRunner.train_step` (oreline.train.step), which returns a `StepResult`; the
+loop below only says when things happen.
 
 What is read when. A CUDA step is a queue of kernels the host launches ahead of the device;
 reading a device value on the host (`.item()`, `float(t)`, `if t:`, a copy to the CPU) waits
@@ -33,10 +36,11 @@ ordinary step — one that neither logs, evaluates, checkpoints nor stops — re
   (the GradScaler mechanism), which leaves weights, both moments and the step count bit for bit
   as they were, exactly a skipped `optimizer.step()`; with `optim.fused=false` the loop reads the
   verdict instead (one read per step);
-- each step's values and verdict ([loss, grad norm, applied, clipped, kind, z, mean, std, the loss
-  breakdown sums]) wait on the device in `pending`; the next step that logs, evaluates,
-  checkpoints or stops reads them all in one transfer (`settle`) and runs the host side of each
-  verdict in order: the monitor's counters, events and messages, the skip count, the train-loss sums;
+- each step's `StepResult` (loss, grad norm, applied, clipped, the verdict, the loss breakdown
+  sums) waits on the device in `pending`; the next step that logs, evaluates, checkpoints or
+  stops (`Schedule.at(n).why`) reads them all in one transfer (`settle`) and runs the host side
+  of each verdict in order: the monitor's counters, events and messages, the skip count, the
+  train-loss sums;
 - a stop request is a host flag, ORed over ranks through a CPU (gloo) collective (`dist.any_rank`);
 - timings: step times are host clocks; a step that reads has waited for the device, so the sum
   over a log window is the device's time even though single steps are not; communication spans
@@ -69,15 +73,16 @@ stability window, the lr multiplier and counters, and drops metrics records of s
 checkpoint, so an interrupted run continues bit-exactly (on CPU) and its metrics.jsonl reads as
 one clean run. A resumed run first completes what a kill left undone after its checkpoint's step
 (evaluation, generations, and at the last step the end record: a run is finished when its end
-record is written, `evals_after_step`). SIGTERM/SIGINT/SIGUSR1 stop every rank after the same step with
+record is written; `begin`, `evals_after_step`). SIGTERM/SIGINT/SIGUSR1 stop every rank after the same step with
 a checkpoint and the command that resumes (oreline.train.shutdown, `stop_after_step`).
 
 metrics.jsonl record types (`type`): start, train, eval, generation, event, checkpoint, end —
 see `MetricsLogger` in oreline.train.monitor and the fields written below.
 
 The set-up before the first step is `oreline.train.session.setup_run`; saving, resuming and
-rolling back are in `oreline.train.recovery`; this module is the loop itself and one step's
-forward/backward.
+rolling back are in `oreline.train.recovery`; one step on the device is `oreline.train.step`;
+what is due when is `oreline.train.schedule`; this module is the loop, its start (`begin`) and
+end (`end`), and the host side of the verdicts (`settle`).
 """
 
 from __future__ import annotations
@@ -92,20 +97,22 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from oreline import compat
 from oreline.config import Config
 from oreline.errors import TrainingError
-from oreline.model.scoring import breakdown_means, loss_breakdown
-from oreline.train import comm_timing, dist
-from oreline.train.batch import check_batch_tokens, to_device
+from oreline.model.scoring import breakdown_means
+from oreline.train import dist
+from oreline.train.batch import GlobalBatch, next_global_batch
 from oreline.train.host_reads import StepReads
-from oreline.train.monitor import MetricsLogger, memory_stats, mfu
+from oreline.train.monitor import MetricsLogger, TimingWindow, memory_stats, mfu
 from oreline.train.optim import lr_at, set_lr
 from oreline.train.param_digest import write_param_digest
 from oreline.train.recovery import move_previous_training, resume_if_asked, rollback, save
+from oreline.train.schedule import Schedule
 from oreline.train.session import Setup, TrainState, _nullcontext, setup_run, start_record
 from oreline.train.shutdown import StopRequests, TrainingStopped, ask_for_requeue, resume_command
 from oreline.train.shutdown import signal_name as shutdown_signal_name
+from oreline.train.stability import StabilityMonitor
+from oreline.train.step import StepResult, StepRunner, debug_loss_factor
 
 
 def train(
@@ -144,13 +151,91 @@ def train(
 def _train(
     cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, console: Console, stops: StopRequests
 ) -> dict[str, Any]:
-    tc, stab = cfg.train, cfg.train.stability
+    tc = cfg.train
     say = console.print if info.is_main else (lambda *a, **k: None)
     s = setup_run(cfg, info, say)
-    from oreline.train.stability import DeviceJudge, StabilityMonitor
+    state, stability, schedule = TrainState(), StabilityMonitor(tc.stability), Schedule(cfg)
+    resumed, log, final_val = begin(cfg, s, info, state, stability, schedule, resume, allow, console, say)
+    if log is None:  # the checkpoint's run had finished: nothing to do
+        return {**summary(s, state, resumed, resumed, 0.0, final_val), "finished_before": True}
+    # the checkpoint a rollback returns to: the last full one this run wrote or resumed from
+    # (never one an earlier, unrelated run left in the folder)
+    last_ckpt: Path | None = resumed
+    t_run = time.perf_counter()
+    s.train_model.train()
+    runner = StepRunner(cfg, s, info, stability)
+    window, reads = TimingWindow(), StepReads(tc.debug.count_host_reads)
+    pending: list[Pending] = []  # the steps since the last read, oldest first
+    try:
+        while not schedule.finished(state.step):
+            n = state.step + 1
+            reads.start()
+            window.start_step()
+            lr = lr_at(state.step, tc, state.lr_multiplier)
+            set_lr(s.optimizer, lr)
+            batch = next_global_batch(s.loader, s.device, s.batch, info, n)
+            rollback_ready = runner.rolls_back and last_ckpt is not None
+            result = runner.train_step(n, batch, debug_loss_factor(cfg, n, state), rollback_ready)
+            pending.append(Pending(n, result, lr, rollback_ready, s.loader.state_dict()))
+            state.step, state.tokens_seen = n, state.tokens_seen + batch.tokens
+            if tc.debug.sleep_per_step_s > 0:
+                time.sleep(tc.debug.sleep_per_step_s)
 
-    stability = StabilityMonitor(stab)
-    state = TrainState()
+            # a stop request (SIGTERM/SIGINT on any rank) is a host flag ORed over ranks
+            due = schedule.at(n, stop=dist.any_rank(stops.requested))
+            if due.why:  # one transfer: every verdict and value since the last read
+                last = settle(pending, cfg, s, state, stability, log, last_ckpt)
+                if last is None:  # rolled back: the loop goes on from the checkpoint's step
+                    runner.after_rollback(stability)
+                    reads.stop(n, [*due.why, "rollback"])
+                    continue
+            elif tc.profile and s.device.type == "cuda":
+                torch.cuda.synchronize(s.device)  # train.profile: honest per-step times
+            window.end_step(batch.data_seconds, batch.tokens)  # after a read, the device has caught up
+            if due.log:
+                log.log(train_record(n, s, info, state, last, lr, batch, window.take(info)))
+            if due.full_checkpoint:
+                last_ckpt = save(cfg, s, state, stability, "full", log)
+            elif due.model_only_checkpoint:
+                save(cfg, s, state, stability, "model_only", log)
+            # the step's evaluation, if due, is left to the resumed run (it completes the checkpoint's step first)
+            if due.stop:
+                stop_after_step(
+                    cfg, s, state, stability, log, info, stops, last_ckpt if due.full_checkpoint else None
+                )
+            v = evals_after_step(cfg, s, info, state, log, schedule, n, {})
+            final_val = v if v is not None else final_val
+            reads.stop(n, due.why)
+    finally:
+        reads.abandon()  # a stop or an error inside a step leaves its counter active
+
+    seconds = end(cfg, s, info, state, stability, log, reads, schedule.keeps_weights, t_run, final_val)
+    say(
+        f"[bold]done[/]: {state.step:,} steps, {state.tokens_seen:,} tokens in {seconds:,.1f} s; final val loss "
+        + ("—" if final_val is None else f"{final_val:.4f}")
+        + f"; {state.skipped_steps} skipped, {state.rollbacks} rollbacks"
+        + (f"; checkpoint {last_ckpt}" if last_ckpt else "")
+        + ("" if schedule.keeps_weights else "; no weights kept (checkpoint.every = 0, model_only_every = 0)")
+    )
+    return summary(s, state, resumed, last_ckpt, seconds, final_val)
+
+
+def begin(
+    cfg: Config,
+    s: Setup,
+    info: dist.DistInfo,
+    state: TrainState,
+    stability: StabilityMonitor,
+    schedule: Schedule,
+    resume: str,
+    allow: list[str],
+    console: Console,
+    say: Any,
+) -> tuple[Path | None, MetricsLogger | None, float | None]:
+    """Resume or start fresh, open the metrics and complete what a kill left undone of the
+    checkpoint's step. Returns (the checkpoint resumed from, the logger, the last validation loss);
+    no logger when the checkpoint's run had finished (it says so and what to change)."""
+    tc = cfg.train
     resumed, resume_events = resume_if_asked(cfg, s, state, stability, resume, allow, say)
     dist.barrier()  # every rank has looked at the checkpoints before rank 0 may move them
     if resumed is None and info.is_main:
@@ -164,25 +249,12 @@ def _train(
     done = dist.from_main(
         records_at_step(s.run.metrics, state.step) if resumed is not None and info.is_main else {}
     )
-    if resumed is not None and done.get("end") and state.step >= tc.steps:
+    if resumed is not None and done.get("end") and schedule.finished(state.step):
         say(
             f"nothing to do: the run finished at step {state.step} (its end record is in {s.run.metrics}); "
             f"to train on, raise train.steps (now {tc.steps}) and pass --allow-config-change train.steps"
         )
-        return {
-            "run_dir": str(s.run.root),
-            "step": state.step,
-            "tokens_seen": state.tokens_seen,
-            "seconds": 0.0,
-            "final_val_loss": done.get("val_loss"),
-            "final_train_loss": state.last_loss,
-            "skipped_steps": state.skipped_steps,
-            "rollbacks": state.rollbacks,
-            "checkpoint": str(resumed),
-            "resumed_from": str(resumed),
-            "config_fingerprint": s.fingerprints["train"],
-            "finished_before": True,
-        }
+        return resumed, None, done.get("val_loss")
     # A fresh start drops every step record an earlier, unresumable attempt left (-1); a resume
     # drops only the records after its checkpoint, so the file reads as one clean run.
     log = MetricsLogger(
@@ -193,8 +265,7 @@ def _train(
         purge_after_step=state.step if resumed is not None else -1,
     )
     log.log(start_record(cfg, s, info, state, resumed))
-    keeps_weights = bool(cfg.checkpoint.every or cfg.checkpoint.model_only_every)
-    if not keeps_weights:
+    if not schedule.keeps_weights:
         say(
             "[yellow]note[/]: checkpoint.every = 0 and checkpoint.model_only_every = 0: this run keeps no "
             "weights when it ends (a stop still writes a checkpoint); set checkpoint.model_only_every = "
@@ -202,229 +273,73 @@ def _train(
         )
     for rec in resume_events:
         log.log({**rec, "step": state.step if rec["step"] is None else rec["step"]})
-
-    bos, eos = s.tokenizer.bos_id, s.tokenizer.eos_id
-    t_run = time.perf_counter()
-    window = {
-        "steps": 0,
-        "seconds": 0.0,
-        "cpu": 0.0,
-        "data": 0.0,
-        "comm": 0.0,
-        "tokens": 0,
-    }  # since the last train record
-    checked_unused = False
     final_val = done.get("val_loss")
-    # the checkpoint a rollback returns to: the last full one this run wrote or resumed from
-    # (never one an earlier, unrelated run left in the folder)
-    last_ckpt: Path | None = resumed
     if resumed is not None and state.step > 0:  # what the kill left undone of the checkpoint's step
-        v = evals_after_step(cfg, s, info, state, log, state.step, done)
+        v = evals_after_step(cfg, s, info, state, log, schedule, state.step, done)
         final_val = v if v is not None else final_val
-        if state.step >= tc.steps:
+        if schedule.finished(state.step):
             say(
                 f"the checkpoint is at step {state.step} of train.steps={tc.steps}: completed what the run had "
                 "left to do after it (final evaluation, generations, end record)"
             )
-    s.train_model.train()
-    judge = DeviceJudge(stab, s.device)
-    judge.load(stability)
-    frozen = torch.zeros((), dtype=torch.bool, device=s.device)  # a rollback is pending (see settle)
-    pending: list[Pending] = []  # the steps since the last read, oldest first
-    # the fused AdamW kernels skip a step on the device (found_inf); the others need the verdict on the host
-    skip_on_device = compat.fused_adamw_skip() if s.optimizer.defaults.get("fused") else None
-    reads = StepReads(tc.debug.count_host_reads)
+    return resumed, log, final_val
 
-    try:
-        while state.step < tc.steps:
-            n = state.step + 1
-            reads.start()
-            t0, cpu0 = time.perf_counter(), time.process_time()
-            lr = lr_at(state.step, tc, state.lr_multiplier)
-            set_lr(s.optimizer, lr)
 
-            # -- data: the whole step's micro-batches first (their target count normalises the loss)
-            batches = [to_device(s.loader.next_batch(), s.device) for _ in range(tc.grad_accum)]
-            t_data = time.perf_counter() - t0
-            tokens_in_step = check_batch_tokens(batches, s.batch, info, n)
-            counts = torch.stack([(b.labels != -100).sum() for b in batches]).sum().double().reshape(1)
-            with comm_timing.COMM.span():
-                n_targets = dist.all_reduce_sum(counts)[0]  # stays on the device: the loss is divided there
+def train_record(
+    n: int,
+    s: Setup,
+    info: dist.DistInfo,
+    state: TrainState,
+    last: StepResult,
+    lr: float,
+    batch: GlobalBatch,
+    times: dict[str, float | None],
+) -> dict[str, Any]:
+    """Step n's `train` record: the last step's values (settled) and the window's timings."""
+    parts = breakdown_means(last.sums)
+    return {
+        "type": "train",
+        "step": n,
+        "tokens_seen": state.tokens_seen,
+        "tokens_in_step": batch.tokens,
+        "loss": last.loss,
+        "loss_token": parts["loss_token"],
+        "loss_eos": parts["loss_eos"],
+        "loss_bos": parts["loss_bos"],
+        "lr": lr,
+        "grad_norm": last.grad_norm,
+        "clipped": last.clipped,
+        "tokens_per_s": times["tokens_per_s"],
+        "mfu": mfu(s.flops_per_token, times["tokens_per_s"] / info.world_size, s.peak_flops),
+        **{k: times[k] for k in ("step_ms", "cpu_ms", "data_ms", "data_wait_frac")},
+        **memory_stats(s.device),
+        "comm_ms": times["comm_ms"],
+        "comm_frac": times["comm_frac"],
+    }
 
-            # -- debug hooks: applied once, the first time step n is reached (not again after a rollback)
-            loss_factor = 1.0
-            spike_at = tc.debug.inject_spike_at_step
-            for at, factor in (
-                (tc.debug.inject_nan_at_step, math.nan),
-                # a spike on spike_steps steps in a row from inject_spike_at_step (a storm when > 1)
-                (
-                    n if spike_at is not None and spike_at <= n < spike_at + tc.debug.spike_steps else None,
-                    tc.debug.spike_factor,
-                ),
-            ):
-                if at == n and n not in state.debug_injected:
-                    loss_factor *= factor
-                    state.debug_injected.append(n)
 
-            # -- forward and backward of every micro-batch, the loss normalised by the global target count
-            sums = forward_backward(
-                s.train_model,
-                batches,
-                n_targets,
-                info,
-                s.autocast,
-                bos,
-                eos,
-                loss_factor,
-                sync_every_micro_batch=tc.fsdp_grad_sync == "micro_batch",
-            )
-            with comm_timing.COMM.span():
-                dist.all_reduce_sum(sums)
-            if info.distributed and not checked_unused:  # DDP would fail a step later, naming nothing
-                dist.check_unused_parameters(s.model, s.train_model)
-                checked_unused = True
-            # Σ CE / Σ targets as breakdown_means divides it (NaN or inf without targets: non-finite)
-            loss = (sums[0] + sums[2] + sums[4]) / (sums[1] + sums[3] + sums[5])
-            max_norm = tc.optim.grad_clip if tc.optim.grad_clip > 0 else math.inf
-            # the pre-clip norm, global over ranks (DDP and FSDP)
-            grad_norm = dist.clip_grad_norm(s.model.parameters(), max_norm)
-            clipped = torch.isfinite(grad_norm) & (grad_norm > max_norm)
-
-            # -- the stability verdict, on the device and before the optimizer sees anything (the same
-            # on every rank); a stop request (SIGTERM/SIGINT on any rank) is a host flag ORed over ranks
-            with comm_timing.COMM.span():
-                loss, grad_norm = dist.agree_on_step(loss, grad_norm)
-            stop = dist.any_rank(stops.requested)
-            verdict = judge.judge(loss, grad_norm)  # [kind, z, mean, std]
-            rollback_ready = stab.enabled and stab.action == "rollback" and last_ckpt is not None
-            applied = verdict[0] == 0
-            if stab.enabled and stab.action == "log":
-                applied = applied | (verdict[0] >= 2)  # spikes step anyway; a NaN never does
-            if rollback_ready:  # this step and every one after it until the read are no-ops
-                frozen = frozen | (verdict[0] != 0)
-                applied = applied & ~frozen
-            if skip_on_device is not None:  # the kernels leave weights, moments and step count as they are
-                skip_on_device(s.optimizer, ~applied)
-                s.optimizer.step()
-            elif bool(applied):  # optim.fused=false (or no found_inf in this torch): one host read per step
-                s.optimizer.step()
-            # the window observes every step after warmup, a skipped one too (oreline.train.stability),
-            # but none whose rollback is pending: the rollback restores the checkpoint's window
-            joins = ~frozen if rollback_ready else torch.ones((), dtype=torch.bool, device=s.device)
-            judge.accept(loss, grad_norm, joins & (n > tc.optim.warmup_steps))
-            s.optimizer.zero_grad(set_to_none=True)
-            values = torch.cat(
-                [
-                    torch.stack([loss.double(), grad_norm.double(), applied.double(), clipped.double()]),
-                    verdict,
-                    sums,
-                ]
-            )
-            pending.append(Pending(n, values, lr, rollback_ready, s.loader.state_dict()))
-            state.step = n
-            state.tokens_seen += tokens_in_step
-            if tc.debug.sleep_per_step_s > 0:
-                time.sleep(tc.debug.sleep_per_step_s)
-
-            # -- what this step does besides training decides whether it reads the device
-            ckpt = cfg.checkpoint
-            log_due = n % tc.log_every == 0 or n == 1 or n == tc.steps
-            full_due = bool(ckpt.every and (n % ckpt.every == 0 or n == tc.steps))
-            model_only_due = not full_due and bool(
-                ckpt.model_only_every
-                and (n % ckpt.model_only_every == 0 or (n == tc.steps and not ckpt.every))
-            )
-            why = [
-                w
-                for w, due in (
-                    ("log", log_due),
-                    ("checkpoint", full_due or model_only_due),
-                    ("eval", evals_due(tc, n)),
-                    ("stop", stop),
-                )
-                if due
-            ]
-            if why:  # one transfer: every verdict and value since the last read
-                last = settle(pending, cfg, s, state, stability, log, last_ckpt)
-                if last is None:  # rolled back: the loop goes on from the checkpoint's step
-                    judge.load(stability)
-                    frozen = torch.zeros((), dtype=torch.bool, device=s.device)
-                    reads.stop(n, [*why, "rollback"])
-                    continue
-            elif tc.profile and s.device.type == "cuda":
-                torch.cuda.synchronize(s.device)  # train.profile: honest per-step times
-            window["steps"] += 1
-            window["seconds"] += time.perf_counter() - t0  # after a read, the device has caught up
-            window["cpu"] += time.process_time() - cpu0
-            window["data"] += t_data
-            window["tokens"] += tokens_in_step
-
-            # -- metrics
-            if log_due:
-                window["comm"] = comm_timing.COMM.take()
-                # timings averaged over ranks (tokens, loss and grad norm are global already)
-                if info.distributed:
-                    window["seconds"], window["data"], window["comm"] = dist.mean_over_ranks(
-                        [window["seconds"], window["data"], window["comm"]]
-                    )
-                tps = window["tokens"] / window["seconds"]
-                parts = breakdown_means(last["sums"])
-                log.log(
-                    {
-                        "type": "train",
-                        "step": n,
-                        "tokens_seen": state.tokens_seen,
-                        "tokens_in_step": tokens_in_step,
-                        "loss": last["loss"],
-                        "loss_token": parts["loss_token"],
-                        "loss_eos": parts["loss_eos"],
-                        "loss_bos": parts["loss_bos"],
-                        "lr": lr,
-                        "grad_norm": last["grad_norm"],
-                        "clipped": last["clipped"],
-                        "tokens_per_s": tps,
-                        "mfu": mfu(s.flops_per_token, tps / info.world_size, s.peak_flops),
-                        "step_ms": 1000 * window["seconds"] / window["steps"],
-                        # process CPU time (all threads) per step: cpu_ms / step_ms is how many cores were busy
-                        "cpu_ms": 1000 * window["cpu"] / window["steps"],
-                        "data_ms": 1000 * window["data"] / window["steps"],
-                        "data_wait_frac": window["data"] / window["seconds"],
-                        **memory_stats(s.device),
-                        "comm_ms": 1000 * window["comm"] / window["steps"] if info.distributed else None,
-                        "comm_frac": window["comm"] / window["seconds"] if info.distributed else None,
-                    }
-                )
-                window = {"steps": 0, "seconds": 0.0, "cpu": 0.0, "data": 0.0, "comm": 0.0, "tokens": 0}
-
-            # -- checkpoints
-            saved_full = False
-            if full_due:
-                last_ckpt = save(cfg, s, state, stability, "full", log)
-                saved_full = True
-            elif model_only_due:
-                save(cfg, s, state, stability, "model_only", log)
-
-            # -- a stop request (SIGTERM/SIGINT on any rank): checkpoint this step and end; the step's
-            # evaluation, if due, is left to the resumed run (it completes the checkpoint's step first)
-            if stop:
-                stop_after_step(cfg, s, state, stability, log, info, stops, last_ckpt if saved_full else None)
-
-            # -- evaluation and generations
-            v = evals_after_step(cfg, s, info, state, log, n, {})
-            final_val = v if v is not None else final_val
-            reads.stop(n, why)
-    finally:
-        reads.abandon()  # a stop or an error inside a step leaves its counter active
-
+def end(
+    cfg: Config,
+    s: Setup,
+    info: dist.DistInfo,
+    state: TrainState,
+    stability: StabilityMonitor,
+    log: MetricsLogger,
+    reads: StepReads,
+    keeps_weights: bool,
+    t_run: float,
+    final_val: float | None,
+) -> float:
+    """Wait for the last checkpoint, write the debug files and the end record (a run is finished
+    when its end record is written); returns the run's seconds."""
     if keeps_weights:  # checkpoints are on: the last one may still be an async save in flight
         from oreline.train.checkpoint.async_save import wait_for_pending_save
 
         wait_for_pending_save()  # an async save's meta, checksums and rename
-    if tc.debug.param_digest:
+    if cfg.train.debug.param_digest:
         write_param_digest(s.model, s.run.root, info.rank)
     reads.write(s.run.root, info.rank)
     seconds = time.perf_counter() - t_run
-    last_loss = state.last_loss
     log.log(
         {
             "type": "end",
@@ -438,24 +353,28 @@ def _train(
         }
     )
     log.close()
-    say(
-        f"[bold]done[/]: {state.step:,} steps, {state.tokens_seen:,} tokens in {seconds:,.1f} s; final val loss "
-        + ("—" if final_val is None else f"{final_val:.4f}")
-        + f"; {state.skipped_steps} skipped, "
-        f"{state.rollbacks} rollbacks"
-        + (f"; checkpoint {last_ckpt}" if last_ckpt else "")
-        + ("" if keeps_weights else "; no weights kept (checkpoint.every = 0, model_only_every = 0)")
-    )
+    return seconds
+
+
+def summary(
+    s: Setup,
+    state: TrainState,
+    resumed: Path | None,
+    checkpoint: Path | None,
+    seconds: float,
+    final_val: float | None,
+) -> dict[str, Any]:
+    """What `train` returns."""
     return {
         "run_dir": str(s.run.root),
         "step": state.step,
         "tokens_seen": state.tokens_seen,
         "seconds": seconds,
         "final_val_loss": final_val,
-        "final_train_loss": last_loss,
+        "final_train_loss": state.last_loss,
         "skipped_steps": state.skipped_steps,
         "rollbacks": state.rollbacks,
-        "checkpoint": str(last_ckpt) if last_ckpt else None,
+        "checkpoint": str(checkpoint) if checkpoint else None,
         "resumed_from": str(resumed) if resumed else None,
         "config_fingerprint": s.fingerprints["train"],
     }
@@ -490,6 +409,7 @@ def evals_after_step(
     info: dist.DistInfo,
     state: TrainState,
     log: MetricsLogger,
+    schedule: Schedule,
     n: int,
     done: dict[str, Any],
 ) -> float | None:
@@ -499,13 +419,11 @@ def evals_after_step(
     mean since the previous evaluation; its running sum is part of the checkpoint, so an
     evaluation completed by a resumed run reports what the uninterrupted run would have.
     """
-    tc = cfg.train
     val = None
-    eval_due = (tc.eval_every and n % tc.eval_every == 0) or n == tc.steps
-    if eval_due and done.get("eval"):
+    if schedule.eval(n) and done.get("eval"):
         state.loss_sum, state.loss_count = 0.0, 0  # logged before the kill; the next mean starts here
-    elif eval_due:
-        v = evaluate(s, info, tc.eval_batches, cfg)
+    elif schedule.eval(n):
+        v = evaluate(s, info, cfg.train.eval_batches, cfg)
         val = v["loss"]
         train_loss = state.loss_sum / state.loss_count if state.loss_count else None
         log.log(
@@ -524,11 +442,10 @@ def evals_after_step(
             }
         )
         state.loss_sum, state.loss_count = 0.0, 0
-    gen_due = (tc.generate_every and n % tc.generate_every == 0) or (
-        not tc.generate_every and ((tc.eval_every and n % tc.eval_every == 0) or n == tc.steps)
-    )
     prompts = [p for p in cfg.eval.prompts if p not in done.get("generations", ())]
-    if gen_due and (info.is_main or info.sharded) and prompts:  # FSDP: every rank runs the forward
+    if (
+        schedule.generate(n) and (info.is_main or info.sharded) and prompts
+    ):  # FSDP: every rank runs the forward
         for g in generations(s, cfg, prompts):
             log.log(
                 {"type": "generation", "step": n, "prompt": g["prompt"], "text": g["text"], "mode": g["mode"]}
@@ -581,72 +498,19 @@ def stop_after_step(
 
 
 # ---------------------------------------------------------------------------------------------
-# one step
-
-
-def forward_backward(
-    model: torch.nn.Module,
-    batches: list[Any],
-    n_targets: float | torch.Tensor,
-    info: dist.DistInfo,
-    autocast: Any,
-    bos_id: int,
-    eos_id: int,
-    loss_factor: float = 1.0,
-    sync_every_micro_batch: bool = True,
-) -> torch.Tensor:
-    """Backward of Σ CE / n_targets over all micro-batches; returns this rank's loss_breakdown sums.
-
-    n_targets is the target count of the whole global step (all micro-batches, all ranks). Each
-    micro-batch contributes (Σ its per-token CE) · world / n_targets: gradients accumulate over
-    micro-batches by addition and DDP averages over ranks, so the `world` factor makes the result
-    exactly ∇ (Σ CE over the global batch / n_targets). DDP synchronises only on the last micro-batch;
-    FSDP2 reduce-scatters after every micro-batch unless `sync_every_micro_batch` is off
-    (dist.sync_context says why).
-    The loop passes n_targets as the all-reduced device tensor (reading it would wait for the device);
-    the scale is then computed there, in float64 as from a Python float, and multiplied in the loss's
-    dtype, as a Python float scale would be.
-    """
-    sums = None
-    if isinstance(n_targets, torch.Tensor):
-        scale: Any = info.world_size / n_targets.double().clamp(min=1.0)
-    else:
-        scale = info.world_size / max(n_targets, 1.0)
-    for i, b in enumerate(batches):
-        last = i == len(batches) - 1
-        sync = dist.sync_context(model, last, sync_every_micro_batch) if info.distributed else _nullcontext()
-        with sync:
-            with autocast():  # (B, T) CE, 0 where ignored; the logits never materialise (kernels)
-                per_token = model(b.input_ids, b.doc_ids, labels=b.labels)
-            if loss_factor != 1.0:
-                per_token = per_token * loss_factor
-            total = per_token.sum()
-            (total * (scale.to(total.dtype) if isinstance(scale, torch.Tensor) else scale)).backward()
-        part = loss_breakdown(per_token, b.input_ids, b.labels, bos_id, eos_id)
-        sums = part if sums is None else sums + part
-        del per_token
-    return sums
+# the host side of the verdicts
 
 
 @dataclass
 class Pending:
-    """A step taken whose verdict and values are still on the device (`values`, see the loop), with
-    what the host knew then: its lr, whether a rollback had a checkpoint, the loader position after it."""
+    """A step taken whose `StepResult` is still on the device, with what the host knew then: its
+    lr, whether a rollback had a checkpoint, the loader position after it."""
 
     step: int
-    values: torch.Tensor
+    result: StepResult
     lr: float
     rollback_ready: bool
     loader_after: dict
-
-
-def evals_due(tc: Any, n: int) -> bool:
-    """Whether step n evaluates or generates (evals_after_step): such a step reads the device anyway."""
-    return bool(
-        (tc.eval_every and n % tc.eval_every == 0)
-        or n == tc.steps
-        or (tc.generate_every and n % tc.generate_every == 0)
-    )
 
 
 def settle(
@@ -654,10 +518,10 @@ def settle(
     cfg: Config,
     s: Setup,
     state: TrainState,
-    stability: Any,
+    stability: StabilityMonitor,
     log: MetricsLogger,
     last_ckpt: Path | None,
-) -> dict[str, Any] | None:
+) -> StepResult | None:
     """Read the pending steps' values in one transfer and do what the host does with each verdict.
 
     For each step in order: the stability monitor's counters and anomaly log, the skip / log
@@ -666,18 +530,16 @@ def settle(
     the device froze every update from that step on, so the steps after it changed nothing; the
     loader goes back to where that step left it and debug injections after it are forgotten, so
     the rollback is the one an immediate read would have made, only later. Returns the last
-    step's values (loss, grad_norm, clipped, sums), or None after a rollback.
+    step's result, or None after a rollback.
     """
-    from oreline.train.stability import KINDS
-
     stab = cfg.train.stability
-    rows = torch.stack([p.values for p in pending]).tolist()  # the one device → host transfer
+    rows = torch.stack([p.result.pack() for p in pending]).tolist()  # the one device → host transfer
     steps = list(pending)
     pending.clear()
-    last: dict[str, Any] = {}
+    r = None
     for p, row in zip(steps, rows, strict=True):
-        loss, grad_norm, applied, clipped, kind, z, mean, std = row[:8]
-        anomaly = stability.record_verdict(p.step, loss, grad_norm, KINDS[int(kind)], z, mean, std)
+        r = StepResult.unpack(row)
+        anomaly = stability.record_verdict(p.step, r.loss, r.grad_norm, r.kind, r.z, r.mean, r.std)
         action = "step"
         if anomaly is not None:
             action = stab.action if stab.enabled else "skip"
@@ -690,23 +552,21 @@ def settle(
             assert last_ckpt is not None
             stability.record_rollback(anomaly, where=str(last_ckpt))  # raises past max_retries
             log.log(event(p.step, anomaly, "rollback", anomaly.describe()))
-            s.loader.load_state_dict(p.loader_after)
-            state.debug_injected = [at for at in state.debug_injected if at <= p.step]
-            rollback(s, state, stability, last_ckpt, p.step, cfg, log)
+            roll_back_from(p, cfg, s, state, stability, log, last_ckpt)
             return None
-        if (action != "skip") != (applied > 0):  # the device and the host judged alike, or nothing holds
+        if (action != "skip") != r.applied:  # the device and the host judged alike, or nothing holds
             raise TrainingError(
-                f"step {p.step}: the device {'applied' if applied else 'skipped'} the update, the host says {action}",
+                f"step {p.step}: the device {'applied' if r.applied else 'skipped'} the update, the host says {action}",
                 "report this as an oreline bug (oreline.train.loop.settle), with the run's metrics.jsonl",
             )
         observe = p.step > cfg.train.optim.warmup_steps  # as the device's window did (judge.accept)
         if action in ("step", "log"):
-            stability.accept(loss, grad_norm, observe)
+            stability.accept(r.loss, r.grad_norm, observe)
             if action == "log":
                 log.log(event(p.step, anomaly, "log", anomaly.describe() + " (stepped anyway: action=log)"))
         else:  # skip
             if observe:
-                stability.observe(loss, grad_norm)
+                stability.observe(r.loss, r.grad_norm)
             storm = stability.record_skip() and stab.enabled
             state.skipped_steps += 1
             log.log(event(p.step, anomaly, "skip", anomaly.describe() + ": optimizer step skipped"))
@@ -731,16 +591,29 @@ def settle(
                     )
                 )
                 stability.consecutive_skips = 0
-                s.loader.load_state_dict(p.loader_after)
-                state.debug_injected = [at for at in state.debug_injected if at <= p.step]
-                rollback(s, state, stability, last_ckpt, p.step, cfg, log)
+                roll_back_from(p, cfg, s, state, stability, log, last_ckpt)
                 return None
-        if math.isfinite(loss) and action != "skip":
-            state.loss_sum += loss
+        if math.isfinite(r.loss) and action != "skip":
+            state.loss_sum += r.loss
             state.loss_count += 1
-            state.last_loss = loss
-        last = {"loss": loss, "grad_norm": grad_norm, "clipped": bool(clipped), "sums": row[8:]}
-    return last
+            state.last_loss = r.loss
+    return r
+
+
+def roll_back_from(
+    p: Pending,
+    cfg: Config,
+    s: Setup,
+    state: TrainState,
+    stability: StabilityMonitor,
+    log: MetricsLogger,
+    last_ckpt: Path,
+) -> None:
+    """Roll back for step p's verdict: the loader moves on from where p left it (past the offending
+    batches), debug injections after p are forgotten, the rest is `recovery.rollback`."""
+    s.loader.load_state_dict(p.loader_after)
+    state.debug_injected = [at for at in state.debug_injected if at <= p.step]
+    rollback(s, state, stability, last_ckpt, p.step, cfg, log)
 
 
 def event(step: int, anomaly: Any, action: str, message: str) -> dict[str, Any]:

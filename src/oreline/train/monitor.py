@@ -10,7 +10,8 @@ model's shapes (forward x·Wᵀ and both backward products), timed once per proc
 
 `MetricsLogger` writes every record to `metrics.jsonl` (one JSON object per line, flushed, the
 record types are listed in `oreline.train.loop`), numeric fields to TensorBoard, and a short
-line to the console; only the main rank logs.
+line to the console; only the main rank logs. `TimingWindow` sums a train record's timings over
+the steps since the previous one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from oreline.io import write_lines_atomic
+from oreline.train import comm_timing, dist
 
 # ---------------------------------------------------------------------------------------------
 # device peak FLOPs
@@ -190,6 +193,54 @@ def mfu(flops_per_token: float, tokens_per_s_per_device: float, peak: float | No
     if not peak or not math.isfinite(tokens_per_s_per_device):
         return None
     return flops_per_token * tokens_per_s_per_device / peak
+
+
+# ---------------------------------------------------------------------------------------------
+# step timings
+
+
+@dataclass
+class TimingWindow:
+    """Timings of the steps since the last train record (host clocks; a step that reads has waited
+    for the device, so the window's sum is the device's time even though single steps are not)."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    cpu: float = 0.0
+    data: float = 0.0
+    tokens: int = 0
+    _t0: float = 0.0
+    _cpu0: float = 0.0
+
+    def start_step(self) -> None:
+        self._t0, self._cpu0 = time.perf_counter(), time.process_time()
+
+    def end_step(self, data_seconds: float, tokens: int) -> None:
+        self.steps += 1
+        self.seconds += time.perf_counter() - self._t0
+        self.cpu += time.process_time() - self._cpu0
+        self.data += data_seconds
+        self.tokens += tokens
+
+    def take(self, info: dist.DistInfo) -> dict[str, float | None]:
+        """The window's rates for a train record (seconds averaged over ranks; tokens are global
+        already), and a new window."""
+        comm = comm_timing.COMM.take()
+        seconds, data = self.seconds, self.data
+        if info.distributed:
+            seconds, data, comm = dist.mean_over_ranks([seconds, data, comm])
+        steps, cpu, tokens = self.steps, self.cpu, self.tokens
+        self.steps, self.seconds, self.cpu, self.data, self.tokens = 0, 0.0, 0.0, 0.0, 0
+        return {
+            "tokens_per_s": tokens / seconds,
+            "step_ms": 1000 * seconds / steps,
+            # process CPU time (all threads) per step: cpu_ms / step_ms is how many cores were busy
+            "cpu_ms": 1000 * cpu / steps,
+            "data_ms": 1000 * data / steps,
+            "data_wait_frac": data / seconds,
+            "comm_ms": 1000 * comm / steps if info.distributed else None,
+            "comm_frac": comm / seconds if info.distributed else None,
+        }
 
 
 # ---------------------------------------------------------------------------------------------

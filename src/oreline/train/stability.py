@@ -1,15 +1,19 @@
-"""The stability monitor: non-finite values and loss / grad-norm spikes, judged before the optimizer step.
+"""The stability rules: non-finite values and loss / grad-norm spikes, judged before the optimizer step.
 
-The loop computes the loss and the global grad norm of a step, then asks
-`monitor.check(step, loss, grad_norm)` *before* `optimizer.step()`:
+Who does what:
+- `DeviceJudge` judges each step on the training device (the loop reads nothing on an ordinary
+  step, oreline.train.loop) and its verdict masks the optimizer update there;
+- `StabilityMonitor` is the host side: when the loop reads the verdicts (`settle`), it hands each
+  to `record_verdict` and then `accept` / `observe`, `record_skip` or `record_rollback`; it keeps
+  the window, the counters and the anomaly log, and is saved in the checkpoint;
+- `reference_judgement` is the same rules in plain Python, one step at a time: the oracle the
+  tests hold `DeviceJudge` against (`StabilityMonitor.check` runs it with the monitor's
+  bookkeeping). The loop never calls it.
 
-- `None`: the step is healthy; the loop steps the optimizer and calls `monitor.accept(loss, grad_norm)`
-  so the value joins the sliding window.
-- an `Anomaly`: the loop applies `cfg.action`: "skip" (zero the grads, do not step, call
-  `monitor.record_skip()`), "rollback" (reload the last good checkpoint, scale the lr by `lr_factor`,
-  skip `skip_batches` batches, call `monitor.record_rollback(anomaly)`, which raises `TrainingError`
-  past `max_retries`, then `monitor.restore_window(meta["stability"])`), or "log" (step anyway and
-  accept).
+Actions (`train.stability.action`) on an anomaly: "skip" (the update is masked, `record_skip`),
+"rollback" (reload the last good checkpoint, scale the lr by `lr_factor`, move the loader past the
+offending batches, `record_rollback`, which raises `TrainingError` past `max_retries`), or "log"
+(step anyway). A NaN/inf is never stepped.
 
 Rules, in order:
 1. **nonfinite**: the loss or the grad norm is NaN or ±inf. Judged from the first step.
@@ -47,16 +51,10 @@ skips) and the next collective hangs. The loop therefore all-reduces the loss an
 *global* grad norm before judging; every rank then holds the same values and makes the same
 deterministic computation.
 
-On the device (`DeviceJudge`): the training loop does not read the loss or grad norm on the host
-on an ordinary step (a read waits for the device to finish everything queued, oreline.train.loop).
-`DeviceJudge` applies the same rules with tensors on the training device, in float64, to a copy of
-this monitor's window, and its verdict masks the optimizer step there. The loop reads the verdicts
-of the steps since the last read in one transfer when it logs, evaluates or checkpoints, and hands
-each to `StabilityMonitor.record_verdict`, which keeps the counters, the anomaly log and (through
-`accept`) the window exactly as `check` would have; `DeviceJudge.load` copies the window back after
-a resume or rollback. The device sums in a fixed order (not `math.fsum`), so a value within a few
-ulps of a threshold could be judged differently than by `check`; the device's verdict is the one
-applied and recorded.
+On the device (`DeviceJudge`): the same rules with tensors, in float64, on a copy of the host
+monitor's window (`DeviceJudge.load` copies it after a start, resume or rollback). The device sums
+in a fixed order (not `math.fsum`), so a value within a few ulps of a threshold could be judged
+differently than by `reference_judgement`; the device's verdict is the one applied and recorded.
 
 State (`state_dict()`) is JSON: the window values, counters and anomaly log. It is saved in the
 checkpoint meta so that a resumed run judges step N exactly as the uninterrupted run did.
@@ -143,8 +141,42 @@ class StabilityCounters:
     by_kind: dict[str, int] = field(default_factory=dict)
 
 
+def reference_judgement(
+    cfg: StabilityConfig,
+    losses: deque[float],
+    grad_norms: deque[float],
+    step: int,
+    loss: float,
+    grad_norm: float | None,
+) -> Anomaly | None:
+    """The rules (module docstring) in plain Python for one step against the windows: None when
+    healthy. The oracle for `DeviceJudge.judge`, which the loop uses; nothing here is on its path."""
+    loss = float(loss)
+    grad_norm = None if grad_norm is None else float(grad_norm)
+    values = {"loss": loss, "grad_norm": grad_norm}
+    if not (_is_finite(loss) and _is_finite(grad_norm)):
+        return Anomaly("nonfinite", step, values)
+    return _spike(cfg, "loss_spike", step, loss, losses, values) or (
+        _spike(cfg, "grad_spike", step, grad_norm, grad_norms, values) if grad_norm is not None else None
+    )
+
+
+def _spike(
+    cfg: StabilityConfig, kind: str, step: int, value: float, window: deque[float], values: dict
+) -> Anomaly | None:
+    if len(window) < cfg.min_history:
+        return None
+    mean, std = window_stats(window)
+    z = (value - mean) / std
+    min_ratio = cfg.loss_spike_min_ratio if kind == "loss_spike" else cfg.grad_spike_min_ratio
+    if z > cfg.z_threshold and value > min_ratio * mean:
+        return Anomaly(kind, step, values, z=z, threshold=cfg.z_threshold, mean=mean, std=std)
+    return None
+
+
 class StabilityMonitor:
-    """Sliding-window anomaly detector; see the module docstring for the rules."""
+    """The host side of the stability rules: window, counters, anomaly log, rollback bound and
+    their checkpointed state (module docstring)."""
 
     def __init__(self, cfg: StabilityConfig):
         self.cfg = cfg
@@ -159,43 +191,20 @@ class StabilityMonitor:
         self.last_checked_step = -1
         self.consecutive_skips = 0  # skipped steps in a row (train.stability.max_consecutive_skips)
 
-    # -- judging ---------------------------------------------------------------------------------
+    # -- the reference judgement (tests only: the loop judges on the device) --------------------
 
     def check(self, step: int, loss: float, grad_norm: float | None) -> Anomaly | None:
-        """Judge one step before the optimizer sees it. Returns None when healthy."""
+        """`reference_judgement` of one step against this monitor's window, with the bookkeeping
+        `record_verdict` does for the device's verdict. Returns None when healthy. The loop never
+        calls it: it is how tests run the rules without a device and check `DeviceJudge` against them."""
         if not self.cfg.enabled:
             return None
-        loss = float(loss)
-        grad_norm = None if grad_norm is None else float(grad_norm)
         self.counters.checked += 1
         self.last_checked_step = step
-        values = {"loss": loss, "grad_norm": grad_norm}
-        anomaly = None
-        if not (_is_finite(loss) and _is_finite(grad_norm)):
-            anomaly = Anomaly("nonfinite", step, values)
-        else:
-            anomaly = self._spike("loss_spike", step, loss, self.losses, values) or (
-                self._spike("grad_spike", step, grad_norm, self.grad_norms, values)
-                if grad_norm is not None
-                else None
-            )
+        anomaly = reference_judgement(self.cfg, self.losses, self.grad_norms, step, loss, grad_norm)
         if anomaly is not None:
-            self.counters.by_kind[anomaly.kind] = self.counters.by_kind.get(anomaly.kind, 0) + 1
-            if len(self.anomalies) < MAX_LOGGED_ANOMALIES:
-                self.anomalies.append(anomaly.to_dict())
+            self._count(anomaly)
         return anomaly
-
-    def _spike(
-        self, kind: str, step: int, value: float, window: deque[float], values: dict
-    ) -> Anomaly | None:
-        if len(window) < self.cfg.min_history:
-            return None
-        mean, std = window_stats(window)
-        z = (value - mean) / std
-        min_ratio = self.cfg.loss_spike_min_ratio if kind == "loss_spike" else self.cfg.grad_spike_min_ratio
-        if z > self.cfg.z_threshold and value > min_ratio * mean:
-            return Anomaly(kind, step, values, z=z, threshold=self.cfg.z_threshold, mean=mean, std=std)
-        return None
 
     def accept(self, loss: float, grad_norm: float | None, observe: bool = True) -> None:
         """A healthy (or knowingly accepted) step: counted, and its values join the window when
@@ -219,7 +228,8 @@ class StabilityMonitor:
     def record_verdict(
         self, step: int, loss: float, grad_norm: float | None, kind: str, z: float, mean: float, std: float
     ) -> Anomaly | None:
-        """What `check` does, with the verdict `DeviceJudge` reached on the device for this step."""
+        """Count and log the verdict `DeviceJudge` reached on the device for this step (the loop's
+        `settle`); returns its anomaly, None when healthy."""
         if not self.cfg.enabled and kind != "nonfinite":
             return None
         if self.cfg.enabled:
@@ -233,10 +243,13 @@ class StabilityMonitor:
         else:
             anomaly = Anomaly(kind, step, values, z=z, threshold=self.cfg.z_threshold, mean=mean, std=std)
         if self.cfg.enabled:
-            self.counters.by_kind[anomaly.kind] = self.counters.by_kind.get(anomaly.kind, 0) + 1
-            if len(self.anomalies) < MAX_LOGGED_ANOMALIES:
-                self.anomalies.append(anomaly.to_dict())
+            self._count(anomaly)
         return anomaly
+
+    def _count(self, anomaly: Anomaly) -> None:
+        self.counters.by_kind[anomaly.kind] = self.counters.by_kind.get(anomaly.kind, 0) + 1
+        if len(self.anomalies) < MAX_LOGGED_ANOMALIES:
+            self.anomalies.append(anomaly.to_dict())
 
     # -- actions the loop took -------------------------------------------------------------------
 
@@ -321,7 +334,7 @@ class StabilityMonitor:
 
 
 class DeviceJudge:
-    """`StabilityMonitor.check` and `accept` on the training device: no value leaves it.
+    """`reference_judgement` and `StabilityMonitor.observe` on the training device: no value leaves it.
 
     The windows are float64 buffers of `cfg.window` values, the newest last, the valid ones
     right-aligned after zeros (adding 0.0 is exact, so the sums only see the values, always in
@@ -380,7 +393,7 @@ class DeviceJudge:
         gs, gz, gm, gsd = self._spike(
             grad_norm, self.grad_norms, self.n_grad_norms, self.cfg.grad_spike_min_ratio
         )
-        gs = gs & ~ls  # the loss is judged first, as in StabilityMonitor.check
+        gs = gs & ~ls  # the loss is judged first, as in reference_judgement
         kind = torch.where(nonfinite, 1.0, torch.where(ls, 2.0, torch.where(gs, 3.0, 0.0)))
         pick = [torch.where(ls, a, torch.where(gs, b, 0.0)) for a, b in ((lz, gz), (lm, gm), (lsd, gsd))]
         pick = [torch.where(nonfinite, 0.0, v) for v in pick]
