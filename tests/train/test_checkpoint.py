@@ -406,7 +406,9 @@ def test_an_async_save_is_published_as_soon_as_it_is_written(tmp_path, monkeypat
     save_checkpoint(tmp_path, 1, model, opt, meta_for(1))
     path = save_checkpoint(tmp_path, 2, model, opt, meta_for(2), cfg=CheckpointConfig(async_save=True))
     deadline = time.monotonic() + 120
-    while read_latest(tmp_path) != path.name and time.monotonic() < deadline:
+    # the background thread writes `latest` as its last act and then ends: wait for both (between
+    # the two it is still alive for a moment, which made a check of both at once flaky)
+    while not (read_latest(tmp_path) == path.name and async_save.published()) and time.monotonic() < deadline:
         train_step(model, opt, gen)  # training goes on; nothing here waits for the save
         time.sleep(0.05)
     assert read_latest(tmp_path) == path.name and async_save.published()
