@@ -32,20 +32,40 @@ it (`training_memory(...)["gathered"]`: two blocks' and the output head's weight
 largest unit's unsharded fp32 gradient before its reduce-scatter). Issue 33's target, "after:
 per-rank RSS ≤ 1/W of the full state + a constant", is column "ok" (share + const) and, with
 FSDP2's gathered units stated on top, "ok+g"; what remains beyond those is optimizer-step and
-autograd temporaries and allocator slack. The "before" rows show what the old tree paid on top:
-a full fp32 copy of the weights (params × 4 bytes) on every rank at start-up, whatever W, so
-its peak never fell below const + params × 4 B.
+autograd temporaries and allocator slack. "start" separates start-up from training: the peak
+by the time every rank has built its model, before step 1 (the old tree's full fp32 copy of the
+weights, params × 4 B on every rank, shows there; so do start-up costs that scale with the
+largest matrix in both trees: the peak-FLOPs matmul measurement of the model's shapes and
+init_weights' full draw of each matrix before a rank keeps its rows).
+
+What it measured (2 shared cores, torch 2.13, gloo, 3 steps, default allocator, MB = 1e6 B,
+before → after, max over ranks; two runs of the default command, then one with --vocab-size 512):
+- 125m (128.4M params, state 2,054 MB): peak W=2 2,060 → 2,090 and 2,075 → 2,007; W=4
+  1,720 → 1,659 and 1,678 → 1,606: the same within run-to-run noise (±70 MB). "start" too
+  (W=4 886 → 890, 887 → 863): at vocab 32,000 the start-up costs of the 98 MB embedding-sized
+  matrices (peak-FLOPs measurement, full-matrix init draws) hide the 384 MB meta init saves.
+- 125m/v512 (104.2M params, the same blocks): start W=2 781 → 642, W=4 772 → 547 (meta init's
+  saving, at start-up); peak W=2 1,803 → 1,618, W=4 1,380 → 1,373.
+- In every 125m run, before and after, "over" (peak beyond share + const) was 390-810 MB, about
+  params × 4 B (one full fp32 copy of the model: 417-514 MB) plus FSDP2's units, at W=2 and
+  W=4 alike: the whole-run peak is in the training step, not at start-up, and it does not
+  scale as 1/W. Where that copy lives was not pinned down (a guess: unsharded gradients or
+  reduce-scatter inputs that FSDP2 on gloo/CPU holds until backward ends). Until it is,
+  "≤ state / W + a constant" does not hold at peak on CPU: the gap is about one fp32 model.
+  The constant itself (debug preset) was 393-395 MB per rank in every tree and W.
 
 Allocator: by default the ranks run with train.cpu_allocator = "default" (glibc returns freed
 memory, so the peak RSS is what was live at the peak). "tuned" (the training default: mallopt
 M_MMAP_THRESHOLD 1 GiB, M_TRIM_THRESHOLD 2 GiB, ~13% faster steps) keeps freed blocks resident,
 up to ~2 GiB per rank, which the debug preset never reaches: `--cpu-allocator default tuned`
-measures both.
+measures both (tuned, 125m: peak 3.3-3.8 GB per rank in both trees at W=2 and 4; start W=2
+1,343 → 1,117, W=4 1,298 → 1,034).
 
     .venv/bin/python benchmarks/rank_memory.py [--preset 125m] [--worlds 2 4] [--steps 3]
-        [--before 2c2c919 | --before ''] [--cpu-allocator default [tuned]] [--work DIR]
+        [--before 2c2c919 | --before ''] [--vocab-size N] [--cpu-allocator default [tuned]] [--work DIR]
 
-Needs 4 × ~1.5 GB of RAM for 125m at W=4; a few minutes on 2 cores. The ranks run with
+Needs 4 × ~1.7 GB of RAM for 125m at W=4 (4 × ~3.5 GB with tuned); ~5 minutes on 2 cores per
+allocator (8 launches). The ranks run with
 OMP_NUM_THREADS=1 (W ranks share the cores).
 """
 
@@ -241,6 +261,9 @@ def main() -> int:
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--before", default="2c2c919", help="git revision of the old tree ('' : none)")
+    ap.add_argument(
+        "--vocab-size", type=int, default=None, help="model.vocab_size of --preset (default: the preset's)"
+    )
     ap.add_argument("--cpu-allocator", nargs="+", choices=["default", "tuned"], default=["default"])
     ap.add_argument("--work", default=None, help="work folder (default: a temporary one, removed)")
     ap.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
@@ -262,7 +285,7 @@ def main() -> int:
             )
             trees = {"before": old_tree / "src", **trees}
         presets = [TINY, a.preset]
-        vocab = {p: preset_vocab(p) for p in presets}
+        vocab = {TINY: preset_vocab(TINY), a.preset: a.vocab_size or preset_vocab(a.preset)}
         params = {p: n_params(p, vocab[p]) for p in presets}
         state = {p: STATE_BYTES_PER_PARAM * params[p] for p in presets}
         gathered = {(p, w): fsdp_gathered(p, vocab[p], w) for p in presets for w in a.worlds}
@@ -303,7 +326,9 @@ def main() -> int:
                     ),
                     flush=True,
                 )
-        report(rows, params, state, gathered)
+        default_vocab = vocab[a.preset] == preset_vocab(a.preset)
+        labels = {TINY: TINY, a.preset: a.preset if default_vocab else f"{a.preset}/v{vocab[a.preset]}"}
+        report(rows, params, state, gathered, labels)
     finally:
         if old_tree.exists():
             subprocess.run(
@@ -315,8 +340,13 @@ def main() -> int:
 
 
 def report(
-    rows: list[dict], params: dict[str, int], state: dict[str, int], gathered: dict[tuple[str, int], int]
+    rows: list[dict],
+    params: dict[str, int],
+    state: dict[str, int],
+    gathered: dict[tuple[str, int], int],
+    labels: dict[str, str],
 ) -> None:
+    """The table; `labels` names a preset whose vocab_size was overridden ("125m/v512")."""
     const = {
         (r["tree"], r["alloc"], r["world"]): r["max"] - state[r["preset"]] / r["world"]
         for r in rows
@@ -331,7 +361,7 @@ def report(
         "ok: rss max ≤ share + const, ok+g: rss max ≤ share + gath + const.  MB = 1e6 bytes."
     )
     head = (
-        f"{'tree':6s} {'alloc':7s} {'W':>1s} {'preset':6s} {'params':>11s} {'state':>6s} {'share':>6s} "
+        f"{'tree':6s} {'alloc':7s} {'W':>1s} {'preset':9s} {'params':>11s} {'state':>6s} {'share':>6s} "
         f"{'start':>5s} {'rss max':>7s} {'rss min':>7s} {'excess':>6s} {'const':>5s} {'over':>5s} {'gath':>4s}  ok   ok+g"
     )
     print(head)
@@ -341,7 +371,7 @@ def report(
         share, c, g = state[p] / w, const[(r["tree"], r["alloc"], w)], gathered[(p, w)]
         excess = r["max"] - share
         print(
-            f"{r['tree']:6s} {r['alloc']:7s} {w:1d} {p:6s} {params[p]:11,d} {state[p] / MB:6,.0f} "
+            f"{r['tree']:6s} {r['alloc']:7s} {w:1d} {labels[p]:9s} {params[p]:11,d} {state[p] / MB:6,.0f} "
             f"{share / MB:6,.0f} {r['startup'] / MB:5,.0f} {r['max'] / MB:7,.0f} {r['min'] / MB:7,.0f} {excess / MB:6,.0f} "
             f"{c / MB:5,.0f} {(excess - c) / MB:5,.0f} {g / MB:4,.0f}  "
             f"{'yes' if r['max'] <= share + c else 'NO':4s} {'yes' if r['max'] <= share + g + c else 'NO'}"
