@@ -49,9 +49,15 @@ before → after, max over ranks; two runs of the default command, then one with
 - In every 125m run, before and after, "over" (peak beyond share + const) was 390-810 MB, about
   params × 4 B (one full fp32 copy of the model: 417-514 MB) plus FSDP2's units, at W=2 and
   W=4 alike: the whole-run peak is in the training step, not at start-up, and it does not
-  scale as 1/W. Where that copy lives was not pinned down (a guess: unsharded gradients or
-  reduce-scatter inputs that FSDP2 on gloo/CPU holds until backward ends). Until it is,
-  "≤ state / W + a constant" does not hold at peak on CPU: the gap is about one fp32 model.
+  scale as 1/W. Most of it is not tensors: a one-off probe (not in this file: torchrun on 2
+  ranks, 125m/v512, oreline's build_model + build_optimizer, two forward/backward/clip/AdamW
+  steps, VmHWM reset per phase through /proc/self/clear_refs) saw RSS 1,276-1,397 MiB after step
+  2 and 932 MiB after glibc's malloc_trim(0), ≈ the start-up RSS (524-535 MiB: const + weight
+  shards) + the AdamW moments' shards (398 MiB), i.e. the live tensors: freed memory that glibc
+  keeps on its heaps and arenas (its dynamic mmap threshold moves MB-sized tensors there). So
+  "≤ state / W + a constant" does not hold for the peak RSS on CPU, by about one fp32 model,
+  while the live tensors after a step do fit it; a malloc_trim after the optimizer step (or
+  mallopt settings) is the lever, not tried here.
   The constant itself (debug preset) was 393-395 MB per rank in every tree and W.
 
 Allocator: by default the ranks run with train.cpu_allocator = "default" (glibc returns freed
