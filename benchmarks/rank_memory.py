@@ -60,8 +60,8 @@ before → after, max over ranks; two runs of the default command, then one with
   mallopt settings) is the lever, not tried here.
   The constant itself (debug preset) was 393-395 MB per rank in every tree and W.
 
-Allocator: by default the ranks run with train.cpu_allocator = "default" (glibc returns freed
-memory, so the peak RSS is what was live at the peak). "tuned" (the training default: mallopt
+Allocator: by default the ranks run with train.cpu_allocator = "default" (glibc's own settings:
+it unmaps large freed blocks but keeps many MB-sized ones, as above). "tuned" (the training default: mallopt
 M_MMAP_THRESHOLD 1 GiB, M_TRIM_THRESHOLD 2 GiB, ~13% faster steps) keeps freed blocks resident,
 up to ~2 GiB per rank, which the debug preset never reaches: `--cpu-allocator default tuned`
 measures both (tuned, 125m: peak 3.3-3.8 GB per rank in both trees at W=2 and 4; start W=2
