@@ -17,7 +17,8 @@ import pytest
 
 from oreline.config import load_config
 from oreline.data.pipeline.tasks import Reader
-from oreline.data.read.warc import ReadReport, iter_records
+from oreline.data.read.record import ReadReport
+from oreline.data.read.warc import iter_records
 from oreline.executors.progress import Progress
 
 EVERY = ("warcinfo", "response", "request", "revisit", "resource", "metadata", "conversion")

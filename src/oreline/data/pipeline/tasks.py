@@ -155,7 +155,8 @@ class Reader:
         return [{**e, "file": name} if e.get("file") == str(local) else e for e in errors]
 
     def _warc_file(self, local: Path) -> Iterator[Document]:
-        from oreline.data.read.warc import ReadReport, iter_records, record_to_document
+        from oreline.data.read.record import ReadReport, record_to_document
+        from oreline.data.read.warc import iter_records
 
         rcfg = self.cfg.data.read
         report = ReadReport()
@@ -378,7 +379,8 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
     prefix = f"part-{index:05d}"
     buckets = None
     if cfg.data.quality.perplexity_model:  # CCNet buckets, with the cut-offs of the global phase
-        from oreline.data.filters.perplexity import bucket_step, cutoffs_path
+        from oreline.data.filters.perplexity import bucket_step
+        from oreline.data.pipeline.perplexity_cutoffs import cutoffs_path
 
         buckets = bucket_step(cutoffs_path(work_dir), cfg)
     bucket_stats = StepStats(buckets.name if buckets else "")
