@@ -33,9 +33,7 @@ from oreline.data.pipeline.tasks import (
     run_phase1,
     run_phase3,
 )
-from oreline.errors import (
-    DataIntegrityError,
-)
+from oreline.errors import DataIntegrityError
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
 from oreline.io import write_json_atomic

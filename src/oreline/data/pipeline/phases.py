@@ -18,21 +18,10 @@ import pyarrow.parquet as pq
 import oreline.storage as storage
 from oreline.config import Config
 from oreline.data.pipeline.runner import merge_step_stats
-from oreline.data.pipeline.tasks import (
-    phase1_dir,
-    phase1_files,
-    phase3_marker,
-    task_name,
-)
+from oreline.data.pipeline.tasks import phase1_dir, phase1_files, phase3_marker, task_name
 from oreline.executors import make_executor
 from oreline.io import write_json_atomic
-from oreline.outdir import (
-    LOCK,
-    OWNER,
-    is_temp_of,
-    remove_listed,
-    remove_tree,
-)
+from oreline.outdir import LOCK, OWNER, is_temp_of, remove_listed, remove_tree
 
 STATS_VERSION = 1
 

@@ -12,8 +12,8 @@ known, and stream_offset for compressed files}.
 member that holds the record (as in CDX indexes), for plain files the exact byte offset, and for
 whole-file gzip or zstd (one stream) the offset within the decompressed stream.
 
-`record_to_document` turns a record into a Document (HTML still as HTML; see
-metadata["is_html"]).
+`record_to_document` returns the record's Document (HTML still as HTML; see
+metadata["is_html"]) or the reason it has none; the step runner counts and rejects it.
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ class ReadReport:
     revisits: int = 0
     damaged: int = 0  # records whose header was read but whose block was cut off or corrupt
     skipped: Counter = field(default_factory=Counter)  # record types not turned into documents
-    dropped: Counter = field(default_factory=Counter)  # reason -> count ("read:too_large", ...)
+    # records dropped whole by reason ("read:too_large", ...), each also in `rejected`; the funnel
+    # counts them when the step runner reads them as rejects
+    dropped: Counter = field(default_factory=Counter)
     decoding: Counter = field(default_factory=Counter)  # transfer/content/charset decoding events
     replacement_chars: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
@@ -277,11 +279,11 @@ def _looks_like_html(payload: bytes) -> bool:
     )
 
 
-def record_to_document(record: Record, report: ReadReport) -> Document | None:
-    """A Document holding the decoded text (HTML still as HTML; see metadata["is_html"])."""
+def record_to_document(record: Record, report: ReadReport) -> Document | str:
+    """A Document holding the decoded text (HTML still as HTML; see metadata["is_html"]), or the
+    reason the record has none ("read:empty_payload"), which the caller's step runner counts."""
     if not record.payload:
-        report.dropped["read:empty_payload"] += 1
-        return None
+        return "read:empty_payload"
     if _is_textual(record.content_type):
         text, encoding, n_repl = decode_payload(record.payload, record.charset, record.content_type)
         report.replacement_chars += n_repl
