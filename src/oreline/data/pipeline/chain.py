@@ -24,15 +24,8 @@ from typing import Any
 from rich.console import Console
 
 from oreline.config import Config
+from oreline.data.pipeline import tasks as phase_tasks  # the task functions the chain's jobs run
 from oreline.data.pipeline.phases import PRELOAD, dedup_phase, finish, jobs_left
-from oreline.data.pipeline.tasks import (
-    dedup_enabled,
-    phase1_dir,
-    phase3_marker,
-    remove_stale_attempts,
-    run_phase1,
-    run_phase3,
-)
 from oreline.errors import DataIntegrityError
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
@@ -73,10 +66,12 @@ def submit_chain(tasks, unknown, unreadable, out: Path, cfg: Config, workers: in
     s = cfg.data.slurm
     ex = SlurmExecutor(s, work=work, console=console)
     stage = {"resources": Resources(cpus=s.stage_cpus or workers), "time_limit": s.stage_time_limit}
-    left1 = jobs_left(tasks, lambda i: (phase1_dir(work, i) / "DONE").is_file())
+    left1 = jobs_left(tasks, lambda i: (phase_tasks.phase1_dir(work, i) / "DONE").is_file())
     filt = (
         ex.submit(
-            run_phase1, [(i, str(tasks[i][1]), tasks[i][2], str(work), cfg) for i in left1], label="filter"
+            phase_tasks.run_phase1,
+            [(i, str(tasks[i][1]), tasks[i][2], str(work), cfg) for i in left1],
+            label="filter",
         )
         if left1
         else None
@@ -88,10 +83,13 @@ def submit_chain(tasks, unknown, unreadable, out: Path, cfg: Config, workers: in
         after=filt.job_ids if filt else (),
         **stage,
     )
-    left3 = jobs_left(tasks, lambda i: phase3_marker(work, i).is_file())
+    left3 = jobs_left(tasks, lambda i: phase_tasks.phase3_marker(work, i).is_file())
     write = (
         ex.submit(
-            run_phase3, [(i, str(work), str(out), cfg) for i in left3], label="write", after=dedup.job_ids
+            phase_tasks.run_phase3,
+            [(i, str(work), str(out), cfg) for i in left3],
+            label="write",
+            after=dedup.job_ids,
         )
         if left3
         else None
@@ -137,7 +135,7 @@ def run_chain_stage(stage: str, out: str, tasks, cfg: Config, workers: int, reco
     t_start = time.perf_counter()
     out_dir = Path(out)
     work = out_dir / "work"
-    finished = [t for t in tasks if (phase1_dir(work, t[0]) / "DONE").is_file()]
+    finished = [t for t in tasks if (phase_tasks.phase1_dir(work, t[0]) / "DONE").is_file()]
     if stage == "dedup":
         if len(finished) != len(
             tasks
@@ -146,16 +144,16 @@ def run_chain_stage(stage: str, out: str, tasks, cfg: Config, workers: int, reco
                 f"{len(tasks) - len(finished)} task(s) of phase 1 have not finished",
                 "run `oreline data` again with the same inputs: it submits what is missing",
             )
-        remove_stale_attempts(work, [i for i, _, _ in finished])
+        phase_tasks.remove_stale_attempts(work, [i for i, _, _ in finished])
         executor = make_executor(
             cfg.data.executor, workers=workers, preload=PRELOAD, slurm=cfg.data.slurm, work=work
         )
-        if dedup_enabled(cfg):
+        if phase_tasks.dedup_enabled(cfg):
             dedup_phase(work, finished, cfg, executor)
         if cfg.data.quality.perplexity_model:
             from oreline.data.pipeline.perplexity_cutoffs import perplexity_phase
 
-            perplexity_phase(work, [phase1_dir(work, i) for i, _, _ in finished], cfg, executor)
+            perplexity_phase(work, [phase_tasks.phase1_dir(work, i) for i, _, _ in finished], cfg, executor)
         write_json_atomic(work / "slurm" / "dedup.DONE", {"job": os.environ.get("SLURM_JOB_ID")})
         return {}
     # merge: whatever the jobs before it left, in stats.json
@@ -163,7 +161,7 @@ def run_chain_stage(stage: str, out: str, tasks, cfg: Config, workers: int, reco
     dedup_ok = (work / "slurm" / "dedup.DONE").is_file()
     crashes: list[TaskCrashed] = []
     for i, path, kind in tasks:
-        if not (phase1_dir(work, i) / "DONE").is_file():
+        if not (phase_tasks.phase1_dir(work, i) / "DONE").is_file():
             where = record["filter"].get(i) or record["filter"].get(str(i)) or {"task": "?", "log": "?"}
             crashes.append(
                 TaskCrashed(
@@ -172,7 +170,7 @@ def run_chain_stage(stage: str, out: str, tasks, cfg: Config, workers: int, reco
                     f"the chain stopped before the dedup job {record['dedup']['task'].split('_')[0]}; {resume}",
                 )
             )
-        elif dedup_ok and not phase3_marker(work, i).is_file():
+        elif dedup_ok and not phase_tasks.phase3_marker(work, i).is_file():
             where = record["write"].get(i) or {"task": "?", "log": "?"}
             crashes.append(
                 TaskCrashed(
@@ -199,7 +197,7 @@ def run_chain_stage(stage: str, out: str, tasks, cfg: Config, workers: int, reco
         from oreline.data.pipeline.perplexity_cutoffs import perplexity_phase
 
         ppl_stats = perplexity_phase(
-            work, [phase1_dir(work, i) for i, _, _ in finished], cfg
+            work, [phase_tasks.phase1_dir(work, i) for i, _, _ in finished], cfg
         )  # its cached result
     unknown = [Path(u) for u in record["unknown"]]
     finish(
