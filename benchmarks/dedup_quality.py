@@ -42,7 +42,7 @@ import numpy as np
 
 from oreline.config import DedupConfig, QualityConfig, samples_dir
 from oreline.data.dedup.minhash import dedup_stage_signatures, minhash_signatures
-from oreline.data.dedup.plan import dedup_plan
+from oreline.data.dedup.reference_plan import dedup_plan
 from oreline.data.dedup.shingles import jaccard, shingles
 from oreline.data.dedup.verify import parquet_text_source
 from oreline.data.filters.quality import quality_filters

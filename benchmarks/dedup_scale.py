@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from oreline.config import DedupConfig
 from oreline.data.dedup.minhash import FORMAT
-from oreline.data.dedup.plan import dedup_plan, split_by_file
+from oreline.data.dedup.reference_plan import dedup_plan, split_by_file
 from oreline.data.dedup.staged.layout import Partitions
 from oreline.data.dedup.staged.plan import staged_plan
 

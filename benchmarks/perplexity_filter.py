@@ -157,7 +157,7 @@ def main() -> None:
     import torch
 
     from oreline.config import larger_samples
-    from oreline.data.filters.perplexity import ArpaModel, load_scorer
+    from oreline.data.filters.ngram_scorer import ArpaModel, load_scorer
     from oreline.data.filters.words import sentences
     from oreline.quality.reference_lm import train_reference
 

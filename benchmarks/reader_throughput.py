@@ -44,7 +44,8 @@ from pathlib import Path
 
 from oreline.config import samples_dir
 from oreline.data.read.inflate import ENGINE as INFLATE_ENGINE
-from oreline.data.read.warc import ReadReport, iter_records
+from oreline.data.read.record import ReadReport
+from oreline.data.read.warc import iter_records
 
 EVERY = ("warcinfo", "response", "request", "revisit", "resource", "metadata", "conversion", "continuation")
 

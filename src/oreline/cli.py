@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -393,9 +393,79 @@ def quality_score(
     out: Annotated[Optional[Path], typer.Option(help="per-document scores (Parquet)")] = None,
 ) -> None:
     """Print a perplexity distribution and write per-document scores."""
-    from oreline.data.filters.perplexity import score_cli
-
     score_cli(docs, model, out, console=Console())
+
+
+def score_cli(
+    docs: list[str], model: str | Path, out: str | Path | None, console: Any = None, batch_docs: int = 32
+) -> dict[str, Any]:
+    """`oreline quality score`: score documents, print the perplexity distribution, write per-document scores.
+
+    out (Parquet): id, source_file, words, perplexity. The summary names the percentiles a user
+    picks `data.quality.perplexity_max` from, and the p30/p60 the pipeline's buckets would use on
+    these documents (the pipeline computes its own from each run's documents).
+    """
+    import math
+    import time
+
+    import numpy as np
+
+    from oreline.data.filters.ngram_scorer import load_scorer
+    from oreline.data.pipeline.perplexity_cutoffs import BUCKET_PERCENTILES
+    from oreline.data.read.inputs import iter_text_documents
+    from oreline.document import Document
+    from oreline.errors import InputError
+
+    scorer = load_scorer(model)
+    ids, sources, words, ppls = [], [], [], []
+    batch: list[Document] = []
+    t0 = time.perf_counter()
+
+    def flush() -> None:
+        for doc, s in zip(batch, scorer.score_texts([d.text for d in batch]), strict=True):
+            ids.append(doc.id)
+            sources.append(str(doc.metadata.get("source_file", "")))
+            words.append(int(round(s["words"])))
+            ppls.append(s["perplexity"] if s["words"] else math.inf)
+        batch.clear()
+
+    for doc in iter_text_documents(docs):
+        batch.append(doc)
+        if len(batch) >= batch_docs:
+            flush()
+    flush()
+    seconds = time.perf_counter() - t0
+    finite = np.array([p for p in ppls if math.isfinite(p)])
+    if finite.size == 0:
+        raise InputError("no document had any word to score", "pass text documents")
+    pct = {q: float(np.percentile(finite, q)) for q in (10, 30, 50, 60, 90)}
+    summary = {
+        "documents": len(ppls),
+        "scored": int(finite.size),
+        "percentiles": pct,
+        "kind": scorer.kind,
+        "bucket_cutoffs": [pct[BUCKET_PERCENTILES[0]], pct[BUCKET_PERCENTILES[1]]],
+        "seconds": round(seconds, 3),
+        "docs_per_s": len(ppls) / seconds if seconds else None,
+    }
+    if out is not None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(
+            pa.table({"id": ids, "source_file": sources, "words": words, "perplexity": ppls}), str(out)
+        )
+    if console is not None:
+        console.print(
+            f"{len(ppls)} documents scored with the {scorer.kind} reference in {seconds:.1f} s; perplexity per word "
+            f"p10 {pct[10]:.1f}, p30 {pct[30]:.1f}, median {pct[50]:.1f}, p60 {pct[60]:.1f}, p90 {pct[90]:.1f}"
+            + (f"; scores → {out}" if out else "")
+        )
+        console.print(
+            "set data.quality.perplexity_max to one of these to cut absolutely, or leave it unset for CCNet "
+            "buckets (head/middle/tail at p30/p60 of each run's own documents)"
+        )
+    return summary
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from oreline.data.dedup.minhash import (
     minhash_signatures,
     optimal_bands_rows,
 )
-from oreline.data.dedup.plan import dedup_plan
+from oreline.data.dedup.reference_plan import dedup_plan
 from oreline.data.dedup.shingles import exact_key, jaccard, shingles
 from oreline.data.dedup.verify import parquet_text_source, verify_pairs
 from oreline.data.pipeline.run import run_data

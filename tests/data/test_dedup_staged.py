@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from oreline.config import DedupConfig
 from oreline.data.dedup.components import components, star_components
 from oreline.data.dedup.minhash import dedup_stage_signatures
-from oreline.data.dedup.plan import dedup_plan, split_by_file
+from oreline.data.dedup.reference_plan import dedup_plan, split_by_file
 from oreline.data.dedup.staged.layout import Partitions
 from oreline.data.dedup.staged.plan import staged_plan
 from oreline.data.dedup.verify import parquet_text_source

@@ -20,7 +20,8 @@ from oreline.data.filters.extract import (
     too_deep_for_main_content,
 )
 from oreline.data.pipeline.steps import extract_text
-from oreline.data.read.warc import ReadReport, iter_records, record_to_document
+from oreline.data.read.record import ReadReport, record_to_document
+from oreline.data.read.warc import iter_records
 from oreline.errors import ConfigError
 
 EXTRACTORS = ["pruned", "resiliparse", "trafilatura", "html2text"]

@@ -17,7 +17,8 @@ import pytest
 from zlib_ng import zlib_ng
 
 from oreline.data.read import inflate
-from oreline.data.read.warc import ReadReport, iter_records
+from oreline.data.read.record import ReadReport
+from oreline.data.read.warc import iter_records
 
 IA = "web-archives/ia-blackbook-2008/IAH-20080430204825-00000-blackbook.warc.gz"
 EVERY = ("warcinfo", "response", "request", "revisit", "resource", "metadata", "conversion")
@@ -83,7 +84,8 @@ def test_inflate_piece_is_one_decompress_call_with_either_zlib(samples):
 
 DUMP = """
 import hashlib, json, sys
-from oreline.data.read.warc import ReadReport, iter_records
+from oreline.data.read.record import ReadReport
+from oreline.data.read.warc import iter_records
 out = []
 for path in sys.argv[1:]:
     report = ReadReport()

@@ -16,26 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oreline.cli import score_cli
 from oreline.config import Config, QualityConfig
-from oreline.data.filters.perplexity import (
-    BOS,
-    UNK,
-    ArpaModel,
-    bottom_k,
-    bucket_step,
-    compute_cutoffs,
-    doc_perplexity,
-    estimate_kneser_ney,
-    load_reference,
-    load_scorer,
-    merge_bottom_k,
-    perplexity_filter_factory,
-    score_cli,
-    write_arpa,
-)
+from oreline.data.filters.ngram_scorer import BOS, UNK, ArpaModel, doc_perplexity, load_reference, load_scorer
+from oreline.data.filters.perplexity import bucket_step, perplexity_filter_factory
 from oreline.data.filters.words import sentences
+from oreline.data.pipeline.perplexity_cutoffs import bottom_k, compute_cutoffs, merge_bottom_k
 from oreline.document import Document
 from oreline.errors import ConfigError
+from oreline.quality.ngram_lm import estimate_kneser_ney, write_arpa
 from oreline.quality.reference_lm import LLAMA_DEFAULTS, train_reference
 
 TRAIN_BOOKS = ["austen-emma.txt", "chesterton-brown.txt"]

@@ -283,7 +283,7 @@ def test_a_small_dedup_plan_runs_in_this_process_a_large_one_on_the_pool(tmp_pat
     demo's plan cost more to dispatch than to run); from there on they go to the pool."""
     import importlib.util
 
-    from oreline.data.pipeline.run import INLINE_PLAN_DOCS, _plan_executor
+    from oreline.data.pipeline.phases import INLINE_PLAN_DOCS, plan_executor
     from oreline.executors.local import LocalExecutor
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "dedup_scale.py"
@@ -292,16 +292,16 @@ def test_a_small_dedup_plan_runs_in_this_process_a_large_one_on_the_pool(tmp_pat
     spec.loader.exec_module(scale)
     paths = scale.write_files(tmp_path, INLINE_PLAN_DOCS)  # files of 10,000 documents
     pool = LocalExecutor(workers=2)
-    small = _plan_executor(pool, paths[:-1])
+    small = plan_executor(pool, paths[:-1])
     assert small is not pool and small.name == "local" and small.workers == 1
-    assert _plan_executor(pool, paths) is pool
+    assert plan_executor(pool, paths) is pool
 
 
 def test_a_crashed_write_task_is_reported_with_its_input_file(samples, tmp_path):
     """A phase-3 (write) task whose worker died twice comes back as TaskCrashed with its job,
     (i, work, out, cfg): stats.json names the task's input file, as for a crashed filter task, not
     the run's work folder."""
-    from oreline.data.pipeline.run import _merge_stats
+    from oreline.data.pipeline.phases import merge_stats
     from oreline.data.pipeline.tasks import run_phase1
 
     cfg = _cfg("data.dedup.exact=false", "data.dedup.minhash=false")
@@ -314,5 +314,5 @@ def test_a_crashed_write_task_is_reported_with_its_input_file(samples, tmp_path)
         TaskCrashed((0, str(work), str(out), cfg), "worker process died while running this task (twice)"),
         TaskCrashed((1, str(paths[1]), "warc", str(work), cfg), "worker process died (twice)"),
     ]
-    stats = _merge_stats(work, tasks, tasks, [], crashes, {}, 2, "fp")
+    stats = merge_stats(work, tasks, tasks, [], crashes, {}, 2, "fp")
     assert [e["file"] for e in stats["errors"] if e["offset"] is None] == [str(paths[0]), str(paths[1])]

@@ -184,7 +184,7 @@ def _failing_once(tmp_path: Path, job_name: str, index: int) -> Path:
 
 def test_a_failing_task_is_retried_then_reported_with_its_log(slurm_cluster, tmp_path, monkeypatch):
     from oreline.config import SlurmConfig
-    from oreline.data.filters.perplexity import task_sample
+    from oreline.data.pipeline.perplexity_cutoffs import task_sample
 
     hook = _failing_once(tmp_path, "oreline-retry", 0)
     monkeypatch.setenv(
@@ -329,7 +329,7 @@ def test_a_folder_with_a_detached_chain_is_not_written_where_its_queue_cannot_be
 ):
     """A detached chain's jobs write the folder without holding its lock: a run of any executor
     checks the chain's jobs first, and where squeue is missing it refuses, saying what to do."""
-    from oreline.data.pipeline.run import DATA_NAMES
+    from oreline.data.pipeline.phases import DATA_NAMES
     from oreline.errors import ClusterError
     from oreline.outdir import claim_folder
 

@@ -11,12 +11,9 @@ import time
 import pytest
 
 from oreline.config import ProtocolConfig
-from oreline.data.read.warc import (
-    ReadReport,
-    iter_records,
-    protocol_reason,
-    record_to_document,
-)
+from oreline.data.filters.protocol import protocol_reason
+from oreline.data.read.record import ReadReport, record_to_document
+from oreline.data.read.warc import iter_records
 
 
 def read(path, **kw):

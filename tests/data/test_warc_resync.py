@@ -16,8 +16,10 @@ import re
 import pytest
 
 from oreline.config import load_config
+from oreline.data.pipeline.runner import run_source
 from oreline.data.pipeline.tasks import Reader
-from oreline.data.read.warc import ReadReport, iter_records
+from oreline.data.read.record import ReadReport
+from oreline.data.read.warc import iter_records
 from oreline.executors.progress import Progress
 
 EVERY = ("warcinfo", "response", "request", "revisit", "resource", "metadata", "conversion")
@@ -276,8 +278,8 @@ def test_arc_record_short_at_the_end_with_a_whole_http_body_is_kept(samples):
 def _reader_rejects(path, **overrides):
     cfg = load_config(None, [f"{k}={v}" for k, v in overrides.items()])
     rejects = []
-    reader = Reader(path, "warc", cfg, lambda doc, step, reason: rejects.append((doc, reason)), Progress(0))
-    docs = list(reader)
+    reader = Reader(path, "warc", cfg, Progress(0))
+    docs = list(run_source(reader, reader.stats, lambda doc, step, reason: rejects.append((doc, reason))))
     return docs, rejects, reader
 
 

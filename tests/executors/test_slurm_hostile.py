@@ -39,7 +39,7 @@ def _attacker(root: Path, marker: Path, stop: threading.Event) -> None:
 @pytest.mark.slurm
 def test_a_script_swapped_in_the_work_folder_never_runs_and_the_folders_are_private(slurm_cluster, tmp_path):
     from oreline.config import SlurmConfig
-    from oreline.data.filters.perplexity import task_sample
+    from oreline.data.pipeline.perplexity_cutoffs import task_sample
     from oreline.executors.interface import TaskCrashed
     from oreline.executors.slurm import SlurmExecutor
 

@@ -15,7 +15,7 @@ from oreline.errors import ClusterError
 from oreline.executors import wire
 from oreline.executors.slurm import JOBS_FILE, KEY_ENV, run_pack, seal, unseal
 
-SAMPLE = "oreline.data.filters.perplexity:task_sample"
+SAMPLE = "oreline.data.pipeline.perplexity_cutoffs:task_sample"
 
 
 def _folder(tmp_path):
@@ -94,7 +94,7 @@ def test_a_sealed_jobs_file_cannot_name_code_outside_oreline_lists(tmp_path, mon
 
 
 def test_sealed_jobs_run_and_their_results_are_sealed_json(tmp_path, monkeypatch):
-    from oreline.data.filters.perplexity import task_sample
+    from oreline.data.pipeline.perplexity_cutoffs import task_sample
 
     folder, key = _folder(tmp_path), "k" * 64
     jobs = [([], str(tmp_path / "a.json"), 3), ([], str(tmp_path / "b.json"), 3)]

@@ -38,7 +38,8 @@ def _paragraphs(text: str, min_chars: int = 40) -> list[str]:
 def _web_lines(warc: Path, n: int) -> dict[str, list[str]]:
     """The first n text lines of the pages in `warc` with >= 10 Chinese / >= 20 Cyrillic letters."""
     from oreline.data.filters.extract import html_to_text
-    from oreline.data.read.warc import ReadReport, iter_records, record_to_document
+    from oreline.data.read.record import ReadReport, record_to_document
+    from oreline.data.read.warc import iter_records
 
     out: dict[str, list[str]] = {"zh": [], "ru": []}
     report = ReadReport()

@@ -35,8 +35,8 @@ TASKS = frozenset(
     {
         "oreline.data.pipeline.tasks:run_phase1",
         "oreline.data.pipeline.tasks:run_phase3",
-        "oreline.data.pipeline.run:run_chain_stage",
-        "oreline.data.filters.perplexity:task_sample",
+        "oreline.data.pipeline.chain:run_chain_stage",
+        "oreline.data.pipeline.perplexity_cutoffs:task_sample",
         "oreline.data.dedup.staged.exact:scatter_job",
         "oreline.data.dedup.staged.exact:exact_job",
         "oreline.data.dedup.staged.buckets:bucket_job",

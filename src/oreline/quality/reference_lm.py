@@ -4,7 +4,7 @@ Llama with its own BPE tokenizer, trained on trusted text.
 `train_reference(docs, out, kind)` trains either kind into a self-describing folder:
 `reference.json` names the kind, the tokenizer, a fingerprint (sha256 over the model files), the
 normalization, the inputs and the training facts (held-out perplexity among them). The n-gram
-kind is estimated by `oreline.data.filters.perplexity` (model.arpa).
+kind is estimated by `oreline.quality.ngram_lm` (model.arpa).
 
 It sits above `oreline.train`: it is the one place where data-side code trains a model.
 
@@ -22,7 +22,7 @@ Training the llama kind reuses the rest of oreline, so nothing here is a second 
    `DIR/model.safetensors`.
 
 Scoring with the trained model is data-side: `oreline.data.filters.llama_scorer` (llama) and
-`oreline.data.filters.perplexity` (n-gram), both normalized per word (`oreline.data.filters.words`).
+`oreline.data.filters.ngram_scorer` (n-gram), both normalized per word (`oreline.data.filters.words`).
 """
 
 from __future__ import annotations
@@ -36,17 +36,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from oreline.data.filters.perplexity import (
-    TOKENIZER_VERSION,
-    ArpaModel,
-    estimate_kneser_ney,
-    iter_docs,
-    write_arpa,
-)
+from oreline.data.filters.ngram_scorer import TOKENIZER_VERSION, ArpaModel
 from oreline.data.filters.words import paragraphs, sentences
+from oreline.data.read.inputs import iter_text_documents
 from oreline.document import Document
 from oreline.errors import ConfigError, InputError
 from oreline.io import file_sha256, write_lines_atomic
+from oreline.quality.ngram_lm import estimate_kneser_ney, write_arpa
 
 PIECE_CHARS = 2000
 HELDOUT_EVERY = 20
@@ -117,7 +113,7 @@ def train_reference(
         out, "reference", "oreline quality train-reference", legacy=lambda d: (d / "reference.json").is_file()
     )
     if kind == "llama":
-        facts = train_llama_reference(iter_docs(docs), out, console, **llama)
+        facts = train_llama_reference(iter_text_documents(docs), out, console, **llama)
         files = ["model.safetensors", "tokenizer/tokenizer.json"]
         meta = {"kind": "llama", "tokenizer": "tokenizer/ (byte-level BPE, oreline.tokens)", **facts}
     elif kind == "ngram":
@@ -148,7 +144,7 @@ def train_reference(
 def _train_ngram(docs: list[str], out: Path, console: Any, order: int, heldout_every: int) -> dict[str, Any]:
     train, held = [], []
     n_docs = 0
-    for doc in iter_docs(docs):
+    for doc in iter_text_documents(docs):
         n_docs += 1
         for i, toks in enumerate(sentences(doc.text)):
             (held if heldout_every and i % heldout_every == heldout_every - 1 else train).append(toks)

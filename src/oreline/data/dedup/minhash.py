@@ -27,8 +27,8 @@ datasketch's MinHashLSH), stage by stage, one module each:
    source_file[:member], offset, doc id; the position in its task when there is no offset; then
    the global row): the earliest one in the input, whatever the order of the edges or the files.
    Components are transitive: A~B and B~C removes C even when A and C are below the threshold.
-7. `plan.py`: the stages as jobs over partitioned files (any executor), and the single-process
-   reference plan they are tested against.
+7. `staged/plan.py`: the stages as jobs over partitioned files (any executor);
+   `reference_plan.py`: the single-process reference plan they are tested against.
 
 Signature file (`dedup_stage_signatures`, one per phase-1 task): Parquet with columns `doc_id`,
 `source`, `offset`, `exact_hi`, `exact_lo` (the 128-bit exact key as two uint64), `n_shingles`,

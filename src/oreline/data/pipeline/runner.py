@@ -15,6 +15,12 @@ A batched step (`batch_fn`, e.g. model-based perplexity) receives up to `batch_s
 at once; `run_steps` runs the per-document steps around it and `run_batch_step` counts it the
 same way.
 
+A one-to-many step (`many`, chunking) returns the documents that replace one, or a drop reason
+(`run_many_step`). Reading is a source rather than a step: the reader yields one `Read` per input
+unit (the document, or a stub with the reason there is none) and `run_source` counts them as the
+"read" step. So every document that enters, leaves or is dropped is counted here, from reading
+to the last step of phase 3.
+
 An exception inside a step never stops the task: the document is dropped with the reason
 "<step>:error:<ExceptionType>" and written to the rejects with the message in its metadata.
 """
@@ -43,6 +49,8 @@ class Step:
     # reason per document; `fn` stays the one-document form (used to isolate a failing batch).
     batch_fn: Callable[[list[Document]], list[str | None]] | None = None
     batch_size: int = 1
+    # A one-to-many step (chunking): `fn` returns the documents that replace this one, or a reason.
+    many: bool = False
 
 
 @dataclass
@@ -95,11 +103,12 @@ def run_steps(
     docs: Iterable[Document], steps: list[Step], stats: list[StepStats], reject: RejectFn
 ) -> Iterator[Document]:
     """Push each document through the steps in order; yield the survivors."""
-    for k, step in enumerate(steps):  # a batched step splits the chain: per-document steps around it
-        if step.batch_fn is not None:
+    for k, step in enumerate(steps):  # a batched or one-to-many step splits the chain around it
+        if step.batch_fn is not None or step.many:
             head = run_steps(docs, steps[:k], stats[:k], reject)
+            run_one = run_batch_step if step.batch_fn is not None else run_many_step
             yield from run_steps(
-                run_batch_step(head, step, stats[k], reject), steps[k + 1 :], stats[k + 1 :], reject
+                run_one(head, step, stats[k], reject), steps[k + 1 :], stats[k + 1 :], reject
             )
             return
     clock = time.perf_counter
@@ -186,8 +195,73 @@ def run_batch_step(
             return
 
 
+@dataclass(slots=True)
+class Read:
+    """One input unit a source read (a WARC record, a JSONL line): its document, or a stub
+    naming it with the reason it gave none (`reason`); `nbytes` is the input's size."""
+
+    doc: Document
+    nbytes: int
+    reason: str | None = None
+
+
+def run_source(reads: Iterable[Read], st: StepStats, reject: RejectFn) -> Iterator[Document]:
+    """The counting of run_steps for the read step: each Read is one document in, kept or dropped
+    with its reason (bytes in: the input's size; bytes out: the document's text). Seconds are the
+    source's own, not those of the steps after it."""
+    clock = time.perf_counter
+    it = iter(reads)
+    while True:
+        t0 = clock()
+        read = next(it, None)
+        st.seconds += clock() - t0
+        if read is None:
+            return
+        st.docs_in += 1
+        st.bytes_in += read.nbytes
+        if read.reason is not None:
+            st.dropped[read.reason] += 1
+            reject(read.doc, st.name, read.reason)
+            continue
+        st.docs_out += 1
+        st.bytes_out += text_bytes(read.doc.text)
+        yield read.doc
+
+
+def run_many_step(
+    docs: Iterable[Document], step: Step, st: StepStats, reject: RejectFn
+) -> Iterator[Document]:
+    """The counting of run_steps for a one-to-many step (`many`, e.g. chunking): its fn returns the
+    documents that replace one (counted out one by one) or a drop reason. An empty list drops the
+    document as "<step>:empty", so no document leaves a step uncounted."""
+    clock = time.perf_counter
+    for doc in docs:
+        size = text_bytes(doc.text)
+        st.docs_in += 1
+        st.bytes_in += size
+        t0 = clock()
+        try:
+            out = step.fn(doc)
+        except ConfigError:
+            raise
+        except Exception as exc:  # a bad document must never stop the task
+            out = f"{step.name}:error:{type(exc).__name__}"
+            doc.metadata["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        st.seconds += clock() - t0
+        if not out:
+            out = f"{step.name}:empty"
+        if isinstance(out, str):
+            st.dropped[out] += 1
+            reject(doc, step.name, out)
+            continue
+        for piece in out:
+            st.docs_out += 1
+            st.bytes_out += text_bytes(piece.text)
+            yield piece
+
+
 # ---------------------------------------------------------------------------------------------
-# the filter steps of phase 1 (after reading, before dedup)
+# the counts of several tasks
 
 
 def merge_step_stats(per_task: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ def _is_html(doc: Document) -> bool:
 
 
 def protocol_step(cfg) -> Step:
-    from oreline.data.read.warc import protocol_reason
+    from oreline.data.filters.protocol import protocol_reason
 
     pcfg = cfg.data.protocol
     return Step("protocol", lambda doc: protocol_reason(doc.metadata, pcfg), applies=_is_warc)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import oreline.storage as storage
-from oreline.data.pipeline.runner import StepStats, run_steps, text_bytes
+from oreline.data.pipeline.runner import Read, Step, StepStats, run_source, run_steps, text_bytes
 from oreline.data.pipeline.steps import filter_steps
 from oreline.data.read.shards import REJECT_SCHEMA, ShardWriter, read_documents, reject_row
 from oreline.document import Document
@@ -98,34 +98,21 @@ def phase3_marker(work: Path, index: int) -> Path:
 
 
 class Reader:
-    """Documents of one input file, with the read step's counts, rejects, input facts and errors."""
+    """The `Read`s of one input file (a document, or a stub with the reason it gave none) for the
+    runner's `run_source`, which counts them into `stats`; with the input's facts and errors."""
 
-    def __init__(self, path: Path | str, kind: str, cfg, reject, progress: Progress):
+    def __init__(self, path: Path | str, kind: str, cfg, progress: Progress):
         # `path`: a local path, or an fsspec URL (read through a local copy, named by its URL)
-        self.path, self.kind, self.cfg, self.reject, self.progress = path, kind, cfg, reject, progress
-        self.stats = StepStats("read")
+        self.path, self.kind, self.cfg, self.progress = path, kind, cfg, progress
+        self.stats = StepStats("read")  # counted by run_source; read here for the input's facts
         self.errors: list[dict[str, Any]] = []
         self.info: dict[str, Any] = {"kind": kind, "bytes": storage.size(path) if storage.exists(path) else 0}
 
-    def _drop(self, reason: str, doc: Document, nbytes: int) -> None:
-        self.stats.docs_in += 1
-        self.stats.bytes_in += nbytes
-        self.stats.dropped[reason] += 1
-        self.reject(doc, "read", reason)
-
-    def _keep(self, doc: Document, nbytes: int) -> Document:
-        self.stats.docs_in += 1
-        self.stats.bytes_in += nbytes
-        self.stats.docs_out += 1
-        self.stats.bytes_out += text_bytes(doc.text)
-        return doc
-
-    def __iter__(self) -> Iterator[Document]:
-        t0 = time.perf_counter()
+    def __iter__(self) -> Iterator[Read]:
         inner = self._warc() if self.kind == "warc" else self._other()
         while True:
             try:
-                doc = next(inner)
+                read = next(inner)
             except StopIteration:
                 break
             except Exception as exc:  # an unexpected reader failure ends this file, not the run
@@ -139,13 +126,10 @@ class Reader:
                     }
                 )
                 break
-            self.stats.seconds += time.perf_counter() - t0
-            yield doc
-            t0 = time.perf_counter()
-        self.stats.seconds += time.perf_counter() - t0
+            yield read
         self.progress.flush()
 
-    def _warc(self) -> Iterator[Document]:
+    def _warc(self) -> Iterator[Read]:
         with storage.local_copy(self.path) as local:
             yield from self._warc_file(local)
 
@@ -154,15 +138,16 @@ class Reader:
         name = str(self.path)
         return [{**e, "file": name} if e.get("file") == str(local) else e for e in errors]
 
-    def _warc_file(self, local: Path) -> Iterator[Document]:
-        from oreline.data.read.warc import ReadReport, iter_records, record_to_document
+    def _warc_file(self, local: Path) -> Iterator[Read]:
+        from oreline.data.read.record import ReadReport, record_to_document
+        from oreline.data.read.warc import iter_records
 
         rcfg = self.cfg.data.read
         report = ReadReport()
         seen_rejected = 0
         name = str(self.path)
 
-        def rejected() -> None:
+        def rejected() -> Iterator[Read]:
             """Records the reader dropped whole (too large, Content-Length not matching the block)."""
             nonlocal seen_rejected
             for o in report.rejected[seen_rejected:]:
@@ -175,7 +160,7 @@ class Reader:
                 if o.get("content_encoding"):  # the block fit, its decoded body did not
                     meta["content_encoding"] = o["content_encoding"]
                 doc = Document(o.get("record_id") or f"{name}:{o['offset']}", "", o.get("url") or "", meta)
-                self._drop(o["reason"], doc, int(o["bytes"]))
+                yield Read(doc, int(o["bytes"]), o["reason"])
             seen_rejected = len(report.rejected)
 
         try:
@@ -186,39 +171,35 @@ class Reader:
                 record_types=tuple(rcfg.record_types),
             )
             for rec in records:
-                rejected()
+                yield from rejected()
                 rec.source_file = name  # the input's path or URL, also when read from a local copy
                 nbytes = len(rec.payload)
                 self.progress.add(1, nbytes)
-                before = Counter(report.dropped)
                 error = None
                 try:
                     doc = record_to_document(rec, report)
                 except Exception as exc:  # one record's failure drops that record, never the rest of the file
-                    doc, error = None, f"{type(exc).__name__}: {str(exc)[:500]}"
-                if doc is None:
-                    changed = [k for k, v in report.dropped.items() if v > before.get(k, 0)]
-                    stub = Document(
-                        rec.record_id or f"{name}:{rec.offset}",
-                        rec.payload[:4000].decode("utf-8", "replace"),
-                        rec.url,
-                        {
-                            "source_file": name,
-                            "offset": rec.offset,
-                            "record_id": rec.record_id,
-                            "content_type": rec.content_type,
-                            "http_status": rec.http_status,
-                        },
-                    )
-                    if error:
-                        stub.metadata["error"] = error
-                        reason = f"read:error:{error.split(':', 1)[0]}"
-                    else:
-                        reason = changed[0] if changed else "read:no_document"
-                    self._drop(reason, stub, nbytes)
+                    error = f"{type(exc).__name__}: {str(exc)[:500]}"
+                    doc = f"read:error:{type(exc).__name__}"
+                if isinstance(doc, Document):
+                    yield Read(doc, nbytes)
                     continue
-                yield self._keep(doc, nbytes)
-            rejected()
+                stub = Document(
+                    rec.record_id or f"{name}:{rec.offset}",
+                    rec.payload[:4000].decode("utf-8", "replace"),
+                    rec.url,
+                    {
+                        "source_file": name,
+                        "offset": rec.offset,
+                        "record_id": rec.record_id,
+                        "content_type": rec.content_type,
+                        "http_status": rec.http_status,
+                    },
+                )
+                if error:
+                    stub.metadata["error"] = error
+                yield Read(stub, nbytes, doc)
+            yield from rejected()
         finally:
             self.errors.extend(self._named(report.errors, local))
             self.info.update(
@@ -230,30 +211,40 @@ class Reader:
                 replacement_chars=report.replacement_chars,
             )
 
-    def _other(self) -> Iterator[Document]:
+    def _other(self) -> Iterator[Read]:
         with storage.local_copy(self.path) as local:
             yield from self._other_file(local)
 
-    def _other_file(self, local: Path) -> Iterator[Document]:
+    def _other_file(self, local: Path) -> Iterator[Read]:
         from oreline.data.read.inputs import iter_input_documents
 
         name = str(self.path)
+        dropped: list[Read] = []  # what the input reader reported between two documents
 
         def report(reason: str, offset: int | None, preview: str) -> None:
             doc = Document(f"{name}:{offset}", preview, "", {"source_file": name, "offset": offset})
-            self._drop(reason, doc, len(preview))
+            dropped.append(Read(doc, len(preview), reason))
             if reason in ("read:corrupt_file", "read:bad_zip", "read:bad_parquet"):
                 self.errors.append({"file": name, "offset": offset, "error": preview})
+
+        def drain() -> Iterator[Read]:
+            yield from dropped
+            dropped.clear()
 
         records = 0
         try:
             for doc in iter_input_documents(local, self.cfg, report=report):
+                yield from drain()
                 if doc.metadata.get("source_file") == str(local):
                     doc.metadata["source_file"] = name
                 records += 1
                 nbytes = text_bytes(doc.text)
                 self.progress.add(1, nbytes)
-                yield self._keep(doc, nbytes)
+                yield Read(doc, nbytes)
+            yield from drain()
+        except Exception:
+            yield from drain()  # the drops reported before the failure are counted, then the file ends
+            raise
         finally:
             self.info.update(
                 records=records + sum(self.stats.dropped.values()), documents=self.stats.docs_out
@@ -293,8 +284,8 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
         def reject(doc: Document, step: str, reason: str) -> None:
             rejects.write_row(reject_row(doc, step, reason))
 
-        reader = Reader(path if storage.is_url(path) else Path(path), kind, cfg, reject, progress)
-        survivors = run_steps(reader, steps, step_stats, reject)
+        reader = Reader(path if storage.is_url(path) else Path(path), kind, cfg, progress)
+        survivors = run_steps(run_source(reader, reader.stats, reject), steps, step_stats, reject)
         upstream = [0.0]
 
         def write_kept() -> Iterator[Document]:
@@ -351,10 +342,39 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
 # phase 3
 
 
-def chunk_docs(doc: Document, cfg) -> list[Document]:
-    from oreline.data.filters.chunk import chunk_document
+def phase3_steps(work: Path, plan: dict[str, list[str]], cfg) -> list[Step]:
+    """Phase-3 steps in order: the perplexity buckets (before dedup: they continue phase 1's
+    quality:perplexity, with the cut-offs of the global phase), the dedup removals of the task's
+    plan ({doc id: [reason, survivor id]}), chunking (one document to many)."""
+    steps: list[Step] = []
+    if cfg.data.quality.perplexity_model:
+        from oreline.data.filters.perplexity import bucket_step
+        from oreline.data.pipeline.perplexity_cutoffs import cutoffs_path
 
-    return chunk_document(doc, cfg)
+        buckets = bucket_step(cutoffs_path(work), cfg)
+        if buckets is not None:
+            steps.append(buckets)
+    if dedup_enabled(cfg):
+
+        def removed(doc: Document) -> str | None:
+            removal = plan.get(doc.id)
+            if removal is None:
+                return None
+            doc.metadata["survivor_id"] = removal[1]
+            return removal[0]
+
+        steps.append(Step("dedup", removed))
+    if cfg.data.chunk.enabled:
+        from oreline.data.filters.chunk import chunk_document
+
+        def chunk(doc: Document) -> list[Document]:
+            pieces = chunk_document(doc, cfg)
+            for piece in pieces:
+                piece.metadata.setdefault("parent_id", doc.id)
+            return pieces
+
+        steps.append(Step("chunk", chunk, many=True))
+    return steps
 
 
 def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
@@ -376,15 +396,8 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
     plan_path = work_dir / "dedup" / f"{task_name(index)}.json"
     plan: dict[str, list[str]] = json.loads(plan_path.read_text()) if plan_path.is_file() else {}
     prefix = f"part-{index:05d}"
-    buckets = None
-    if cfg.data.quality.perplexity_model:  # CCNet buckets, with the cut-offs of the global phase
-        from oreline.data.filters.perplexity import bucket_step, cutoffs_path
-
-        buckets = bucket_step(cutoffs_path(work_dir), cfg)
-    bucket_stats = StepStats(buckets.name if buckets else "")
-    dedup = StepStats("dedup")
-    chunk = StepStats("chunk")
-    chunking = cfg.data.chunk.enabled
+    steps = phase3_steps(work_dir, plan, cfg)
+    step_stats = [StepStats(s.name) for s in steps]
     out_docs = out_bytes = 0
     with (
         ShardWriter(out_dir / "docs", prefix, cfg.data.max_shard_bytes) as docs_w,
@@ -396,57 +409,17 @@ def run_phase3(index: int, work: str, out: str, cfg) -> dict[str, Any]:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
                 for row in batch.to_pylist():
                     rej_w.write_row(row)
-        docs = read_documents(kept_files)
-        if buckets is not None:  # before dedup: it continues phase 1's quality:perplexity
-            docs = run_steps(
-                docs,
-                [buckets],
-                [bucket_stats],
-                lambda d, step, why: rej_w.write_row(reject_row(d, step, why)),
-            )
-        for doc in docs:
-            size = text_bytes(doc.text)
-            dedup.docs_in += 1
-            dedup.bytes_in += size
-            t0 = time.perf_counter()
-            removal = plan.get(doc.id)
-            if removal is not None:
-                reason, survivor = removal[0], removal[1]
-                doc.metadata["survivor_id"] = survivor
-                dedup.dropped[reason] += 1
-                rej_w.write_row(reject_row(doc, "dedup", reason))
-                dedup.seconds += time.perf_counter() - t0
-                continue
-            dedup.seconds += time.perf_counter() - t0
-            dedup.docs_out += 1
-            dedup.bytes_out += size
-            pieces = [doc]
-            if chunking:
-                chunk.docs_in += 1
-                chunk.bytes_in += size
-                t0 = time.perf_counter()
-                try:
-                    pieces = chunk_docs(doc, cfg)
-                    for piece in pieces:
-                        piece.metadata.setdefault("parent_id", doc.id)
-                except Exception as exc:  # never lose the task to one document
-                    doc.metadata["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
-                    reason = f"chunk:error:{type(exc).__name__}"
-                    chunk.dropped[reason] += 1
-                    rej_w.write_row(reject_row(doc, "chunk", reason))
-                    pieces = []
-                chunk.seconds += time.perf_counter() - t0
-                chunk.docs_out += len(pieces)
-                chunk.bytes_out += sum(text_bytes(p.text) for p in pieces)
-            for piece in pieces:
-                docs_w.write_doc(piece)
-                out_docs += 1
-                out_bytes += text_bytes(piece.text)
+
+        def reject(doc: Document, step: str, reason: str) -> None:
+            rej_w.write_row(reject_row(doc, step, reason))
+
+        for doc in run_steps(read_documents(kept_files), steps, step_stats, reject):
+            docs_w.write_doc(doc)
+            out_docs += 1
+            out_bytes += text_bytes(doc.text)
     stats = {
         "task": index,
-        "steps": ([bucket_stats.as_dict()] if buckets else [])
-        + ([dedup.as_dict()] if dedup_enabled(cfg) else [])
-        + ([chunk.as_dict()] if chunking else []),
+        "steps": [st.as_dict() for st in step_stats],
         "output": {
             "docs": out_docs,
             "bytes": out_bytes,

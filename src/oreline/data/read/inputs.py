@@ -396,3 +396,20 @@ def _iter_parquet(
                         doc.metadata.setdefault("offset", row_index + i)
                         yield doc
             row_index += batch.num_rows
+
+
+def iter_text_documents(paths: Iterable[str | Path]) -> Iterator[Document]:
+    """The documents of clean-text inputs (.txt/.txt.gz/.zip/.jsonl/.parquet files or folders);
+    WARC files and unknown kinds are refused: they need `oreline data` first."""
+    from oreline.config import DataConfig
+
+    found, unknown = discover_inputs([str(p) for p in paths])
+    if unknown:
+        raise InputError(
+            f"{len(unknown)} input files of unknown kind, e.g. {unknown[0]}",
+            "pass .txt/.txt.gz/.zip/.jsonl/.parquet files",
+        )
+    for path, kind in found:
+        if kind == "warc":
+            raise InputError(f"{path} is a WARC file", "run oreline data first and score its Parquet shards")
+        yield from iter_input_documents(path, DataConfig())

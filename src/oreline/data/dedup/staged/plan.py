@@ -2,10 +2,8 @@
 
 Two implementations with one result (tests/data/test_dedup_staged.py checks they agree):
 
-- `dedup_plan`, the single-process reference: every signature in one process (about 2.2 KB per
-  document with 128 permutations: 2.1 GiB peak at 1M documents in benchmarks/dedup_scale.py, so
-  a 1B-document dump would need ~2 TB on one node). Kept as the reference of tests and
-  benchmarks, and used by nothing else.
+- `oreline.data.dedup.reference_plan.dedup_plan`, the single-process reference: every signature
+  in one process; the oracle of tests and benchmarks, used by nothing else.
 - `staged_plan`, what `oreline data` runs: stages of jobs over partitioned files, each job a
   module-level function of plain arguments mapped through an executor (`oreline.executors`), so
   the local pool, Ray or Slurm can run them. No job holds all documents:
@@ -70,7 +68,6 @@ from oreline.data.dedup.minhash import (
     dedup_config,
     verify_mode,
 )
-from oreline.data.dedup.plan import NO_TEXT_STATS, REMOVALS_SCHEMA
 from oreline.data.dedup.staged.assign import assign_job, file_groups, list_job
 from oreline.data.dedup.staged.buckets import bucket_job
 from oreline.data.dedup.staged.candidates import candidates_job, fetch_job, request_job, ship_job
@@ -87,6 +84,22 @@ from oreline.data.dedup.staged.layout import Partitions, read_table, stage_files
 from oreline.data.dedup.staged.verify import similarity_job, verify_job
 from oreline.errors import DataIntegrityError, InputError
 from oreline.io import write_json_atomic, write_with
+
+# the removal list both plans write (`dedup/reference_plan.py` writes the same one)
+REMOVALS_SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("reason", pa.string()),
+        ("survivor_id", pa.string()),
+        ("similarity", pa.float32()),
+        ("similarity_method", pa.string()),
+    ]
+)
+# stats of a plan asked for exact verification but given no texts to verify with
+NO_TEXT_STATS = {
+    "verify": "signature",
+    "verify_note": "exact verification asked for, but no text source was given: MinHash estimate used",
+}
 
 STAR_EDGES = 20_000_000  # above this many verified edges, components run as distributed star rounds
 MAX_STAR_ROUNDS = 64

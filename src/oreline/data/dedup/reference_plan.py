@@ -1,11 +1,11 @@
-"""The dedup plan: which documents to drop as exact or near duplicates, and for which survivor.
+"""The reference dedup plan: which documents to drop as exact or near duplicates, and for which
+survivor, computed in one process. A test oracle, not what `oreline data` runs.
 
 Two implementations with one result (tests/data/test_dedup_staged.py checks they agree):
 
-- `dedup_plan`, here, the single-process reference: every signature in one process (about 2.2 KB
-  per document with 128 permutations: 2.1 GiB peak at 1M documents in benchmarks/dedup_scale.py,
-  so a 1B-document dump would need ~2 TB on one node). Kept as the reference of tests and
-  benchmarks, and used by nothing else.
+- `dedup_plan`, here, the single-process reference: every signature in one process, so its memory
+  grows with the corpus (benchmarks/dedup_scale.py measures it). Kept as the reference of tests
+  and benchmarks, and used by nothing else.
 - `oreline.data.dedup.staged.plan.staged_plan`, what `oreline data` runs: stages of jobs over
   partitioned files through an executor (local pool, Ray or Slurm); no job holds all documents.
 
@@ -38,6 +38,7 @@ from oreline.data.dedup.minhash import (
     verify_mode,
 )
 from oreline.data.dedup.shingles import TextSource, jaccard
+from oreline.data.dedup.staged.plan import NO_TEXT_STATS, REMOVALS_SCHEMA
 from oreline.data.dedup.verify import (
     verify_exact,
     verify_pairs,
@@ -81,12 +82,6 @@ def _near_dups(s: Signatures, pairs: np.ndarray, dc: DedupConfig, text_source: T
     return NearDups(removed, stats, sets)
 
 
-NO_TEXT_STATS = {
-    "verify": "signature",
-    "verify_note": "exact verification asked for, but no text source was given: MinHash estimate used",
-}
-
-
 def _removal_similarity(s: Signatures, near: NearDups) -> tuple[list[float], list[str]]:
     """Similarity of each near-duplicate to its survivor: exact when both texts were read."""
     sims, methods = [], []
@@ -98,17 +93,6 @@ def _removal_similarity(s: Signatures, near: NearDups) -> tuple[list[float], lis
             sims.append(float(estimated_jaccard(s.sig[r], s.sig[k])))
             methods.append("minhash")
     return sims, methods
-
-
-REMOVALS_SCHEMA = pa.schema(
-    [
-        ("doc_id", pa.string()),
-        ("reason", pa.string()),
-        ("survivor_id", pa.string()),
-        ("similarity", pa.float32()),
-        ("similarity_method", pa.string()),
-    ]
-)
 
 
 def dedup_plan(
