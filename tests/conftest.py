@@ -183,6 +183,19 @@ def samples() -> Path:
     return EMBEDDED_SAMPLES
 
 
+@pytest.fixture(scope="module")
+def child_env(samples) -> dict[str, str]:
+    """The environment of a child Python (the hostile-input cases' capped children): it imports the
+    oreline under test and finds the samples (good documents)."""
+    import oreline
+
+    env = dict(os.environ)
+    src = str(Path(oreline.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["ORELINE_SAMPLES"] = str(samples)
+    return env
+
+
 @pytest.fixture(scope="session")
 def full_samples() -> Path:
     """The larger sample collection (ORELINE_SAMPLES), for tests marked `extended`."""

@@ -28,13 +28,10 @@ entry). Before this change each of these failed the cap, the time bound or both:
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
 import pytest
-
-import oreline
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "hostile_inputs.py"
 _NAME = "oreline_hostile_cases"
@@ -49,15 +46,6 @@ CAP = int(1.5 * (1 << 30))
 CASES = [name for name, case in hostile.CASES.items() if case.kind == "call"]
 CKPT_BOMB_BYTES = 1 << 30  # decoded size of the zstd checkpoint item: past the cap for the old code
 SECONDS = {"tokenizer-long-word": 30.0}  # the bound for the 1 MiB word (the table's 10 MB: 120 s)
-
-
-@pytest.fixture(scope="module")
-def child_env(samples) -> dict[str, str]:
-    env = dict(os.environ)
-    src = str(Path(oreline.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["ORELINE_SAMPLES"] = str(samples)
-    return env
 
 
 @pytest.mark.hostile

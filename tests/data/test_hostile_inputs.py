@@ -16,13 +16,10 @@ plus its extraction child (polled from /proc while they run).
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
 import pytest
-
-import oreline
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "hostile_inputs.py"
 _spec = importlib.util.spec_from_file_location("oreline_hostile_cases", _PATH)
@@ -35,16 +32,6 @@ CAP = int(1.5 * (1 << 30))
 # the 1 MiB gap is the 64 MiB one's smaller twin: the table shows it, the tests need one; the cases
 # that run a command other than the data pipeline (kind "call") are tests/test_hostile_bounds.py's
 CASES = [name for name, c in hostile.CASES.items() if name != "blank-lines-1MiB" and c.kind != "call"]
-
-
-@pytest.fixture(scope="module")
-def child_env(samples) -> dict[str, str]:
-    """The child imports the oreline under test and finds the samples (good documents)."""
-    env = dict(os.environ)
-    src = str(Path(oreline.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["ORELINE_SAMPLES"] = str(samples)
-    return env
 
 
 @pytest.mark.hostile
