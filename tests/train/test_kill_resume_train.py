@@ -9,8 +9,7 @@ benchmarks/resume_exactness.py does the same with 20 random kill points.
 
 from __future__ import annotations
 
-import contextlib
-import json
+import importlib.util
 import os
 import random
 import signal
@@ -68,32 +67,22 @@ def launch(config: Path, log: Path) -> subprocess.Popen:
         )
 
 
-def records(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # the line a kill cut short
-            out.append(json.loads(line))
-    return out
-
-
-def has(run: Path, type_: str, step: int) -> bool:
-    return any(r.get("type") == type_ and r.get("step") == step for r in records(run))
+# Reading a run's metrics while it is killed, and waiting on it, are the benchmark's own functions
+# (benchmarks/resume_exactness.py runs the same kills at 20 random points): loaded by path, as the
+# hostile-input tests load theirs, so the two cannot drift apart.
+_spec = importlib.util.spec_from_file_location(
+    "oreline_bench_resume_exactness",
+    Path(__file__).resolve().parents[2] / "benchmarks" / "resume_exactness.py",
+)
+_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bench)
+records = _bench.records  # metrics.jsonl's records; a line a kill cut short is left out
+has = _bench.has  # whether a record of that type and step was written
 
 
 def wait_for(proc: subprocess.Popen, cond, timeout: float = 120.0) -> bool:
     """Poll cond every millisecond; False if the process ended or time ran out first."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with contextlib.suppress(OSError):  # a folder removed between exists() and stat()
-            if cond():
-                return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.001)
-    return False
+    return _bench.wait_for(proc, cond, timeout)
 
 
 def kill_at(
