@@ -225,6 +225,23 @@ def corpus(samples: Path) -> tuple[list[str], list[str]]:
     return prose, multi
 
 
+def tiny_args(vocab_size: int, dim: int, n_layers: int):
+    """A small Llama of the demo's shape (4 heads, 2 KV heads, ffn 3 x dim, tied embeddings,
+    context 256): the model these clients train and tests/export/conftest.py's demo_model."""
+    from oreline.model.llama import ModelArgs
+
+    return ModelArgs(
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=vocab_size,
+        ffn_dim=3 * dim,
+        max_seq_len=256,
+        tie_embeddings=True,
+    )
+
+
 def train_demo_like(docs: list[str], tok, args, *, steps: int, batch: int, seq_len: int, report=None):
     """A small Llama (`args`) trained as oreline trains: `[BOS] text [EOS]` documents in one stream,
     BOS never a target, AdamW at 3e-3, seeded; (the model in eval mode, its last loss).
@@ -259,7 +276,6 @@ def build(work: Path, steps: int) -> dict:
     from oreline.config import TokenizerConfig
     from oreline.export.gguf import export_gguf
     from oreline.export.hf import export_hf
-    from oreline.model.llama import ModelArgs
     from oreline.model.scoring import generate_samples
     from oreline.tokens.train_bpe import load_tokenizer, train_tokenizer
     from oreline.train.checkpoint.save import save_checkpoint
@@ -276,16 +292,7 @@ def build(work: Path, steps: int) -> dict:
         [work / "docs.jsonl"], work / "tokenizer", TokenizerConfig(vocab_size=2048, heldout_docs=0)
     )
     tok = load_tokenizer(work / "tokenizer")
-    args = ModelArgs(
-        dim=128,
-        n_layers=3,
-        n_heads=4,
-        n_kv_heads=2,
-        vocab_size=tok.vocab_size,
-        ffn_dim=384,
-        max_seq_len=256,
-        tie_embeddings=True,
-    )
+    args = tiny_args(tok.vocab_size, dim=128, n_layers=3)
 
     def report(step: int, loss) -> None:
         if step % 100 == 0 or step == steps - 1:

@@ -37,7 +37,6 @@ def demo_model(samples, tokenizer_dir):
 
     import torch
 
-    from oreline.model.llama import ModelArgs
     from oreline.tokens.train_bpe import load_tokenizer
 
     spec = importlib.util.spec_from_file_location("oreline_bench_clients", BENCHMARKS / "clients.py")
@@ -46,16 +45,7 @@ def demo_model(samples, tokenizer_dir):
     tok = load_tokenizer(tokenizer_dir)
     with gzip.open(samples / "english-prose" / "tinyshakespeare.txt.gz", "rt", encoding="utf-8") as fh:
         paras = [p for p in fh.read(200_000).split("\n\n") if p.strip()]
-    args = ModelArgs(
-        dim=64,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        vocab_size=tok.vocab_size,
-        ffn_dim=192,
-        max_seq_len=256,
-        tie_embeddings=True,
-    )
+    args = clients.tiny_args(tok.vocab_size, dim=64, n_layers=2)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is as fast, and immune to a busy machine
     try:
