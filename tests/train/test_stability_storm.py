@@ -129,3 +129,11 @@ def test_skips_escalate_never_with_max_consecutive_skips_0_and_doctor_and_report
     assert "6 of 40 steps skipped (15.0%)" in f.evidence and "6 loss_spike" in f.evidence, f.evidence
     assert "longest run 6 in a row (steps 20-25)" in f.evidence and "window median" in f.evidence, f.evidence
     assert "skipped_steps_high" in render_report(tmp_path / "t")
+
+
+def test_a_warmup_given_as_a_ratio_is_the_warmup_the_guard_waits_for(tmp_path, train_config, one_thread):
+    # train.optim.warmup_steps unset, warmup_ratio 0.2 of 20 steps: the window starts after step 4
+    # (a run with a ratio crashed at its first step: the window compared the step with None)
+    cfg = train_config(train__optim__warmup_steps=None, train__optim__warmup_ratio=0.2, eval__prompts=[])
+    summary = train(cfg, resume="none", console=quiet())
+    assert summary["step"] == 20 and summary["skipped_steps"] == 0

@@ -179,6 +179,7 @@ FINDING_SECTIONS = {
     "throughput_falling": "throughput",
     "global_batch_mismatch": "overview",
     "grad_spikes": "grad-norm",
+    "skipped_steps_high": "events",
     "checkpoint_unloadable": "checkpoints",
     "val_far_above_train": "loss",
     "metrics_unreadable": "events",

@@ -104,7 +104,7 @@ from oreline.train import dist
 from oreline.train.batch import GlobalBatch, next_global_batch
 from oreline.train.host_reads import StepReads
 from oreline.train.monitor import MetricsLogger, TimingWindow, memory_stats, mfu
-from oreline.train.optim import lr_at, set_lr
+from oreline.train.optim import lr_at, set_lr, warmup_steps
 from oreline.train.param_digest import write_param_digest
 from oreline.train.recovery import move_previous_training, resume_if_asked, rollback, save
 from oreline.train.schedule import Schedule
@@ -559,7 +559,7 @@ def settle(
                 f"step {p.step}: the device {'applied' if r.applied else 'skipped'} the update, the host says {action}",
                 "report this as an oreline bug (oreline.train.loop.settle), with the run's metrics.jsonl",
             )
-        observe = p.step > cfg.train.optim.warmup_steps  # as the device's window did (judge.accept)
+        observe = p.step > warmup_steps(cfg.train)  # as the device's window did (judge.accept)
         if action in ("step", "log"):
             stability.accept(r.loss, r.grad_norm, observe)
             if action == "log":

@@ -27,6 +27,7 @@ from oreline.config import Config
 from oreline.model.scoring import loss_breakdown
 from oreline.train import comm_timing, dist
 from oreline.train.batch import GlobalBatch
+from oreline.train.optim import warmup_steps
 from oreline.train.session import Setup, TrainState, _nullcontext
 from oreline.train.stability import KINDS, DeviceJudge, StabilityMonitor
 
@@ -101,6 +102,8 @@ class StepRunner:
         # the fused AdamW kernels skip a step on the device (found_inf); the others need the verdict on the host
         self.skip_on_device = compat.fused_adamw_skip() if s.optimizer.defaults.get("fused") else None
         self.checked_unused = False
+        # the window judges steps after the lr warmup only (warmup_steps, or warmup_ratio × steps)
+        self.warmup = warmup_steps(cfg.train)
         # anomalies roll back (train.stability.action): the steps until the read then freeze
         self.rolls_back = cfg.train.stability.enabled and cfg.train.stability.action == "rollback"
 
@@ -152,7 +155,7 @@ class StepRunner:
         # the window observes every step after warmup, a skipped one too (oreline.train.stability),
         # but none whose rollback is pending: the rollback restores the checkpoint's window
         joins = ~self.frozen if rollback_ready else torch.ones((), dtype=torch.bool, device=s.device)
-        self.judge.accept(loss, grad_norm, joins & (n > tc.optim.warmup_steps))
+        self.judge.accept(loss, grad_norm, joins & (n > self.warmup))
         s.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss, grad_norm, applied, clipped, *verdict.unbind(), sums)
 
