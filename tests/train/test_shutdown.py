@@ -31,6 +31,7 @@ import pytest
 from rich.console import Console
 
 from oreline.train.loop import train
+from oreline.train.torchrun import torchrun_command
 
 _spec = importlib.util.spec_from_file_location(
     "oreline_test_kill_resume", Path(__file__).parent / "test_kill_resume_train.py"
@@ -110,18 +111,7 @@ def test_ranks_die_with_their_launcher(prose_tokens, tmp_path, launcher):
     cmd = (
         oreline("train", "-c", str(tmp_path / "c.toml"), "--nproc", "2")
         if launcher != "torchrun"
-        else [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "oreline",
-            "train",
-            "-c",
-            str(tmp_path / "c.toml"),
-        ]
+        else torchrun_command(2, ["train", "-c", str(tmp_path / "c.toml")])  # torchrun as a user types it
     )
     proc = start(cmd, tmp_path / "log")
     ranks: list[int] = []

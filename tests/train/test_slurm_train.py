@@ -177,7 +177,10 @@ def test_a_job_at_its_time_limit_stops_on_slurms_own_usr1_requeues_and_finishes(
     stops, resumes = events(run, "stopped"), events(run, "resume")
     assert int(job_info(job)["Restarts"]) == len(stops) >= 1, (job_info(job), stops)
     assert all(e["values"]["signal"] == "SIGUSR1" for e in stops), stops
-    assert [r["step"] for r in resumes] == [e["step"] for e in stops] and stops[-1]["step"] < kr.STEPS
+    # every stop was resumed from its own step, and the first came before the end, so the job trained
+    # on after a requeue; a later USR1 may land on the last step (a loaded machine: 6 s + per step),
+    # and then the requeued job only finishes the final evaluation
+    assert [r["step"] for r in resumes] == [e["step"] for e in stops] and stops[0]["step"] < kr.STEPS
     assert logs[0].read_text().count("written on USR1; requeueing job") == len(stops)
     kr.assert_identical(ref_run, run)
     print(
