@@ -11,12 +11,16 @@ import sys
 
 RANK = """
 import json
+import os
 from oreline.config import TrainConfig
 from oreline.train import dist
 
 cfg = TrainConfig()  # train.parallel = "none", as in every shipped config
 info = dist.init_distributed(cfg)
-print("RESULT " + json.dumps({"rank": info.rank, "config": cfg.parallel, "launch": info.parallel}), flush=True)
+# one write(2) of a line under PIPE_BUF: the two ranks share the pipe, and print() writes the text
+# and its newline apart, so two ranks' lines could run together ("RESULT {..}RESULT {..}")
+line = "RESULT " + json.dumps({"rank": info.rank, "config": cfg.parallel, "launch": info.parallel}) + "\\n"
+os.write(1, line.encode())
 dist.cleanup()
 """
 
