@@ -8,6 +8,8 @@ import math
 import operator
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -15,6 +17,7 @@ import pytest
 import zstandard
 from typer.testing import CliRunner
 
+import oreline
 from oreline.cli import app
 from oreline.config import load_config
 from oreline.data.pipeline.run import funnel_lines, run_data
@@ -180,6 +183,26 @@ def test_cli_prints_the_funnel(samples, tmp_path):
     assert result.exit_code == 0, result.output
     assert "funnel" in result.output and "langid" in result.output and "%" in result.output
     assert (tmp_path / "o" / "stats.json").is_file()
+    # what the C4 line rules cut from the documents they kept, by rule (issue 36)
+    stats = json.loads((tmp_path / "o" / "stats.json").read_text())
+    c4 = stats["line_filters"]["quality:c4"]
+    printed = " ".join(result.output.split())
+    n_lines = sum(r["lines"] for r in c4["rules"].values())
+    assert n_lines > 0 and f"quality:c4 removed {n_lines:,} lines" in printed
+    assert f"from {c4['docs_changed']:,} of {c4['docs']:,} kept documents" in printed
+    assert "no_end_mark" in printed
+
+
+def test_line_filters_account_for_the_bytes_of_the_documents_c4_kept(sample_run):
+    """stats.json "line_filters": exact counts of the run, matching the funnel's C4 step."""
+    _, stats, _ = sample_run
+    c4 = stats["line_filters"]["quality:c4"]
+    (step,) = [st for st in stats["steps"] if st["name"] == "quality:c4"]
+    assert c4["docs"] == step["docs_out"] and c4["bytes_after"] == step["bytes_out"]
+    assert c4["bytes_before"] <= step["bytes_in"]  # the rest went with the documents C4 dropped
+    removed = c4["bytes_before"] - c4["bytes_after"]
+    assert 0 < sum(r["bytes"] for r in c4["rules"].values()) <= removed
+    assert 0 < c4["docs_changed"] <= c4["docs"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,6 +255,115 @@ def test_jsonl_and_parquet_inputs(tmp_path):
     shutil.copy(next((tmp_path / "pq").glob("*.parquet")), tmp_path / "y.parquet")
     back = list(iter_input_documents(tmp_path / "y.parquet", cfg))
     assert [(d.id, d.text) for d in back] == [(d.id, d.text) for d in docs]
+
+
+# the text field of JSONL/Parquet inputs (issue 36: a wrong key gave 0 documents and exit 0)
+
+
+def _no_filters() -> list[str]:
+    return ["data.quality.enabled=false", "data.langid.enabled=false", "--workers", "1"]
+
+
+def test_a_wrong_jsonl_text_key_fails_naming_the_fields_there(tmp_path):
+    rows = [{"id": str(i), "content": f"Document number {i} is here."} for i in range(5)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "o"
+    args = ["data", str(tmp_path / "c.jsonl"), "--out", str(out), *_no_filters()]
+    proc = subprocess.run(  # the command line itself: exit 2 and the message, no traceback
+        [sys.executable, "-m", "oreline", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "10000", "PYTHONPATH": str(Path(oreline.__file__).parents[1])},
+    )
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2 and "Traceback" not in said, said
+    assert "no document kept: 5 of 5 JSONL/Parquet records (in 1 of 1 files)" in said
+    assert "no text under 'text' (data.read.jsonl_text_key)" in said
+    assert "'content' (5), 'id' (5)" in said and "data.read.jsonl_text_key=content" in said
+    # the bad input stays where the user can look at it; running the same command again says it again
+    rejects = pq.read_table(sorted((out / "rejects").glob("*.parquet"))).to_pylist()
+    assert [r["reason"] for r in rejects] == ["read:no_text"] * 5
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["inputs"]["text_field"] == {
+        "key": "text",
+        "files": 1,
+        "files_missing": 1,
+        "records": 5,
+        "with_text": 0,
+        "missing": 5,
+        "empty": 0,
+        "fields": {"content": 5, "id": 5},
+    }
+    with pytest.raises(InputError, match="no document kept"):
+        CliRunner().invoke(app, args, catch_exceptions=False)
+    fixed = CliRunner().invoke(
+        app, [*args[:2], "--out", str(tmp_path / "o2"), *_no_filters(), "data.read.jsonl_text_key=content"]
+    )
+    assert fixed.exit_code == 0, fixed.output
+    assert json.loads((tmp_path / "o2" / "stats.json").read_text())["output"]["docs"] == 5
+
+
+def test_a_parquet_input_without_the_text_column_fails_naming_its_columns(tmp_path):
+    import pyarrow as pa
+
+    pq.write_table(
+        pa.table({"id": ["a", "b", "c"], "body": ["One.", "Two.", "Three."]}), tmp_path / "b.parquet"
+    )
+    with pytest.raises(InputError) as info:
+        run_data([str(tmp_path / "b.parquet")], tmp_path / "o", _cfg("data.quality.enabled=false"), workers=1)
+    message = str(info.value)
+    assert "3 of 3 JSONL/Parquet records" in message and "'body' (3)" in message
+    assert "data.read.jsonl_text_key=body" in message
+
+
+def test_most_records_without_the_text_key_warn_with_the_counts(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"id": "1", "text": "The one document with text."}) + "\n")
+    rows = [{"id": f"b{i}", "body": f"Body {i}."} for i in range(3)]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["data", str(tmp_path), "--out", str(out), *_no_filters()])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "warning: 3 of 4 JSONL/Parquet records (in 1 of 2 files) have no text under 'text'" in said
+    assert "'body' (3)" in said
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["output"]["docs"] == 1 and len(stats["warnings"]) == 1
+    assert stats["inputs"]["text_field"]["missing"] == 3 and stats["inputs"]["text_field"]["records"] == 4
+
+
+def test_an_empty_text_and_a_missing_text_are_one_reason(tmp_path):
+    import pyarrow as pa
+
+    lines = [
+        {"id": "e", "text": ""},
+        {"id": "w", "text": " \n "},
+        {"id": "m", "body": "x"},
+        {"id": "n", "text": None},
+    ]
+    (tmp_path / "x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"text": "kept"}\n')
+    pq.write_table(pa.table({"id": ["e", "n", "k"], "text": ["", None, "kept"]}), tmp_path / "x.parquet")
+    for name, n in (("x.jsonl", 4), ("x.parquet", 2)):
+        reported: list[tuple] = []
+
+        def report(reason, offset, preview, into=reported):
+            into.append((reason, offset, preview))
+
+        docs = list(iter_input_documents(tmp_path / name, _cfg(), report))
+        assert [d.text for d in docs] == ["kept"]
+        assert [reason for reason, _, _ in reported] == ["read:no_text"] * n, reported
+        assert "empty text under 'text'" in reported[0][2]
+    stats = run_data([str(tmp_path)], tmp_path / "o", _cfg(*_no_filters()[:2]), workers=1)
+    assert stats["steps"][0]["dropped"] == {"read:no_text": 6}
+    counts = {Path(f).name: i["text_field"] for f, i in stats["inputs"]["files"].items()}
+    assert counts["x.jsonl"] == {
+        "key": "text",
+        "records": 5,
+        "missing": 2,
+        "empty": 2,
+        "fields": {"id": 2, "body": 1, "text": 1},
+    }
+    assert counts["x.parquet"] == {"key": "text", "records": 3, "missing": 1, "empty": 1, "fields": {"id": 1}}
 
 
 def test_config_inputs_expand_samples(samples, tmp_path, monkeypatch):

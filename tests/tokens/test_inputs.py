@@ -44,6 +44,7 @@ def test_parquet_text_over_the_limit_is_a_reject_and_rows_keep_their_numbers(tmp
     for ids, texts in iter_batches(path, rejects, max_line_bytes=1_000_000):
         got.extend(zip(ids, texts, strict=True))
     assert got == [("a", "before"), ("b", "after")]
-    assert rejects.counts == {"too_large": 1, "empty_text": 1}
-    assert [(r["reason"], r["row"]) for r in rejects.rows] == [("too_large", 1), ("empty_text", 2)]
+    assert rejects.counts == {"too_large": 1, "no_text": 1}
+    assert [(r["reason"], r["row"]) for r in rejects.rows] == [("too_large", 1), ("no_text", 2)]
+    assert rejects.rows[1]["raw"]["detail"] == "empty"
     assert "id 'big'" in rejects.rows[0]["raw"]

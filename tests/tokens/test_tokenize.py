@@ -141,9 +141,12 @@ def test_bad_rows_are_counted_and_kept(corpus, byte_tokenizer_dir, tmp_path):
     manifest = tokenize_corpus(
         [bad], byte_tokenizer_dir, tmp_path / "out", TokenizeConfig(val_fraction=0.0), workers=1
     )
-    assert manifest["rejected"] == {"empty_text": 1, "bad_json": 2, "no_text": 1}
+    # an empty text and a missing one are one reason; the row's detail says which
+    assert manifest["rejected"] == {"bad_json": 2, "no_text": 2}
     rows = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
-    assert sorted(r["reason"] for r in rows) == ["bad_json", "bad_json", "empty_text", "no_text"]
+    assert sorted(r["reason"] for r in rows) == ["bad_json", "bad_json", "no_text", "no_text"]
+    details = {r["raw"]["id"]: r["raw"]["detail"] for r in rows if r["reason"] == "no_text"}
+    assert details == {"e1": "empty", "e2": "missing or null"}
     assert manifest["splits"]["train"]["documents"] == 2 and manifest["splits"]["val"]["documents"] == 0
 
 

@@ -171,3 +171,34 @@ def test_runs_longer_than_the_cap_reach_the_trainer_in_pieces():
     assert not any(too_long.search(p) for p in pieces)
     plain = "Emma Woodhouse, handsome, clever, and rich " * 100
     assert list(_bounded_runs(plain, counters)) == [plain] and counters == {"long_runs_cut": 2}
+
+
+def test_a_corpus_too_small_for_the_vocabulary_warns_and_records_why(corpus_files, tmp_path):
+    """--vocab-size 32000 on ~450 KB: training runs out of merges long before; the run says so,
+    with both sizes and the reason, and tokenizer_stats.json records it (issue 36)."""
+    from typer.testing import CliRunner
+
+    from oreline.cli import app
+
+    out = tmp_path / "tok"
+    result = CliRunner().invoke(
+        app, ["tokenizer", "train", str(corpus_files[0]), "--out", str(out), "--vocab-size", "32000"]
+    )
+    assert result.exit_code == 0, result.output
+    stats = json.loads((out / "tokenizer_stats.json").read_text())
+    trained = stats["trained_vocab_size"]
+    assert trained < 32000
+    assert stats["vocab_shortfall"] == {
+        "requested": 32000,
+        "trained": trained,
+        "reason": "no_more_merges",
+        "message": stats["warnings"][0],
+    }
+    said = " ".join(result.output.split())
+    assert "warning:" in said and f"{trained:,} tokens, not the 32,000 asked" in said
+    assert "tokenizer.min_frequency" in said
+    # the fingerprint is still that of tokenizer.json alone
+    assert stats["fingerprint"] == canonical_fingerprint((out / "tokenizer.json").read_text())
+    # a vocabulary the corpus fills has no warning
+    full = train_tokenizer(corpus_files[:1], tmp_path / "full", TokenizerConfig(vocab_size=512))
+    assert full["trained_vocab_size"] == 512 and full["vocab_shortfall"] is None and full["warnings"] == []

@@ -12,9 +12,10 @@ stands for its `docs/` folder. A data run that has not finished (no `_SUCCESS`),
 folder or its `docs/`, is refused unless `allow_incomplete` (CLI: --allow-incomplete); files
 named one by one are taken as they are.
 
-Bad input never crashes a run and never disappears: a JSONL line that is not JSON, a row
-without text, or an empty text is counted under a reason and returned to the caller, who keeps
-it in a rejects file next to its output. A JSONL line longer than `max_line_bytes` (50 MB, the
+Bad input never crashes a run and never disappears: a JSONL line that is not JSON, or a row
+without text (no text key, null, not a string, or an empty string: one reason, `no_text`, whose
+row says which in `detail`) is counted under a reason and returned to the caller, who keeps it
+in a rejects file next to its output. A JSONL line longer than `max_line_bytes` (50 MB, the
 data layer's record limit) is read at most that far and counted as `too_large`, so a small
 compressed file holding one huge line cannot exhaust memory.
 """
@@ -249,11 +250,11 @@ def _clean(
     for i, (doc_id, text) in enumerate(zip(ids, texts, strict=True)):
         if i in skip:
             continue
-        if not isinstance(text, str):
-            rejects.add("no_text", source, first_row + i, {"id": doc_id, "text": text})
-            continue
-        if not text:
-            rejects.add("empty_text", source, first_row + i, {"id": doc_id})
+        if not isinstance(text, str) or not text:  # one reason; `detail` tells which
+            detail = (
+                "empty" if text == "" else "missing or null" if text is None else f"a {type(text).__name__}"
+            )
+            rejects.add("no_text", source, first_row + i, {"id": doc_id, "text": text, "detail": detail})
             continue
         out_ids.append(str(doc_id) if doc_id not in (None, "") else content_id(text))
         out_texts.append(text)

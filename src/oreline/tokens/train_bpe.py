@@ -29,6 +29,11 @@ tokenizer_stats.json shows how often that happens on a corpus.
 
 Fingerprint: sha256 of the canonical tokenizer.json (json.loads → dumps sort_keys, compact), so
 formatting differences do not change it but any change to vocab, merges or settings does.
+
+A corpus too small for tokenizer.vocab_size ends training early (no pair left occurs
+tokenizer.min_frequency times): the run warns, and tokenizer_stats.json records it under
+"vocab_shortfall" (requested, trained, reason) and "warnings". The fingerprint stays that of the
+tokenizer.json: the tokens are what they are, whatever size was asked for.
 """
 
 from __future__ import annotations
@@ -481,8 +486,40 @@ def _train(paths: list[Path], out: Path, cfg: TokenizerConfig) -> dict:
         "top_merges": _readable_merges(text, cfg.pre_tokenizer == "byte_level"),
         "settings": cfg.model_dump(mode="json"),
     }
+    short = vocab_shortfall(cfg, loaded.trained_vocab_size, counters)
+    stats["vocab_shortfall"] = short
+    stats["warnings"] = [short["message"]] if short else []
     write_json_atomic(out / "tokenizer_stats.json", stats)
     return stats
+
+
+def vocab_shortfall(cfg: TokenizerConfig, trained: int, counters: dict) -> dict | None:
+    """Why the trained vocabulary is smaller than tokenizer.vocab_size, or None when it is not.
+
+    The BPE trainer stops early, without a word, when no pair of tokens occurs at least
+    tokenizer.min_frequency times any more: a small corpus has only so many merges (3,000 paragraphs
+    of tinyshakespeare, 0.45 MB, give 7,809 tokens of 32,000 asked). The model is then built for the smaller, padded size; saying so
+    keeps a user from believing the asked size is the one in use."""
+    if trained >= cfg.vocab_size:
+        return None
+    capped = (
+        f" (tokenizer.max_train_docs={cfg.max_train_docs} capped the documents)"
+        if cfg.max_train_docs is not None and counters["docs"] >= cfg.max_train_docs
+        else ""
+    )
+    message = (
+        f"the tokenizer has {trained:,} tokens, not the {cfg.vocab_size:,} asked for (tokenizer.vocab_size): "
+        f"the {counters['docs']:,} training documents ({counters['bytes'] / 1e6:,.2f} MB){capped} have no "
+        f"more pairs of tokens occurring at least {cfg.min_frequency} times (tokenizer.min_frequency) "
+        f"to merge; train on more text for a larger vocabulary, or ask for --vocab-size {trained} to make "
+        "the size explicit"
+    )
+    return {
+        "requested": cfg.vocab_size,
+        "trained": trained,
+        "reason": "no_more_merges",
+        "message": message,
+    }
 
 
 def print_tokenizer_stats(stats: dict, console) -> None:
@@ -495,7 +532,8 @@ def print_tokenizer_stats(stats: dict, console) -> None:
     rows = [
         (
             "vocabulary (trained / padded)",
-            f"{stats['trained_vocab_size']:,} / {stats['padded_vocab_size']:,}",
+            f"{stats['trained_vocab_size']:,} / {stats['padded_vocab_size']:,}"
+            + (f" ({stats['target_vocab_size']:,} asked)" if stats.get("vocab_shortfall") else ""),
         ),
         (
             "trained on",
@@ -516,3 +554,7 @@ def print_tokenizer_stats(stats: dict, console) -> None:
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
+    from rich.markup import escape
+
+    for warning in stats.get("warnings", []):
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}")

@@ -3,7 +3,9 @@
 Every filter is a pure function `(doc, cfg) -> reason | None`. It may write scores into
 `doc.metadata`, and only the C4 line rules may change `doc.text` (they remove lines, as C4 did).
 `QUALITY_FILTERS` maps config names to filters; `quality_filters(cfg)` returns the enabled ones in
-order as `(name, fn(doc))` closures, which the pipeline runner counts and times.
+order as `(name, fn(doc))` closures, which the pipeline runner counts and times. The runner's
+funnel counts documents; what the C4 line rules cut from the documents they keep is counted by
+rule in a `LineRemovals` (`quality_filters(cfg, lines=...)`), for stats.json "line_filters".
 
 Sources of the rules and thresholds:
 
@@ -49,6 +51,7 @@ import operator
 import re
 import string
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from itertools import compress
 
 import numpy as np
@@ -259,8 +262,70 @@ def gopher_repetition(doc: Document, cfg: QualityConfig) -> str | None:
 # C4
 
 
-def c4(doc: Document, cfg: QualityConfig) -> str | None:
-    """C4 rules (Raffel et al. 2020; tfds c4_utils.clean_page). With c4_filter_lines, removes lines."""
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+@dataclass
+class LineRemovals:
+    """What the C4 line rules removed from the documents C4 kept (a dropped document's lines are
+    its drop, in the funnel): lines and UTF-8 bytes per rule, and the kept documents' bytes before
+    and after. The rules' bytes are those of the removed lines themselves; the rest of
+    bytes_before - bytes_after is the newlines, blank lines, edge whitespace and citation marks
+    ("[1]") that went with them."""
+
+    docs: int = 0  # documents kept
+    docs_changed: int = 0  # ... of which lost at least one line
+    bytes_before: int = 0
+    bytes_after: int = 0
+    rules: dict[str, list[int]] = field(default_factory=dict)  # rule -> [lines, bytes]
+
+    def add(self, other: dict) -> None:
+        """Add the `as_dict()` of another task's counts."""
+        self.docs += other["docs"]
+        self.docs_changed += other["docs_changed"]
+        self.bytes_before += other["bytes_before"]
+        self.bytes_after += other["bytes_after"]
+        for rule, v in other["rules"].items():
+            entry = self.rules.setdefault(rule, [0, 0])
+            entry[0] += v["lines"]
+            entry[1] += v["bytes"]
+
+    def as_dict(self) -> dict:
+        return {
+            "docs": self.docs,
+            "docs_changed": self.docs_changed,
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "rules": {r: {"lines": n, "bytes": b} for r, (n, b) in sorted(self.rules.items())},
+        }
+
+
+def _c4_line_rule(line: str, spaced: bool) -> str | None:
+    """The C4 rule that removes this (stripped, non-empty) line, in C4's order; "lorem_ipsum" and
+    "curly_bracket" drop the whole document."""
+    if not line.endswith(C4_END_MARKS) or line.endswith(ELLIPSES):
+        return "no_end_mark"
+    words = line.split()
+    if spaced and len(words) < 5:
+        return "few_words"
+    if any(len(w) > 1000 for w in words):
+        return "long_word"
+    low = line.lower()
+    if "lorem ipsum" in low:
+        return "lorem_ipsum"
+    if "javascript" in low:
+        return "javascript"
+    if "{" in line:
+        return "curly_bracket"
+    if any(p in low for p in C4_POLICY):
+        return "policy"
+    return None
+
+
+def c4(doc: Document, cfg: QualityConfig, lines: LineRemovals | None = None) -> str | None:
+    """C4 rules (Raffel et al. 2020; tfds c4_utils.clean_page). With c4_filter_lines, removes lines,
+    counted into `lines` when the document is kept."""
     spaced = uses_spaces(doc)
     if not cfg.c4_filter_lines:
         low = doc.text.lower()
@@ -273,37 +338,34 @@ def c4(doc: Document, cfg: QualityConfig) -> str | None:
         return None
     kept: list[str] = []
     removed = {"no_end_mark": 0, "few_words": 0, "long_word": 0, "javascript": 0, "policy": 0}
+    removed_bytes = dict.fromkeys(removed, 0)
     for raw_line in doc.text.split("\n"):
         line = CITATION.sub("", raw_line).strip()
         if not line:
             continue
-        if not line.endswith(C4_END_MARKS) or line.endswith(ELLIPSES):
-            removed["no_end_mark"] += 1
+        rule = _c4_line_rule(line, spaced)
+        if rule == "lorem_ipsum" or rule == "curly_bracket":
+            return f"c4:{rule}"
+        if rule is None:
+            kept.append(line)
             continue
-        words = line.split()
-        if spaced and len(words) < 5:
-            removed["few_words"] += 1
-            continue
-        if any(len(w) > 1000 for w in words):
-            removed["long_word"] += 1
-            continue
-        low = line.lower()
-        if "lorem ipsum" in low:
-            return "c4:lorem_ipsum"
-        if "javascript" in low:
-            removed["javascript"] += 1
-            continue
-        if "{" in line:
-            return "c4:curly_bracket"
-        if any(p in low for p in C4_POLICY):
-            removed["policy"] += 1
-            continue
-        kept.append(line)
+        removed[rule] += 1
+        removed_bytes[rule] += _utf8_len(raw_line)
     new_text = "\n".join(kept)
     if len(SENTENCE_END.findall(new_text)) < 3:
         return "c4:too_few_sentences"
     if any(removed.values()):
         doc.metadata["c4_removed_lines"] = {k: v for k, v in removed.items() if v}
+    if lines is not None:
+        lines.docs += 1
+        lines.docs_changed += any(removed.values())
+        lines.bytes_before += _utf8_len(doc.text)
+        lines.bytes_after += _utf8_len(new_text)
+        for rule, n in removed.items():
+            if n:
+                entry = lines.rules.setdefault(rule, [0, 0])
+                entry[0] += n
+                entry[1] += removed_bytes[rule]
     doc.text = new_text
     return None
 
@@ -380,12 +442,17 @@ QUALITY_FILTERS: dict[str, Filter] = {
 }
 
 
-def quality_filters(cfg: QualityConfig) -> list[tuple[str, Callable[[Document], str | None]]]:
-    """The enabled filters in QUALITY_FILTERS order, each bound to cfg: [(name, fn(doc) -> reason)]."""
+def quality_filters(
+    cfg: QualityConfig, lines: LineRemovals | None = None
+) -> list[tuple[str, Callable[[Document], str | None]]]:
+    """The enabled filters in QUALITY_FILTERS order, each bound to cfg: [(name, fn(doc) -> reason)];
+    the C4 line rules count what they remove into `lines` when given."""
     if not cfg.enabled:
         return []
 
     def bind(fn: Filter) -> Callable[[Document], str | None]:
+        if fn is c4 and lines is not None:
+            return lambda doc: c4(doc, cfg, lines)
         return lambda doc: fn(doc, cfg)
 
     return [(name, bind(fn)) for name, fn in QUALITY_FILTERS.items() if getattr(cfg, name)]

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 import oreline.storage as storage
 from oreline.config import Config
+from oreline.data.filters.quality import LineRemovals
 from oreline.data.pipeline.runner import merge_step_stats
 from oreline.data.pipeline.tasks import phase1_dir, phase1_files, phase3_marker, task_name
 from oreline.executors import make_executor
@@ -184,8 +185,11 @@ def merge_stats(work: Path, tasks, finished, unknown, crashes, dedup_stats, work
     extract_paths: dict[str, dict[str, float]] = {}
     errors: list[dict[str, Any]] = []
     files: dict[str, Any] = {}
+    line_filters: dict[str, LineRemovals] = {}
     for s in p1:
         normalize_removed.update(s["normalize_removed"])
+        for rule_step, counts in s.get("line_filters", {}).items():
+            line_filters.setdefault(rule_step, LineRemovals()).add(counts)
         for path, v in s.get("extract_paths", {}).items():
             entry = extract_paths.setdefault(path, {"docs": 0, "seconds": 0.0})
             entry["docs"] += v["docs"]
@@ -208,6 +212,7 @@ def merge_stats(work: Path, tasks, finished, unknown, crashes, dedup_stats, work
     by_type: Counter = Counter()
     for info in files.values():
         by_type.update(info.get("by_type", {}))
+    text_field = text_field_summary(files)
     return {
         "version": STATS_VERSION,
         "fingerprint": fp,
@@ -221,12 +226,61 @@ def merge_stats(work: Path, tasks, finished, unknown, crashes, dedup_stats, work
             "bytes": sum(i.get("bytes", 0) for i in files.values()),
             "record_types": dict(by_type),
             "revisits": sum(i.get("revisits", 0) for i in files.values()),
+            **({"text_field": text_field} if text_field else {}),
         },
         "errors": errors,
+        "warnings": [w for w in [text_field_warning(text_field)] if w],
         "normalize_removed": dict(normalize_removed),
+        "line_filters": {k: v.as_dict() for k, v in line_filters.items()},
         "extract_paths": extract_paths,
         "dedup": dedup_stats,
         "output": output,
         "workers": workers,
         "pid": os.getpid(),
     }
+
+
+def text_field_summary(files: dict[str, Any]) -> dict[str, Any] | None:
+    """The text-key counts of the JSONL/Parquet inputs together (their `text_field`s, see
+    data/read/inputs.py TextFieldCounts); None when there were none."""
+    per = [info["text_field"] for info in files.values() if "text_field" in info]
+    if not per:
+        return None
+    fields: Counter = Counter()
+    for tf in per:
+        fields.update(tf["fields"])
+    records = sum(tf["records"] for tf in per)
+    missing = sum(tf["missing"] for tf in per)
+    empty = sum(tf["empty"] for tf in per)
+    return {
+        "key": per[0]["key"],
+        "files": len(per),
+        "files_missing": sum(1 for tf in per if tf["missing"]),
+        "records": records,
+        "with_text": records - missing - empty,
+        "missing": missing,
+        "empty": empty,
+        "fields": dict(sorted(fields.items(), key=lambda kv: (-kv[1], kv[0]))[:20]),
+    }
+
+
+def describe_missing_text(tf: dict[str, Any]) -> str:
+    """'4 of 5 JSONL/Parquet records (in 1 of 2 files) have no text under 'text'
+    (data.read.jsonl_text_key); those records hold the fields 'content' (4), 'id' (4)'."""
+    fields = ", ".join(f"{k!r} ({n:,})" for k, n in list(tf["fields"].items())[:10])
+    return (
+        f"{tf['missing']:,} of {tf['records']:,} JSONL/Parquet records (in {tf['files_missing']:,} of "
+        f"{tf['files']:,} files) have no text under {tf['key']!r} (data.read.jsonl_text_key)"
+        + (f"; those records hold the fields {fields}" if fields else "")
+    )
+
+
+def text_field_warning(tf: dict[str, Any] | None) -> str | None:
+    """A warning when most JSONL/Parquet records lacked the text key: a wrong key keeps the few
+    records that happen to have it and drops the rest, with no error."""
+    if not tf or tf["missing"] * 2 <= tf["records"]:
+        return None
+    return (
+        describe_missing_text(tf) + ": they were dropped as read:no_text (kept in rejects/); if the text is "
+        "under another field, run again with data.read.jsonl_text_key=FIELD into a new --out folder"
+    )

@@ -43,6 +43,15 @@ and dropped {reason: count} per step, with docs_out of step k equal to docs_in o
 `inputs` has per-file facts (records, record types, revisits, bytes) and the files of unknown
 kind; `errors` lists each damaged span of an input (WARC damage is skipped to the next readable
 record): `{file, offset (in the file), skipped_bytes, reason, error, record_id when known}`.
+`line_filters` counts what the C4 line rules cut from the documents they kept (per rule: lines
+and bytes; the documents' bytes before and after), which the document counts of the funnel do
+not show.
+
+The text key of JSONL/Parquet inputs (data.read.jsonl_text_key): each such file's facts hold
+`text_field` (records, missing, empty, the fields the records without it held) and
+`inputs.text_field` sums them. A run that keeps no document because none of those records had
+text under the key fails with an InputError (exit 2) naming the fields that were there; one in
+which most records lacked it succeeds with a line in `warnings`, printed under the funnel.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import oreline.storage as storage
@@ -166,12 +176,35 @@ def run_data(
             out, "data", "oreline data", force=force, reserved=DATA_NAMES.fullmatch, legacy=is_data_run
         )
         with FolderLock(out, "oreline data"):
-            return _run_data(files, unknown, unreadable, out, cfg, workers, console, t_start)
+            stats = _run_data(files, unknown, unreadable, out, cfg, workers, console, t_start)
+        if not stats.get("detached"):
+            check_text_field(stats, cfg, out)
+        return stats
     except Exception as exc:  # a full disk, wherever it struck (a worker's error arrives wrapped)
         full = disk_full_cause(exc)
         if full is None:
             raise
         raise _disk_full(out, full, sum(_size(f) for f, _ in files)) from None
+
+
+def check_text_field(stats: dict[str, Any], cfg: Config, out: Path) -> None:
+    """Fail a run that kept no document because its JSONL/Parquet records have no text under
+    data.read.jsonl_text_key (a wrong key otherwise "succeeds" with 0 documents and exit 0), naming
+    the fields the records held. The run's folder stays as written: its rejects hold the records."""
+    from oreline.data.pipeline.phases import describe_missing_text
+
+    tf = stats["inputs"].get("text_field")
+    if stats["output"]["docs"] or not tf or not tf["missing"] or tf["with_text"]:
+        return
+    skip = {tf["key"], cfg.data.read.jsonl_id_key, "url", "metadata"}
+    best = next((f for f in tf["fields"] if f not in skip), "FIELD")
+    empty = f", and {tf['empty']:,} more have an empty one" if tf["empty"] else ""
+    raise InputError(
+        f"no document kept: {describe_missing_text(tf)}{empty}",
+        f"name the field that holds the text: add data.read.jsonl_text_key={best} after the inputs "
+        f"(or set jsonl_text_key in the config's data.read section) and write into a new --out folder, "
+        f"or delete {out} first; the dropped records are kept in {out / 'rejects'}",
+    )
 
 
 def _size(path: str) -> int:
@@ -298,6 +331,34 @@ def funnel_lines(stats: dict[str, Any], top: int = 4) -> list[str]:
     return lines
 
 
+def _bytes(n: int) -> str:
+    if n < 10_000:
+        return f"{n:,} bytes"
+    return f"{n / 1e3:,.1f} KB" if n < 1_000_000 else f"{n / 1e6:,.2f} MB"
+
+
+def line_filter_lines(stats: dict[str, Any]) -> list[str]:
+    """What the line rules removed from the documents they kept, which the funnel's document counts
+    do not show: 'quality:c4 removed 1,234 lines (0.52 MB of 0.60 MB) from 80 of 95 kept documents:
+    no_end_mark 1,000 lines (0.40 MB) · few_words 234 lines (98.1 KB) · newlines, blank lines, edge
+    spaces and citations 21.3 KB'."""
+    lines = []
+    for step, c in stats.get("line_filters", {}).items():
+        removed = c["bytes_before"] - c["bytes_after"]
+        n_lines = sum(r["lines"] for r in c["rules"].values())
+        rules = sorted(c["rules"].items(), key=lambda kv: -kv[1]["bytes"])
+        parts = [f"{r} {v['lines']:,} lines ({_bytes(v['bytes'])})" for r, v in rules]
+        rest = removed - sum(v["bytes"] for v in c["rules"].values())
+        if rest:
+            parts.append(f"newlines, blank lines, edge spaces and citations {_bytes(rest)}")
+        lines.append(
+            f"{step} removed {n_lines:,} lines ({_bytes(removed)} of {_bytes(c['bytes_before'])}) "
+            f"from {c['docs_changed']:,} of {c['docs']:,} kept documents"
+            + (": " + " · ".join(parts) if parts else "")
+        )
+    return lines
+
+
 def print_funnel(stats: dict[str, Any], console: Console) -> None:
     """The funnel as a table: documents and bytes per step, change in percent and top drop reasons."""
     table = Table(title="oreline data: funnel", show_lines=False)
@@ -351,6 +412,10 @@ def print_funnel(stats: dict[str, Any], console: Console) -> None:
         )
         for e in stats["errors"][:5]:
             console.print(f"  {Path(str(e['file'])).name} @ {e['offset']}: {str(e['error'])[:120]}")
+    for line in line_filter_lines(stats):
+        console.print(line)
+    for warning in stats.get("warnings", []):
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}")
     if stats.get("perplexity"):
         from oreline.data.pipeline.perplexity_cutoffs import cutoff_line
 

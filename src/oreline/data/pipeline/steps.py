@@ -110,11 +110,12 @@ def langid_step(cfg) -> Step:
     return Step("langid", langid)
 
 
-def quality_steps(cfg) -> list[Step]:
+def quality_steps(cfg, lines=None) -> list[Step]:
+    """The quality steps; `lines` (a quality.LineRemovals) counts what the C4 line rules remove."""
     from oreline.data.filters.quality import quality_filters
 
     qcfg = cfg.data.quality
-    steps = [Step(f"quality:{name}", fn) for name, fn in quality_filters(qcfg)]
+    steps = [Step(f"quality:{name}", fn) for name, fn in quality_filters(qcfg, lines)]
     if qcfg.perplexity_model:
         from oreline.data.filters.perplexity import perplexity_filter_factory
 
@@ -122,9 +123,12 @@ def quality_steps(cfg) -> list[Step]:
     return steps
 
 
-def filter_steps(cfg, normalize_removed: Counter, extract_paths: dict[str, dict] | None = None) -> list[Step]:
+def filter_steps(
+    cfg, normalize_removed: Counter, extract_paths: dict[str, dict] | None = None, lines=None
+) -> list[Step]:
     """Phase-1 steps in order, each present only when its config section is enabled;
-    `extract_paths` collects the extraction paths (see `extract_text`)."""
+    `extract_paths` collects the extraction paths (see `extract_text`), `lines` (a
+    quality.LineRemovals) what the C4 line rules remove from the documents they keep."""
     d = cfg.data
     steps: list[Step] = []
     if d.protocol.enabled:
@@ -136,5 +140,5 @@ def filter_steps(cfg, normalize_removed: Counter, extract_paths: dict[str, dict]
     if d.langid.enabled:
         steps.append(langid_step(cfg))
     if d.quality.enabled:
-        steps.extend(quality_steps(cfg))
+        steps.extend(quality_steps(cfg, lines))
     return steps

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import oreline.storage as storage
+from oreline.data.filters.quality import LineRemovals
 from oreline.data.pipeline.runner import Read, Step, StepStats, run_source, run_steps, text_bytes
 from oreline.data.pipeline.steps import filter_steps
 from oreline.data.read.shards import REJECT_SCHEMA, ShardWriter, read_documents, reject_row
@@ -216,9 +217,10 @@ class Reader:
             yield from self._other_file(local)
 
     def _other_file(self, local: Path) -> Iterator[Read]:
-        from oreline.data.read.inputs import iter_input_documents
+        from oreline.data.read.inputs import TextFieldCounts, iter_input_documents
 
         name = str(self.path)
+        text_field = TextFieldCounts(self.cfg.data.read.jsonl_text_key)
         dropped: list[Read] = []  # what the input reader reported between two documents
 
         def report(reason: str, offset: int | None, preview: str) -> None:
@@ -233,7 +235,7 @@ class Reader:
 
         records = 0
         try:
-            for doc in iter_input_documents(local, self.cfg, report=report):
+            for doc in iter_input_documents(local, self.cfg, report=report, text_field=text_field):
                 yield from drain()
                 if doc.metadata.get("source_file") == str(local):
                     doc.metadata["source_file"] = name
@@ -249,6 +251,8 @@ class Reader:
             self.info.update(
                 records=records + sum(self.stats.dropped.values()), documents=self.stats.docs_out
             )
+            if self.kind in ("jsonl", "parquet"):
+                self.info["text_field"] = text_field.as_dict()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,7 +277,8 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
 
     normalize_removed: Counter = Counter()
     extract_paths: dict[str, dict] = {}
-    steps = filter_steps(cfg, normalize_removed, extract_paths)
+    c4_lines = LineRemovals()
+    steps = filter_steps(cfg, normalize_removed, extract_paths, c4_lines)
     step_stats = [StepStats(s.name) for s in steps]
     progress = Progress(index)
     with (
@@ -318,6 +323,7 @@ def run_phase1(index: int, path: str, kind: str, work: str, cfg) -> dict[str, An
         "kept": kept_docs,
         "signature_seconds": round(signature_seconds, 6),
         "normalize_removed": dict(normalize_removed),
+        "line_filters": {"quality:c4": c4_lines.as_dict()} if c4_lines.docs else {},
         "extract_paths": {
             k: {"docs": v["docs"], "seconds": round(v["seconds"], 6)} for k, v in extract_paths.items()
         },

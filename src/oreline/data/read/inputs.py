@@ -15,6 +15,12 @@ UTF-8 is decoded as Latin-1 (every byte sequence is valid Latin-1; the Gutenberg
 samples need it) and the fallback is recorded in `metadata["charset"]`. A malformed line or
 row never stops the file: it is passed to `report(reason, offset, preview)` and skipped.
 
+A JSONL object or Parquet row without text under `data.read.jsonl_text_key` is `read:no_text`,
+whether the key is missing, holds no string, or holds an empty (whitespace-only) string; the
+preview says which. A `TextFieldCounts` passed in counts, per file, the records with and without
+text and the fields the others held, so a run whose key matches nothing can name the fields that
+were there (`oreline data` fails on it; see data/pipeline/run.py).
+
 Memory is bounded per record by `data.read.max_record_bytes`, as for WARC records (issue 21:
 2 MB .txt.gz/.zip/.jsonl.gz files that decompress to 2 GiB peaked at 4.3-4.4 GB or ended in
 MemoryError): a txt file or zip member is read up to the limit, a JSONL line with `readline(limit)`,
@@ -30,7 +36,9 @@ import json
 import os
 import zipfile
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +77,39 @@ KINDS: dict[str, tuple[str, ...]] = {
 
 Report = Callable[[str, "int | None", str], None]
 DEFAULT_MAX_RECORD_BYTES = 50_000_000  # data.read.max_record_bytes
+
+
+MAX_FIELD_NAMES = 100  # distinct field names counted per file (a hostile file may have millions)
+
+
+@dataclass
+class TextFieldCounts:
+    """Of one JSONL/Parquet input: the records (objects, rows) read, those without a string under
+    the text key (`missing`) or with an empty one (`empty`), and how often each field name
+    occurred in the records without it: the names a user's data has instead."""
+
+    key: str
+    records: int = 0
+    missing: int = 0
+    empty: int = 0
+    fields: Counter = field(default_factory=Counter)
+
+    def lacks(self, names: Iterable[str], records: int = 1) -> None:
+        self.missing += records
+        for name in names:
+            name = str(name)[:100]
+            if name in self.fields or len(self.fields) < MAX_FIELD_NAMES:
+                self.fields[name] += records
+
+    def as_dict(self) -> dict[str, Any]:
+        top = sorted(self.fields.items(), key=lambda kv: (-kv[1], kv[0]))[:20]
+        return {
+            "key": self.key,
+            "records": self.records,
+            "missing": self.missing,
+            "empty": self.empty,
+            "fields": dict(top),
+        }
 
 
 def input_kind(path: str | Path) -> str | None:
@@ -177,10 +218,14 @@ def _ignore(reason: str, offset: int | None, preview: str) -> None:
     return None
 
 
-def iter_input_documents(path: str | Path, cfg: Any, report: Report | None = None) -> Iterator[Document]:
-    """Documents of one non-WARC input (jsonl, parquet, txt, zip); cfg is a Config or DataConfig."""
+def iter_input_documents(
+    path: str | Path, cfg: Any, report: Report | None = None, text_field: TextFieldCounts | None = None
+) -> Iterator[Document]:
+    """Documents of one non-WARC input (jsonl, parquet, txt, zip); cfg is a Config or DataConfig.
+    `text_field` counts the records of a jsonl/parquet input with and without text."""
     path = Path(path)
     report = report or _ignore
+    text_field = text_field or TextFieldCounts(_data_cfg(cfg).read.jsonl_text_key)
     kind = input_kind(path)
     read_cfg = _data_cfg(cfg).read
     limit = getattr(read_cfg, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)
@@ -189,10 +234,14 @@ def iter_input_documents(path: str | Path, cfg: Any, report: Report | None = Non
     elif kind == "zip":
         yield from _iter_zip(path, limit, report)
     elif kind == "jsonl":
-        yield from _iter_jsonl(path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report, limit)
+        yield from _iter_jsonl(
+            path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report, limit, text_field
+        )
     elif kind == "parquet":
         groups = getattr(read_cfg, "max_row_group_bytes", MAX_ROW_GROUP_BYTES)
-        yield from _iter_parquet(path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report, limit, groups)
+        yield from _iter_parquet(
+            path, read_cfg.jsonl_text_key, read_cfg.jsonl_id_key, report, limit, groups, text_field
+        )
     else:
         raise InputError(
             f"{path} is not a jsonl/parquet/txt/zip input (kind {kind})",
@@ -252,8 +301,14 @@ def _iter_zip(path: Path, limit: int, report: Report) -> Iterator[Document]:
 
 
 def _iter_jsonl(
-    path: Path, text_key: str, id_key: str, report: Report, limit: int = DEFAULT_MAX_RECORD_BYTES
+    path: Path,
+    text_key: str,
+    id_key: str,
+    report: Report,
+    limit: int = DEFAULT_MAX_RECORD_BYTES,
+    text_field: TextFieldCounts | None = None,
 ) -> Iterator[Document]:
+    text_field = text_field or TextFieldCounts(text_key)
     offset = 0
     lineno = -1
     try:
@@ -284,7 +339,7 @@ def _iter_jsonl(
                 except json.JSONDecodeError as exc:
                     report("read:bad_json", line_offset, f"line {lineno + 1}: {exc}: {line[:200]}")
                     continue
-                doc = _obj_to_doc(obj, text_key, id_key, str(path), line_offset, charset, report)
+                doc = _obj_to_doc(obj, text_key, id_key, str(path), line_offset, charset, report, text_field)
                 if doc is not None:
                     yield doc
     except (OSError, EOFError) as exc:  # truncated gzip/zstd: keep what was read, report the rest
@@ -292,14 +347,28 @@ def _iter_jsonl(
 
 
 def _obj_to_doc(
-    obj: Any, text_key: str, id_key: str, source: str, offset: int, charset: str, report: Report
+    obj: Any,
+    text_key: str,
+    id_key: str,
+    source: str,
+    offset: int,
+    charset: str,
+    report: Report,
+    text_field: TextFieldCounts,
 ) -> Document | None:
     if not isinstance(obj, dict):
         report("read:not_an_object", offset, repr(obj)[:200])
         return None
+    text_field.records += 1
     text = obj.get(text_key)
     if not isinstance(text, str):
-        report("read:no_text", offset, f"no string under {text_key!r}; keys {sorted(obj)[:10]}")
+        text_field.lacks(obj)
+        what = "no key" if text_key not in obj else f"{type(text).__name__}, not a string,"
+        report("read:no_text", offset, f"{what} under {text_key!r}; keys {sorted(obj)[:10]}")
+        return None
+    if not text.strip():
+        text_field.empty += 1
+        report("read:no_text", offset, f"empty text under {text_key!r} ({len(text)} characters)")
         return None
     doc_id = obj.get(id_key)
     md = {k: v for k, v in obj.items() if k not in (text_key, id_key, "url", "metadata")}
@@ -317,7 +386,13 @@ def _obj_to_doc(
 
 
 def _iter_parquet(
-    path: Path, text_key: str, id_key: str, report: Report, limit: int, group_limit: int
+    path: Path,
+    text_key: str,
+    id_key: str,
+    report: Report,
+    limit: int,
+    group_limit: int,
+    text_field: TextFieldCounts | None = None,
 ) -> Iterator[Document]:
     """Rows of a Parquet file as documents, in bounded memory (oreline/parquet.py): a row group whose
     pages decode to more than `group_limit` is dropped whole, unread; string columns are read as
@@ -334,8 +409,16 @@ def _iter_parquet(
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError variants for non-Parquet bytes
         report("read:bad_parquet", None, f"{type(exc).__name__}: {exc}")
         return
+    text_field = text_field or TextFieldCounts(text_key)
     if text_key not in pf.schema_arrow.names:
-        report("read:no_text_column", None, f"no column {text_key!r}; columns {pf.schema_arrow.names[:10]}")
+        rows = pf.metadata.num_rows
+        text_field.records += rows
+        text_field.lacks(pf.schema_arrow.names, rows)
+        report(
+            "read:no_text_column",
+            None,
+            f"no column {text_key!r} in {rows:,} rows; columns {pf.schema_arrow.names[:10]}",
+        )
         return
     row_index = 0
     for g in range(pf.num_row_groups):
@@ -358,6 +441,7 @@ def _iter_parquet(
             row_index += meta.num_rows
             continue
         for batch in pf.iter_batches(batch_size=MAX_BATCH_ROWS, row_groups=[g]):
+            text_field.records += batch.num_rows
             text = batch.column(text_key)
             textual = pa.types.is_string(text.type) or pa.types.is_large_string(text.type)
             if pa.types.is_dictionary(text.type):
@@ -382,12 +466,26 @@ def _iter_parquet(
                 for i, row in zip(
                     keep[start:stop].tolist(), kept.slice(start, stop - start).to_pylist(), strict=True
                 ):
+                    # the fields a row without text holds (row_to_doc takes the row apart)
+                    held = (
+                        [k for k, v in row.items() if v is not None]
+                        if not isinstance(row.get(text_key), str)
+                        else ()
+                    )
                     doc = row_to_doc(row, text_key=text_key, id_key=id_key)
                     if not isinstance(doc.text, str):
+                        text_field.lacks(held)
                         report(
                             "read:no_text",
                             row_index + i,
                             f"row {row_index + i}: {text_key!r} is {type(doc.text).__name__}",
+                        )
+                    elif not doc.text.strip():
+                        text_field.empty += 1
+                        report(
+                            "read:no_text",
+                            row_index + i,
+                            f"row {row_index + i}: empty text under {text_key!r} ({len(doc.text)} characters)",
                         )
                     else:
                         if not doc.id:
