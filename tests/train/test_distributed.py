@@ -66,7 +66,7 @@ SETTINGS = {
     "train.steps": STEPS,
     "train.log_every": 1,
     "train.eval_every": STEPS,
-    "train.eval_batches": 2,
+    "train.eval_sequences": 8,
     "train.optim.warmup_steps": 4,
     "train.debug.param_digest": True,
     "train.debug.inject_nan_at_step": NAN_STEP,
