@@ -248,7 +248,7 @@ def test_resume_with_a_changed_debug_setting_continues_and_a_real_change_is_refu
     assert second["final_val_loss"] == first["final_val_loss"]
     (event,) = [r for r in recs if r["type"] == "event" and r["kind"] == "resume"]
     assert "train.debug.param_digest" in json.dumps(event)
-    assert (run / "debug" / "params-rank0.sha256").is_file()  # the debug setting took effect
+    assert (run / "debug" / "params-rank00000.sha256").is_file()  # the debug setting took effect
 
 
 def test_rollback_reloads_this_runs_checkpoint_lowers_lr_and_moves_the_data_on(
