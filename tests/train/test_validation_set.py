@@ -9,7 +9,8 @@ but validated on 4× fewer sequences (5.6695 against 5.6583 on the demo data). N
 - two in-process runs that differ only in micro_batch × grad_accum report the same validation loss;
 - 2-rank DDP and FSDP2 runs (gloo, torchrun) report the 1-rank run's validation loss on a set
   that 2 does not divide (the padding row);
-- train.eval_batches is read as eval_batches × micro_batch sequences with a FutureWarning.
+- train.eval_batches is read as eval_batches × micro_batch sequences with a FutureWarning (it wins
+  over eval_sequences: a dumped config with the old key set on top by an override).
 """
 
 from __future__ import annotations
@@ -128,8 +129,11 @@ def test_eval_batches_is_read_as_sequences_with_a_warning():
         FutureWarning, match=r"= 2 × 8 = 16"
     ):  # micro_batch's default; an old checkpoint's config
         assert config_from_dict({"train": {"eval_batches": 2}}).train.eval_sequences == 16
-    with pytest.raises(ConfigError, match="remove train.eval_batches"):  # the demo sets eval_sequences
-        load_config(None, ["train.eval_batches=2"])
+    # the demo sets eval_sequences = 400: the old key, written on top, wins and says so
+    with pytest.warns(FutureWarning, match=r"= 2 × 8 = 16 \(in place of train.eval_sequences = 400\)"):
+        assert load_config(None, ["train.eval_batches=2"]).train.eval_sequences == 16
+    with pytest.raises(ConfigError, match="train.eval_batches"):
+        load_config(None, ["train.eval_batches=0"])
     assert TrainConfig().eval_sequences == 160  # the old default: 20 batches × 8 sequences
 
 
