@@ -304,12 +304,7 @@ class TokenLoader:
 
     def eval_set_size(self, sequences: int) -> int:
         """How many sequences `iter_eval_set(sequences)` scores: `sequences`, or the whole split
-        when it holds fewer."""
-        if self._num_sequences == 0:
-            raise InputError(
-                f"the {self.split!r} split of {self.dir} holds no whole sequence of {self.seq_len} tokens",
-                "raise tokenize.val_fraction, or lower train.seq_len",
-            )
+        when it holds fewer (never none: the constructor refuses a split without one sequence)."""
         return min(sequences, self._num_sequences)
 
     def iter_eval_set(self, sequences: int) -> Iterator[Batch]:
