@@ -80,7 +80,7 @@ micro_batch = {a.micro}
 steps = {a.steps}
 log_every = 1
 eval_every = 0
-eval_batches = 1
+eval_sequences = {a.micro}
 [checkpoint]
 every = 0
 [eval]

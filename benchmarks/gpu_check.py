@@ -558,7 +558,7 @@ def train_config(root: Path, data: tuple[Path, Path], name: str, device: torch.d
         "train.steps": 8,
         "train.log_every": 1000,
         "train.eval_every": 0,
-        "train.eval_batches": 1,
+        "train.eval_sequences": 4,
         "train.optim.warmup_steps": 1,
         "train.precision": "bf16" if device.type == "cuda" else "fp32",
         "checkpoint.every": 0,

@@ -519,7 +519,7 @@ def _run_config(root: Path, **dotted):
         "train.steps": 2,
         "train.log_every": 1,
         "train.eval_every": 2,
-        "train.eval_batches": 1,
+        "train.eval_sequences": 2,
         "train.optim.warmup_steps": 1,
         "checkpoint.every": 2,
         "eval.max_new_tokens": 4,

@@ -148,7 +148,7 @@ grad_accum = 1
 steps = {steps}
 log_every = 1
 eval_every = {steps}
-eval_batches = 1
+eval_sequences = 1
 
 [train.optim]
 warmup_steps = 1

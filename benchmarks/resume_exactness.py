@@ -83,7 +83,7 @@ micro_batch = 4
 steps = {steps}
 log_every = 1
 eval_every = {EVAL_EVERY}
-eval_batches = 2
+eval_sequences = 8
 [train.optim]
 lr = 3e-3
 warmup_steps = 8

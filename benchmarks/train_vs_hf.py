@@ -108,7 +108,7 @@ def oreline_config(
         "train.steps": steps,
         "train.log_every": 1,
         "train.eval_every": 0,
-        "train.eval_batches": 1,
+        "train.eval_sequences": BATCH,
         "train.compile": compile_,
         "train.kernels": kernels,
         "train.precision": precision,

@@ -37,7 +37,7 @@ micro_batch = 4
 steps = 24
 log_every = 8
 eval_every = 12
-eval_batches = 2
+eval_sequences = 8
 [checkpoint]
 every = 12
 [eval]

@@ -41,7 +41,7 @@ micro_batch = 2
 steps = 4
 log_every = 2
 eval_every = 4
-eval_batches = 1
+eval_sequences = 2
 [checkpoint]
 every = 4
 [eval]

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -508,11 +509,44 @@ class TrainConfig(Section):
     eval_every: int = Field(
         200, ge=0, description="validation every N steps (and at the last); 0: at the end only"
     )
-    eval_batches: int = Field(20, ge=1, description="validation batches per evaluation")
+    eval_sequences: int = Field(
+        160,
+        ge=1,
+        description="validation set: the first N sequences of the val split (all of it when it has fewer), "
+        "the same whatever micro_batch, grad_accum and number of ranks (replaces eval_batches)",
+    )
     generate_every: int = Field(0, ge=0, description="greedy generations every N steps (0: at eval only)")
     optim: OptimConfig = OptimConfig()
     stability: StabilityConfig = StabilityConfig()
     debug: DebugConfig = DebugConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eval_batches(cls, data: Any) -> Any:
+        """train.eval_batches (until issue 36) counted micro-batches per rank, so the validation set
+        grew and shrank with micro_batch and the number of ranks. It is read as the sequences one
+        rank's batches held, eval_batches × micro_batch, with a warning (see below for both keys)."""
+        if not isinstance(data, dict) or "eval_batches" not in data:
+            return data
+        data = dict(data)
+        batches = data.pop("eval_batches")
+        micro = data.get("micro_batch", cls.model_fields["micro_batch"].default)
+        if not isinstance(batches, int) or not isinstance(micro, int) or batches < 1 or micro < 1:
+            raise ValueError(f"train.eval_batches must be a positive integer (got {batches!r})")
+        # Beside eval_sequences (a whole dumped config, e.g. the demo's, with eval_batches set on
+        # top of it by an override) the old key is the one somebody wrote last: it wins, and says so.
+        over = data.get("eval_sequences")
+        data["eval_sequences"] = batches * micro
+        warnings.warn(
+            f"train.eval_batches is deprecated: it counted micro-batches, so validation changed with "
+            f"micro_batch and the number of ranks; read as train.eval_sequences = {batches} × {micro} "
+            f"= {batches * micro}"
+            + (f" (in place of train.eval_sequences = {over})" if over is not None else "")
+            + f". Write train.eval_sequences = {batches * micro} instead.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return data
 
 
 class CheckpointConfig(Section):

@@ -108,6 +108,12 @@ def test_oreline_eval_writes_json(tmp_path, train_config, one_thread):
     for key in ("val_loss", "val_ppl", "val_bpb", "val_loss_token", "val_loss_eos", "val_loss_bos"):
         assert key in r
     assert r["val_batches"] == 2 and r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
+    assert r["val_sequences"] == 2 * 4  # batches of train.micro_batch sequences
+    # 4 batches of 4: training's validation set (train.eval_sequences = 16), so its final loss
+    whole = tmp_path / "eval16.json"
+    res = CliRunner().invoke(app, ["eval", str(run), "--out", str(whole), "--batches", "4"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(whole.read_text())["val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-9)
     assert [(g["prompt"], g["mode"]) for g in r["generations"]] == [
         ("Once upon a time", "greedy"),
         ("Mr. Knightley said", "greedy"),

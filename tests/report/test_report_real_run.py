@@ -32,7 +32,7 @@ def test_report_and_doctor_read_a_real_training_run(healthy_template, tmp_path):
             "train.steps=10",
             "train.log_every=5",
             "train.eval_every=10",
-            "train.eval_batches=1",
+            "train.eval_sequences=2",
             "train.optim.warmup_steps=2",
             "checkpoint.every=5",
             "eval.max_new_tokens=4",

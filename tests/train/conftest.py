@@ -78,7 +78,7 @@ def make_config(run_root: Path, prose: dict[str, Path], **dotted) -> Config:
         "train.steps": 20,
         "train.log_every": 5,
         "train.eval_every": 10,
-        "train.eval_batches": 4,
+        "train.eval_sequences": 16,
         "train.optim.warmup_steps": 4,
         "train.optim.lr": 3e-3,
         "train.optim.min_lr": 3e-4,

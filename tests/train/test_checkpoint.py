@@ -268,6 +268,37 @@ def test_a_key_added_after_the_checkpoint_resumes_at_its_default():
     assert check_resume_compatible(meta, later, ["train.kernels"]) == ["train.kernels"]
 
 
+def test_debug_settings_and_removed_keys_do_not_count_on_resume():
+    """Issue 36: a train.debug.* setting blocked a resume as a config change. It is recorded with
+    the allowed changes and never refused; a key this oreline removed (train.eval_batches) is no
+    change either; a real setting still is, and a removed key of a free-form value (not a section)
+    still counts."""
+    saved = {
+        "train": {
+            "steps": 100,
+            "eval_batches": 20,
+            "debug": {"sleep_per_step_s": 0.5, "param_digest": False},
+        },
+        "model": {"dim": 64, "rope_scaling": {"factor": 8.0, "low": 1.0}},
+    }
+    meta = {"step": 40, "config": saved}
+    now = json.loads(json.dumps(saved))
+    del now["train"]["eval_batches"]
+    now["train"]["eval_sequences"] = 160  # this oreline's default: a key added later
+    now["train"]["debug"] = {"sleep_per_step_s": 0.0, "param_digest": True}
+    assert check_resume_compatible(meta, now, []) == [
+        "train.debug.param_digest",
+        "train.debug.sleep_per_step_s",
+    ]
+    now["train"]["steps"] = 200
+    with pytest.raises(CheckpointError, match="in: train.steps:"):
+        check_resume_compatible(meta, now, [])
+    now["train"]["steps"] = 100
+    del now["model"]["rope_scaling"]["low"]
+    with pytest.raises(CheckpointError, match="model.rope_scaling.low"):
+        check_resume_compatible(meta, now, [])
+
+
 def test_cli_ls_verify_inspect(tmp_path):
     model, opt = build()
     train_step(model, opt, torch.Generator().manual_seed(0))

@@ -49,7 +49,7 @@ def test_debug_model_beats_unigram_entropy_deterministically(
         train__grad_accum=1,
         train__log_every=10,
         train__eval_every=50,
-        train__eval_batches=EVAL_BATCHES,
+        train__eval_sequences=EVAL_BATCHES * 8,
         train__optim__lr=1e-2,
         train__optim__min_lr=1e-3,
         train__optim__warmup_steps=10,

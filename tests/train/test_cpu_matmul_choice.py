@@ -59,7 +59,7 @@ def test_fresh_runs_take_this_machines_decision_whatever_the_load(
             run__name=name,
             train__steps=2,
             train__eval_every=0,
-            train__eval_batches=1,
+            train__eval_sequences=4,
             train__optim__warmup_steps=1,
         )
         return start_record(train(cfg, console=Console(file=io.StringIO()))["run_dir"])
@@ -92,7 +92,7 @@ def test_resume_keeps_the_recorded_backend(train_config, tmp_path, monkeypatch, 
             train__steps=steps,
             checkpoint__every=4,
             train__eval_every=0,
-            train__eval_batches=1,
+            train__eval_sequences=4,
             train__optim__warmup_steps=1,
             **more,
         )

@@ -66,7 +66,7 @@ SETTINGS = {
     "train.steps": STEPS,
     "train.log_every": 1,
     "train.eval_every": STEPS,
-    "train.eval_batches": 2,
+    "train.eval_sequences": 8,
     "train.optim.warmup_steps": 4,
     "train.debug.param_digest": True,
     "train.debug.inject_nan_at_step": NAN_STEP,
@@ -270,6 +270,21 @@ def test_ddp_and_fsdp_equal_one_process(runs):
             assert torch.allclose(sd[k], sd_ref[k], rtol=1e-4, atol=1e-5), (
                 f"{name}: {k} differs from the 1-rank run"
             )
+    # the same validation set on 1 and 2 ranks (train.eval_sequences, issue 36): the same loss
+    ref_eval = [r for r in records(run["ref"]) if r["type"] == "eval"]
+    for name in ("ddp", "fsdp"):
+        got = [r for r in records(run[name]) if r["type"] == "eval"]
+        assert [(r["step"], r["val_sequences"], r["val_targets"]) for r in got] == [
+            (r["step"], r["val_sequences"], r["val_targets"]) for r in ref_eval
+        ]
+        for a, b in zip(got, ref_eval, strict=True):
+            assert a["val_loss"] == pytest.approx(b["val_loss"], rel=TOL), (
+                name,
+                a["val_loss"],
+                b["val_loss"],
+            )
+    # FSDP2 warned on every run that the loss, a view, could get wrong gradients (issue 36)
+    assert "returned a view tensor" not in runs["jobs"]["fsdp"].text()
     # `oreline train --nproc 2` chose DDP: the start record says so, the recorded config is as given
     assert next(r for r in records(run["ddp"]) if r["type"] == "start")["parallel"] == "ddp"
     assert 'parallel = "none"' in (run["ddp"] / "config.toml").read_text()

@@ -131,7 +131,7 @@ def write_run_config(path, runs, corpus, parallel: str) -> None:
             "train.steps": 12,
             "train.log_every": 5,
             "train.eval_every": 0,
-            "train.eval_batches": 2,
+            "train.eval_sequences": 4,
             "train.parallel": parallel,
             "train.stability.min_history": 2,
             "train.debug.count_host_reads": True,

@@ -36,7 +36,7 @@ SETTINGS = {
     "train.steps": STEPS,
     "train.log_every": 1,
     "train.eval_every": EVAL_EVERY,
-    "train.eval_batches": 2,
+    "train.eval_sequences": 8,
     "train.optim.warmup_steps": 4,
     "train.debug.sleep_per_step_s": SLEEP,
     "checkpoint.every": EVERY,

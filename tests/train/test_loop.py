@@ -11,7 +11,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from oreline.errors import TrainingError
+from oreline.errors import CheckpointError, TrainingError
 from oreline.model.llama import Llama
 from oreline.model.presets import resolve_model_args
 from oreline.tokens.loader import TokenLoader
@@ -222,6 +222,35 @@ def test_resume_continues_exactly_and_metrics_read_as_one_run(tmp_path, train_co
     assert [r["kind"] for r in recs if r["type"] == "event"] == ["resume"]
 
 
+def test_resume_with_a_changed_debug_setting_continues_and_a_real_change_is_refused(
+    tmp_path, train_config, one_thread
+):
+    """Issue 36: a train.debug.* setting blocked a resume as a config change; it does not count
+    (the resume event records it), while a changed learning rate is still refused."""
+    settings = {
+        "train__steps": 6,
+        "train__log_every": 1,
+        "train__eval_every": 0,
+        "checkpoint__every": 3,
+        "eval__prompts": [],
+    }
+    first = train(train_config(**settings), resume="none")
+    run = tmp_path / "t"
+    losses = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if r["type"] == "train"}
+    shutil.rmtree(run / "checkpoints" / "step-00000006")  # as if killed after step 3's checkpoint
+    with pytest.raises(CheckpointError, match="train.optim.lr"):
+        train(train_config(**settings, train__optim__lr=1e-3), resume="auto")
+    debug = {"train__debug__param_digest": True, "train__debug__sleep_per_step_s": 0.01}
+    second = train(train_config(**settings, **debug), resume="auto")
+    assert second["resumed_from"].endswith("step-00000003")
+    recs = read_metrics(run / "metrics.jsonl")
+    assert {r["step"]: r["loss"] for r in recs if r["type"] == "train"} == losses
+    assert second["final_val_loss"] == first["final_val_loss"]
+    (event,) = [r for r in recs if r["type"] == "event" and r["kind"] == "resume"]
+    assert "train.debug.param_digest" in json.dumps(event)
+    assert (run / "debug" / "params-rank00000.sha256").is_file()  # the debug setting took effect
+
+
 def test_rollback_reloads_this_runs_checkpoint_lowers_lr_and_moves_the_data_on(
     tmp_path, train_config, one_thread
 ):
@@ -268,7 +297,7 @@ def test_cli_train_with_dotted_overrides(tmp_path, prose_tokens, one_thread):
         "train.seq_len=64",
         "train.micro_batch=2",
         "train.steps=3",
-        "train.eval_batches=1",
+        "train.eval_sequences=2",
         "train.optim.warmup_steps=1",
         "checkpoint.every=0",
         "eval.prompts=[]",

@@ -47,7 +47,7 @@ def test_train_on_more_shards_than_open_files_allowed(prose_tokens, tmp_path):
             "train.steps": 3,
             "train.optim.warmup_steps": 1,
             "train.eval_every": 3,
-            "train.eval_batches": 2,
+            "train.eval_sequences": 8,
             "train.log_every": 1,
         },
     )

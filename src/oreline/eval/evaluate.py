@@ -101,8 +101,17 @@ def evaluate_cli(
         verify="full",
     )
     val.check_fits(args.vocab_size, tokenizer.bos_id, tokenizer.eos_id, f"the model of {ckpt}")
+    # The first n_batches × micro_batch sequences, the last batch partial where the split ends:
+    # the set training validates on (TokenLoader.iter_eval_set), so the demo's eval.batches = 50 and
+    # train.eval_sequences = 400 both score its whole split and report the same loss.
+    sequences = n_batches * cfg.train.micro_batch
     metrics = validation_loss(
-        model, val, tokenizer.bos_id, tokenizer.eos_id, n_batches, token_byte_lengths(tokenizer)
+        model,
+        val.iter_eval_set(sequences),
+        tokenizer.bos_id,
+        tokenizer.eos_id,
+        None,
+        token_byte_lengths(tokenizer),
     )
     prompt_list = _read_prompts(prompts, cfg.eval.prompts)
     gens = generate_samples(model, tokenizer, prompt_list, cfg.eval.max_new_tokens, greedy=True)
@@ -133,6 +142,7 @@ def evaluate_cli(
         "val_targets": metrics["targets"],
         "val_bytes": metrics["bytes"],
         "val_batches": metrics["batches"],
+        "val_sequences": val.eval_set_size(sequences),
         "generations": gens,
         "training_format": convention(tokenizer.bos_id, tokenizer.eos_id),
     }
@@ -157,7 +167,7 @@ def _print_result(r: dict[str, Any], path: Path, console: Any) -> None:
         f"[bold]eval[/] {escape(r['checkpoint'])} (step {r['step']}): val loss {f(r['val_loss'], '.4f')} | "
         f"ppl {f(r['val_ppl'], ',.2f')} | bpb {f(r['val_bpb'], '.4f')} | token {f(r['val_loss_token'], '.3f')} "
         f"eos {f(r['val_loss_eos'], '.3f')} after-BOS {f(r['val_loss_bos'], '.3f')} "
-        f"over {r['val_targets']:,} targets in {r['val_batches']} batches",
+        f"over {r['val_targets']:,} targets of {r['val_sequences']:,} sequences in {r['val_batches']} batches",
         highlight=False,
     )
     if r.get("training_format"):

@@ -208,7 +208,9 @@ def token_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Ten
     loss = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none", ignore_index=IGNORE_INDEX
     )
-    return loss.view(labels.shape)
+    # a copy, not a view (B·T floats against the (B·T, vocab) logits): FSDP2 warns on every run
+    # when a unit's forward returns a view, since an in-place op on it would skip its all-gather
+    return loss.view(labels.shape).clone()
 
 
 def separate_projections(x: torch.Tensor, projections: Sequence[nn.Module]) -> list[torch.Tensor]:

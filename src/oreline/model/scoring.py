@@ -146,12 +146,12 @@ def validation_loss(
     loader_or_batches: Any,
     bos_id: int | None,
     eos_id: int | None,
-    max_batches: int,
+    max_batches: int | None,
     bytes_per_token: np.ndarray | torch.Tensor | None,
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     autocast_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
-    """loss, ppl, bpb and the token / EOS / after-BOS parts over up to `max_batches` batches.
+    """loss, ppl, bpb and the token / EOS / after-BOS parts over up to `max_batches` batches (None: all).
 
     `loader_or_batches`: a TokenLoader of the validation split (its `iter_eval_batches`) or any
     iterable of batches with `input_ids`, `labels` and `doc_ids`. `all_reduce` sums the totals over
@@ -180,7 +180,7 @@ def validation_loss(
     t0 = time.perf_counter()
     try:
         for batch in batches:
-            if n_batches >= max_batches:
+            if max_batches is not None and n_batches >= max_batches:
                 break
             ids, labels = _as_long(batch.input_ids, device), _as_long(batch.labels, device)
             doc_ids = None if getattr(batch, "doc_ids", None) is None else _as_long(batch.doc_ids, device)

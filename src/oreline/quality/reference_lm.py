@@ -270,7 +270,7 @@ def train_llama_reference(
             seed=hp["seed"],
             log_every=max(1, steps // 5),
             eval_every=0,
-            eval_batches=4,
+            eval_sequences=4 * hp["micro_batch"],
             optim=OptimConfig(
                 lr=hp["lr"], min_lr=hp["lr"] / 10, warmup_steps=max(1, steps // 20), warmup_ratio=None
             ),

@@ -302,6 +302,37 @@ class TokenLoader:
             first = b * step + self.rank * self.micro_batch
             yield self._make_batch(list(range(first, first + self.micro_batch)))
 
+    def eval_set_size(self, sequences: int) -> int:
+        """How many sequences `iter_eval_set(sequences)` scores: `sequences`, or the whole split
+        when it holds fewer (never none: the constructor refuses a split without one sequence)."""
+        return min(sequences, self._num_sequences)
+
+    def iter_eval_set(self, sequences: int) -> Iterator[Batch]:
+        """This rank's batches of the validation set: the first `sequences` sequences of the split
+        in stream order (`eval_set_size`), the same set whatever micro_batch, accumulation and
+        number of ranks score it.
+
+        The set is cut into world_size consecutive blocks of ceil(n / world_size) sequences, and
+        this rank scores its block in batches of micro_batch rows (the last one may be shorter).
+        A block that comes up short (the last ranks', when world_size does not divide n) is
+        filled with padding rows whose labels are all IGNORE_INDEX: they weigh nothing in a
+        token-weighted sum, and every rank runs the same number of forwards of the same shapes
+        (FSDP2's all-gathers are collectives: a rank that stopped early would hang the others).
+        """
+        n = self.eval_set_size(sequences)
+        per_rank = -(-n // self.world_size)
+        first = self.rank * per_rank
+        mine = list(range(first, min(n, first + per_rank)))
+        padding = per_rank - len(mine)
+        rows: list[int | None] = [*mine, *([None] * padding)]
+        for b in range(0, per_rank, self.micro_batch):
+            chunk = rows[b : b + self.micro_batch]
+            batch = self._make_batch([0 if i is None else i for i in chunk])
+            pad = torch.tensor([i is None for i in chunk])
+            if bool(pad.any()):
+                batch.labels[pad] = IGNORE_INDEX
+            yield batch
+
     # -- state ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:

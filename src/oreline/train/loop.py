@@ -423,7 +423,7 @@ def evals_after_step(
     if schedule.eval(n) and done.get("eval"):
         state.loss_sum, state.loss_count = 0.0, 0  # logged before the kill; the next mean starts here
     elif schedule.eval(n):
-        v = evaluate(s, info, cfg.train.eval_batches, cfg)
+        v = evaluate(s, info, cfg.train.eval_sequences, cfg)
         val = v["loss"]
         train_loss = state.loss_sum / state.loss_count if state.loss_count else None
         log.log(
@@ -439,6 +439,8 @@ def evals_after_step(
                 "train_loss": train_loss,
                 "val_targets": v["targets"],
                 "val_batches": v["batches"],
+                "val_sequences": v["sequences"],
+                "val_tokens": v["tokens"],
             }
         )
         state.loss_sum, state.loss_count = 0.0, 0
@@ -638,20 +640,25 @@ def _eager(cfg: Config) -> Any:
     return torch.compiler.set_stance("force_eager") if cfg.train.compile else _nullcontext()
 
 
-def evaluate(s: Setup, info: dist.DistInfo, batches: int, cfg: Config) -> dict[str, Any]:
+def evaluate(s: Setup, info: dist.DistInfo, sequences: int, cfg: Config) -> dict[str, Any]:
+    """Validation over the first `sequences` sequences of the val split (train.eval_sequences),
+    the token-weighted mean over exactly that set whatever micro_batch, grad_accum and world size
+    (TokenLoader.iter_eval_set); "batches" counts this rank's forwards."""
     from oreline.model.scoring import validation_loss
 
+    n = s.val_loader.eval_set_size(sequences)
     with _eager(cfg):
-        return validation_loss(
+        v = validation_loss(
             s.model,
-            s.val_loader,
+            s.val_loader.iter_eval_set(sequences),
             s.tokenizer.bos_id,
             s.tokenizer.eos_id,
-            batches,
+            None,
             s.bytes_per_token,
             all_reduce=dist.all_reduce_sum if info.distributed else None,
             autocast_dtype=s.autocast_dtype,
         )
+    return {**v, "sequences": n, "tokens": n * cfg.train.seq_len}
 
 
 def generations(s: Setup, cfg: Config, prompts: list[str] | None = None) -> list[dict[str, Any]]:

@@ -393,8 +393,11 @@ class MetricsLogger:
                 highlight=False,
             )
         elif kind == "eval":
+            # the validation set it was measured on (train.eval_sequences; older records lack it)
+            seqs = r.get("val_sequences")
+            on = f"({seqs:,} seqs, {r['val_tokens']:,} tokens) " if seqs is not None else ""
             c.print(
-                f"[bold]eval[/] step {r['step']} | val loss {_fmt(r['val_loss'], '.4f')} "
+                f"[bold]eval[/] step {r['step']} | val loss {_fmt(r['val_loss'], '.4f')} {on}"
                 f"ppl {_fmt(r['val_ppl'], ',.2f')} bpb {_fmt(r['val_bpb'], '.4f')} "
                 f"(tok {_fmt(r['val_loss_token'], '.3f')} eos {_fmt(r['val_loss_eos'], '.3f')} "
                 f"bos {_fmt(r['val_loss_bos'], '.3f')}) | train loss {_fmt(r.get('train_loss'), '.4f')}",

@@ -32,7 +32,7 @@ IGNORE_INDEX = -100
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, backend: str
+        ctx, h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, backend: str, shape: torch.Size
     ) -> torch.Tensor:
         z = mm_nt(h, weight, backend)  # (N, V) in the autocast/matmul dtype
         compute_dtype = z.dtype
@@ -45,7 +45,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         z.sub_(top).exp_()  # z = exp(z − max): the softmax numerators
         total = z.sum(dim=1, keepdim=True)
         loss = (top + total.log()).squeeze(1) - picked
-        loss = loss.masked_fill(~valid, 0.0)
+        # Shaped by the out-of-place fill, not by a .view of the result: a view returned from an
+        # FSDP2 unit's forward makes FSDP2 warn that an in-place op on it could skip its all-gather.
+        loss = loss.view(shape).masked_fill(~valid.view(shape), 0.0)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             z.div_(total)  # probabilities
             ctx.save_for_backward(h, weight, z, safe, valid)
@@ -63,7 +65,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             )
         ctx.used = True
         h, weight, p, safe, valid = ctx.saved_tensors
-        g = (g.float() * valid).contiguous()
+        g = (g.reshape(-1).float() * valid).contiguous()
         # softmax − onehot, in place; the per-row upstream gradient g scales the (N, dim) products
         # instead of the (N, V) buffer: g·(p − onehot)·W = g·((p − onehot)·W), and likewise for dW
         p.scatter_add_(1, safe[:, None], torch.full_like(g, -1.0)[:, None])
@@ -73,7 +75,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             dh = (mm_nn(dz, weight.to(dz.dtype), ctx.backend).float() * g[:, None]).to(h.dtype)
         if ctx.needs_input_grad[1]:
             dw = mm_tn(dz, (h.float() * g[:, None]).to(dz.dtype), ctx.backend).to(weight.dtype)
-        return dh, dw, None, None
+        return dh, dw, None, None, None
 
 
 def linear_cross_entropy(
@@ -91,4 +93,4 @@ def linear_cross_entropy(
         dtype = torch.get_autocast_dtype(h.device.type)
         flat_h, weight = flat_h.to(dtype), weight.to(dtype)
     with torch.autocast(h.device.type, enabled=False):
-        return _LinearCrossEntropy.apply(flat_h, weight, flat_labels, backend).view(shape)
+        return _LinearCrossEntropy.apply(flat_h, weight, flat_labels, backend, shape)

@@ -13,7 +13,11 @@
   refused, listing the differing dotted keys (`oreline.config.diff_keys`), unless
   `--allow-config-change KEY` names them. Model and tokenizer keys, a different `model_args` or
   tokenizer fingerprint are refused even when named: the saved tensors would not fit the model,
-  or token ids would mean other strings.
+  or token ids would mean other strings. Keys under `NOT_COUNTED` (train.debug.*: the test
+  tools and observers) never block a resume: they are returned with the allowed changes, so the
+  resume event records them. A key the checkpoint's config has but this oreline no longer knows
+  (train.eval_batches, replaced by train.eval_sequences) is not a change either: it cannot be set
+  any more, as a key added later at its default changes nothing.
 """
 
 from __future__ import annotations
@@ -79,6 +83,14 @@ NEVER_ALLOWED = {
 }
 
 
+# Settings that do not count as a config change on resume, with why. train.debug.* are the
+# tools of tests and investigations (a slower step, a parameter digest, an injected NaN): a kill
+# test that resumes without its sleep, or a resume that adds a digest, is the same run.
+NOT_COUNTED = {
+    "train.debug.": "debug settings: test tools and observers",
+}
+
+
 _ABSENT = object()
 
 
@@ -88,6 +100,19 @@ def _lookup(d: dict, dotted: str):
             return _ABSENT
         d = d[part]
     return d
+
+
+def _removed(key: str, current: dict, defaults: dict) -> bool:
+    """A key of a config section that this oreline no longer has (the section still exists; a
+    free-form value such as model.rope_scaling is not a section): its saved value cannot be set
+    any more, so it is no change the user made."""
+    parent = key.rsplit(".", 1)[0] if "." in key else None
+    return (
+        parent is not None
+        and isinstance(_lookup(defaults, parent), dict)
+        and _lookup(defaults, key) is _ABSENT
+        and _lookup(current, key) is _ABSENT
+    )
 
 
 def check_resume_compatible(
@@ -103,7 +128,8 @@ def check_resume_compatible(
     `allow_keys` (from --allow-config-change) names dotted keys or sections ("train.optim" allows
     "train.optim.lr"). Model and tokenizer keys are never allowed; nor are a different model_args or
     tokenizer fingerprint (when given). A different data fingerprint is allowed only if "data" is named.
-    Returns the differing keys that were allowed (for the run's event log).
+    Returns the differing keys that were allowed, then the ones that do not count (`NOT_COUNTED`),
+    for the run's event log.
     """
     allow = list(allow_keys or [])
     saved = meta.get("config")
@@ -117,7 +143,10 @@ def check_resume_compatible(
             k
             for k in diffs
             if not (_lookup(saved, k) is _ABSENT and _lookup(current_config, k) == _lookup(defaults, k))
+            and not _removed(k, current_config, defaults)
         ]
+    free = [k for k in diffs if any(k.startswith(prefix) for prefix in NOT_COUNTED)]
+    diffs = [k for k in diffs if k not in free]
 
     def allowed(key: str) -> bool:
         return any(key == a or key.startswith(a + ".") for a in allow)
@@ -155,7 +184,7 @@ def check_resume_compatible(
             "undo the change, or allow it with --allow-config-change "
             + " --allow-config-change ".join(k.split(" ")[0] for k in refused),
         )
-    return [k for k in diffs if allowed(k)]
+    return [k for k in diffs if allowed(k)] + free
 
 
 def check_resume_batch(meta: dict, batch: dict, allow: list[str]) -> None:
