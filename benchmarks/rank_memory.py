@@ -93,6 +93,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MB = 1e6
 STATE_BYTES_PER_PARAM = 16  # fp32 weight + fp32 gradient + AdamW exp_avg + exp_avg_sq
 TINY = "debug"  # the preset that measures the constant
+LEAN_MMAP_THRESHOLD = 1 << 20  # oreline.train.performance.LEAN_MMAP_THRESHOLD (the old tree has none)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,7 +191,13 @@ def vm_hwm(pid: int) -> int | None:
 
 
 def launch(
-    src: Path, cfg: Path, metrics: Path, world: int, log: Path, timeout: float = 900
+    src: Path,
+    cfg: Path,
+    metrics: Path,
+    world: int,
+    log: Path,
+    timeout: float = 900,
+    env_extra: dict | None = None,
 ) -> tuple[dict[int, int], dict[int, int]]:
     """Run the training; ({rank: peak RSS at start-up}, {rank: peak RSS}) in bytes, the start-up
     one read when rank 0 writes the run's "start" record to `metrics` (after a barrier that every
@@ -202,6 +209,7 @@ def launch(
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "COLUMNS": "200",
+        **(env_extra or {}),
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
     cmd += ["-m", "oreline", "train", "-c", str(cfg)]
@@ -252,6 +260,20 @@ def fsdp_gathered(preset: str, vocab: int, world: int) -> int:
     return training_memory(args, 1, 32, "fp32", False, shards=world)["gathered"]
 
 
+def step_cpu_ms(metrics: Path) -> float:
+    """Rank 0's median process CPU time per step, step 1 (optimizer state allocation) left out."""
+    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    ms = sorted(
+        r["cpu_ms"] for r in recs if r.get("type") == "train" and r.get("step", 0) > 1 and "cpu_ms" in r
+    )
+    return ms[len(ms) // 2] if ms else float("nan")
+
+
+def knows_lean(src: Path) -> bool:
+    """Whether the tree's config accepts train.cpu_allocator = "lean"."""
+    return '"lean"' in (src / "oreline" / "config.py").read_text()
+
+
 def preset_vocab(preset: str) -> int:
     from oreline.model.presets import PRESETS
 
@@ -270,7 +292,9 @@ def main() -> int:
     ap.add_argument(
         "--vocab-size", type=int, default=None, help="model.vocab_size of --preset (default: the preset's)"
     )
-    ap.add_argument("--cpu-allocator", nargs="+", choices=["default", "tuned"], default=["default"])
+    ap.add_argument(
+        "--cpu-allocator", nargs="+", choices=["default", "tuned", "lean"], default=["default", "lean"]
+    )
     ap.add_argument("--work", default=None, help="work folder (default: a temporary one, removed)")
     ap.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -307,10 +331,21 @@ def main() -> int:
             for alloc, world, preset in itertools.product(a.cpu_allocator, a.worlds, presets):
                 name = f"{tree}-{alloc}-w{world}-{preset}"
                 cfg = work / f"{name}.toml"
-                cfg.write_text(config_toml(work / name, data, preset, vocab[preset], a.steps, alloc))
+                # a tree older than "lean" refuses the key: glibc's environment variable sets the same threshold
+                emulate = alloc == "lean" and not knows_lean(src)
+                cfg.write_text(
+                    config_toml(
+                        work / name, data, preset, vocab[preset], a.steps, "default" if emulate else alloc
+                    )
+                )
                 t0 = time.monotonic()
                 startup, peaks = launch(
-                    src, cfg, work / name / "r" / "metrics.jsonl", world, work / f"{name}.log"
+                    src,
+                    cfg,
+                    work / name / "r" / "metrics.jsonl",
+                    world,
+                    work / f"{name}.log",
+                    env_extra={"MALLOC_MMAP_THRESHOLD_": str(LEAN_MMAP_THRESHOLD)} if emulate else None,
                 )
                 rows.append(
                     {
@@ -322,6 +357,7 @@ def main() -> int:
                         "min": min(peaks.values()),
                         "startup": max(startup.values()),
                         "wall_s": time.monotonic() - t0,
+                        "cpu_ms": step_cpu_ms(work / name / "r" / "metrics.jsonl"),
                     }
                 )
                 print(
@@ -364,11 +400,12 @@ def report(
         "(before step 1); rss max/min = peak RSS over the whole run, largest/smallest rank; excess = rss max - share; const = excess of the "
         f"{TINY} preset (same tree, allocator, W); over = excess - const; gath = FSDP2's unsharded "
         "units and gradient (oreline.model.presets.training_memory 'gathered'); "
-        "ok: rss max ≤ share + const, ok+g: rss max ≤ share + gath + const.  MB = 1e6 bytes."
+        "ok: rss max ≤ share + const, ok+g: rss max ≤ share + gath + const; cpu ms: rank 0's median process "
+        "CPU time per step after step 1.  MB = 1e6 bytes."
     )
     head = (
         f"{'tree':6s} {'alloc':7s} {'W':>1s} {'preset':9s} {'params':>11s} {'state':>6s} {'share':>6s} "
-        f"{'start':>5s} {'rss max':>7s} {'rss min':>7s} {'excess':>6s} {'const':>5s} {'over':>5s} {'gath':>4s}  ok   ok+g"
+        f"{'start':>5s} {'rss max':>7s} {'rss min':>7s} {'excess':>6s} {'const':>5s} {'over':>5s} {'gath':>4s}  ok   ok+g  cpu ms"
     )
     print(head)
     print("-" * len(head))
@@ -380,7 +417,8 @@ def report(
             f"{r['tree']:6s} {r['alloc']:7s} {w:1d} {labels[p]:9s} {params[p]:11,d} {state[p] / MB:6,.0f} "
             f"{share / MB:6,.0f} {r['startup'] / MB:5,.0f} {r['max'] / MB:7,.0f} {r['min'] / MB:7,.0f} {excess / MB:6,.0f} "
             f"{c / MB:5,.0f} {(excess - c) / MB:5,.0f} {g / MB:4,.0f}  "
-            f"{'yes' if r['max'] <= share + c else 'NO':4s} {'yes' if r['max'] <= share + g + c else 'NO'}"
+            f"{'yes' if r['max'] <= share + c else 'NO':4s} {'yes' if r['max'] <= share + g + c else 'NO':4s} "
+            f"{r['cpu_ms']:6,.0f}"
         )
 
 
