@@ -91,9 +91,9 @@ def lean_cpu_allocator() -> str | None:
     its pages back to the kernel at once; the process's RSS then follows its live tensors.
 
     glibc's own setting moves its mmap threshold up to the largest block freed so far (at most
-    32 MB): after the first step nearly every tensor of a 125m FSDP2 rank (a block's gathered
-    weights and gradients, 28 MB; the weight and gradient shards) comes from the heap, whose freed
-    pages stay resident wherever a live block sits above them. A rank then peaked 270-430 MB
+    32 MB): after the first step nearly every tensor of a 125m FSDP2 rank (a block's unsharded
+    weights and gradients, up to 9.4 MB each; the shards; the activations) comes from the heap,
+    whose freed pages stay resident wherever a live block sits above them. A rank then peaked 270-430 MB
     above its live tensors (W=2 and 4, gloo; mallinfo2 against VmRSS through the step); with the
     threshold fixed at 1 MiB, RSS stayed at live tensors + ~260 MB of interpreter and libraries
     at every point of the step. The cost is the page faults that `tune_cpu_allocator` avoids:
