@@ -38,39 +38,63 @@ weights, params × 4 B on every rank, shows there; so do start-up costs that sca
 largest matrix in both trees: the peak-FLOPs matmul measurement of the model's shapes and
 init_weights' full draw of each matrix before a rank keeps its rows).
 
-What it measured (2 shared cores, torch 2.13, gloo, 3 steps, default allocator, MB = 1e6 B,
-before → after, max over ranks; two runs of the default command, then one with --vocab-size 512):
-- 125m (128.4M params, state 2,054 MB): peak W=2 2,060 → 2,090 and 2,075 → 2,007; W=4
-  1,720 → 1,659 and 1,678 → 1,606: the same within run-to-run noise (±70 MB). "start" too
-  (W=4 886 → 890, 887 → 863): at vocab 32,000 the start-up costs of the 98 MB embedding-sized
-  matrices (peak-FLOPs measurement, full-matrix init draws) hide the 384 MB meta init saves.
-- 125m/v512 (104.2M params, the same blocks): start W=2 781 → 642, W=4 772 → 547 (meta init's
-  saving, at start-up); peak W=2 1,803 → 1,618, W=4 1,380 → 1,373.
-- In every 125m run, before and after, "over" (peak beyond share + const) was 390-810 MB, about
-  params × 4 B (one full fp32 copy of the model: 417-514 MB) plus FSDP2's units, at W=2 and
-  W=4 alike: the whole-run peak is in the training step, not at start-up, and it does not
-  scale as 1/W. Most of it is not tensors: a one-off probe (not in this file: torchrun on 2
-  ranks, 125m/v512, oreline's build_model + build_optimizer, two forward/backward/clip/AdamW
-  steps, VmHWM reset per phase through /proc/self/clear_refs) saw RSS 1,276-1,397 MiB after step
-  2 and 932 MiB after glibc's malloc_trim(0), ≈ the start-up RSS (524-535 MiB: const + weight
-  shards) + the AdamW moments' shards (398 MiB), i.e. the live tensors: freed memory that glibc
-  keeps on its heaps and arenas (its dynamic mmap threshold moves MB-sized tensors there). So
-  "≤ state / W + a constant" does not hold for the peak RSS on CPU, by about one fp32 model,
-  while the live tensors after a step do fit it; a malloc_trim after the optimizer step (or
-  mallopt settings) is the lever, not tried here.
-  The constant itself (debug preset) was 393-395 MB per rank in every tree and W.
+What it measured (2 shared cores, torch 2.13, gloo, 3 steps, MB = 1e6 B, max over ranks,
+before → after meta-device init):
+- 125m (128.4M params, state 2,054 MB), allocator "default" (glibc's own): peak W=2 2,060 →
+  2,090, 2,075 → 2,007 and 2,053 → 2,131; W=4 1,720 → 1,659, 1,678 → 1,606 and 1,698 → 1,678
+  (three runs): "over" 632-810 MB, not falling with W. "start" W=4 886 → 890, 887 → 863,
+  876 → 846: at vocab 32,000 the start-up costs of the 98 MB embedding-sized matrices (peak-FLOPs
+  measurement, full-matrix init draws) hide the 384 MB meta init saves.
+- 125m, allocator "lean" (train.cpu_allocator = "lean"; in the old tree, which has no such key,
+  glibc's MALLOC_MMAP_THRESHOLD_ sets the same threshold), the same run: peak W=2 1,749 → 1,750,
+  W=4 1,260 → 1,263; "over" 329 → 329 (W=2) and 352 → 355 (W=4): the same at both world sizes,
+  i.e. a rank's peak is share + const + ~330-355 MB, a term of the model that does not shrink
+  with W. CPU time per step (rank 0, median of steps 2-3, loaded machine, noisy): default 2,983
+  / 3,041 ms, lean 3,645 / 4,070 ms (W=2 / W=4, after tree); the old tree 2,975 / 2,247 vs
+  2,731 / 3,816.
+- 125m/v512 (104.2M params, the same blocks), default allocator, an earlier run: start W=2
+  781 → 642, W=4 772 → 547 (meta init's saving, at start-up); peak W=2 1,803 → 1,618, W=4
+  1,380 → 1,373.
+- The constant (debug preset) was 393-395 MB per rank in every tree, W and allocator.
 
-Allocator: by default the ranks run with train.cpu_allocator = "default" (glibc's own settings:
-it unmaps large freed blocks but keeps many MB-sized ones, as above). "tuned" (the training default: mallopt
-M_MMAP_THRESHOLD 1 GiB, M_TRIM_THRESHOLD 2 GiB, ~13% faster steps) keeps freed blocks resident,
-up to ~2 GiB per rank, which the debug preset never reaches: `--cpu-allocator default tuned`
-measures both (tuned, 125m: peak 3.3-3.8 GB per rank in both trees at W=2 and 4; start W=2
-1,343 → 1,117, W=4 1,298 → 1,034).
+Where the default allocator's peak comes from (a probe, not in this file: torchrun on 2 ranks,
+125m, the real `oreline train` with glibc's mallinfo2 (bytes in live malloc blocks, heap and
+mmapped) and VmRSS sampled every 1-2 ms and at every FSDP2 unit's pre/post forward and
+backward): no full-model-sized tensor exists at any point of a step. The optimizer step, clip and
+zero_grad allocate nothing beyond the AdamW moments (step 1 only); the live peak is in backward.
+With glibc's own setting, RSS ran 380-500 MB above the live blocks from step 2 on (the mmap
+threshold rises to the largest block freed, up to 32 MB: a block's unsharded weights and
+gradients (≤ 9.4 MB each), the shards and the activations then come from the heap, whose freed
+pages stay resident wherever a live block sits above them; heap free 200-300 MB); with
+"lean" RSS = live + ~260 MB (interpreter, libraries, Python's own arenas) at every point.
+Per rank, W=2, lean, at the peak (the embedding's backward, the last op of backward), in MB:
+VmHWM 1,748 = 267 (non-malloc) + 1,481 live = weight shards 257 + AdamW moments 514 + 172
+other live blocks (148 in the debug preset: torch, gloo, loaders; +22 left by the peak-FLOPs
+measurement) + 538 of backward: the gradient shards of the 12 blocks (208, part of the state;
+the root's 49 is not there yet) and 330 that FSDP2 and autograd hold unsharded: the tied
+embedding / output head of the root unit, gathered from forward to the end of backward (98),
+the head's full gradient of it, waiting in autograd's buffer for the embedding's (98), the
+embedding backward's own full dense gradient before it is added (98), block 0's reduce-scatter
+input, which FSDP2 keeps in flight (34.6), ~2 of temporaries. That is "over": 3 × 98 + 34.6
+- the root's missing gradient share = 329 at W=2, 353 at W=4, as measured. "gath" (266: two
+blocks, the head, one unit's gradient) counts the head's weight and one gradient but not the
+embedding's second one nor the reduce-scatter buffer, hence "over" > "gath". So with "lean",
+peak = state / W + const + ~330-355 MB (W-independent), and "≤ state / W + const" cannot hold
+while FSDP2 gathers whole units. The next lever is the embedding's dense gradient (a sparse
+gradient, added in place into the head's, would save one 98 MB matrix), not tried here;
+the tuned allocator keeps freed blocks on purpose and peaks higher still.
+
+Allocator: `--cpu-allocator default lean` (the default) measures glibc's own setting and "lean"
+(a fixed 1 MiB mmap threshold: every freed block ≥ 1 MiB goes back to the kernel at once, at the
+cost of zero-filling it again). "tuned" (the training default: mallopt M_MMAP_THRESHOLD 1 GiB,
+M_TRIM_THRESHOLD 2 GiB, ~13% faster steps) keeps freed blocks resident, up to ~2 GiB per rank,
+which the debug preset never reaches (tuned, 125m: peak 3.3-4.0 GB per rank in both trees at
+W=2 and 4; start W=2 1,343 → 1,117, W=4 1,298 → 1,034).
 
     .venv/bin/python benchmarks/rank_memory.py [--preset 125m] [--worlds 2 4] [--steps 3]
-        [--before 2c2c919 | --before ''] [--vocab-size N] [--cpu-allocator default [tuned]] [--work DIR]
+        [--before 2c2c919 | --before ''] [--vocab-size N] [--cpu-allocator default lean [tuned]] [--work DIR]
 
-Needs 4 × ~1.7 GB of RAM for 125m at W=4 (4 × ~3.5 GB with tuned); ~5 minutes on 2 cores per
+Needs 4 × ~1.7 GB of RAM for 125m at W=4 (4 × ~3.5 GB with tuned); ~5-8 minutes on 2 cores per
 allocator (8 launches). The ranks run with
 OMP_NUM_THREADS=1 (W ranks share the cores).
 """
@@ -93,6 +117,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MB = 1e6
 STATE_BYTES_PER_PARAM = 16  # fp32 weight + fp32 gradient + AdamW exp_avg + exp_avg_sq
 TINY = "debug"  # the preset that measures the constant
+LEAN_MMAP_THRESHOLD = 1 << 20  # oreline.train.performance.LEAN_MMAP_THRESHOLD (the old tree has none)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,7 +215,13 @@ def vm_hwm(pid: int) -> int | None:
 
 
 def launch(
-    src: Path, cfg: Path, metrics: Path, world: int, log: Path, timeout: float = 900
+    src: Path,
+    cfg: Path,
+    metrics: Path,
+    world: int,
+    log: Path,
+    timeout: float = 900,
+    env_extra: dict | None = None,
 ) -> tuple[dict[int, int], dict[int, int]]:
     """Run the training; ({rank: peak RSS at start-up}, {rank: peak RSS}) in bytes, the start-up
     one read when rank 0 writes the run's "start" record to `metrics` (after a barrier that every
@@ -202,6 +233,7 @@ def launch(
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "COLUMNS": "200",
+        **(env_extra or {}),
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
     cmd += ["-m", "oreline", "train", "-c", str(cfg)]
@@ -252,6 +284,20 @@ def fsdp_gathered(preset: str, vocab: int, world: int) -> int:
     return training_memory(args, 1, 32, "fp32", False, shards=world)["gathered"]
 
 
+def step_cpu_ms(metrics: Path) -> float:
+    """Rank 0's median process CPU time per step, step 1 (optimizer state allocation) left out."""
+    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    ms = sorted(
+        r["cpu_ms"] for r in recs if r.get("type") == "train" and r.get("step", 0) > 1 and "cpu_ms" in r
+    )
+    return ms[len(ms) // 2] if ms else float("nan")
+
+
+def knows_lean(src: Path) -> bool:
+    """Whether the tree's config accepts train.cpu_allocator = "lean"."""
+    return '"lean"' in (src / "oreline" / "config.py").read_text()
+
+
 def preset_vocab(preset: str) -> int:
     from oreline.model.presets import PRESETS
 
@@ -270,7 +316,9 @@ def main() -> int:
     ap.add_argument(
         "--vocab-size", type=int, default=None, help="model.vocab_size of --preset (default: the preset's)"
     )
-    ap.add_argument("--cpu-allocator", nargs="+", choices=["default", "tuned"], default=["default"])
+    ap.add_argument(
+        "--cpu-allocator", nargs="+", choices=["default", "tuned", "lean"], default=["default", "lean"]
+    )
     ap.add_argument("--work", default=None, help="work folder (default: a temporary one, removed)")
     ap.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -307,10 +355,21 @@ def main() -> int:
             for alloc, world, preset in itertools.product(a.cpu_allocator, a.worlds, presets):
                 name = f"{tree}-{alloc}-w{world}-{preset}"
                 cfg = work / f"{name}.toml"
-                cfg.write_text(config_toml(work / name, data, preset, vocab[preset], a.steps, alloc))
+                # a tree older than "lean" refuses the key: glibc's environment variable sets the same threshold
+                emulate = alloc == "lean" and not knows_lean(src)
+                cfg.write_text(
+                    config_toml(
+                        work / name, data, preset, vocab[preset], a.steps, "default" if emulate else alloc
+                    )
+                )
                 t0 = time.monotonic()
                 startup, peaks = launch(
-                    src, cfg, work / name / "r" / "metrics.jsonl", world, work / f"{name}.log"
+                    src,
+                    cfg,
+                    work / name / "r" / "metrics.jsonl",
+                    world,
+                    work / f"{name}.log",
+                    env_extra={"MALLOC_MMAP_THRESHOLD_": str(LEAN_MMAP_THRESHOLD)} if emulate else None,
                 )
                 rows.append(
                     {
@@ -322,6 +381,7 @@ def main() -> int:
                         "min": min(peaks.values()),
                         "startup": max(startup.values()),
                         "wall_s": time.monotonic() - t0,
+                        "cpu_ms": step_cpu_ms(work / name / "r" / "metrics.jsonl"),
                     }
                 )
                 print(
@@ -364,11 +424,12 @@ def report(
         "(before step 1); rss max/min = peak RSS over the whole run, largest/smallest rank; excess = rss max - share; const = excess of the "
         f"{TINY} preset (same tree, allocator, W); over = excess - const; gath = FSDP2's unsharded "
         "units and gradient (oreline.model.presets.training_memory 'gathered'); "
-        "ok: rss max ≤ share + const, ok+g: rss max ≤ share + gath + const.  MB = 1e6 bytes."
+        "ok: rss max ≤ share + const, ok+g: rss max ≤ share + gath + const; cpu ms: rank 0's median process "
+        "CPU time per step after step 1.  MB = 1e6 bytes."
     )
     head = (
         f"{'tree':6s} {'alloc':7s} {'W':>1s} {'preset':9s} {'params':>11s} {'state':>6s} {'share':>6s} "
-        f"{'start':>5s} {'rss max':>7s} {'rss min':>7s} {'excess':>6s} {'const':>5s} {'over':>5s} {'gath':>4s}  ok   ok+g"
+        f"{'start':>5s} {'rss max':>7s} {'rss min':>7s} {'excess':>6s} {'const':>5s} {'over':>5s} {'gath':>4s}  ok   ok+g  cpu ms"
     )
     print(head)
     print("-" * len(head))
@@ -380,7 +441,8 @@ def report(
             f"{r['tree']:6s} {r['alloc']:7s} {w:1d} {labels[p]:9s} {params[p]:11,d} {state[p] / MB:6,.0f} "
             f"{share / MB:6,.0f} {r['startup'] / MB:5,.0f} {r['max'] / MB:7,.0f} {r['min'] / MB:7,.0f} {excess / MB:6,.0f} "
             f"{c / MB:5,.0f} {(excess - c) / MB:5,.0f} {g / MB:4,.0f}  "
-            f"{'yes' if r['max'] <= share + c else 'NO':4s} {'yes' if r['max'] <= share + g + c else 'NO'}"
+            f"{'yes' if r['max'] <= share + c else 'NO':4s} {'yes' if r['max'] <= share + g + c else 'NO':4s} "
+            f"{r['cpu_ms']:6,.0f}"
         )
 
 

@@ -190,7 +190,16 @@ def runs(prose_tokens, tmp_path_factory):
     for name, changes in (
         ("ref", {"train.grad_accum": 4}),
         ("ddp", {"train.grad_accum": 2, "train.activation_checkpointing": True}),
-        ("fsdp", {"train.grad_accum": 2, "train.parallel": "fsdp", "train.activation_checkpointing": True}),
+        # the FSDP ranks with the allocator meant for them (oreline.train.performance.lean_cpu_allocator)
+        (
+            "fsdp",
+            {
+                "train.grad_accum": 2,
+                "train.parallel": "fsdp",
+                "train.activation_checkpointing": True,
+                "train.cpu_allocator": "lean",
+            },
+        ),
         (
             "hsdp",
             {"train.grad_accum": 1, "train.parallel": "hsdp", "train.hsdp_shard_size": 2},
@@ -285,6 +294,7 @@ def test_ddp_and_fsdp_equal_one_process(runs):
             )
     # FSDP2 warned on every run that the loss, a view, could get wrong gradients (issue 36)
     assert "returned a view tensor" not in runs["jobs"]["fsdp"].text()
+    assert "M_MMAP_THRESHOLD=1 MiB" in runs["jobs"]["fsdp"].text()  # the lean allocator, set, changed nothing
     # `oreline train --nproc 2` chose DDP: the start record says so, the recorded config is as given
     assert next(r for r in records(run["ddp"]) if r["type"] == "start")["parallel"] == "ddp"
     assert 'parallel = "none"' in (run["ddp"] / "config.toml").read_text()

@@ -60,7 +60,7 @@ than fp32, and the run says that instead. Activation checkpointing recomputes ea
 block in backward (non-reentrant `torch.utils.checkpoint`); `train.compile` wraps the model in
 `torch.compile` block by block (`compile_blocks`: the first step compiles, then ~12-18% faster;
 the blocks keep oneDNN's matmuls where `train.cpu_matmul` picked it). On CPU the glibc allocator
-is tuned once (`train.cpu_allocator`, see `tune_cpu_allocator`) and the fp32 matmul library is
+is set once (`train.cpu_allocator`, see oreline.train.performance) and the fp32 matmul library is
 chosen (`train.cpu_matmul`, see oreline.model.kernels.matmul).
 
 Counting: `tokens_seen` counts the tokens of every step taken, a skipped one included (its data

@@ -35,7 +35,7 @@ from oreline.train import dist
 from oreline.train.batch import describe_batch, global_batch
 from oreline.train.monitor import cpu_native_bf16, device_peak_flops, model_matmul_shapes
 from oreline.train.optim import build_optimizer, schedule_samples, warmup_steps
-from oreline.train.performance import compile_blocks, enable_activation_checkpointing, tune_cpu_allocator
+from oreline.train.performance import compile_blocks, enable_activation_checkpointing, set_cpu_allocator
 
 
 @dataclass
@@ -121,8 +121,8 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     batch = global_batch(cfg, info.world_size)
     warmup_steps(tc)  # schedule errors (warmup ≥ steps, min_lr > lr) before anything is loaded
 
-    if device.type == "cpu" and tc.cpu_allocator == "tuned":
-        tuned = tune_cpu_allocator()
+    if device.type == "cpu" and tc.cpu_allocator != "default":
+        tuned = set_cpu_allocator(tc.cpu_allocator)
         say(f"CPU allocator: {tuned}" if tuned else "CPU allocator: not glibc, left as it is")
     cpu_matmul, cpu_matmul_source = None, ""
     if resolve_choice(tc.kernels, device) == "cpu":
