@@ -164,6 +164,9 @@ def _train(
     t_run = time.perf_counter()
     s.train_model.train()
     runner = StepRunner(cfg, s, info, stability)
+    if tc.steps == 0 and resumed is None:  # init_from, 0 steps: the source's weights as this run's step 0
+        save(cfg, s, state, stability, "model_only", log)
+        final_val = evals_after_step(cfg, s, info, state, log, schedule, 0, {})
     window, reads = TimingWindow(), StepReads(tc.debug.count_host_reads)
     pending: list[Pending] = []  # the steps since the last read, oldest first
     try:
@@ -237,6 +240,10 @@ def begin(
     no logger when the checkpoint's run had finished (it says so and what to change)."""
     tc = cfg.train
     resumed, resume_events = resume_if_asked(cfg, s, state, stability, resume, allow, say)
+    if resumed is None and tc.init_from:  # a fresh start from existing weights (a resume has its own)
+        from oreline.train.init_from import start_from_weights
+
+        s.lineage = start_from_weights(tc.init_from, s, info, say)
     dist.barrier()  # every rank has looked at the checkpoints before rank 0 may move them
     if resumed is None and info.is_main:
         moved = move_previous_training(s.run)
