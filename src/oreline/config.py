@@ -453,7 +453,7 @@ class TrainConfig(Section):
     init_from: str | None = Field(
         None,
         description="start a fresh run from these weights instead of the seed's draw: an oreline checkpoint "
-        "(step-N, model-N or a run folder: its latest), a folder written by `oreline import-hf`, or a Hugging "
+        "(step-N, model-step-N, or a run folder: its latest), a folder written by `oreline import-hf`, or a Hugging "
         "Face Llama folder (config.json + safetensors). Shapes must match the model section; the tokenizer must "
         "be the source's (fingerprint, else vocabulary size and bos/eos/pad ids). Optimizer and schedule start "
         "at step 0; the source is recorded in every checkpoint. Applies only when the run starts fresh: a "

@@ -116,7 +116,7 @@ def test_init_from_trains_on_from_the_sources_weights(source, train_config, tmp_
 
 def test_a_resumed_run_continues_from_its_own_checkpoint(source, train_config, tmp_path, one_thread):
     """init_from applies to a fresh start only: with the source gone, the resume still works and
-    carries the lineage on into its checkpoints."""
+    carries the lineage on into its checkpoints; a run started from that run nests it."""
     imp = tmp_path / "imp"
     shutil.copytree(source["imp"], imp)
     cfg = train_config(train__init_from=str(imp), train__steps=6, checkpoint__every=3)
@@ -127,6 +127,17 @@ def test_a_resumed_run_continues_from_its_own_checkpoint(source, train_config, t
     summary = train(cfg, allow_config_change=["train.steps"], console=QUIET)
     assert summary["resumed_from"].endswith("step-00000006") and summary["step"] == 8
     assert read_meta(Path(summary["checkpoint"]))["init_from"] == lineage
+
+    # that run's folder as a source: its latest full (DCP) checkpoint, with its own lineage nested
+    summary = train(
+        train_config(run__name="next", train__init_from=str(tmp_path / "t"), train__steps=0), console=QUIET
+    )
+    sd, _, meta = load_model_state(Path(summary["checkpoint"]))
+    want, _, _ = load_model_state(tmp_path / "t")
+    assert sd.keys() == want.keys() and all(torch.equal(sd[k], want[k]) for k in sd)
+    assert meta["init_from"]["kind"] == "checkpoint" and meta["init_from"]["step"] == 8
+    assert meta["init_from"]["source_init_from"] == lineage
+    assert lineage["imported_from"] == str(source["hf"].resolve())
 
 
 def test_resume_from_a_weights_only_snapshot_points_to_init_from(source, train_config):

@@ -71,6 +71,7 @@ class Source:
     special_ids: dict[str, int | None] = field(default_factory=dict)
     tokenizer_vocab: int | None = None
     lineage: dict | None = None  # the source's own init_from
+    origin: str | None = None  # an import's Hugging Face folder
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,6 +104,7 @@ def read_source(value: str) -> Source:
         step=meta.get("step"),
         tokenizer_fingerprint=fp,
         lineage=meta.get("init_from"),
+        origin=meta.get("hf_dir"),
     )
 
 
@@ -266,6 +268,7 @@ def start_from_weights(value: str, s: Any, info: dist.DistInfo, say: Any) -> dic
                     "tokenizer_check": compared,
                     "model_args": src.args.to_dict(),
                     "source_init_from": src.lineage,
+                    "imported_from": src.origin,
                 },
                 "notes": notes,
             }

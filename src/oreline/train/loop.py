@@ -73,7 +73,9 @@ stability window, the lr multiplier and counters, and drops metrics records of s
 checkpoint, so an interrupted run continues bit-exactly (on CPU) and its metrics.jsonl reads as
 one clean run. A resumed run first completes what a kill left undone after its checkpoint's step
 (evaluation, generations, and at the last step the end record: a run is finished when its end
-record is written; `begin`, `evals_after_step`). SIGTERM/SIGINT/SIGUSR1 stop every rank after the same step with
+record is written; `begin`, `evals_after_step`). A fresh start with `train.init_from` loads those
+weights in `begin` (oreline.train.init_from); with `train.steps = 0` they are saved as the run's
+step-0 model-only snapshot and evaluated. SIGTERM/SIGINT/SIGUSR1 stop every rank after the same step with
 a checkpoint and the command that resumes (oreline.train.shutdown, `stop_after_step`).
 
 metrics.jsonl record types (`type`): start, train, eval, generation, event, checkpoint, end —
@@ -165,7 +167,9 @@ def _train(
     s.train_model.train()
     runner = StepRunner(cfg, s, info, stability)
     if tc.steps == 0 and resumed is None:  # init_from, 0 steps: the source's weights as this run's step 0
-        save(cfg, s, state, stability, "model_only", log)
+        last_ckpt = save(
+            cfg, s, state, stability, "model_only", log
+        )  # (the loop, and its rollbacks, never run)
         final_val = evals_after_step(cfg, s, info, state, log, schedule, 0, {})
     window, reads = TimingWindow(), StepReads(tc.debug.count_host_reads)
     pending: list[Pending] = []  # the steps since the last read, oldest first

@@ -6,7 +6,9 @@
 - `resume_if_asked`: `--resume auto` takes the newest valid full checkpoint (invalid ones are
   reported as `checkpoint_invalid` events and skipped), PATH a given one, none starts fresh. The
   config is compared first, from meta.json alone (a changed model fails with the keys, not with a
-  tensor shape error), then model, optimizer, RNG, loader and stability state are restored.
+  tensor shape error), then model, optimizer, RNG, loader and stability state are restored, and
+  the `train.init_from` lineage the run started with is carried on. A weights-only snapshot named
+  by --resume is refused with the hint to start from it with `train.init_from`.
 - `move_previous_training`: a fresh start moves what an earlier run left (checkpoints, metrics,
   TensorBoard) to `<run>/previous/<time>/`, so neither a later resume nor a rollback can pick
   up a stranger's checkpoint.
