@@ -94,6 +94,8 @@ def test_oreline_eval_cli_takes_an_import(source, oreline_cli, tmp_path):
     args = ("eval", str(source["imp"]), "--batches", "1", "--out", str(out))
     code, text = oreline_cli(*args)
     assert code != 0 and "--data" in text, text  # what to pass, not a traceback
+    code, text = oreline_cli(*args, "--data", str(fixtures_tokens(source)), "--seq-len", "65")
+    assert code != 0 and "outside 1..64, the model's max_seq_len" in text, text  # the trained context
     code, text = oreline_cli(*args, "--data", str(fixtures_tokens(source)))
     assert code == 0, text
     assert json.loads(out.read_text())["val_batches"] == 1
