@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 from safetensors.torch import load_file
 
-from oreline.errors import CheckpointError, ConfigError
+from oreline.errors import CheckpointError, ConfigError, InputError
 from oreline.eval.evaluate import evaluate_cli
 from oreline.export.hf import export_hf, import_hf
 from oreline.train.checkpoint.format import read_meta
@@ -90,15 +90,19 @@ def fixtures_tokens(source) -> Path:
 
 
 def test_oreline_eval_cli_takes_an_import(source, oreline_cli, tmp_path):
-    out = tmp_path / "e.json"
-    args = ("eval", str(source["imp"]), "--batches", "1", "--out", str(out))
-    code, text = oreline_cli(*args)
-    assert code != 0 and "--data" in text, text  # what to pass, not a traceback
-    code, text = oreline_cli(*args, "--data", str(fixtures_tokens(source)), "--seq-len", "65")
-    assert code != 0 and "outside 1..64, the model's max_seq_len" in text, text  # the trained context
-    code, text = oreline_cli(*args, "--data", str(fixtures_tokens(source)))
+    with pytest.raises(InputError, match="pass --data TOKENS"):  # what to pass, not "meta has no config"
+        evaluate_cli(source["imp"])
+    with pytest.raises(InputError, match="outside 1..64, the model's max_seq_len"):  # the trained context
+        evaluate_cli(source["imp"], data=fixtures_tokens(source), seq_len=65)
+    out, prompts = tmp_path / "e.json", tmp_path / "prompts.txt"
+    prompts.write_text("Emma\n")
+    code, text = oreline_cli(
+        "eval", str(source["imp"]), "--data", str(fixtures_tokens(source)), "--batches", "1", "--out", str(out),
+        "--prompts", str(prompts), "--tokenizer", str(source["imp"] / "tokenizer"),
+    )  # fmt: skip
     assert code == 0, text
-    assert json.loads(out.read_text())["val_batches"] == 1
+    result = json.loads(out.read_text())
+    assert result["val_batches"] == 1 and result["step"] == 0 and len(result["generations"]) == 2
 
 
 def test_init_from_trains_on_from_the_sources_weights(source, train_config, tmp_path, one_thread):
