@@ -231,3 +231,30 @@ def test_every_rank_holds_the_sources_weights(parallel, source, prose_tokens, tm
     assert digests == [want, want]
     sd, _, meta = load_model_state(run)
     assert meta["world_size"] == 2 and all(torch.equal(sd[k], imported[k]) for k in imported)
+
+
+@pytest.mark.slow
+def test_a_refusal_on_rank_0_ends_every_rank(source, prose_tokens, tmp_path):
+    """Rank 0 alone reads and checks the source; its refusal reaches rank 1, which would otherwise
+    wait in the weights' broadcast until the collective timeout."""
+    bad = tmp_path / "bad"
+    shutil.copytree(source["hf"], bad)
+    (bad / "oreline_export.json").unlink()
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps(config | {"bos_token_id": 9}))
+    settings = {"train.init_from": str(bad), "train.parallel": "ddp", "train.micro_batch": 2}
+    cfg = fixtures.write_config(tmp_path / "c.toml", tmp_path, prose_tokens, settings)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    proc = subprocess.run(
+        [*cmd, "-m", "oreline", "train", "-c", str(cfg)],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "250"},
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and text.count("its bos id is 9, this run's 1") == 1, text[-4000:]  # rank 0's
+    assert "timed out" not in text.lower() and "oreline/train" not in text, text[
+        -4000:
+    ]  # no rank's traceback

@@ -280,9 +280,10 @@ def start_from_weights(value: str, s: Any, info: dist.DistInfo, say: Any) -> dic
         raise refused
     if "error" in verdict:
         kind, message, hint = verdict["error"]
-        raise {"InputError": InputError, "CheckpointError": CheckpointError}.get(kind, ConfigError)(
-            message, hint
-        )
+        error = {"InputError": InputError, "CheckpointError": CheckpointError}.get(kind, ConfigError)
+        refusal = error(message, hint)
+        refusal.show = False  # rank 0 prints it (oreline.cli)
+        raise refusal
     state_dict = None
     if src is not None:
         state_dict = dict(src.state_dict)
