@@ -143,6 +143,12 @@ def test_a_resumed_run_continues_from_its_own_checkpoint(source, train_config, t
     assert sd.keys() == want.keys() and all(torch.equal(sd[k], want[k]) for k in sd)
     assert meta["init_from"]["kind"] == "checkpoint" and meta["init_from"]["step"] == 8
     assert meta["init_from"]["source_init_from"] == lineage
+    from oreline.train.checkpoint.commands import inspect_cli
+
+    console = Console(record=True, width=400, file=open(os.devnull, "w"))  # noqa: SIM115
+    assert inspect_cli(Path(summary["checkpoint"]), console) == 0
+    line = next(x for x in console.export_text().splitlines() if x.strip().startswith("init_from"))
+    assert f"{(tmp_path / 't').resolve()}/checkpoints/step-00000008 (checkpoint, step 8" in line
     assert lineage["imported_from"] == str(source["hf"].resolve())
 
 
