@@ -210,7 +210,6 @@ def test_every_rank_holds_the_sources_weights(parallel, source, prose_tokens, tm
         "train.steps": 0,
         "train.parallel": parallel,
         "train.micro_batch": 2,
-        "train.eval_batches": 1,
         "train.debug.param_digest": True,
         "eval.prompts": ["Emma"],
     }
