@@ -296,11 +296,28 @@ def eval_cmd(
         Optional[Path], typer.Option(help="output JSON (default: <run>/eval/eval-STEP.json)")
     ] = None,
     batches: Annotated[Optional[int], typer.Option(help="validation batches")] = None,
+    seq_len: Annotated[
+        Optional[int],
+        typer.Option(help="sequence length (default: the run's train.seq_len, else the model's max_seq_len)"),
+    ] = None,
+    tokenizer: Annotated[
+        Optional[Path],
+        typer.Option(help="tokenizer folder (default: the checkpoint's, an import's own tokenizer/)"),
+    ] = None,
 ) -> None:
     """Validation loss, perplexity, bits per byte, loss by token/EOS/after-BOS, generations."""
     from oreline.eval.evaluate import evaluate_cli
 
-    evaluate_cli(checkpoint, data=data, prompts=prompts, out=out, batches=batches, console=Console())
+    evaluate_cli(
+        checkpoint,
+        data=data,
+        prompts=prompts,
+        out=out,
+        batches=batches,
+        console=Console(),
+        seq_len=seq_len,
+        tokenizer_dir=tokenizer,
+    )
 
 
 @app.command()

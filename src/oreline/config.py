@@ -445,8 +445,21 @@ class TrainConfig(Section):
     global_batch_tokens: int | None = Field(
         None, description="if set, must equal micro × accum × world × seq_len"
     )
-    steps: int = Field(1000, ge=1)
+    steps: int = Field(
+        1000,
+        ge=0,
+        description="optimizer steps; 0 only with init_from (the source's weights as this run's step-0 model)",
+    )
     seed: int = 1234
+    init_from: str | None = Field(
+        None,
+        description="start a fresh run from these weights instead of the seed's draw: an oreline checkpoint "
+        "(step-N, model-step-N, or a run folder: its latest), a folder written by `oreline import-hf`, or a Hugging "
+        "Face Llama folder (config.json + safetensors). Shapes must match the model section; the tokenizer must "
+        "be the source's (fingerprint, else vocabulary size and bos/eos/pad ids). Optimizer and schedule start "
+        "at step 0; the source is recorded in every checkpoint. Applies only when the run starts fresh: a "
+        "resumed run continues from its own checkpoint",
+    )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="bf16 autocast; on CPU only with native bf16 (AMX / avx512_bf16), elsewhere ~20× slower than fp32",
@@ -549,6 +562,15 @@ class TrainConfig(Section):
             stacklevel=2,
         )
         return data
+
+    @model_validator(mode="after")
+    def _zero_steps_need_weights(self) -> TrainConfig:
+        if self.steps == 0 and not self.init_from:
+            raise ValueError(
+                "train.steps = 0 trains nothing from a random init; set train.steps ≥ 1, or train.init_from "
+                "to write the source's weights as this run's step-0 model"
+            )
+        return self
 
 
 class CheckpointConfig(Section):

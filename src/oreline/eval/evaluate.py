@@ -5,7 +5,9 @@ training loop's evaluation steps).
 
 `oreline eval CHECKPOINT` loads a model through `oreline.train.checkpoint.load.load_model_state`,
 uses the run's tokenizer and validation shards (or `--data`), and writes all of the above as JSON
-to `<run>/eval/eval-step-N.json` (or `--out`).
+to `<run>/eval/eval-step-N.json` (or `--out`). A model-only snapshot with no run behind it (an
+`oreline import-hf` folder) is evaluated with the default config on `--data`, at the model's
+max_seq_len or `--seq-len`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,20 @@ def _run_dir_of(ckpt: Path) -> Path:
     return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
 
 
+def _tokenizer_dir(ckpt: Path, meta: dict, given: Path | None) -> Path:
+    """--tokenizer, else meta.json's tokenizer_dir, else the snapshot's own tokenizer/ (an import's
+    copy, found wherever the import was moved), else the run's tokenizer/."""
+    if given is not None:
+        return Path(given)
+    for cand in (meta.get("tokenizer_dir"), ckpt / "tokenizer", _run_dir_of(ckpt) / "tokenizer"):
+        if cand and (Path(cand) / "tokenizer.json").is_file():
+            return Path(cand)
+    raise InputError(
+        f"no tokenizer found for {ckpt} (meta.json tokenizer_dir={meta.get('tokenizer_dir')!r})",
+        "pass --tokenizer DIR, the tokenizer folder the model was trained with",
+    )
+
+
 def evaluate_cli(
     checkpoint: Path,
     data: Path | None = None,
@@ -45,9 +61,16 @@ def evaluate_cli(
     out: Path | None = None,
     batches: int | None = None,
     console: Any = None,
+    seq_len: int | None = None,
+    tokenizer_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """`oreline eval`: validation metrics and generations of one checkpoint, written as JSON."""
-    from oreline.config import config_from_dict
+    """`oreline eval`: validation metrics and generations of one checkpoint, written as JSON.
+
+    A checkpoint of a training run takes its config, tokenizer and tokens from the run; a model-only
+    snapshot with no run behind it (what `oreline import-hf` writes) takes the default config, its
+    own tokenizer/ folder (or `tokenizer_dir`), `--data` and the model's max_seq_len (or `seq_len`).
+    """
+    from oreline.config import Config, config_from_dict
     from oreline.model.kernels.matmul import available_backends
     from oreline.model.kernels.select import kernels_for
     from oreline.model.llama import Llama, ModelArgs, check_shapes
@@ -61,10 +84,24 @@ def evaluate_cli(
     state_dict, args, meta = load_model_state(ckpt)
     if isinstance(args, dict):
         args = ModelArgs.from_dict(args)
-    if "config" not in meta:
-        raise CheckpointError(f"{ckpt}: meta has no config", "evaluate a checkpoint written by oreline train")
-    cfg = config_from_dict(meta["config"], source=f"{ckpt}/meta.json")
-    tok_dir = Path(meta.get("tokenizer_dir") or (_run_dir_of(ckpt) / "tokenizer"))
+    if "config" in meta:
+        cfg = config_from_dict(meta["config"], source=f"{ckpt}/meta.json")
+    else:  # a model-only snapshot with no run behind it (oreline import-hf, a hand-made one): defaults
+        if data is None:
+            raise InputError(
+                f"{ckpt} is a model-only snapshot with no training run (no config in its meta.json), "
+                "so there are no run tokens to evaluate on",
+                f"pass --data TOKENS (a token folder made with its tokenizer): oreline eval {ckpt} --data TOKENS",
+            )
+        cfg = Config()
+    # the sequence length: --seq-len, else the run's train.seq_len, else the model's context
+    seq_len = seq_len or (cfg.train.seq_len if "config" in meta else args.max_seq_len)
+    if not 0 < seq_len <= args.max_seq_len:
+        raise InputError(
+            f"--seq-len {seq_len} is outside 1..{args.max_seq_len}, the model's max_seq_len",
+            f"pass --seq-len {min(args.max_seq_len, 256)} or less",
+        )
+    tok_dir = _tokenizer_dir(ckpt, meta, tokenizer_dir)
     tokenizer = load_tokenizer(tok_dir)
     if meta.get("tokenizer_fingerprint") and meta["tokenizer_fingerprint"] != tokenizer.fingerprint:
         raise CheckpointError(
@@ -93,7 +130,7 @@ def evaluate_cli(
     val = TokenLoader(
         tokens_dir,
         split="val",
-        seq_len=cfg.train.seq_len,
+        seq_len=seq_len,
         micro_batch=cfg.train.micro_batch,
         seed=cfg.train.seed,
         tokenizer_fingerprint=tokenizer.fingerprint,

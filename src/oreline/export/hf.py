@@ -29,6 +29,9 @@ oreline model-only snapshot (`model.safetensors` + `meta.json` {"kind": "model_o
 `load_model_state`, eval and export read. Weights are converted to fp32 (oreline trains in fp32).
 Architectures the Llama here cannot represent (biases, another activation, another RoPE type, a
 head_dim that is not hidden/heads) are refused with the offending key rather than loaded wrongly.
+Reading an HF folder (config.json → ModelArgs, the safetensors) is `oreline.model.hf_format`, which
+`train.init_from` shares. The import records its tokenizer's fingerprint, so a run started from it
+(`train.init_from = OUT`) checks that its tokens were made with that tokenizer.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -45,67 +47,25 @@ from typing import Any
 import torch
 
 from oreline.errors import ConfigError, DataIntegrityError, InputError
-from oreline.model.llama import ModelArgs, check_shapes, expected_shapes
+from oreline.model.hf_format import (  # noqa: F401  (read_hf_weights, args_from_hf_config: this module's API too)
+    args_from_hf_config,
+    hf_rename,
+    model_file,
+    read_hf_weights,
+    read_json,
+)
+from oreline.model.llama import ModelArgs, check_shapes
 from oreline.tokens.format import (
     convention,
     inference_tokenizer_config,
     inference_tokenizer_json,
     training_tokenizer_json,
 )
+from oreline.tokens.train_bpe import canonical_fingerprint
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 DEFAULT_SPECIAL_IDS = {"pad": 0, "bos": 1, "eos": 2}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def hf_rename(args: ModelArgs) -> dict[str, str]:
-    """oreline tensor name → HF tensor name. The identity, by construction of oreline.model.llama."""
-    return {name: name for name in expected_shapes(args)}
-
-
-# ---------------------------------------------------------------------------------------------
-# files read from a model folder
-
-
-def model_file(path: Path) -> Path | None:
-    """`path` when it is a regular file, None when there is nothing at that name; anything else is
-    refused. A symbolic link in a model folder can name any file on the machine (tokenizer.json ->
-    ~/.ssh/id_ed25519): followed, that file would be copied into the import and into every export
-    of it. A FIFO or device would block the read or never end. The one link accepted is the Hugging
-    Face hub cache's own: snapshots/REV/NAME -> ../../blobs/HASH, a regular file in that cache's blobs/."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISREG(st.st_mode) or (stat.S_ISLNK(st.st_mode) and _hub_cache_blob(path)):
-        return path
-    what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-    raise InputError(
-        f"{path} is {what}; oreline reads only regular files from a model folder (a link could name any file "
-        "on this machine, which would then be copied into the import and its exports)",
-        "copy the real file in its place (cp --dereference), or download the model with "
-        "`huggingface-cli download REPO --local-dir DIR`, which writes regular files",
-    )
-
-
-def _hub_cache_blob(path: Path) -> bool:
-    """A link of the Hugging Face hub cache: models--ORG--NAME/snapshots/REV/NAME -> ../../blobs/HASH,
-    where blobs/ is a real folder and HASH a regular file in it (checked without following any other link)."""
-    from pathlib import PurePosixPath
-
-    target = PurePosixPath(os.readlink(path))
-    if len(target.parts) != 4 or target.parts[:3] != ("..", "..", "blobs"):
-        return False
-    snapshot = Path(os.path.realpath(path.parent))  # the link's ../.. is taken from where it really is
-    if snapshot.parent.name != "snapshots":
-        return False
-    blobs = snapshot.parent.parent / "blobs"
-    try:
-        return stat.S_ISDIR(os.lstat(blobs).st_mode) and stat.S_ISREG(
-            os.lstat(blobs / target.parts[3]).st_mode
-        )
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,113 +406,6 @@ def export_hf(
 # import
 
 
-def args_from_hf_config(cfg: dict[str, Any]) -> ModelArgs:
-    """ModelArgs from a LlamaForCausalLM config.json; refuses what this Llama cannot represent."""
-    hint = "only Llama-architecture checkpoints (LlamaForCausalLM) without biases can be imported"
-    if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in (cfg.get("architectures") or []):
-        raise ConfigError(
-            f"config.json describes {cfg.get('model_type') or cfg.get('architectures')}, not a Llama", hint
-        )
-    for key, ok in (
-        ("attention_bias", False),
-        ("mlp_bias", False),
-        ("hidden_act", "silu"),
-        ("pretraining_tp", 1),
-    ):
-        if cfg.get(key, ok) != ok:
-            raise ConfigError(
-                f"config.json has {key}={cfg[key]!r}; oreline's Llama supports {key}={ok!r} only", hint
-            )
-    n_heads = cfg["num_attention_heads"]
-    if cfg.get("head_dim") not in (None, cfg["hidden_size"] // n_heads):
-        raise ConfigError(
-            f"config.json head_dim={cfg['head_dim']} differs from hidden_size / num_attention_heads", hint
-        )
-    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10_000.0)
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    scaling = None
-    if rope_type == "llama3":
-        scaling = {k: float(rope[k]) for k in ("factor", "low_freq_factor", "high_freq_factor")}
-        scaling["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
-    elif rope_type != "default":
-        raise ConfigError(
-            f"config.json uses RoPE type {rope_type!r}", "oreline supports default and llama3 RoPE only"
-        )
-    return ModelArgs(
-        dim=cfg["hidden_size"],
-        n_layers=cfg["num_hidden_layers"],
-        n_heads=n_heads,
-        n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
-        vocab_size=cfg["vocab_size"],
-        ffn_dim=cfg["intermediate_size"],
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        max_seq_len=cfg.get("max_position_embeddings", 2048),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        init_std=float(cfg.get("initializer_range", 0.02)),
-    )
-
-
-def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of an HF folder: model.safetensors, or the shards its index names."""
-    from safetensors.torch import load_file
-
-    index = hf_dir / "model.safetensors.index.json"
-    if model_file(index):
-        from oreline.outdir import safe_child
-
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise InputError(f"{index} has no weight_map object", "re-download or re-export the model")
-        files = sorted(set(map(str, weight_map.values())))
-        for name in files:  # the index names files to open: they must stay in the model folder
-            safe_child(hf_dir, name, f"{index} weight_map")
-    elif model_file(hf_dir / "model.safetensors"):
-        files = ["model.safetensors"]
-    elif any(hf_dir.glob("*.bin")):
-        raise InputError(
-            f"{hf_dir} holds pickled *.bin weights only; oreline never unpickles",
-            "convert them first: AutoModelForCausalLM.from_pretrained(d).save_pretrained(d2)",
-        )
-    else:
-        raise InputError(
-            f"{hf_dir} has no model.safetensors or model.safetensors.index.json",
-            "pass a folder written by save_pretrained or oreline export",
-        )
-    sd: dict[str, torch.Tensor] = {}
-    for name in files:
-        if not model_file(hf_dir / name):
-            raise InputError(
-                f"shard {name} named by the index is missing from {hf_dir}", "re-download or re-export it"
-            )
-        try:
-            sd.update(load_file(str(hf_dir / name)))
-        except Exception as exc:  # SafetensorError, OSError: another format renamed, a truncated file
-            raise InputError(
-                f"{hf_dir / name} is not a readable safetensors file ({type(exc).__name__}: {str(exc)[:200]})",
-                "re-download or re-export the model; oreline reads weights only from safetensors files",
-            ) from None
-    return sd
-
-
-def _read_json(path: Path) -> dict:
-    """A JSON object file of an imported folder, or an InputError naming it."""
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(
-            f"{path} is not readable JSON ({type(exc).__name__}: {str(exc)[:200]})",
-            "re-download or re-export the model folder",
-        ) from None
-    if not isinstance(found, dict):
-        raise InputError(
-            f"{path} holds a JSON {type(found).__name__}, not an object", "re-download or re-export it"
-        )
-    return found
-
-
 def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     """`oreline import-hf DIR --out OUT`: HF Llama folder → oreline model-only snapshot. Returns the weights."""
     from safetensors.torch import save_file
@@ -562,7 +415,7 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     hf_dir, out = Path(hf_dir), Path(out)
     if not model_file(hf_dir / "config.json"):
         raise InputError(f"{hf_dir} has no config.json", "pass a Hugging Face model folder")
-    config = _read_json(hf_dir / "config.json")
+    config = read_json(hf_dir / "config.json")
     try:
         args = args_from_hf_config(config)
     except (KeyError, TypeError, ValueError) as exc:  # a field missing, or of the wrong type
@@ -586,7 +439,7 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
         str(tmp / "model.safetensors"),
         metadata={"format": "pt", "step": "0"},
     )
-    tokenizer_dir = None
+    tokenizer_dir, tokenizer_fingerprint = None, None
     if "tokenizer.json" in present:
         (tmp / "tokenizer").mkdir()
         for name in present:
@@ -594,7 +447,9 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
         # oreline encodes without specials and adds BOS/EOS itself: back to the training tokenizer
         # (and its fingerprint) by dropping the BOS post-processor an oreline export carries.
         text = (hf_dir / "tokenizer.json").read_text(encoding="utf-8")
-        (tmp / "tokenizer" / "tokenizer.json").write_text(training_tokenizer_json(text), encoding="utf-8")
+        training = training_tokenizer_json(text)
+        (tmp / "tokenizer" / "tokenizer.json").write_text(training, encoding="utf-8")
+        tokenizer_fingerprint = canonical_fingerprint(training)  # what a run tokenized with it records
         tokenizer_dir = str((out / "tokenizer").resolve())
     meta = {
         "format_version": FORMAT_VERSION,
@@ -602,6 +457,7 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
         "step": 0,
         "model_args": args.to_dict(),
         "tokenizer_dir": tokenizer_dir,
+        "tokenizer_fingerprint": tokenizer_fingerprint,
         "source": "import-hf",
         "hf_dir": str(hf_dir.resolve()),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -73,7 +73,9 @@ stability window, the lr multiplier and counters, and drops metrics records of s
 checkpoint, so an interrupted run continues bit-exactly (on CPU) and its metrics.jsonl reads as
 one clean run. A resumed run first completes what a kill left undone after its checkpoint's step
 (evaluation, generations, and at the last step the end record: a run is finished when its end
-record is written; `begin`, `evals_after_step`). SIGTERM/SIGINT/SIGUSR1 stop every rank after the same step with
+record is written; `begin`, `evals_after_step`). A fresh start with `train.init_from` loads those
+weights in `begin` (oreline.train.init_from); with `train.steps = 0` they are saved as the run's
+step-0 model-only snapshot and evaluated. SIGTERM/SIGINT/SIGUSR1 stop every rank after the same step with
 a checkpoint and the command that resumes (oreline.train.shutdown, `stop_after_step`).
 
 metrics.jsonl record types (`type`): start, train, eval, generation, event, checkpoint, end —
@@ -164,6 +166,11 @@ def _train(
     t_run = time.perf_counter()
     s.train_model.train()
     runner = StepRunner(cfg, s, info, stability)
+    if tc.steps == 0 and resumed is None:  # init_from, 0 steps: the source's weights as this run's step 0
+        last_ckpt = save(
+            cfg, s, state, stability, "model_only", log
+        )  # (the loop, and its rollbacks, never run)
+        final_val = evals_after_step(cfg, s, info, state, log, schedule, 0, {})
     window, reads = TimingWindow(), StepReads(tc.debug.count_host_reads)
     pending: list[Pending] = []  # the steps since the last read, oldest first
     try:
@@ -237,6 +244,10 @@ def begin(
     no logger when the checkpoint's run had finished (it says so and what to change)."""
     tc = cfg.train
     resumed, resume_events = resume_if_asked(cfg, s, state, stability, resume, allow, say)
+    if resumed is None and tc.init_from:  # a fresh start from existing weights (a resume has its own)
+        from oreline.train.init_from import start_from_weights
+
+        s.lineage = start_from_weights(tc.init_from, s, info, say)
     dist.barrier()  # every rank has looked at the checkpoints before rank 0 may move them
     if resumed is None and info.is_main:
         moved = move_previous_training(s.run)

@@ -149,6 +149,8 @@ def schedule_samples(train: TrainConfig) -> list[list[float]]:
     """
     n = train.steps
     warm = warmup_steps(train)
+    if n == 0:  # a 0-step init_from run takes no step
+        return []
     points = sorted(
         {1, max(warm, 1), max(1, round(0.25 * n)), max(1, round(0.5 * n)), max(1, round(0.75 * n)), n}
     )

@@ -6,7 +6,9 @@
 - `resume_if_asked`: `--resume auto` takes the newest valid full checkpoint (invalid ones are
   reported as `checkpoint_invalid` events and skipped), PATH a given one, none starts fresh. The
   config is compared first, from meta.json alone (a changed model fails with the keys, not with a
-  tensor shape error), then model, optimizer, RNG, loader and stability state are restored.
+  tensor shape error), then model, optimizer, RNG, loader and stability state are restored, and
+  the `train.init_from` lineage the run started with is carried on. A weights-only snapshot named
+  by --resume is refused with the hint to start from it with `train.init_from`.
 - `move_previous_training`: a fresh start moves what an earlier run left (checkpoints, metrics,
   TensorBoard) to `<run>/previous/<time>/`, so neither a later resume nor a rollback can pick
   up a stranger's checkpoint.
@@ -50,6 +52,8 @@ def checkpoint_meta(cfg: Config, s: Setup, state: TrainState, stability: Any) ->
         "tokens_dir": str(s.tokens_dir.resolve()),
         # the fp32 product backend on CPU: a resume keeps it (oreline.model.kernels.matmul.adopt_recorded)
         "cpu_matmul": s.cpu_matmul,
+        # where the weights came from when the run started from train.init_from (None: the seed)
+        "init_from": s.lineage,
     }
 
 
@@ -124,6 +128,7 @@ def resume_if_asked(
     """
     if resume == "none":
         return None, []
+    from oreline.errors import CheckpointError
     from oreline.train.checkpoint.format import CheckpointCorrupted, read_meta
     from oreline.train.checkpoint.load import load_checkpoint
     from oreline.train.checkpoint.resume import check_resume_batch, check_resume_compatible, find_resumable
@@ -159,6 +164,14 @@ def resume_if_asked(
                 return None, events
         else:
             path = Path(resume)
+            kind = (read_meta(path) or {}).get("kind")
+            if kind is not None and kind != "full":  # weights only: a start, not a continuation
+                raise CheckpointError(
+                    f"{path} is a {kind} snapshot (weights only: no optimizer state, schedule or data "
+                    "position), so a run cannot resume from it",
+                    f'start a new run from its weights with train.init_from = "{path}" (and --resume auto or '
+                    "none), or resume from a step-* checkpoint",
+                )
         # Compatibility first, from meta.json alone: a changed model must fail with the keys, not
         # with a tensor shape error half-way through loading.
         changed = check_resume_compatible(
@@ -182,6 +195,7 @@ def resume_if_asked(
             passed_over(path, [exc.problem])
             below = int((read_meta(path) or {})["step"])  # (meta.json itself was verified)
     _restore(meta, s, state)
+    s.lineage = meta.get("init_from")  # the run started from these weights; init_from is not read again
     s.loader.load_state_dict(meta["loader"])
     stability.load_state_dict(meta.get("stability", {}))
     if s.cpu_matmul is not None:

@@ -79,6 +79,9 @@ class Setup:
     # it was decided (this machine's cache, the config, a checkpoint's record): logged, recorded
     cpu_matmul: str | None = None
     cpu_matmul_source: str = ""
+    # train.init_from's lineage (oreline.train.init_from): set on a fresh start from weights, carried
+    # on from the checkpoint by a resume; in the start record and every checkpoint's meta.json
+    lineage: dict | None = None
 
     def autocast(self) -> Any:
         if self.autocast_dtype is None:
@@ -315,6 +318,7 @@ def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, 
         "type": "start",
         "step": state.step,
         "resumed_from": str(resumed) if resumed else None,
+        "init_from": s.lineage,
         "config_fingerprint": s.fingerprints["train"],
         "config_only_fingerprint": s.fingerprints["config"],
         "tokenizer_fingerprint": s.fingerprints["tokenizer"],

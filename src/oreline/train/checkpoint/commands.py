@@ -160,6 +160,13 @@ def inspect_cli(path: Path, console) -> int:
         console.print(f"  {'model_args':22s} {json.dumps(meta['model_args'], sort_keys=True)}")
     if isinstance(meta.get("stability"), dict) and "counters" in meta["stability"]:
         console.print(f"  {'stability':22s} {meta['stability']['counters']}")
+    lineage = meta.get("init_from")
+    if isinstance(lineage, dict):  # the run started from these weights (train.init_from)
+        console.print(
+            f"  {'init_from':22s} {lineage.get('path')} ({lineage.get('kind')}, step {lineage.get('step')}, "
+            f"weights sha256 {str(lineage.get('weights_sha256'))[:16]}…)",
+            highlight=False,
+        )
     if not ok:
         return 1  # the tensor index of an invalid checkpoint is not parsed
     table = Table(title="tensors")
