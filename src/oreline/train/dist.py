@@ -329,7 +329,7 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
 
         mesh = device_mesh(cfg, info)
         reduce = torch.bfloat16 if cfg.reduce_dtype == "bf16" else torch.float32
-        if info.device.type == "cuda" and cfg.precision == "bf16":
+        if info.device.type == "cuda" and cfg.precision in ("bf16", "fp8"):  # fp8: bf16 outside its GEMMs
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
         else:  # fp32 compute (CPU: bf16 matmuls are ~20× slower); the reduction as asked
             mp = MixedPrecisionPolicy(reduce_dtype=None if reduce == torch.float32 else reduce)
