@@ -518,6 +518,12 @@ class TrainConfig(Section):
         600.0, gt=0, description="timeout of every collective: a dead peer fails the run, no hang"
     )
     doc_mask: bool = Field(False, description="attention masked at document boundaries")
+    attention: Literal["auto", "sdpa", "flex"] = Field(
+        "auto",
+        description="how doc_mask's attention is computed: sdpa (a dense (T, T) mask, the reference) or flex "
+        "(FlexAttention with a block mask from the document ids, compiled on CUDA; no backward on a CPU); "
+        "auto: flex on CUDA with doc_mask, sdpa otherwise",
+    )
     log_every: int = Field(10, ge=1, description="metrics every N steps (and at steps 1 and the last)")
     profile: bool = Field(
         False,

@@ -30,7 +30,7 @@ from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
 from oreline.errors import ConfigError
 from oreline.io import write_json_atomic
 from oreline.model.kernels.matmul import resolve_backend
-from oreline.model.kernels.select import kernels_for, resolve_choice
+from oreline.model.kernels.select import kernels_for, resolve_attention, resolve_choice
 from oreline.runs import RunDir
 from oreline.train import dist
 from oreline.train.batch import describe_batch, global_batch
@@ -202,7 +202,18 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     )
     say_tf32(tc, device, say)
 
-    model, train_model = build_model(args, kernels_for(kernel_choice, device, cpu_matmul or "blas"), tc, info)
+    attention = resolve_attention(tc.attention, device, tc.doc_mask)
+    if attention == "flex" and device.type != "cuda":
+        raise ConfigError(
+            f"train.attention=flex cannot train on {device.type}: FlexAttention has no backward there (torch "
+            f"{torch.__version__.split('+')[0]})",
+            "set train.attention=auto or sdpa (the dense document mask)",
+        )
+    if tc.doc_mask:
+        say(f"document masking: {'FlexAttention block mask' if attention == 'flex' else 'dense SDPA mask'}")
+    model, train_model = build_model(
+        args, kernels_for(kernel_choice, device, cpu_matmul or "blas", attention), tc, info
+    )
     fp8_layers: tuple[str, ...] = ()
     after_step = None
     if tc.precision == "fp8":
@@ -396,6 +407,7 @@ def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, 
         "parallel": info.parallel,  # the launch's choice (--nproc N: ddp); the config keeps what was given
         "precision": cfg.train.precision,
         "kernels": cfg.train.kernels,
+        "attention": s.model.kernels.attention if cfg.train.doc_mask else None,
         "cpu_matmul": f"{s.cpu_matmul} ({s.cpu_matmul_source})" if s.cpu_matmul else None,
         "cpu_matmul_backend": s.cpu_matmul,
         "peak_flops": s.peak_flops,

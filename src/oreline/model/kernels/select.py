@@ -18,6 +18,7 @@ one process may compute differently, and a resumed run swaps its backend on its 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -52,9 +53,31 @@ def resolve_choice(choice: str, device: torch.device | str) -> str:
     return choice
 
 
-def kernels_for(choice: str, device: torch.device | str, matmul_backend: str = "blas") -> Kernels:
-    """The Kernels for `train.kernels = choice` on `device`; `matmul_backend` serves the CPU set."""
-    return cpu_kernels(matmul_backend) if resolve_choice(choice, device) == "cpu" else REFERENCE
+def kernels_for(
+    choice: str, device: torch.device | str, matmul_backend: str = "blas", attention: str = "sdpa"
+) -> Kernels:
+    """The Kernels for `train.kernels = choice` on `device`; `matmul_backend` serves the CPU set,
+    `attention` ("sdpa" | "flex", resolve_attention's) computes document-masked attention."""
+    kernels = cpu_kernels(matmul_backend) if resolve_choice(choice, device) == "cpu" else REFERENCE
+    return kernels if attention == kernels.attention else replace(kernels, attention=attention)
+
+
+ATTENTION_CHOICES = ("auto", "sdpa", "flex")
+
+
+def resolve_attention(choice: str, device: torch.device | str, doc_mask: bool) -> str:
+    """ "sdpa" or "flex": what `train.attention = choice` means on `device`. "auto" takes
+    FlexAttention on CUDA when documents are masked (a block-sparse fused kernel instead of a
+    dense (T, T) mask; tests/model/test_flex_attention.py holds it equal to the dense path) and
+    SDPA otherwise: without doc_mask there is no mask to build, and on a CPU FlexAttention runs
+    unfused and has no backward (torch 2.13)."""
+    if choice not in ATTENTION_CHOICES:
+        raise ConfigError(
+            f"train.attention = {choice!r} is unknown", f"use one of {', '.join(ATTENTION_CHOICES)}"
+        )
+    if choice == "auto":
+        return "flex" if doc_mask and torch.device(device).type == "cuda" else "sdpa"
+    return choice
 
 
 def matmul_backend(model: torch.nn.Module) -> str | None:
