@@ -35,6 +35,7 @@ CPU), each tested equal to the reference, with the same parameters and state dic
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -266,7 +267,13 @@ def doc_block_mask(doc_ids: torch.Tensor) -> Any:
     return create_block_mask(causal_same_doc, B, None, T, T, device=doc_ids.device)
 
 
-_COMPILED_FLEX: Callable | None = None
+@functools.cache
+def _compiled_flex() -> Callable:
+    """One torch.compile of flex_attention for the process (a pure function: compiling it once
+    only spares recompilation; dynamo keys its graphs on shapes and dtypes)."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    return torch.compile(flex, dynamic=False)
 
 
 def flex_attention(
@@ -275,7 +282,6 @@ def flex_attention(
     """flex_attention of (B, heads, T, hd) q/k/v under `block_mask`. On CUDA outside a compiled
     region it goes through one torch.compile of flex_attention (eager flex_attention is an unfused
     O(T²) reference); inside a compiled block dynamo compiles it with the block."""
-    global _COMPILED_FLEX
     from torch.nn.attention.flex_attention import flex_attention as flex
 
     if torch.compiler.is_compiling():  # inside a compiled block: compiled with it
@@ -284,9 +290,7 @@ def flex_attention(
         with warnings.catch_warnings():  # eager off CUDA: the unfused reference, on purpose
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
             return flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
-    if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex, dynamic=False)
-    return _COMPILED_FLEX(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -137,6 +137,12 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
             resolve_backend(tc.cpu_matmul) if info.is_main else None
         )
         say(f"kernels: cpu; fp32 matmuls: {cpu_matmul} ({cpu_matmul_source})")
+    elif kernel_choice == "cuda":  # auto on CUDA: the RMSNorm / RoPE measured fastest on this GPU
+        from oreline.model.kernels import cuda_choice
+        from oreline.model.kernels.select import gpu_name
+
+        picked, source = cuda_choice.choice(gpu_name(device))
+        say(f"kernels: RMSNorm {picked['rms_norm']}, RoPE {picked['rope']} ({source})")
     else:
         say(f"kernels: reference ({tc.kernels})")
 
