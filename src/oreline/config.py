@@ -324,7 +324,7 @@ class TokenizeConfig(Section):
 class ModelConfig(Section):
     preset: str | None = Field(
         "demo",
-        description="named size (debug, demo, 125m, 1b, llama2-7b, llama3-8b); fields below override it",
+        description="named size (debug, demo, 125m, 1b, 3b, llama2-7b, llama3-8b); fields below override it",
     )
     dim: int | None = Field(None, gt=0)
     n_layers: int | None = Field(None, gt=0)
