@@ -448,8 +448,8 @@ class TrainConfig(Section):
     seed: int = 1234
     precision: Literal["fp32", "bf16", "fp8"] = Field(
         "fp32",
-        description="bf16 autocast; on CPU only with native bf16 (AMX / avx512_bf16), elsewhere ~20× slower than fp32. "
-        "fp8: bf16 autocast with torchao Float8 linear layers (the large projections; small ones and the output head "
+        description="fp32, bf16 or fp8. bf16: autocast; on CPU only with native bf16 (AMX / avx512_bf16), elsewhere "
+        "~20× slower than fp32. fp8: bf16 autocast with torchao Float8 linear layers (the large projections; small ones and the output head "
         "stay bf16), needs a CUDA GPU of compute capability 8.9+ (H100, L40, RTX 4090) and the fp8 extra; "
         "checkpoints are the same as bf16's",
     )

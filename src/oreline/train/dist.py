@@ -21,7 +21,8 @@ Data parallelism (`train.parallel`):
 - "fsdp": FSDP2, `fully_shard` on every transformer block, then on the root (torchtitan's
   recipe). Parameters become DTensor shards (so the optimizer is built after wrapping), forward
   all-gathers a block's weights and backward reduce-scatters its gradients. With
-  precision=bf16 on CUDA the MixedPrecisionPolicy computes in bf16 and reduces in fp32; on CPU
+  precision=bf16 or fp8 on CUDA the MixedPrecisionPolicy computes in bf16 and reduces in fp32
+  (fp8 with tensorwise scaling all-gathers its Float8Linear weights in fp8: oreline.train.float8); on CPU
   everything stays fp32. Non-final micro-batches run with `set_requires_gradient_sync(False)`.
   `clip_grad_norm_` on DTensor gradients returns the global norm (a replicated DTensor).
 
