@@ -264,7 +264,10 @@ def doc_block_mask(doc_ids: torch.Tensor) -> Any:
     def causal_same_doc(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         return (q >= kv) & (doc_ids[b, q] == doc_ids[b, kv])
 
-    return create_block_mask(causal_same_doc, B, None, T, T, device=doc_ids.device)
+    # on CUDA the mask's (B, T, T) evaluation is compiled (torchtitan's practice: eager it
+    # materialises every score position); a CPU builds it eagerly
+    cuda = doc_ids.device.type == "cuda" and not torch.compiler.is_compiling()
+    return create_block_mask(causal_same_doc, B, None, T, T, device=doc_ids.device, _compile=cuda)
 
 
 @functools.cache

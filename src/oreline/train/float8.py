@@ -96,15 +96,21 @@ def float8_config(recipe: str, emulate: bool, fsdp: bool) -> Any:
 
 
 def convert(
-    model: nn.Module, recipe: str, emulate: bool, fsdp: bool = False, size_filter: bool = True
+    model: nn.Module,
+    recipe: str,
+    emulate: bool,
+    fsdp: bool = False,
+    size_filter: bool = True,
+    projections: tuple[str, ...] = BLOCK_PROJECTIONS,
 ) -> list[str]:
     """Swap the blocks' large projections for Float8Linear, in place (before FSDP2 wraps the
     model; a meta-device model is fine). Returns the converted module names. `size_filter=False`
-    converts every block projection whose dims are multiples of 16 (the tests' tiny models)."""
+    converts every block projection whose dims are multiples of 16 (the tests' tiny models);
+    `projections` names them (another model's: gpu_check's torchtitan peer)."""
     from torchao.float8 import convert_to_float8_training
 
     def wanted(module: nn.Module, fqn: str) -> bool:
-        if type(module) is not nn.Linear or fqn.rsplit(".", 1)[-1] not in BLOCK_PROJECTIONS:
+        if type(module) is not nn.Linear or fqn.rsplit(".", 1)[-1] not in projections:
             return False  # the output head, and the CPU kernels' own Linear (a stacked q/k/v product)
         shape = tuple(module.weight.shape)
         if not size_filter:

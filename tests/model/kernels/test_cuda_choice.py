@@ -19,7 +19,9 @@ def test_no_measurement_keeps_the_reference(tmp_path):
 
 
 def test_a_recorded_measurement_decides_and_the_model_equals_the_reference(tmp_path):
-    measured = cuda_choice.measure(torch.device("cpu"), tokens=64, dim=64, n_heads=2, head_dim=32, reps=1)
+    measured = cuda_choice.measure(
+        torch.device("cpu"), tokens=64, dim=64, n_heads=2, head_dim=32, reps=1, dtype=torch.float32
+    )
     assert set(measured["rms_norm"]) == {"reference", "fused", "torch"}
     assert set(measured["rope"]) == {"reference", "fused", "complex"}
     assert all(ms > 0 for times in measured.values() for ms in times.values())

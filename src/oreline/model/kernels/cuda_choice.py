@@ -60,13 +60,15 @@ def measure(
     n_heads: int = 16,
     head_dim: int = 128,
     reps: int = 10,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> dict[str, dict[str, float]]:
-    """Milliseconds of forward + backward of each candidate on bf16 activations of a training shape
-    (`tokens` rows of width `dim` for RMSNorm; (1, tokens, n_heads, head_dim) for RoPE), best of 3."""
+    """Milliseconds of forward + backward of each candidate on activations of a training shape
+    (`tokens` rows of width `dim` for RMSNorm; (1, tokens, n_heads, head_dim) for RoPE; bf16 as
+    under autocast), best of 3."""
     gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(tokens, dim, device=device, dtype=torch.bfloat16, generator=gen)
+    x = torch.randn(tokens, dim, device=device, dtype=dtype, generator=gen)
     w = torch.ones(dim, device=device, requires_grad=True)
-    q = torch.randn(1, tokens, n_heads, head_dim, device=device, dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(1, tokens, n_heads, head_dim, device=device, dtype=dtype, generator=gen)
     args = llama.ModelArgs(dim=n_heads * head_dim, n_heads=n_heads, n_kv_heads=n_heads, max_seq_len=tokens)
     cos, sin = llama.rope_tables(args, device=device)
 
