@@ -2,7 +2,8 @@
 checkpoint stall, NaN recovery and host syncs — one table.
 
     .venv/bin/python benchmarks/gpu_check.py [--device auto|cuda|cpu] [--preset 1b,125m]
-        [--time-limit 480] [--out table.md] [--sections env,nan,syncs,async,throughput]
+        [--fp8-preset 3b] [--time-limit 480] [--out table.md]
+        [--sections env,nan,syncs,async,kernels,throughput,flex,fp8]
 
 On CUDA (one H200 is what it is sized for) every row is real: the presets (default `1b` then
 `125m`) at seq 2048 in bf16, FSDP2 (oreline.train.dist.wrap_model with its bf16 mixed-precision
@@ -33,7 +34,22 @@ Sections (each in its own try/except: a failure is a row saying so, never a cras
 - syncs: the same train() under torch.cuda.set_sync_debug_mode("warn"), every synchronising call
   recorded with the oreline line that made it and attributed to the step it fell in (ordinary,
   logging, or outside any step), beside the per-step host reads of train.debug.count_host_reads.
-Rows not reached before --time-limit say so.
+- kernels: forward + backward of each eager RMSNorm (reference, fused, F.rms_norm) and RoPE
+  (reference, fused, complex product) candidate at a 1b shape in bf16; on CUDA the fastest is
+  recorded for this GPU (oreline.model.kernels.cuda_choice), and `train.kernels = "auto"` — the
+  throughput rows that follow included — computes with it. Runs before the throughput rows.
+- flex: `train.doc_mask` through FlexAttention against the dense SDPA mask (logits, and on CUDA
+  every gradient: equal or DIFFERENT), then on CUDA the doc_mask throughput of both, eager and
+  compiled, on the first preset. torchtitan builds its block-causal mask from EOS ids inside its
+  own model call: no peer row.
+- fp8: `--fp8-preset` (default 3b, Llama-3.2-3B's shape: the largest preset whose FSDP2 training
+  state fits one GPU, where fp8's GEMMs are large) in bf16 beside fp8 (torchao tensorwise,
+  torchao's size filter, FSDP2 fp8 all-gather: what `train.precision = "fp8"` trains with), eager
+  then compiled, AC off, and torchtitan's model converted by the same torchao call when
+  torchtitan is installed. MFU is against the bf16 peak for both, so fp8's gain shows as MFU. A GPU
+  below compute capability 8.9 skips them; a CPU emulates fp8 in every projection (the path runs).
+Rows not reached before --time-limit say so. Order: env, NaN, syncs, async, kernels, then the
+first preset's throughput, flex and fp8 rows, then the other presets' throughput.
 """
 
 from __future__ import annotations
@@ -53,6 +69,7 @@ import traceback
 import warnings
 import zipfile
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -154,6 +171,13 @@ def one_rank_group(device: torch.device):
             tdist.destroy_process_group()
 
 
+def random_docs(batch: int, seq: int, device: torch.device) -> torch.Tensor:
+    """(batch, seq) int32 document ids as the loader makes them (a running count of document
+    starts), documents ~seq/8 tokens long on average."""
+    starts = torch.rand(batch, seq, device=device) < 8 / seq
+    return torch.cumsum(starts, dim=1, dtype=torch.int32)
+
+
 def free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -165,30 +189,61 @@ def is_oom(exc: BaseException) -> bool:
 
 
 class Trainer:
-    """One model as oreline trains it (kernels, AC, compile, FSDP2, AdamW), stepped on random tokens."""
+    """One model as oreline trains it (kernels, fp8, AC, compile, FSDP2, AdamW), stepped on random
+    tokens (with `doc_mask`, in random documents of ~1/8 of the sequence)."""
 
-    def __init__(self, args, device, precision, ac, compile_, build=None, kernels="auto"):
+    def __init__(
+        self,
+        args,
+        device,
+        precision,
+        ac,
+        compile_,
+        build=None,
+        kernels="auto",
+        attention="sdpa",
+        doc_mask=False,
+    ):
         from oreline.config import TrainConfig
-        from oreline.model.kernels.select import kernels_for
+        from oreline.model.kernels.select import kernels_for, resolve_choice
         from oreline.model.llama import Llama
-        from oreline.train import dist
+        from oreline.train import dist, float8
         from oreline.train.optim import build_optimizer
         from oreline.train.performance import compile_blocks, enable_activation_checkpointing
 
-        self.args, self.device = args, device
+        self.args, self.device, self.doc_mask = args, device, doc_mask
+        if precision == "fp8" and resolve_choice(kernels, device) == "cpu":
+            kernels = "reference"  # the CPU set's stacked q/k/v product would bypass fp8 (as in training)
         self.tc = TrainConfig(
             precision=precision,
             parallel="fsdp",
             activation_checkpointing=ac,
             compile=compile_,
             kernels=kernels,
+            # off a GPU with fp8 tensor cores the fp8 rows emulate (every projection: the debug
+            # preset's are below torchao's size thresholds), so the code path runs on a CPU too
+            fp8_emulate=device.type != "cuda",
+            fp8_filter="auto" if device.type == "cuda" else "all",
         )
         torch.manual_seed(0)
         with torch.device(device):  # initialised where it trains: a 1B model's CPU init takes long
             if build is None:
-                self.model = Llama(args, kernels_for(self.tc.kernels, device))
+                self.model = Llama(args, kernels_for(self.tc.kernels, device, attention=attention))
             else:
                 self.model = build()
+        self.fp8_layers: list[str] = []
+        if precision == "fp8":  # before AC, compile and FSDP2, as oreline.train.session.build_model
+            names = float8.BLOCK_PROJECTIONS if build is None else TITAN_PROJECTIONS
+            self.fp8_layers = float8.convert(
+                self.model,
+                self.tc.fp8_recipe,
+                self.tc.fp8_emulate,
+                fsdp=self.tc.fp8_recipe == "tensorwise",
+                size_filter=self.tc.fp8_filter == "auto",
+                projections=names,
+            )
+        # FSDP2 + tensorwise fp8 all-gather: the weights' scales after each optimizer step
+        self.after_step = partial(float8.precompute_scales, self.model) if self.fp8_layers else None
         if build is None:
             if ac:
                 enable_activation_checkpointing(self.model)
@@ -204,7 +259,7 @@ class Trainer:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         self.optimizer = build_optimizer(self.model, self.tc.optim, device)
-        self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
+        self.autocast_dtype = torch.bfloat16 if precision in ("bf16", "fp8") else None
         self.forward = None if build is None else self._titan_loss
 
     def _titan_loss(self, ids, labels):
@@ -214,6 +269,7 @@ class Trainer:
     def step(self, batch: int, seq: int) -> None:
         ids = torch.randint(0, self.args.vocab_size, (batch, seq), device=self.device)
         labels = torch.roll(ids, -1, dims=1)
+        doc_ids = random_docs(batch, seq, self.device) if self.doc_mask else None
         ctx = (
             torch.autocast(self.device.type, dtype=self.autocast_dtype)
             if self.autocast_dtype
@@ -221,12 +277,14 @@ class Trainer:
         )
         with ctx:
             if self.forward is None:
-                loss = self.train_model(ids, labels=labels).sum()
+                loss = self.train_model(ids, doc_ids, labels=labels).sum()
             else:
                 loss = self.forward(ids, labels)
         (loss / labels.numel()).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
+        if self.after_step is not None:
+            self.after_step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def sync(self) -> None:
@@ -325,10 +383,14 @@ def measured_row(section: str, name: str, device: torch.device, budget: Budget, 
 
 
 def one_throughput(
-    args, device, size, seq, fpt, ac, compile_, batches, budget, build=None, kernels="auto"
+    args, device, size, seq, fpt, ac, compile_, batches, budget, build=None, kernels="auto", **settings
 ) -> str:
+    """`settings`: more Trainer settings (precision, attention, doc_mask); the precision defaults to
+    the size's. `batches` is keyed by AC setting (the caller gives each row family its own)."""
+    precision = settings.pop("precision", size["precision"])
+
     def make() -> Trainer:
-        return Trainer(args, device, size["precision"], ac, compile_, build, kernels)
+        return Trainer(args, device, precision, ac, compile_, build, kernels, **settings)
 
     trainer = make()
     try:
@@ -344,19 +406,20 @@ def one_throughput(
         if batch is None:
             return "no micro-batch fits (batch 1 ran out of memory)"
         sec = trainer.timed(batch, seq, size["warmup"], size["steps"])
+        n_fp8 = len(trainer.fp8_layers)
     finally:
         del trainer
     tps = batch * seq / sec
-    peak, source = peak_flops(device, size["precision"], args, batch * seq)
+    # fp8's MFU is against the bf16 peak (torchtitan's convention), so its gain shows as MFU
+    peak, source = peak_flops(device, "bf16" if precision == "fp8" else precision, args, batch * seq)
     mfu = f"MFU {100 * fpt * tps / peak:.1f}%" if peak else f"MFU n/a ({source})"
     mem = (
         f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
         if device.type == "cuda"
         else ""
     )
-    return (
-        f"micro-batch {batch} ({how}) × seq {seq}: {tps:,.0f} tokens/s, {1000 * sec:.0f} ms/step, {mfu}{mem}"
-    )
+    fp8 = f", fp8 in {n_fp8} projections" if precision == "fp8" else ""
+    return f"micro-batch {batch} ({how}) × seq {seq}: {tps:,.0f} tokens/s, {1000 * sec:.0f} ms/step, {mfu}{mem}{fp8}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,6 +515,193 @@ def titan_builder(args, spec: dict, seq: int):
         return model
 
     return build
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8
+
+TITAN_PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")  # torchtitan's names of oreline's 7
+
+
+def fp8_rows(preset, device, budget, size) -> list[Row]:
+    """The baseline precision (bf16 on CUDA) beside fp8 (torchao tensorwise, torchao's size filter,
+    FSDP2 fp8 all-gather, as `train.precision = "fp8"` trains) on `preset`, AC off: eager, then
+    torchtitan's model converted by the same torchao call (its own float8 converter's), then compiled.
+    On a CPU fp8 is emulated and converts every projection: the rows show the path runs, not speed."""
+    from oreline.config import ModelConfig
+    from oreline.model.presets import PRESETS, flops_per_token, resolve_model_args
+
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        cap = torch.cuda.get_device_capability(device)
+        return [
+            ("fp8", preset, f"skipped: compute capability {cap[0]}.{cap[1]} has no fp8 tensor cores (8.9+)")
+        ]
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        return [("fp8", preset, "skipped: torchao not installed (pip install 'oreline[fp8]')")]
+    args = resolve_model_args(ModelConfig(preset=preset))
+    seq = min(size["seq"], args.max_seq_len)
+    fpt = flops_per_token(args, seq)
+    base, tag = size["precision"], "" if device.type == "cuda" else " emulated"
+    batches: dict[str, dict] = {"base": {}, "fp8": {}, "titan": {}}  # compiled rows reuse eager's batch
+    try:
+        import torchtitan  # noqa: F401
+
+        titan = titan_builder(args, PRESETS[preset], seq)
+    except ImportError:
+        titan = None
+
+    def row(name: str, compile_: bool, precision: str, key: str, build=None) -> Row:
+        return measured_row(
+            "fp8",
+            name,
+            device,
+            budget,
+            lambda: one_throughput(
+                args,
+                device,
+                size,
+                seq,
+                fpt,
+                False,
+                compile_,
+                batches[key],
+                budget,
+                build,
+                precision=precision,
+            ),
+        )
+
+    rows: list[Row] = []
+    for compile_ in (False, True):
+        mode = "compile" if compile_ else "eager"
+        rows.append(row(f"{preset} {base} {mode} AC off", compile_, base, "base"))
+        rows.append(row(f"{preset} fp8 tensorwise{tag} {mode} AC off", compile_, "fp8", "fp8"))
+        if titan is not None:
+            rows.append(row(f"{preset} torchtitan fp8{tag} {mode} AC off", compile_, "fp8", "titan", titan))
+        elif not compile_:
+            rows.append(
+                ("fp8", f"{preset} torchtitan fp8", "torchtitan not installed (pip install torchtitan)")
+            )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention with doc_mask
+
+
+def flex_equality(args, device: torch.device) -> str:
+    """FlexAttention's document mask against the dense SDPA mask: the same weights (a 2-block model
+    of the preset's width), fp32, random documents; logits, and on CUDA every gradient too (a CPU
+    has no FlexAttention backward in torch 2.13)."""
+    import dataclasses
+
+    from oreline.model.llama import REFERENCE, Llama
+
+    small = dataclasses.replace(args, n_layers=2, max_seq_len=min(args.max_seq_len, 1024))
+    seq, batch = small.max_seq_len, 2
+    torch.manual_seed(0)
+    with torch.device(device):
+        dense = Llama(small)
+        flex = Llama(small, dataclasses.replace(REFERENCE, attention="flex"))
+    flex.load_state_dict(dense.state_dict())
+    ids = torch.randint(0, small.vocab_size, (batch, seq), device=device)
+    labels, docs = torch.roll(ids, -1, dims=1), random_docs(batch, seq, device)
+    grads = device.type == "cuda"
+    outs = []
+    for model in (dense, flex):
+        with torch.set_grad_enabled(grads):
+            logits = model(ids, docs)
+            if grads:
+                model(ids, docs, labels=labels).mean().backward()
+        outs.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    d_logits = (outs[0][0] - outs[1][0]).abs().max().item()
+    ok = torch.allclose(outs[0][0], outs[1][0], rtol=1e-4, atol=1e-4)
+    text = f"max abs Δ logits {d_logits:.2e}"
+    if grads:
+        worst = max(
+            ((outs[0][1][n] - g).abs().max() / outs[0][1][n].abs().max().clamp_min(1e-12)).item()
+            for n, g in outs[1][1].items()
+        )
+        ok = ok and worst < 1e-3
+        text += f", max relative Δ grad {worst:.2e}"
+    else:
+        text += " (forward only: FlexAttention has no CPU backward)"
+    n_docs = int(docs[:, -1].max()) + 1
+    return f"{'equal' if ok else 'DIFFERENT'}: {text}; fp32, {batch} × {seq} tokens in ~{n_docs} documents per row"
+
+
+def flex_rows(preset, device, budget, size) -> list[Row]:
+    """train.doc_mask = true: FlexAttention equal to the dense mask, then (CUDA) throughput of both,
+    eager then compiled, AC off. torchtitan's block-causal FlexAttention masks at its tokenizer's EOS
+    ids inside its own model call, so it has no row beside these."""
+    from oreline.config import ModelConfig
+    from oreline.model.presets import flops_per_token, resolve_model_args
+
+    args = resolve_model_args(ModelConfig(preset=preset))
+    rows = [
+        measured_row(
+            "flex attention",
+            f"{preset} flex vs dense mask",
+            device,
+            budget,
+            lambda: flex_equality(args, device),
+        )
+    ]
+    if device.type != "cuda":
+        rows.append(
+            (
+                "flex attention",
+                f"{preset} doc_mask throughput",
+                "skipped: no CUDA (no FlexAttention backward on a CPU)",
+            )
+        )
+        return rows
+    seq = min(size["seq"], args.max_seq_len)
+    fpt = flops_per_token(args, seq)
+    batches: dict[str, dict] = {"sdpa": {}, "flex": {}}
+    for compile_ in (False, True):
+        for attention in ("sdpa", "flex"):
+            rows.append(
+                measured_row(
+                    "flex attention",
+                    f"{preset} doc_mask {'FlexAttention' if attention == 'flex' else 'dense SDPA mask'} "
+                    f"{'compile' if compile_ else 'eager'} AC off",
+                    device,
+                    budget,
+                    lambda compile_=compile_, attention=attention: one_throughput(
+                        args, device, size, seq, fpt, False, compile_, batches[attention], budget,
+                        attention=attention, doc_mask=True,
+                    ),
+                )
+            )  # fmt: skip
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# eager RMSNorm / RoPE candidates: the measurement train.kernels = "auto" reads on CUDA
+
+
+def section_kernels(device: torch.device) -> list[Row]:
+    """Forward + backward of each RMSNorm and RoPE candidate (oreline.model.kernels.cuda_choice) at a
+    1b training shape in bf16; on CUDA the decision is recorded for this GPU, and "auto" takes it."""
+    from oreline.model.kernels import cuda_choice
+
+    if device.type == "cuda":
+        measured = cuda_choice.measure(device)
+        picked, path = cuda_choice.record(torch.cuda.get_device_name(device), measured)
+        where = f"recorded in {path}: train.kernels=auto takes it on this GPU"
+    else:  # tiny shapes: the code runs; CPU timings decide nothing
+        measured = cuda_choice.measure(
+            device, tokens=256, dim=256, n_heads=4, head_dim=64, reps=2, dtype=torch.float32
+        )
+        picked, where = cuda_choice.decide(measured), "not recorded (a CPU: the decision is for CUDA)"
+    rows = []
+    for fn, times in measured.items():
+        shown = ", ".join(f"{name} {ms:.3f} ms" for name, ms in times.items())
+        rows.append(("kernels", f"{fn} fwd+bwd eager", f"{shown}; chosen: {picked[fn]}; {where}"))
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -693,6 +943,7 @@ def error(exc: BaseException) -> str:
 
 
 def render(rows: list[Row], header: str) -> str:
+    rows = [tuple(c.replace("|", "¦") for c in r) for r in rows]  # a "|" in a cell would split it
     widths = [max(len(r[i]) for r in [("section", "setting", "result"), *rows]) for i in range(2)]
     lines = [header, "", f"| {'section':<{widths[0]}} | {'setting':<{widths[1]}} | result |"]
     lines.append(f"|{'-' * (widths[0] + 2)}|{'-' * (widths[1] + 2)}|--------|")
@@ -700,7 +951,7 @@ def render(rows: list[Row], header: str) -> str:
     return "\n".join(lines)
 
 
-SECTIONS = ("env", "nan", "syncs", "async", "throughput")
+SECTIONS = ("env", "nan", "syncs", "async", "kernels", "throughput", "flex", "fp8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -708,6 +959,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument(
         "--preset", default=None, help="comma-separated presets (default: 1b,125m on CUDA, debug on CPU)"
+    )
+    ap.add_argument(
+        "--fp8-preset", default=None, help="preset of the fp8 rows (default: 3b on CUDA, debug on CPU)"
     )
     ap.add_argument("--time-limit", type=float, default=480.0, help="seconds for the whole run")
     ap.add_argument("--out", type=Path, default=None, help="also write the table to this file")
@@ -786,8 +1040,15 @@ def main(argv: list[str] | None = None) -> int:
         section("syncs", syncs)
         section("async checkpoint", lambda: section_async(device, budget, tmp), key="async")
         later, rows[rows_before:] = rows[rows_before:], []
-        for preset in presets:
+        # the kernels measurement first: the throughput rows' train.kernels = "auto" reads it
+        section("kernels", lambda: section_kernels(device))
+        fp8_preset = a.fp8_preset or ("3b" if cuda else "debug")
+        for i, preset in enumerate(presets):
             section("throughput", lambda preset=preset: preset_rows(preset), min_left=30)
+            if i == 0:  # the new paths on the largest preset, before the smaller presets' rows
+                with one_rank_group(device):
+                    section("flex attention", lambda p=preset: flex_rows(p, device, budget, size), 30, "flex")
+                    section("fp8", lambda: fp8_rows(fp8_preset, device, budget, size), min_left=30)
         rows.extend(later)
         budget.stop()
 

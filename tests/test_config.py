@@ -158,6 +158,10 @@ def test_cli_config_show_and_keys():
         and "data.langid.threshold" in keys.output
         and "minimum lid.176 score" in keys.output
     )
+    precision = next(line for line in keys.output.splitlines() if line.startswith("train.precision "))
+    assert "fp32, bf16 or fp8" in precision
+    assert all(f"train.{k} " in keys.output for k in ("fp8_recipe", "fp8_filter", "fp8_emulate", "attention"))
+    assert load_config(None, ["train.precision=fp8"]).train.precision == "fp8"
 
 
 # ---------------------------------------------------------------------------------------------

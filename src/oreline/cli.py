@@ -212,7 +212,8 @@ def tokens_verify(
 @model_app.command("info")
 def model_info(
     spec: Annotated[
-        str, typer.Argument(help="preset name (debug, demo, 125m, 1b, llama2-7b, llama3-8b) or a TOML config")
+        str,
+        typer.Argument(help="preset name (debug, demo, 125m, 1b, 3b, llama2-7b, llama3-8b) or a TOML config"),
     ],
     seq_len: Annotated[int, typer.Option(help="sequence length for FLOPs per token")] = 2048,
 ) -> None:

@@ -325,7 +325,7 @@ class TokenizeConfig(Section):
 class ModelConfig(Section):
     preset: str | None = Field(
         "demo",
-        description="named size (debug, demo, 125m, 1b, llama2-7b, llama3-8b); fields below override it",
+        description="named size (debug, demo, 125m, 1b, 3b, llama2-7b, llama3-8b); fields below override it",
     )
     dim: int | None = Field(None, gt=0)
     n_layers: int | None = Field(None, gt=0)
@@ -460,9 +460,28 @@ class TrainConfig(Section):
         "at step 0; the source is recorded in every checkpoint. Applies only when the run starts fresh: a "
         "resumed run continues from its own checkpoint",
     )
-    precision: Literal["fp32", "bf16"] = Field(
+    precision: Literal["fp32", "bf16", "fp8"] = Field(
         "fp32",
-        description="bf16 autocast; on CPU only with native bf16 (AMX / avx512_bf16), elsewhere ~20× slower than fp32",
+        description="fp32, bf16 or fp8. bf16: autocast; on CPU only with native bf16 (AMX / avx512_bf16), elsewhere "
+        "~20× slower than fp32. fp8: bf16 autocast with torchao Float8 linear layers (the large projections; small ones and the output head "
+        "stay bf16), needs a CUDA GPU of compute capability 8.9+ (H100, L40, RTX 4090) and the fp8 extra; "
+        "checkpoints are the same as bf16's",
+    )
+    fp8_recipe: Literal["tensorwise", "rowwise"] = Field(
+        "tensorwise",
+        description="precision=fp8: torchao's scaling recipe; tensorwise (one scale per tensor, the fastest, and "
+        "FSDP2 all-gathers fp8 weights) or rowwise (a scale per row: more accurate, bf16 all-gathers)",
+    )
+    fp8_filter: Literal["auto", "all"] = Field(
+        "auto",
+        description="precision=fp8: which block projections compute in fp8; auto: those large enough to gain "
+        "(torchao's size thresholds, as torchtitan's auto_filter_small_kn), all: every one whose dims are multiples "
+        "of 16. The output head always stays bf16",
+    )
+    fp8_emulate: bool = Field(
+        False,
+        description="precision=fp8: emulate the fp8 products in high precision (torchao's emulate), so the fp8 "
+        "code path runs on a CPU or an older GPU; a test mode, slower than bf16",
     )
     activation_checkpointing: bool = False
     compile: bool = False
@@ -515,6 +534,12 @@ class TrainConfig(Section):
         600.0, gt=0, description="timeout of every collective: a dead peer fails the run, no hang"
     )
     doc_mask: bool = Field(False, description="attention masked at document boundaries")
+    attention: Literal["auto", "sdpa", "flex"] = Field(
+        "auto",
+        description="how doc_mask's attention is computed: sdpa (a dense (T, T) mask, the reference) or flex "
+        "(FlexAttention with a block mask from the document ids, compiled on CUDA; no backward on a CPU); "
+        "auto: flex on CUDA with doc_mask, sdpa otherwise",
+    )
     log_every: int = Field(10, ge=1, description="metrics every N steps (and at steps 1 and the last)")
     profile: bool = Field(
         False,

@@ -8,7 +8,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("env", "throughput", "torchtitan", "async checkpoint", "NaN injected", "syncs")
+SECTIONS = (
+    "env",
+    "throughput",
+    "torchtitan",
+    "async checkpoint",
+    "NaN injected",
+    "syncs",
+    "kernels",
+    "flex attention",
+    "fp8",
+)
 
 
 @pytest.mark.slow
@@ -21,7 +31,7 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path):
             "--device",
             "cpu",
             "--time-limit",
-            "240",
+            "360",
             "--out",
             str(out),
         ],
@@ -60,3 +70,17 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path):
     assert first[0] == "debug eager AC off" and "tokens/s" in first[1] and "MFU" in first[1]
     fused = dict(by_section["throughput"])["debug eager AC off, fused kernels"]
     assert "tokens/s" in fused or fused == "skipped: time limit", fused
+    # the eager RMSNorm / RoPE candidates: timed, a choice made, nothing recorded off CUDA
+    kernels = dict(by_section["kernels"])
+    assert set(kernels) == {"rms_norm fwd+bwd eager", "rope fwd+bwd eager"}, kernels
+    assert all("chosen:" in r and "not recorded" in r for r in kernels.values())
+    # FlexAttention equals the dense mask (forward on a CPU); its throughput rows need CUDA
+    flex = dict(by_section["flex attention"])
+    equal = flex.get("debug flex vs dense mask", "skipped: time limit")
+    assert equal.startswith("equal:") or equal == "skipped: time limit", flex
+    # fp8 rows, emulated on a CPU: every block projection in fp8, trained beside the fp32 baseline
+    for setting, result in by_section["fp8"]:
+        if "tokens/s" not in result:
+            assert "skipped" in result or "not installed" in result or "stopped" in result, (setting, result)
+        elif " fp8 " in setting and "torchtitan" not in setting:
+            assert result.endswith("fp8 in 14 projections"), (setting, result)

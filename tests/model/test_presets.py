@@ -41,6 +41,7 @@ def test_mlp_width_rule_matches_meta():
         ("llama2-7b", 6_738_415_616),  # HF meta-llama/Llama-2-7b-hf
         ("llama3-8b", 8_030_261_248),  # HF meta-llama/Meta-Llama-3-8B
         ("1b", 1_235_814_400),  # HF meta-llama/Llama-3.2-1B (tied)
+        ("3b", 3_212_749_824),  # HF meta-llama/Llama-3.2-3B (tied)
     ],
 )
 def test_big_presets_have_the_published_parameter_counts(name, total):

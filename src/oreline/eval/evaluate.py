@@ -72,7 +72,7 @@ def evaluate_cli(
     """
     from oreline.config import Config, config_from_dict
     from oreline.model.kernels.matmul import available_backends
-    from oreline.model.kernels.select import kernels_for
+    from oreline.model.kernels.select import kernels_for, resolve_attention
     from oreline.model.llama import Llama, ModelArgs, check_shapes
     from oreline.model.presets import check_model_memory
     from oreline.tokens.format import convention
@@ -119,7 +119,8 @@ def evaluate_cli(
     # model they describe (a forged max_seq_len's RoPE tables) must fit, before anything is built
     check_shapes(state_dict, args, source=str(ckpt))
     check_model_memory(args, device, f"{ckpt}/meta.json")
-    model = Llama(args, kernels_for(cfg.train.kernels, device, recorded))
+    attention = resolve_attention(cfg.train.attention, device, cfg.train.doc_mask)
+    model = Llama(args, kernels_for(cfg.train.kernels, device, recorded, attention))
     model.load_state_dict(state_dict, strict=True)
     model.to(device)
 

@@ -17,6 +17,11 @@ attends only to earlier tokens of its own document. Positions stay global (0..T-
 sequence) on purpose: RoPE makes every attention score a function of the *relative* offset between
 query and key only, and within one document the offsets are the same whether positions restart
 at the boundary or not, so resetting positions would change nothing but cost a gather.
+Two ways compute the same mask (`Kernels.attention`): "sdpa", the reference, builds the dense
+(B, 1, T, T) boolean mask for SDPA (O(T²) memory, and SDPA's masked kernels); "flex" builds a
+FlexAttention `BlockMask` from the document ids once per forward (shared by every layer) and
+calls `flex_attention`, which skips the blocks no query of a tile may see — on CUDA compiled into
+one fused kernel; elsewhere eager (unfused, as slow as the dense path: the CPU keeps "sdpa").
 
 Numerics: RMSNorm computes its statistic in fp32 and casts back (as HF does), RoPE tables are fp32,
 logits are returned in fp32 whatever the compute dtype.
@@ -30,9 +35,12 @@ CPU), each tested equal to the reference, with the same parameters and state dic
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -236,9 +244,58 @@ class Kernels:
     rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rope
     logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear
     token_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = token_cross_entropy
+    # document masking: "sdpa" (a dense boolean mask) or "flex" (FlexAttention's BlockMask)
+    attention: str = "sdpa"
 
 
 REFERENCE = Kernels()
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention (document masking with a block-sparse mask)
+
+
+def doc_block_mask(doc_ids: torch.Tensor) -> Any:
+    """FlexAttention BlockMask for doc_ids (B, T): query q sees key k iff k ≤ q and both lie in
+    one document — the dense path's `same_doc & causal`, kept as (B, 1, ⌈T/128⌉, ⌈T/128⌉) block
+    indices, so the kernel never visits a tile that is all masked."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, T = doc_ids.shape
+
+    def causal_same_doc(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        return (q >= kv) & (doc_ids[b, q] == doc_ids[b, kv])
+
+    # on CUDA the mask's (B, T, T) evaluation is compiled (torchtitan's practice: eager it
+    # materialises every score position); a CPU builds it eagerly
+    cuda = doc_ids.device.type == "cuda" and not torch.compiler.is_compiling()
+    return create_block_mask(causal_same_doc, B, None, T, T, device=doc_ids.device, _compile=cuda)
+
+
+@functools.cache
+def _compiled_flex() -> Callable:
+    """One torch.compile of flex_attention for the process (a pure function: compiling it once
+    only spares recompilation; dynamo keys its graphs on shapes and dtypes)."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    return torch.compile(flex, dynamic=False)
+
+
+def flex_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any, gqa: bool
+) -> torch.Tensor:
+    """flex_attention of (B, heads, T, hd) q/k/v under `block_mask`. On CUDA outside a compiled
+    region it goes through one torch.compile of flex_attention (eager flex_attention is an unfused
+    O(T²) reference); inside a compiled block dynamo compiles it with the block."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    if torch.compiler.is_compiling():  # inside a compiled block: compiled with it
+        return flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    if q.device.type != "cuda":
+        with warnings.catch_warnings():  # eager off CUDA: the unfused reference, on purpose
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            return flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,7 +348,9 @@ class Attention(nn.Module):
         if kv is not None:
             k, v = kv.extend(k, v)  # (B, n_kv_heads, S, hd): the cached tokens, then these T
         gqa = self.n_kv_heads != self.n_heads  # kv head j serves query heads j·rep … (j+1)·rep−1, as HF
-        if mask is None:
+        if mask is not None and not isinstance(mask, torch.Tensor):  # a FlexAttention BlockMask
+            y = flex_attention(q, k, v, mask, gqa)
+        elif mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:  # (B or 1, 1, T, S) boolean, True where attention is allowed
             if gqa:
@@ -419,9 +478,11 @@ class Llama(nn.Module):
         cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, hd)
         mask = None
         dev = input_ids.device
-        if doc_ids is not None:  # block-diagonal causal: same document and not in the future
-            if start:
-                raise ConfigError("doc_ids cannot be combined with a KV cache", "pass one of them")
+        if doc_ids is not None and start:
+            raise ConfigError("doc_ids cannot be combined with a KV cache", "pass one of them")
+        if doc_ids is not None and self.kernels.attention == "flex":
+            mask = doc_block_mask(doc_ids)  # once per forward: every layer shares it
+        elif doc_ids is not None:  # block-diagonal causal: same document and not in the future
             causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
             same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]  # (B, T, T)
             mask = (same_doc & causal)[:, None]  # (B, 1, T, T)

@@ -115,6 +115,27 @@ PRESETS: dict[str, dict[str, Any]] = {
             "original_max_position_embeddings": 8192,
         },
     ),
+    # Llama-3.2-3B's shape (HF config): the largest preset whose bf16/fp8 training state fits one
+    # 80 GB GPU under FSDP2 (16 bytes/param ≈ 51 GB), where fp8's GEMMs are large enough to gain
+    # (benchmarks/gpu_check.py's fp8 rows).
+    "3b": dict(
+        dim=3072,
+        n_layers=28,
+        n_heads=24,
+        n_kv_heads=8,
+        vocab_size=128_256,
+        ffn_dim=8192,
+        max_seq_len=8192,
+        tie_embeddings=True,
+        rope_theta=500_000.0,
+        norm_eps=1e-5,
+        rope_scaling={
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
     "llama2-7b": dict(
         dim=4096,
         n_layers=32,

@@ -21,7 +21,8 @@ Data parallelism (`train.parallel`):
 - "fsdp": FSDP2, `fully_shard` on every transformer block, then on the root (torchtitan's
   recipe). Parameters become DTensor shards (so the optimizer is built after wrapping), forward
   all-gathers a block's weights and backward reduce-scatters its gradients. With
-  precision=bf16 on CUDA the MixedPrecisionPolicy computes in bf16 and reduces in fp32; on CPU
+  precision=bf16 or fp8 on CUDA the MixedPrecisionPolicy computes in bf16 and reduces in fp32
+  (fp8 with tensorwise scaling all-gathers its Float8Linear weights in fp8: oreline.train.float8); on CPU
   everything stays fp32. Non-final micro-batches run with `set_requires_gradient_sync(False)`.
   `clip_grad_norm_` on DTensor gradients returns the global norm (a replicated DTensor).
 
@@ -329,7 +330,7 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
 
         mesh = device_mesh(cfg, info)
         reduce = torch.bfloat16 if cfg.reduce_dtype == "bf16" else torch.float32
-        if info.device.type == "cuda" and cfg.precision == "bf16":
+        if info.device.type == "cuda" and cfg.precision in ("bf16", "fp8"):  # fp8: bf16 outside its GEMMs
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
         else:  # fp32 compute (CPU: bf16 matmuls are ~20× slower); the reduction as asked
             mp = MixedPrecisionPolicy(reduce_dtype=None if reduce == torch.float32 else reduce)

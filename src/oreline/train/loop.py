@@ -56,7 +56,8 @@ Precision: fp32, or bf16 autocast (`train.precision`). On a CPU without native b
 avx512_bf16 / amx_bf16 flag) bf16 matmuls are emulated and ran ~20× slower than fp32 on this
 project's Zen 3 machines, so the run prints a warning saying so and that fp32 is recommended — a
 warning, not a refusal: on a CPU with AMX, bf16 autocast trained the demo model ~1.5× faster
-than fp32, and the run says that instead. Activation checkpointing recomputes each
+than fp32, and the run says that instead. fp8 is bf16 autocast with torchao's Float8Linear
+projections (oreline.train.float8): CUDA SM 8.9+ only, unless `train.fp8_emulate`. Activation checkpointing recomputes each
 block in backward (non-reentrant `torch.utils.checkpoint`); `train.compile` wraps the model in
 `torch.compile` block by block (`compile_blocks`: the first step compiles, then ~12-18% faster;
 the blocks keep oneDNN's matmuls where `train.cpu_matmul` picked it). On CPU the glibc allocator

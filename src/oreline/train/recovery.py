@@ -131,7 +131,12 @@ def resume_if_asked(
     from oreline.errors import CheckpointError
     from oreline.train.checkpoint.format import CheckpointCorrupted, read_meta
     from oreline.train.checkpoint.load import load_checkpoint
-    from oreline.train.checkpoint.resume import check_resume_batch, check_resume_compatible, find_resumable
+    from oreline.train.checkpoint.resume import (
+        check_resume_batch,
+        check_resume_compatible,
+        compute_changes,
+        find_resumable,
+    )
     from oreline.train.checkpoint.verify import forget_verified
 
     # A resume reads checkpoints as a new process would: what an earlier train() in this process
@@ -205,6 +210,21 @@ def resume_if_asked(
             s.cpu_matmul, s.cpu_matmul_source = backend, f"recorded in the checkpoint {path}"
         if note:
             say(note)
+    switched = compute_changes(read_meta(path) or {}, to_dict(cfg))
+    if switched:  # a compute choice changed (bf16 ↔ fp8): allowed, and recorded as a warning
+        say(f"[yellow]warning:[/] resumed with another compute setting ({'; '.join(switched)})")
+        events.append(
+            {
+                "type": "event",
+                "step": state.step,
+                "kind": "compute_change",
+                "values": {"changes": switched},
+                "action": "warn",
+                "message": "resumed with another compute setting: "
+                + "; ".join(switched)
+                + " (same checkpoint format; the loss may step at the switch)",
+            }
+        )
     say(
         f"resumed from {path} at step {state.step} ({state.tokens_seen:,} tokens seen)"
         + (f"; allowed config changes: {', '.join(changed)}" if changed else "")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
 from oreline.errors import ConfigError
 from oreline.io import write_json_atomic
 from oreline.model.kernels.matmul import resolve_backend
-from oreline.model.kernels.select import kernels_for, resolve_choice
+from oreline.model.kernels.select import kernels_for, resolve_attention, resolve_choice
 from oreline.runs import RunDir
 from oreline.train import dist
 from oreline.train.batch import describe_batch, global_batch
@@ -82,6 +83,10 @@ class Setup:
     # train.init_from's lineage (oreline.train.init_from): set on a fresh start from weights, carried
     # on from the checkpoint by a resume; in the start record and every checkpoint's meta.json
     lineage: dict | None = None
+    # precision=fp8: the projections torchao computes in fp8, and what runs after each optimizer
+    # step (FSDP2 + tensorwise: the weights' fp8 scales for the next all-gather)
+    fp8_layers: tuple[str, ...] = ()
+    after_optimizer_step: Any = None
 
     def autocast(self) -> Any:
         if self.autocast_dtype is None:
@@ -128,17 +133,27 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         tuned = set_cpu_allocator(tc.cpu_allocator)
         say(f"CPU allocator: {tuned}" if tuned else "CPU allocator: not glibc, left as it is")
     cpu_matmul, cpu_matmul_source = None, ""
-    if resolve_choice(tc.kernels, device) == "cpu":
+    kernel_choice = kernels_choice(tc, device)
+    if kernel_choice == "cpu":
         # "auto": this machine's decision, not one measured under today's load; every rank takes rank 0's
         cpu_matmul, cpu_matmul_source = dist.from_main(
             resolve_backend(tc.cpu_matmul) if info.is_main else None
         )
         say(f"kernels: cpu; fp32 matmuls: {cpu_matmul} ({cpu_matmul_source})")
+    elif kernel_choice == "cuda":  # auto on CUDA: the RMSNorm / RoPE measured fastest on this GPU
+        from oreline.model.kernels import cuda_choice
+        from oreline.model.kernels.select import gpu_name
+
+        picked, source = cuda_choice.choice(gpu_name(device))
+        say(f"kernels: RMSNorm {picked['rms_norm']}, RoPE {picked['rope']} ({source})")
     else:
         say(f"kernels: reference ({tc.kernels})")
 
     autocast_dtype = None
-    if tc.precision == "bf16":
+    if tc.precision == "fp8":
+        check_fp8_support(device, tc.fp8_emulate)
+        autocast_dtype = torch.bfloat16
+    elif tc.precision == "bf16":
         autocast_dtype = torch.bfloat16
         native = cpu_native_bf16() if device.type == "cpu" else []
         if device.type == "cpu" and not native:
@@ -188,7 +203,7 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         args,
         tc.micro_batch,
         tc.seq_len,
-        tc.precision,
+        "bf16" if tc.precision == "fp8" else tc.precision,  # fp8 keeps bf16's weights and activations
         tc.activation_checkpointing,
         dist.shard_count(tc, info.world_size),
         device,
@@ -196,7 +211,31 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     )
     say_tf32(tc, device, say)
 
-    model, train_model = build_model(args, kernels_for(tc.kernels, device, cpu_matmul or "blas"), tc, info)
+    attention = resolve_attention(tc.attention, device, tc.doc_mask)
+    if attention == "flex" and device.type != "cuda":
+        raise ConfigError(
+            f"train.attention=flex cannot train on {device.type}: FlexAttention has no backward there (torch "
+            f"{torch.__version__.split('+')[0]})",
+            "set train.attention=auto or sdpa (the dense document mask)",
+        )
+    if tc.doc_mask:
+        say(f"document masking: {'FlexAttention block mask' if attention == 'flex' else 'dense SDPA mask'}")
+    model, train_model = build_model(
+        args, kernels_for(kernel_choice, device, cpu_matmul or "blas", attention), tc, info
+    )
+    fp8_layers: tuple[str, ...] = ()
+    after_step = None
+    if tc.precision == "fp8":
+        from oreline.train import float8
+
+        fp8_layers = tuple(n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear")
+        say(
+            f"precision: fp8 ({tc.fp8_recipe}{', emulated' if tc.fp8_emulate else ''}) in "
+            f"{len(fp8_layers)} of {7 * args.n_layers} block projections, bf16 elsewhere"
+            + ("" if fp8_layers else ": none is large enough for fp8 to pay off, so this runs as bf16")
+        )
+        if fp8_layers and float8_all_gather(tc, info):
+            after_step = partial(float8.precompute_scales, model)
     optimizer = build_optimizer(
         model, tc.optim, device
     )  # after wrapping: FSDP2 turns parameters into DTensor shards
@@ -214,7 +253,8 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
 
     fpt = flops_per_token(args, tc.seq_len)
     shapes = tuple(model_matmul_shapes(args, tc.micro_batch * tc.seq_len))
-    peak, peak_source = device_peak_flops(device, tc.precision, shapes)
+    # fp8's MFU is against the bf16 peak (torchtitan's convention): the gain shows as MFU above bf16's
+    peak, peak_source = device_peak_flops(device, "bf16" if tc.precision == "fp8" else tc.precision, shapes)
 
     say(
         f"[bold]train[/] run {run.root} on {device} ({info.world_size} process{'es' if info.world_size > 1 else ''})"
@@ -256,7 +296,38 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         autocast_dtype=autocast_dtype,
         cpu_matmul=cpu_matmul,
         cpu_matmul_source=cpu_matmul_source,
+        fp8_layers=fp8_layers,
+        after_optimizer_step=after_step,
     )
+
+
+def check_fp8_support(device: torch.device, emulate: bool) -> None:
+    from oreline.train.float8 import check_support
+
+    check_support(device, emulate)
+
+
+def kernels_choice(tc: Any, device: torch.device) -> str:
+    """train.kernels resolved for this device and precision. fp8 swaps the blocks' nn.Linear
+    projections for torchao's Float8Linear, which the CPU set's stacked q/k/v product would bypass:
+    "auto" then takes the reference, an explicit "cpu" is refused."""
+    choice = resolve_choice(tc.kernels, device)
+    if tc.precision != "fp8" or choice != "cpu":
+        return choice
+    if tc.kernels == "cpu":
+        raise ConfigError(
+            "train.kernels=cpu cannot run with train.precision=fp8 (its stacked q/k/v product bypasses "
+            "the fp8 projections)",
+            "set train.kernels=auto or reference",
+        )
+    return "reference"
+
+
+def float8_all_gather(tc: Any, info: dist.DistInfo) -> bool:
+    """Whether FSDP2 all-gathers fp8 weights: tensorwise under FSDP/HSDP (torchao's fp8 all-gather
+    is tensorwise only)."""
+    fsdp = tc.parallel in ("fsdp", "hsdp") and (info.distributed or torch.distributed.is_initialized())
+    return fsdp and tc.fp8_recipe == "tensorwise"
 
 
 def build_model(
@@ -279,6 +350,16 @@ def build_model(
     gen = torch.Generator().manual_seed(tc.seed)  # the initial weights are a function of the seed
     with torch.device("meta"):
         model = Llama(args, kernels)
+    if tc.precision == "fp8":  # before AC, compile and FSDP2, as torchtitan converts
+        from oreline.train import float8
+
+        float8.convert(
+            model,
+            tc.fp8_recipe,
+            tc.fp8_emulate,
+            fsdp=float8_all_gather(tc, info),
+            size_filter=tc.fp8_filter == "auto",
+        )
     if tc.activation_checkpointing:
         enable_activation_checkpointing(model)
     if tc.compile:
@@ -336,6 +417,7 @@ def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, 
         "parallel": info.parallel,  # the launch's choice (--nproc N: ddp); the config keeps what was given
         "precision": cfg.train.precision,
         "kernels": cfg.train.kernels,
+        "attention": s.model.kernels.attention if cfg.train.doc_mask else None,
         "cpu_matmul": f"{s.cpu_matmul} ({s.cpu_matmul_source})" if s.cpu_matmul else None,
         "cpu_matmul_backend": s.cpu_matmul,
         "peak_flops": s.peak_flops,

@@ -152,6 +152,8 @@ class StepRunner:
             s.optimizer.step()
         elif bool(applied):  # optim.fused=false (or no found_inf in this torch): one host read per step
             s.optimizer.step()
+        if s.after_optimizer_step is not None:  # fp8 + FSDP2: the weights' scales for the next all-gather
+            s.after_optimizer_step()
         # the window observes every step after warmup, a skipped one too (oreline.train.stability),
         # but none whose rollback is pending: the rollback restores the checkpoint's window
         joins = ~self.frozen if rollback_ready else torch.ones((), dtype=torch.bool, device=s.device)

@@ -77,3 +77,35 @@ def test_rope_bf16_matches_the_reference():
     a, b = rope.apply_rope(x, cos, sin), apply_rope(x, cos, sin)
     assert a.dtype == b.dtype == torch.bfloat16
     torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(4, 16, 64), (3, 5, 7, 48)])
+def test_torch_rms_norm_equals_the_reference_in_value_and_gradients(shape):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(*shape, generator=gen) * 3.0
+    w = torch.rand(shape[-1], generator=gen) + 0.5
+    g = torch.randn(*shape, generator=gen)
+    ours = _value_and_grads(lambda x, w: rmsnorm.torch_rms_norm(x, w, 1e-5), [x, w], g)
+    ref = _value_and_grads(lambda x, w: rms_norm(x, w, 1e-5), [x, w], g)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, **FP32)
+    xb, wb = x.bfloat16(), w.bfloat16()
+    a, b = rmsnorm.torch_rms_norm(xb, wb, 1e-5), rms_norm(xb, wb, 1e-5)
+    assert a.dtype == b.dtype == torch.bfloat16
+    torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_complex_rope_equals_the_reference_in_value_and_gradient(dtype):
+    args = ModelArgs(dim=64, n_heads=4, n_kv_heads=2, max_seq_len=32, rope_theta=500.0)
+    cos, sin = rope_tables(args)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 32, 4, args.head_dim, generator=gen).to(dtype)
+    g = torch.randn(2, 32, 4, args.head_dim, generator=gen).to(dtype)
+    ours = _value_and_grads(lambda x: rope.complex_rope(x, cos, sin), [x], g)
+    ref = _value_and_grads(lambda x: apply_rope(x, cos, sin), [x], g)
+    tol = FP32 if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    for a, b in zip(ours, ref, strict=True):
+        assert a.dtype == b.dtype == dtype
+        torch.testing.assert_close(a, b, **tol)

@@ -56,10 +56,10 @@ def test_cpu_kernels_equal_the_reference_model(backend, tie):
             torch.testing.assert_close(a[2][name], b[2][name], **MODEL, msg=name)
 
 
-def test_auto_is_cpu_kernels_on_cpu_and_the_reference_on_cuda():
+def test_auto_is_cpu_kernels_on_cpu_and_the_measured_choice_on_cuda():
     assert resolve_choice("auto", "cpu") == "cpu"
-    assert resolve_choice("auto", torch.device("cuda", 0)) == "reference"
-    assert kernels_for("auto", "cuda:0") is REFERENCE
+    assert resolve_choice("auto", torch.device("cuda", 0)) == "cuda"
+    assert kernels_for("auto", "cuda:0") is REFERENCE  # no measurement recorded: the reference
     assert kernels_for("reference", "cpu") is REFERENCE
     with pytest.raises(ConfigError, match="auto, reference, cpu"):
         resolve_choice("fast", "cpu")

@@ -45,3 +45,10 @@ class _RMSNormFn(torch.autograd.Function):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x²) + eps) · weight, the statistic in fp32: llama.rms_norm's values."""
     return _RMSNormFn.apply(x, weight, eps)
+
+
+def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The reference's numerics through torch's own `F.rms_norm` (one fused kernel on CUDA in
+    recent torch): normalised in fp32, cast back, then scaled by the weight, as llama.rms_norm."""
+    y = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+    return weight * y.to(x.dtype)

@@ -42,3 +42,16 @@ class _RoPEFn(torch.autograd.Function):
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (B, T, H, hd) by position; cos/sin are (T, hd). Computed in fp32, cast back."""
     return _RoPEFn.apply(x, cos[None, :, None, :], sin[None, :, None, :])
+
+
+def complex_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as one complex product (Meta's and torchtitan's form), in HF's rotate-half layout: the
+    halves (x1, x2) are the real and imaginary parts, (x1 + i·x2)·(c + i·s) = (x1·c − x2·s) +
+    i·(x2·c + x1·s), the reference's two halves. Autograd handles the backward (the conjugate
+    rotation). cos/sin are (T, hd) with equal halves, as llama.rope_tables makes them."""
+    h = x.shape[-1] // 2
+    xf = x.float()
+    z = torch.complex(xf[..., :h], xf[..., h:])
+    rot = torch.complex(cos[:, :h], sin[:, :h])[None, :, None, :]  # (1, T, 1, hd/2)
+    y = z * rot
+    return torch.cat([y.real, y.imag], dim=-1).to(x.dtype)

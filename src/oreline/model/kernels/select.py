@@ -7,9 +7,9 @@
   (kernels.matmul: oneDNN where it is the faster library). benchmarks/train_vs_hf.py measures
   this set against Hugging Face's model on the same CPU, benchmarks/cpu_kernels.py against the
   reference kernels.
-- "auto": "cpu" on a CPU, "reference" on CUDA. No GPU measurement has shown a fused kernel
-  faster there yet (benchmarks/gpu_check.py is the one to run), and torch.compile fuses the
-  reference's elementwise work on a GPU anyway.
+- "auto": "cpu" on a CPU; on CUDA the reference's projections and loss with the RMSNorm and RoPE
+  that measured fastest on this GPU (kernels.cuda_choice: benchmarks/gpu_check.py's "kernels" row
+  records the measurement; without one, the reference).
 
 The choice is a value passed to `Llama(args, kernels)`, never process-wide state: two models in
 one process may compute differently, and a resumed run swaps its backend on its own model only
@@ -18,12 +18,13 @@ one process may compute differently, and a resumed run swaps its backend on its 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import torch
 
 from oreline.errors import ConfigError
-from oreline.model.kernels import cross_entropy, matmul, rmsnorm, rope
+from oreline.model.kernels import cross_entropy, cuda_choice, matmul, rmsnorm, rope
 from oreline.model.llama import REFERENCE, Kernels
 
 CHOICES = ("auto", "reference", "cpu")
@@ -44,17 +45,51 @@ def cpu_kernels(matmul_backend: str) -> Kernels:
 
 
 def resolve_choice(choice: str, device: torch.device | str) -> str:
-    """ "reference" or "cpu": what `choice` means on `device`."""
+    """ "reference", "cpu" or "cuda" (auto on CUDA: kernels.cuda_choice's measured RMSNorm and
+    RoPE): what `choice` means on `device`."""
     if choice not in CHOICES:
         raise ConfigError(f"train.kernels = {choice!r} is unknown", f"use one of {', '.join(CHOICES)}")
     if choice == "auto":
-        return "cpu" if torch.device(device).type == "cpu" else "reference"
+        return {"cpu": "cpu", "cuda": "cuda"}.get(torch.device(device).type, "reference")
     return choice
 
 
-def kernels_for(choice: str, device: torch.device | str, matmul_backend: str = "blas") -> Kernels:
-    """The Kernels for `train.kernels = choice` on `device`; `matmul_backend` serves the CPU set."""
-    return cpu_kernels(matmul_backend) if resolve_choice(choice, device) == "cpu" else REFERENCE
+def kernels_for(
+    choice: str, device: torch.device | str, matmul_backend: str = "blas", attention: str = "sdpa"
+) -> Kernels:
+    """The Kernels for `train.kernels = choice` on `device`; `matmul_backend` serves the CPU set,
+    `attention` ("sdpa" | "flex", resolve_attention's) computes document-masked attention."""
+    resolved = resolve_choice(choice, device)
+    if resolved == "cpu":
+        kernels = cpu_kernels(matmul_backend)
+    elif resolved == "cuda":
+        kernels = cuda_choice.kernels(cuda_choice.choice(gpu_name(device))[0])
+    else:
+        kernels = REFERENCE
+    return kernels if attention == kernels.attention else replace(kernels, attention=attention)
+
+
+def gpu_name(device: torch.device | str) -> str:
+    """The CUDA device's name ("" where CUDA is absent: no measurement can match it)."""
+    return torch.cuda.get_device_name(device) if torch.cuda.is_available() else ""
+
+
+ATTENTION_CHOICES = ("auto", "sdpa", "flex")
+
+
+def resolve_attention(choice: str, device: torch.device | str, doc_mask: bool) -> str:
+    """ "sdpa" or "flex": what `train.attention = choice` means on `device`. "auto" takes
+    FlexAttention on CUDA when documents are masked (a block-sparse fused kernel instead of a
+    dense (T, T) mask; tests/model/test_flex_attention.py holds it equal to the dense path) and
+    SDPA otherwise: without doc_mask there is no mask to build, and on a CPU FlexAttention runs
+    unfused and has no backward (torch 2.13)."""
+    if choice not in ATTENTION_CHOICES:
+        raise ConfigError(
+            f"train.attention = {choice!r} is unknown", f"use one of {', '.join(ATTENTION_CHOICES)}"
+        )
+    if choice == "auto":
+        return "flex" if doc_mask and torch.device(device).type == "cuda" else "sdpa"
+    return choice
 
 
 def matmul_backend(model: torch.nn.Module) -> str | None:

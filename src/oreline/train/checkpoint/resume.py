@@ -18,6 +18,9 @@
   resume event records them. A key the checkpoint's config has but this oreline no longer knows
   (train.eval_batches, replaced by train.eval_sequences) is not a change either: it cannot be set
   any more, as a key added later at its default changes nothing.
+  Compute choices that leave the saved tensors as they are
+  (`COMPUTE_CHOICES`: train.precision between bf16 and fp8, the fp8 settings) need no
+  `--allow-config-change`: `compute_changes` names them and the run records a warning event.
 """
 
 from __future__ import annotations
@@ -93,6 +96,33 @@ NOT_COUNTED = {
 
 _ABSENT = object()
 
+# Keys whose change is a compute choice, not a change of what the checkpoint holds: allowed on
+# resume without --allow-config-change, each with the values it may move between (None: any),
+# and reported as a warning (the loss curve may step at the switch). fp8 keeps bf16's fp32
+# weights, moments and state dict keys (oreline.train.float8), so a run can switch both ways.
+COMPUTE_CHOICES: dict[str, frozenset | None] = {
+    "train.precision": frozenset({"bf16", "fp8"}),
+    "train.fp8_recipe": None,
+    "train.fp8_filter": None,
+    "train.fp8_emulate": None,
+}
+
+
+def compute_changes(meta: dict, current_config: dict) -> list[str]:
+    """The COMPUTE_CHOICES keys that differ between the checkpoint's config and this one, each as
+    "key: old → new" (what the run's warning event says)."""
+    saved = meta.get("config")
+    if not isinstance(saved, dict):
+        return []
+    out = []
+    for key, values in COMPUTE_CHOICES.items():
+        old, new = _lookup(saved, key), _lookup(current_config, key)
+        if old is _ABSENT or new is _ABSENT or old == new:
+            continue
+        if values is None or {old, new} <= values:
+            out.append(f"{key}: {old} → {new}")
+    return out
+
 
 def _lookup(d: dict, dotted: str):
     for part in dotted.split("."):
@@ -131,7 +161,8 @@ def check_resume_compatible(
     Returns the differing keys that were allowed, then the ones that do not count (`NOT_COUNTED`),
     for the run's event log.
     """
-    allow = list(allow_keys or [])
+    # compute choices (bf16 ↔ fp8) are allowed as they are; the caller warns (compute_changes)
+    allow = list(allow_keys or []) + [c.split(":")[0] for c in compute_changes(meta, current_config)]
     saved = meta.get("config")
     diffs = diff_keys(saved, current_config) if isinstance(saved, dict) else []
     if diffs:
