@@ -79,6 +79,7 @@ class Setup:
     # it was decided (this machine's cache, the config, a checkpoint's record): logged, recorded
     cpu_matmul: str | None = None
     cpu_matmul_source: str = ""
+    val_loaders: dict[str, Any] = field(default_factory=dict)  # source name → its val split's loader
 
     def autocast(self) -> Any:
         if self.autocast_dtype is None:
@@ -111,12 +112,14 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     from oreline.model.presets import check_training_memory, flops_per_token, resolve_model_args
     from oreline.model.scoring import token_byte_lengths
     from oreline.tokens.loader import TokenLoader
+    from oreline.tokens.mixture import MixtureLoader
     from oreline.tokens.train_bpe import load_tokenizer
 
     tc = cfg.train
     run = RunDir.for_config(cfg)
     tokenizer_dir = Path(expand(tc.tokenizer)) if tc.tokenizer else run.tokenizer
-    tokens_dir = Path(expand(tc.tokens)) if tc.tokens else run.tokens
+    sources = mixture_sources(cfg, run)
+    tokens_dir = sources[0].tokens
     device = info.device
     batch = global_batch(cfg, info.world_size)
     warmup_steps(tc)  # schedule errors (warmup ≥ steps, min_lr > lr) before anything is loaded
@@ -152,10 +155,10 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
 
     tokenizer = load_tokenizer(tokenizer_dir)
 
-    def split_loader(split: str) -> TokenLoader:
+    def val_loader_of(folder: Path) -> TokenLoader:
         return TokenLoader(
-            tokens_dir,
-            split=split,
+            folder,
+            split="val",
             seq_len=tc.seq_len,
             micro_batch=tc.micro_batch,
             seed=tc.seed,
@@ -165,14 +168,29 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
             doc_mask=tc.doc_mask,
         )
 
-    loader, val_loader = split_loader("train"), split_loader("val")
+    loader = MixtureLoader(
+        sources,
+        tc.phases,
+        seq_len=tc.seq_len,
+        micro_batch=tc.micro_batch,
+        seed=tc.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+        global_sequences=int(batch["sequences"]),
+        tokenizer_fingerprint=tokenizer.fingerprint,
+        doc_mask=tc.doc_mask,
+    )
+    loader.check_budget(tc.steps * int(batch["sequences"]))  # max_epochs, before anything is built
+    # each source's val split: its own validation loss (the first one is the run's `val_loader`)
+    val_loaders = {src.name: val_loader_of(src.tokens) for src in sources}
+    val_loader = val_loaders[sources[0].name]
     args = resolve_model_args(cfg.model, tokenizer.vocab_size)
     if args.vocab_size < tokenizer.vocab_size:
         raise ConfigError(
             f"model.vocab_size={args.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}",
             "unset model.vocab_size (it is taken from the tokenizer)",
         )
-    for each in (loader, val_loader):
+    for each in (loader, *val_loaders.values()):
         each.check_fits(args.vocab_size, tokenizer.bos_id, tokenizer.eos_id, "the model")
     if tc.seq_len > args.max_seq_len:
         raise ConfigError(
@@ -240,6 +258,7 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         tokenizer_dir=tokenizer_dir,
         loader=loader,
         val_loader=val_loader,
+        val_loaders=val_loaders,
         args=args,
         model=model,
         train_model=train_model,
@@ -254,6 +273,16 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         cpu_matmul=cpu_matmul,
         cpu_matmul_source=cpu_matmul_source,
     )
+
+
+def mixture_sources(cfg: Config, run: RunDir) -> list[Any]:
+    """`[[train.sources]]`, or the one-source mixture "main" of train.tokens (default <run dir>/tokens)."""
+    from oreline.tokens.mixture import LEGACY_NAME, Source
+
+    tc = cfg.train
+    if tc.sources:
+        return [Source(s.name, Path(expand(s.tokens)), s.weight, s.max_epochs) for s in tc.sources]
+    return [Source(LEGACY_NAME, Path(expand(tc.tokens)) if tc.tokens else run.tokens, 1.0)]
 
 
 def build_model(
@@ -338,4 +367,13 @@ def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, 
         "peak_source": s.peak_source,
         "schedule": schedule_samples(cfg.train),
         "total_steps": cfg.train.steps,
+        "mixture": {
+            "sources": {
+                n: {"tokens": str(ld.dir), "sequences": ld.num_sequences, "weight": float(w)}
+                for (n, ld), w in zip(
+                    s.loader.loaders.items(), [src.weight for src in s.loader.sources.values()], strict=True
+                )
+            },
+            "phases": [ph.to_json() for ph in s.loader.mixture.phases],
+        },
     }
