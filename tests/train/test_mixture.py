@@ -226,3 +226,110 @@ def test_mixture_changed_at_resume_is_recorded_as_a_new_phase(
     last = [r for r in recs if r["type"] == "train"][-1]
     assert last["source_weights"] == {"emma": 0.2, "macbeth": 0.8}
     assert last["source_tokens_interval"]["macbeth"] == pytest.approx(0.8 * 4 * 8 * 64, abs=64)
+
+
+def _kill_resume_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "oreline_test_kill_resume_mixture", Path(__file__).parent / "test_kill_resume_train.py"
+    )
+    kr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kr)
+    return kr
+
+
+@pytest.mark.slow
+def test_sigkill_resume_is_bit_exact_in_both_phases_of_a_two_phase_run(prose_tokens, second_source, tmp_path):
+    kr = _kill_resume_module()
+    mixture = {
+        "train.tokens": None,
+        "train.sources": [
+            {"name": "emma", "tokens": str(prose_tokens["tokens"]), "weight": 0.7},
+            {"name": "macbeth", "tokens": str(second_source), "weight": 0.3},
+        ],
+        # the annealing phase from step 8 on (checkpoints every 4 steps: a resume lands on its start)
+        "train.phases": [{"start_step": 8, "weights": {"emma": 0.1, "macbeth": 0.9}}],
+    }
+    ref_cfg = kr.write_config(tmp_path / "ref.toml", tmp_path / "ref", prose_tokens, **_dunder(mixture))
+    ref_proc = kr.launch(ref_cfg, tmp_path / "ref.log")
+    cfg = kr.write_config(tmp_path / "killed.toml", tmp_path / "killed", prose_tokens, **_dunder(mixture))
+    run = tmp_path / "killed" / "r"
+    # mid-step 6 (phase 1: resumes from step 4), mid-save of step 12 (phase 2: resumes from step 8,
+    # the phase's first position), mid-step 15 (resumes from step 12, inside phase 2)
+    hits = kr.run_with_kills(cfg, run, [("step", 6), ("save", 12), ("step", 15)], log=tmp_path / "k.log")
+    assert ref_proc.wait(timeout=300) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    kr.assert_identical(tmp_path / "ref" / "r", run)
+    for key in ("source_tokens", "source_weights"):
+        assert kr.per_step(tmp_path / "ref" / "r", key) == kr.per_step(run, key), key
+    weights = kr.per_step(run, "source_weights")
+    assert weights[8] == {"emma": 0.7, "macbeth": 0.3} and weights[9] == {"emma": 0.1, "macbeth": 0.9}, hits
+    resumes = [r for r in kr.records(run) if r.get("type") == "event" and r.get("kind") == "resume"]
+    assert len(resumes) == 3 and not [r for r in kr.records(run) if r.get("kind") == "phase"]
+
+
+def _dunder(settings: dict) -> dict:
+    return {k.replace(".", "__"): v for k, v in settings.items()}
+
+
+@pytest.mark.slow
+def test_one_and_two_ranks_ddp_and_fsdp_train_on_the_same_global_mixture_batches(
+    prose_tokens, second_source, tmp_path
+):
+    import math
+    import os
+    import subprocess
+    import sys
+
+    from oreline_test_train_fixtures import write_config
+
+    base = {
+        "run.name": "r",
+        "train.tokens": None,
+        "train.sources": [
+            {"name": "emma", "tokens": str(prose_tokens["tokens"]), "weight": 0.7},
+            {"name": "macbeth", "tokens": str(second_source), "weight": 0.3},
+        ],
+        "train.phases": [{"start_step": 3, "weights": {"emma": 0.3, "macbeth": 0.7}}],
+        "train.micro_batch": 2,
+        "train.steps": 6,
+        "train.log_every": 1,
+        "train.eval_every": 6,
+        "train.eval_batches": 1,
+        "eval.max_new_tokens": 2,
+        "eval.prompts": ["Emma"],
+    }
+    py, torchrun = (
+        [sys.executable, "-m", "oreline"],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone"],
+    )
+    runs = {
+        "one": ({"train.grad_accum": 4}, [*py, "train"]),
+        "ddp": ({"train.grad_accum": 2}, [*py, "train", "--nproc", "2"]),
+        "fsdp": (
+            {"train.grad_accum": 2, "train.parallel": "fsdp"},
+            [*torchrun, "--nproc_per_node=2", "-m", "oreline", "train"],
+        ),
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    procs = {}
+    for name, (changes, cmd) in runs.items():
+        cfg = write_config(tmp_path / f"{name}.toml", tmp_path / name, prose_tokens, base | changes)
+        with open(tmp_path / f"{name}.log", "wb") as log:
+            procs[name] = subprocess.Popen(
+                [*cmd, "-c", str(cfg)], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+    for name, proc in procs.items():
+        assert proc.wait(timeout=600) == 0, (tmp_path / f"{name}.log").read_text(errors="replace")[-3000:]
+    rows = {
+        n: [r for r in read_metrics(tmp_path / n / "r" / "metrics.jsonl") if r["type"] == "train"]
+        for n in runs
+    }
+    ref = rows["one"]
+    assert [r["step"] for r in ref] == list(range(1, 7))
+    for name in ("ddp", "fsdp"):
+        got = rows[name]
+        assert [r["source_tokens"] for r in got] == [r["source_tokens"] for r in ref], name
+        for a, b in zip(ref, got, strict=True):  # the same data: the same losses up to the reduction order
+            assert math.isclose(a["loss"], b["loss"], rel_tol=1e-5), (name, a["step"], a["loss"], b["loss"])
+    assert ref[-1]["source_weights"] == {"emma": 0.3, "macbeth": 0.7}
