@@ -439,7 +439,11 @@ class SourceConfig(Section):
     name: str = Field(
         ..., pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="the source's name in metrics and phases"
     )
-    tokens: str = Field(..., description="its token shard folder (oreline tokenize)")
+    tokens: str = Field(
+        ...,
+        description="its token shard folder (oreline tokenize); {run} is the run folder, and `oreline run` "
+        "makes {run}/tokens-web (the crawl's documents) and {run}/tokens-extra (data.extra_inputs) when named",
+    )
     weight: float = Field(..., ge=0, allow_inf_nan=False, description="its share of the training sequences")
     max_epochs: float | None = Field(
         None,

@@ -188,6 +188,12 @@ def _metrics(root: Path, cfg_fp: str, manifest: dict, seed: int = 3) -> None:
                 "cuda_reserved_mb": None,
                 "cuda_peak_mb": None,
                 "comm_ms": 0.0,
+                # a one-source run: the mixture "main" (oreline.tokens.mixture)
+                "source_tokens": {"main": step * GLOBAL_TOKENS},
+                "source_tokens_interval": {"main": LOG_EVERY * GLOBAL_TOKENS},
+                "source_sequences": {"main": step * MICRO * ACCUM},
+                "source_epochs": {"main": round(step * GLOBAL_TOKENS / 1_000_000, 4)},
+                "source_weights": {"main": 1.0},
             }
         )
         if step % 100 == 0:

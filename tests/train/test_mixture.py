@@ -193,6 +193,15 @@ def test_two_source_run_logs_source_tokens_at_the_weights(prose_tokens, second_s
     assert evals and set(evals[-1]["val_loss_sources"]) == {"emma", "macbeth"}
     v = evals[-1]["val_loss_sources"]
     assert evals[-1]["val_loss"] == pytest.approx(0.7 * v["emma"] + 0.3 * v["macbeth"])
+    # the report's mixture section: tokens stacked by source, validation loss per source, a table of both
+    import re
+
+    from oreline.report.html import write_report
+
+    text = write_report(Path(cfg.run.runs_dir) / "t").read_text(encoding="utf-8")
+    mixture = re.search(r'<section id="mixture">(.*?)</section>', text, re.S).group(1)
+    assert "not available" not in mixture and mixture.count("<img") == 2
+    assert "<td>emma</td>" in mixture and "<td>macbeth</td>" in mixture
 
 
 def test_mixture_changed_at_resume_is_recorded_as_a_new_phase(
@@ -333,3 +342,22 @@ def test_one_and_two_ranks_ddp_and_fsdp_train_on_the_same_global_mixture_batches
         for a, b in zip(ref, got, strict=True):  # the same data: the same losses up to the reduction order
             assert math.isclose(a["loss"], b["loss"], rel_tol=1e-5), (name, a["step"], a["loss"], b["loss"])
     assert ref[-1]["source_weights"] == {"emma": 0.3, "macbeth": 0.7}
+
+
+def test_a_source_without_a_val_split_is_trained_on_and_not_validated(
+    prose_tokens, tmp_path, one_thread, capsys
+):
+    from oreline.config import TokenizeConfig, config_from_dict, to_dict
+    from oreline.tokens.tokenize import tokenize_corpus
+    from oreline.train.loop import train
+
+    folder = tmp_path / "no-val"
+    tokenize_corpus(
+        [prose_tokens["docs"]], prose_tokens["tokenizer"], folder, TokenizeConfig(val_fraction=0.0, workers=1)
+    )
+    cfg = mixture_config(tmp_path, prose_tokens, folder, (0.5, 0.5), train__steps=6, train__eval_every=6)
+    train(config_from_dict(to_dict(cfg)), resume="none")
+    evals = [r for r in read_metrics(Path(cfg.run.runs_dir) / "t" / "metrics.jsonl") if r["type"] == "eval"]
+    assert list(evals[-1]["val_loss_sources"]) == ["emma"]
+    assert evals[-1]["val_loss"] == evals[-1]["val_loss_sources"]["emma"]  # the validated sources' weights
+    assert "'macbeth'" in capsys.readouterr().err.replace("\n", " ")

@@ -669,13 +669,16 @@ def _eager(cfg: Config) -> Any:
 
 def evaluate_sources(s: Setup, info: dist.DistInfo, batches: int, cfg: Config) -> dict[str, Any]:
     """Validation of a mixture: each source's val split on its own (`batches` each) and their total
-    weighted by the mixture's weights now (a source of weight 0 counts 0); one source: `evaluate`."""
+    weighted by the mixture's weights now (a source of weight 0 counts 0; the weights of the sources
+    with a val split, renormalised); one source: `evaluate`."""
     loaders = getattr(s, "val_loaders", None) or {}
-    if len(loaders) <= 1:
+    if len(getattr(s.loader, "loaders", ())) <= 1:
         return evaluate(s, info, batches, cfg)
     each = {name: evaluate(s, info, batches, cfg, loader) for name, loader in loaders.items()}
     weights = s.loader.weights(max(0, s.loader.consumed - 1))
-    total = sum(weights.get(n, 0.0) for n in each) or 1.0
+    total = sum(weights.get(n, 0.0) for n in each)
+    if total <= 0:  # no validated source is drawn now: their plain mean
+        weights, total = dict.fromkeys(each, 1.0), float(len(each))
 
     def weighted(key: str) -> float | None:
         parts = [(weights.get(n, 0.0) / total, v[key]) for n, v in each.items()]

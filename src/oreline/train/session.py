@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
-from oreline.errors import ConfigError
+from oreline.errors import ConfigError, InputError
 from oreline.io import write_json_atomic
 from oreline.model.kernels.matmul import resolve_backend
 from oreline.model.kernels.select import kernels_for, resolve_choice
@@ -181,9 +181,23 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         doc_mask=tc.doc_mask,
     )
     loader.check_budget(tc.steps * int(batch["sequences"]))  # max_epochs, before anything is built
-    # each source's val split: its own validation loss (the first one is the run's `val_loader`)
-    val_loaders = {src.name: val_loader_of(src.tokens) for src in sources}
-    val_loader = val_loaders[sources[0].name]
+    # each source's val split: its own validation loss (the first one is the run's `val_loader`); a
+    # source without one (a few documents, none drawn for validation) is trained on, not validated
+    val_loaders = {}
+    for src in sources:
+        if len(sources) > 1 and not _has_val(src.tokens):
+            say(
+                f"[yellow]note[/]: source {src.name!r} ({src.tokens}) has no validation split: no validation loss "
+                "of its own (raise tokenize.val_fraction and re-run oreline tokenize for one)"
+            )
+            continue
+        val_loaders[src.name] = val_loader_of(src.tokens)
+    if not val_loaders:
+        raise InputError(
+            f"no source of the mixture has a validation split ({', '.join(str(s.tokens) for s in sources)})",
+            "raise tokenize.val_fraction and re-run oreline tokenize",
+        )
+    val_loader = next(iter(val_loaders.values()))
     args = resolve_model_args(cfg.model, tokenizer.vocab_size)
     if args.vocab_size < tokenizer.vocab_size:
         raise ConfigError(
@@ -275,13 +289,24 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     )
 
 
+def _has_val(folder: Path) -> bool:
+    from oreline.tokens.tokenize import read_manifest
+
+    return any(sh.get("split") == "val" and sh.get("tokens", 0) > 0 for sh in read_manifest(folder)["shards"])
+
+
+def source_folder(tokens: str, run: RunDir) -> Path:
+    """A source's token folder: `{samples}`, `~` and `{run}` (the run folder) expanded."""
+    return Path(expand(tokens.replace("{run}", str(run.root))))
+
+
 def mixture_sources(cfg: Config, run: RunDir) -> list[Any]:
     """`[[train.sources]]`, or the one-source mixture "main" of train.tokens (default <run dir>/tokens)."""
     from oreline.tokens.mixture import LEGACY_NAME, Source
 
     tc = cfg.train
     if tc.sources:
-        return [Source(s.name, Path(expand(s.tokens)), s.weight, s.max_epochs) for s in tc.sources]
+        return [Source(s.name, source_folder(s.tokens, run), s.weight, s.max_epochs) for s in tc.sources]
     return [Source(LEGACY_NAME, Path(expand(tc.tokens)) if tc.tokens else run.tokens, 1.0)]
 
 
