@@ -361,3 +361,51 @@ def test_a_source_without_a_val_split_is_trained_on_and_not_validated(
     assert list(evals[-1]["val_loss_sources"]) == ["emma"]
     assert evals[-1]["val_loss"] == evals[-1]["val_loss_sources"]["emma"]  # the validated sources' weights
     assert "'macbeth'" in capsys.readouterr().err.replace("\n", " ")
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        ({"tokens": "/x", "sources": [{"name": "a", "tokens": "/a", "weight": 1}]}, "not both"),
+        (
+            {
+                "sources": [
+                    {"name": "a", "tokens": "/a", "weight": 1},
+                    {"name": "a", "tokens": "/b", "weight": 1},
+                ]
+            },
+            "repeat",
+        ),
+        ({"sources": [{"name": "a", "tokens": "/a", "weight": 0}]}, "weight > 0"),
+        ({"sources": [{"name": "a", "tokens": "/a", "weight": -1}]}, "greater than or equal"),
+        (
+            {
+                "sources": [{"name": "a", "tokens": "/a", "weight": 1}],
+                "phases": [{"start_step": 5, "weights": {"b": 1}}],
+            },
+            "not in train.sources",
+        ),
+        (
+            {"sources": [{"name": "a", "tokens": "/a", "weight": 1}], "phases": [{"weights": {"a": 1}}]},
+            "exactly one of start_step",
+        ),
+        ({"phases": [{"start_step": 1, "weights": {"a": 1}}]}, "needs"),
+    ],
+)
+def test_mixture_config_mistakes_name_the_setting(tree, message):
+    from oreline.config import config_from_dict
+
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"train": tree})
+
+
+def test_start_tokens_rounds_up_to_a_whole_step(prose_tokens, second_source):
+    loader = MixtureLoader(
+        sources(prose_tokens, second_source),
+        [_Phase(None, {"emma": 1.0}, start_tokens=5 * B * T + 1)],
+        seq_len=T,
+        micro_batch=B,
+        seed=3,
+    )
+    assert [p.start for p in loader.mixture.phases] == [0, 6 * B]
+    assert {n for n, _ in loader.global_indices(6 * B, 50)} == {"emma"}

@@ -46,7 +46,9 @@ continues from its own count: the next sequence it gives is the one after the la
 left out stops where it was. Nothing is replayed. The new phase is in the loader state (and so
 in every later checkpoint) and the training loop logs it as a `phase` event. As with any config
 change, resuming with other weights needs `--allow-config-change train.sources` (or
-`train.phases`), and a source whose token folder changed is refused (give it a new name).
+`train.phases`; adding or removing a source also changes the run's data fingerprint:
+`--allow-config-change data`), and a source whose token folder changed is refused (give it a
+new name).
 """
 
 from __future__ import annotations

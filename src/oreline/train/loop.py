@@ -77,7 +77,13 @@ record is written; `begin`, `evals_after_step`). SIGTERM/SIGINT/SIGUSR1 stop eve
 a checkpoint and the command that resumes (oreline.train.shutdown, `stop_after_step`).
 
 metrics.jsonl record types (`type`): start, train, eval, generation, event, checkpoint, end —
-see `MetricsLogger` in oreline.train.monitor and the fields written below.
+see `MetricsLogger` in oreline.train.monitor and the fields written below. Data mixtures
+(oreline.tokens.mixture): every train record carries `source_tokens` (cumulative tokens per
+source name), `source_tokens_interval` (since the previous train record), `source_sequences`,
+`source_epochs` and `source_weights` (the phase in effect), all functions of the loader position;
+an eval record of a several-source run carries `val_loss_sources` / `val_bpb_sources` (each
+source's val split) and its `val_loss` is their total weighted by `val_weights`; the start record
+holds the sources and phases, and a mixture changed at resume is an event of kind `phase`.
 
 The set-up before the first step is `oreline.train.session.setup_run`; saving, resuming and
 rolling back are in `oreline.train.recovery`; one step on the device is `oreline.train.step`;
