@@ -409,3 +409,25 @@ def test_start_tokens_rounds_up_to_a_whole_step(prose_tokens, second_source):
     )
     assert [p.start for p in loader.mixture.phases] == [0, 6 * B]
     assert {n for n, _ in loader.global_indices(6 * B, 50)} == {"emma"}
+
+
+def test_a_source_added_at_resume_starts_at_zero_and_a_removed_one_stops(prose_tokens, second_source):
+    emma = Source("emma", prose_tokens["tokens"], 1.0)
+    alone = MixtureLoader([emma], seq_len=T, micro_batch=B, seed=3)
+    batches(alone, 10)
+    both = MixtureLoader(sources(prose_tokens, second_source, 0.5, 0.5), seq_len=T, micro_batch=B, seed=3)
+    both.load_state_dict(json.loads(json.dumps(alone.state_dict())))
+    assert both.new_phase is not None and both.source_sequences() == {"emma": 10 * B, "macbeth": 0}
+    nxt = both.global_indices(10 * B, 40)
+    fresh = MixtureLoader(sources(prose_tokens, second_source, 0.5, 0.5), seq_len=T, micro_batch=B, seed=3)
+    assert [i for n, i in nxt if n == "macbeth"] == [
+        i for n, i in fresh.global_indices(0, 40) if n == "macbeth"
+    ]
+    assert [i for n, i in nxt if n == "emma"] == [i for n, i in alone.global_indices(10 * B, 20)]
+    batches(both, 10)
+    counts = both.source_sequences()
+    back = MixtureLoader([emma], seq_len=T, micro_batch=B, seed=3)  # macbeth left out again
+    back.load_state_dict(json.loads(json.dumps(both.state_dict())))
+    assert back.new_phase is not None and back.source_sequences() == counts
+    assert {n for n, _ in back.global_indices(back.consumed, 40)} == {"emma"}
+    assert back.source_tokens(back.consumed + 40)["macbeth"] == counts["macbeth"] * T  # stopped where it was
