@@ -473,8 +473,8 @@ class PhaseConfig(Section):
 class TrainConfig(Section):
     tokens: str | None = Field(
         None,
-        description="token shard folder (oreline tokenize); None: <run dir>/tokens; the one-source mixture "
-        "named main (use train.sources for several)",
+        description="token shard folder (oreline tokenize); None: <run dir>/tokens, or train.sources when "
+        "listed; set, it is the one-source mixture named main and train.sources / train.phases are not used",
     )
     sources: list[SourceConfig] = Field(
         [],
@@ -562,8 +562,8 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _mixture(self) -> TrainConfig:
-        if self.sources and self.tokens is not None:
-            raise ValueError("set train.tokens (one folder) or [[train.sources]] (a mixture), not both")
+        # train.tokens, when set, is what the run trains on (the one-source mixture "main"): an
+        # override of the folder on a config with sources (the demo's) needs no further change
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"train.sources names repeat: {names}")

@@ -198,7 +198,7 @@ DOCUMENT_SETS = {"tokens-web": ("data", "docs"), "tokens-extra": ("extra", "docs
 def _source_token_sets(cfg: Config, rd: RunDir, check: bool = True) -> list[tuple[Path, Path]]:
     """(token folder, documents folder) of each train source that names one of the run's document sets."""
     out = []
-    for source in cfg.train.sources:
+    for source in [] if cfg.train.tokens else cfg.train.sources:
         for name, parts in DOCUMENT_SETS.items():
             if source.tokens.rstrip("/") == "{run}/" + name:
                 docs = rd.root.joinpath(*parts)

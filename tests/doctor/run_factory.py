@@ -35,6 +35,7 @@ STEPS, LOG_EVERY, SEQ_LEN, MICRO, ACCUM = 200, 10, 128, 4, 2
 GLOBAL_TOKENS = SEQ_LEN * MICRO * ACCUM
 CONFIG_OVERRIDES = [
     "run.name=factory",
+    "train.sources=[]",  # one token folder (<run>/tokens), not the demo's mixture
     "model.preset=debug",
     f"train.seq_len={SEQ_LEN}",
     f"train.micro_batch={MICRO}",

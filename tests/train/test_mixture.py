@@ -366,7 +366,6 @@ def test_a_source_without_a_val_split_is_trained_on_and_not_validated(
 @pytest.mark.parametrize(
     ("tree", "message"),
     [
-        ({"tokens": "/x", "sources": [{"name": "a", "tokens": "/a", "weight": 1}]}, "not both"),
         (
             {
                 "sources": [

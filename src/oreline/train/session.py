@@ -168,9 +168,14 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
             doc_mask=tc.doc_mask,
         )
 
+    if tc.tokens and tc.sources:
+        say(
+            f"[yellow]note[/]: train.tokens={tc.tokens} is set: the run trains on that one folder, not on the "
+            f"{len(tc.sources)} [[train.sources]] of the config (unset train.tokens to train on the mixture)"
+        )
     loader = MixtureLoader(
         sources,
-        tc.phases,
+        tc.phases if not tc.tokens else [],
         seq_len=tc.seq_len,
         micro_batch=tc.micro_batch,
         seed=tc.seed,
@@ -305,7 +310,7 @@ def mixture_sources(cfg: Config, run: RunDir) -> list[Any]:
     from oreline.tokens.mixture import LEGACY_NAME, Source
 
     tc = cfg.train
-    if tc.sources:
+    if tc.sources and not tc.tokens:
         return [Source(s.name, source_folder(s.tokens, run), s.weight, s.max_epochs) for s in tc.sources]
     return [Source(LEGACY_NAME, Path(expand(tc.tokens)) if tc.tokens else run.tokens, 1.0)]
 
