@@ -434,9 +434,55 @@ class StabilityConfig(Section):
     )
 
 
+class SourceConfig(Section):
+    """One token source of the training mixture (oreline.tokens.mixture)."""
+
+    name: str = Field(
+        ..., pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="the source's name in metrics and phases"
+    )
+    tokens: str = Field(
+        ...,
+        description="its token shard folder (oreline tokenize); {run} is the run folder, and `oreline run` "
+        "makes {run}/tokens-web (the crawl's documents) and {run}/tokens-extra (data.extra_inputs) when named",
+    )
+    weight: float = Field(..., ge=0, allow_inf_nan=False, description="its share of the training sequences")
+    max_epochs: float | None = Field(
+        None,
+        gt=0,
+        description="the run stops with an error before reading this source more times; None: no bound",
+    )
+
+
+class PhaseConfig(Section):
+    """From a step (or a token count, rounded up to a whole step) on, the mixture takes new weights."""
+
+    start_step: int | None = Field(None, ge=0, description="the phase starts after this many optimizer steps")
+    start_tokens: int | None = Field(
+        None, ge=0, description="or after this many training tokens (rounded up to a step)"
+    )
+    weights: dict[str, float] = Field(..., description="source name → weight (a source not named: 0)")
+
+    @model_validator(mode="after")
+    def _one_start(self) -> PhaseConfig:
+        if (self.start_step is None) == (self.start_tokens is None):
+            raise ValueError("give a phase exactly one of start_step and start_tokens")
+        if any(not (w >= 0 and w < float("inf")) for w in self.weights.values()):
+            raise ValueError("phase weights must be finite and ≥ 0")
+        return self
+
+
 class TrainConfig(Section):
     tokens: str | None = Field(
-        None, description="token shard folder (oreline tokenize); None: <run dir>/tokens"
+        None,
+        description="token shard folder (oreline tokenize); None: <run dir>/tokens, or train.sources when "
+        "listed; set, it is the one-source mixture named main and train.sources / train.phases are not used",
+    )
+    sources: list[SourceConfig] = Field(
+        [],
+        description="[[train.sources]]: the token sources of the mixture (name, tokens, weight, max_epochs)",
+    )
+    phases: list[PhaseConfig] = Field(
+        [], description="[[train.phases]]: new mixture weights from start_step (or start_tokens) on"
     )
     tokenizer: str | None = Field(None, description="tokenizer folder; None: <run dir>/tokenizer")
     seq_len: int = Field(256, ge=8)
@@ -595,6 +641,23 @@ class TrainConfig(Section):
                 "train.steps = 0 trains nothing from a random init; set train.steps ≥ 1, or train.init_from "
                 "to write the source's weights as this run's step-0 model"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _mixture(self) -> TrainConfig:
+        # train.tokens, when set, is what the run trains on (the one-source mixture "main"): an
+        # override of the folder on a config with sources (the demo's) needs no further change
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"train.sources names repeat: {names}")
+        if self.sources and not any(s.weight > 0 for s in self.sources):
+            raise ValueError("train.sources: give at least one source a weight > 0")
+        if self.phases and not self.sources:
+            raise ValueError("train.phases needs [[train.sources]] to name")
+        for ph in self.phases:
+            unknown = sorted(set(ph.weights) - set(names))
+            if unknown:
+                raise ValueError(f"train.phases names {unknown}, not in train.sources ({names})")
         return self
 
 
@@ -882,8 +945,12 @@ def to_toml(cfg: BaseModel | dict) -> str:
 
     data = to_dict(cfg) if isinstance(cfg, BaseModel) else cfg
 
-    def strip_none(d: dict) -> dict:
-        return {k: strip_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+    def strip_none(d: Any) -> Any:
+        if isinstance(d, list):  # [[train.sources]]: tables in an array
+            return [strip_none(v) for v in d]
+        if not isinstance(d, dict):
+            return d
+        return {k: strip_none(v) for k, v in d.items() if v is not None}
 
     return tomli_w.dumps(strip_none(data))
 

@@ -172,7 +172,43 @@ def stage_tokenize(cfg: Config, rd: RunDir, console: Console) -> str:
         console=console,
     )
     print_manifest_summary(manifest, console)
-    return files_fingerprint([rd.tokens / "manifest.json"])
+    made = [rd.tokens / "manifest.json"]
+    for folder, docs in _source_token_sets(cfg, rd):  # a mixture's sources: one token folder per document set
+        console.print(f"token source {folder.name}: the documents of {docs}")
+        manifest = tokenize_corpus(
+            [str(docs)],
+            rd.tokenizer,
+            folder,
+            cfg.tokenize,
+            workers=cfg.tokenize.workers,
+            ray=cfg.data.ray,
+            slurm=cfg.data.slurm,
+            console=console,
+        )
+        print_manifest_summary(manifest, console)
+        made.append(folder / "manifest.json")
+    return files_fingerprint(made)
+
+
+# The run's document sets a [[train.sources]] may name as {run}/tokens-<set>: `oreline run` then
+# tokenizes that set alone into it (tokens/ keeps every document: the report's and doctor's view).
+DOCUMENT_SETS = {"tokens-web": ("data", "docs"), "tokens-extra": ("extra", "docs")}
+
+
+def _source_token_sets(cfg: Config, rd: RunDir, check: bool = True) -> list[tuple[Path, Path]]:
+    """(token folder, documents folder) of each train source that names one of the run's document sets."""
+    out = []
+    for source in [] if cfg.train.tokens else cfg.train.sources:
+        for name, parts in DOCUMENT_SETS.items():
+            if source.tokens.rstrip("/") == "{run}/" + name:
+                docs = rd.root.joinpath(*parts)
+                if check and not docs.is_dir():
+                    raise InputError(
+                        f"train source {source.name!r} names {source.tokens}, but {docs} holds no documents",
+                        "give data.extra_inputs for tokens-extra, or point the source at a token folder",
+                    )
+                out.append((rd.root / name, docs))
+    return out
 
 
 def stage_train(cfg: Config, rd: RunDir, console: Console, resume: str) -> str:
@@ -197,7 +233,9 @@ def stage_eval(cfg: Config, rd: RunDir, console: Console) -> str:
     from oreline.eval.evaluate import evaluate_cli
 
     out = rd.eval / "final.json"
-    evaluate_cli(rd.root, data=None, prompts=None, out=out, batches=cfg.eval.batches, console=console)
+    # a mixture trained on per-source folders; the final evaluation stays on every document (tokens/)
+    data = rd.tokens if _source_token_sets(cfg, rd, check=False) else None
+    evaluate_cli(rd.root, data=data, prompts=None, out=out, batches=cfg.eval.batches, console=console)
     return files_fingerprint([out])
 
 
@@ -216,11 +254,16 @@ def stage_report(cfg: Config, rd: RunDir, console: Console) -> str:
     return files_fingerprint([path])
 
 
-def _outputs_present(stage: str, rd: RunDir) -> bool:
+def _outputs_present(stage: str, rd: RunDir, cfg: Config) -> bool:
     checks: dict[str, Callable[[], bool]] = {
         "data": lambda: (rd.data / "stats.json").is_file(),
         "tokenizer": lambda: (rd.tokenizer / "tokenizer.json").is_file(),
-        "tokenize": lambda: (rd.tokens / "manifest.json").is_file(),
+        "tokenize": lambda: (
+            (rd.tokens / "manifest.json").is_file()
+            and all(
+                (folder / "manifest.json").is_file() for folder, _ in _source_token_sets(cfg, rd, check=False)
+            )
+        ),
         "train": lambda: (rd.checkpoints / "latest").is_file(),
         "eval": lambda: (rd.eval / "final.json").is_file(),
         "export": lambda: (rd.export / "config.json").is_file(),
@@ -256,7 +299,12 @@ def stage_plan(cfg: Config, from_stage: str | None = None) -> list[tuple[str, st
         must_run = must_run or stage == from_stage
         rec = lineage.get(stage, {})
         key = None if must_run else _stage_key(stage, cfg, outputs)
-        if not must_run and rec.get("key") == key and rec.get("finished") and _outputs_present(stage, rd):
+        if (
+            not must_run
+            and rec.get("key") == key
+            and rec.get("finished")
+            and _outputs_present(stage, rd, cfg)
+        ):
             plan.append((stage, "skip"))
             outputs[stage] = rec["output"]
             continue
@@ -350,7 +398,10 @@ def _stage_key(stage: str, cfg: Config, outputs: dict[str, str]) -> str:
         return stage_key(_section(cfg, "tokenizer"), outputs["data"])
     if stage == "tokenize":
         return stage_key(
-            _section(cfg, "tokenize", drop=EXECUTION_KEYS), outputs["data"], outputs["tokenizer"]
+            _section(cfg, "tokenize", drop=EXECUTION_KEYS),
+            outputs["data"],
+            outputs["tokenizer"],
+            *sorted({s.tokens for s in cfg.train.sources if s.tokens.startswith("{run}/")}),
         )
     if stage == "train":
         return stage_key(_section(cfg, "model", "train", "checkpoint", "run"), outputs["tokenize"])

@@ -35,6 +35,7 @@ STEPS, LOG_EVERY, SEQ_LEN, MICRO, ACCUM = 200, 10, 128, 4, 2
 GLOBAL_TOKENS = SEQ_LEN * MICRO * ACCUM
 CONFIG_OVERRIDES = [
     "run.name=factory",
+    "train.sources=[]",  # one token folder (<run>/tokens), not the demo's mixture
     "model.preset=debug",
     f"train.seq_len={SEQ_LEN}",
     f"train.micro_batch={MICRO}",
@@ -188,6 +189,12 @@ def _metrics(root: Path, cfg_fp: str, manifest: dict, seed: int = 3) -> None:
                 "cuda_reserved_mb": None,
                 "cuda_peak_mb": None,
                 "comm_ms": 0.0,
+                # a one-source run: the mixture "main" (oreline.tokens.mixture)
+                "source_tokens": {"main": step * GLOBAL_TOKENS},
+                "source_tokens_interval": {"main": LOG_EVERY * GLOBAL_TOKENS},
+                "source_sequences": {"main": step * MICRO * ACCUM},
+                "source_epochs": {"main": round(step * GLOBAL_TOKENS / 1_000_000, 4)},
+                "source_weights": {"main": 1.0},
             }
         )
         if step % 100 == 0:

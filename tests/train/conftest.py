@@ -128,3 +128,21 @@ def train_config(tmp_path, prose_tokens):
 # Test folders are not packages (--import-mode=importlib): test modules reach the plain helpers
 # above (make_config, write_config, read_metrics) as import_module("oreline_test_train_fixtures").
 sys.modules.setdefault("oreline_test_train_fixtures", sys.modules[__name__])
+
+
+@pytest.fixture(scope="session")
+def second_source(samples, prose_tokens, tmp_path_factory) -> Path:
+    """A second token folder of the prose tokenizer (Macbeth, ~30k tokens): a mixture's small source."""
+    from oreline.tokens.tokenize import tokenize_corpus
+
+    root = tmp_path_factory.mktemp("macbeth")
+    with zipfile.ZipFile(samples / "english-prose" / "nltk-gutenberg.zip") as zf:
+        text = zf.read("gutenberg/shakespeare-macbeth.txt").decode("utf-8", "replace")
+    docs = root / "macbeth.jsonl"
+    with docs.open("w", encoding="utf-8") as fh:
+        for i, block in enumerate(_blocks(text)):
+            fh.write(json.dumps({"id": f"macbeth-{i}", "text": block}) + "\n")
+    tokenize_corpus(
+        [docs], prose_tokens["tokenizer"], root / "tokens", TokenizeConfig(val_fraction=0.1, workers=1)
+    )
+    return root / "tokens"

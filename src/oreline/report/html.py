@@ -5,7 +5,7 @@ writes one file that works offline: inline CSS, no scripts, charts embedded as b
 (matplotlib, Agg; see report/plots.py). Each section has a stable id so tools and tests can
 find it (`<section id="funnel">`):
 
-  overview · doctor · funnel · languages · lengths · tokenizer · tokens · loss · lr · grad-norm ·
+  overview · doctor · funnel · languages · lengths · tokenizer · tokens · loss · mixture · lr · grad-norm ·
   throughput · memory · checkpoints · events · generations · eval · export · fingerprints
 
 A section whose artifact is absent or unreadable still appears and says "not available: <why>";
@@ -513,6 +513,73 @@ def section_loss(run: RunArtifacts) -> str:
     return out
 
 
+def section_mixture(run: RunArtifacts) -> str:
+    """Tokens by source (stacked), validation loss per source, and each source's totals and phases."""
+    train = [
+        r for r in _needs_train(run) if isinstance(r.get("source_tokens"), dict) and is_finite(r.get("step"))
+    ]
+    if not train:
+        raise NotAvailable("no source_tokens in the train records (a run of an oreline before mixtures)")
+    names = list(dict.fromkeys(n for r in train for n in r["source_tokens"]))
+    steps = [r["step"] for r in train]
+    layers = {
+        n: [
+            float(r["source_tokens"].get(n, 0)) if is_finite(r["source_tokens"].get(n, 0)) else 0.0
+            for r in train
+        ]
+        for n in names
+    }
+    out = img(
+        plots.stacked_chart(steps, layers, "training tokens by source", "tokens (cumulative)"),
+        "tokens by source",
+    )
+    evals = [r for r in run.records("eval") if is_finite(r.get("step"))]
+    per_source = {
+        n: (
+            [e["step"] for e in evals if is_finite((e.get("val_loss_sources") or {}).get(n))],
+            [e["val_loss_sources"][n] for e in evals if is_finite((e.get("val_loss_sources") or {}).get(n))],
+        )
+        for n in names
+    }
+    per_source = {f"val {n}": v for n, v in per_source.items() if v[0]}
+    if not per_source and len(names) == 1:  # one source: its validation loss is the run's
+        per_source = {f"val {names[0]}": _xy(evals, "val_loss")}
+    if per_source and any(xs for xs, _ in per_source.values()):
+        total = {"weighted total": _xy(evals, "val_loss")} if len(names) > 1 else None
+        out += img(
+            plots.line_chart(per_source, "validation loss per source", "nats/token", dashed=total),
+            "validation loss per source",
+        )
+    else:
+        out += '<p class="na">not available: no validation loss per source in the eval records</p>'
+    last = train[-1]
+    sequences, epochs, weights = (
+        last.get(k) or {} for k in ("source_sequences", "source_epochs", "source_weights")
+    )
+    out += table(
+        ["source", "tokens", "sequences", "epochs", "weight now"],
+        [[n, last["source_tokens"].get(n), sequences.get(n), epochs.get(n), weights.get(n)] for n in names],
+        numeric={1, 2, 3, 4},
+    )
+    phases = run.start_dict("mixture").get("phases")
+    phases = phases if isinstance(phases, list) else []
+    changed = [e for e in run.records("event") if e.get("kind") == "phase"]
+    rows = [
+        [
+            p.get("start"),
+            p.get("why"),
+            ", ".join(f"{w[0]}: {w[1]}" for w in p.get("weights") or [] if len(w) == 2),
+        ]
+        for p in phases
+        if isinstance(p, dict)
+    ]
+    if rows:
+        out += table(["from sequence", "why", "weights"], rows, numeric={0})
+    if changed:
+        out += "".join(f"<p>step {esc(e.get('step'))}: {esc(e.get('message'))}</p>" for e in changed)
+    return out
+
+
 def section_lr(run: RunArtifacts) -> str:
     train = _needs_train(run)
     plan = [
@@ -819,6 +886,7 @@ def _sections(run: RunArtifacts) -> list[tuple[str, str, Callable[[], str]]]:
         ("tokenizer", "Tokenizer", lambda: section_tokenizer(run)),
         ("tokens", "Token shards", lambda: section_tokens(run)),
         ("loss", "Loss", lambda: section_loss(run)),
+        ("mixture", "Data mixture", lambda: section_mixture(run)),
         ("lr", "Learning rate", lambda: section_lr(run)),
         ("grad-norm", "Gradient norm", lambda: section_grad_norm(run)),
         ("throughput", "Throughput and MFU", lambda: section_throughput(run)),
@@ -841,6 +909,7 @@ SECTION_IDS = [
     "tokenizer",
     "tokens",
     "loss",
+    "mixture",
     "lr",
     "grad-norm",
     "throughput",

@@ -185,3 +185,27 @@ def line_chart(
     if handles:
         ax.legend(handles, labels, fontsize=8, loc="best")
     return to_data_uri(fig)
+
+
+def stacked_chart(x: Sequence[float], layers: dict[str, Sequence[float]], title: str, ylabel: str) -> str:
+    """Areas stacked over training steps (tokens by source): each layer's y at the same x."""
+    fig = _figure()
+    ax = fig.subplots()
+    if len(x) > MAX_POINTS:  # cumulative counts are monotone: a stride loses nothing visible
+        keep = list(range(0, len(x), math.ceil(len(x) / MAX_POINTS))) + [len(x) - 1]
+        x = [x[i] for i in keep]
+        layers = {k: [v[i] for i in keep] for k, v in layers.items()}
+    ax.stackplot(
+        x,
+        *layers.values(),
+        labels=list(layers),
+        colors=[COLORS[i % len(COLORS)] for i in range(len(layers))],
+        alpha=0.8,
+    )
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if layers:
+        ax.legend(fontsize=8, loc="upper left")
+    return to_data_uri(fig)

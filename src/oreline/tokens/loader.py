@@ -19,6 +19,10 @@ at another world size with the same global batch continues the very same order. 
 state (the stored permutation of oreline before it) is refused, since its order cannot be
 continued.
 
+Training reads a mixture of token folders through `oreline.tokens.mixture.MixtureLoader`, which
+uses this loader per source (its reading, its per-epoch order) and maps each global position to a
+source first; a one-source mixture is exactly the order described here.
+
 Labels: labels[t] = stream[t + 1], except that a target equal to BOS is set to -100 (ignored by
 cross-entropy): after an EOS, which document comes next is decided by the packing order, not
 by language, so predicting the next BOS is not a language-modelling target. EOS targets are

@@ -80,7 +80,13 @@ step-0 model-only snapshot and evaluated. SIGTERM/SIGINT/SIGUSR1 stop every rank
 a checkpoint and the command that resumes (oreline.train.shutdown, `stop_after_step`).
 
 metrics.jsonl record types (`type`): start, train, eval, generation, event, checkpoint, end —
-see `MetricsLogger` in oreline.train.monitor and the fields written below.
+see `MetricsLogger` in oreline.train.monitor and the fields written below. Data mixtures
+(oreline.tokens.mixture): every train record carries `source_tokens` (cumulative tokens per
+source name), `source_tokens_interval` (since the previous train record), `source_sequences`,
+`source_epochs` and `source_weights` (the phase in effect), all functions of the loader position;
+an eval record of a several-source run carries `val_loss_sources` / `val_bpb_sources` (each
+source's val split) and its `val_loss` is their total weighted by `val_weights`; the start record
+holds the sources and phases, and a mixture changed at resume is an event of kind `phase`.
 
 The set-up before the first step is `oreline.train.session.setup_run`; saving, resuming and
 rolling back are in `oreline.train.recovery`; one step on the device is `oreline.train.step`;
@@ -201,7 +207,8 @@ def _train(
                 torch.cuda.synchronize(s.device)  # train.profile: honest per-step times
             window.end_step(batch.data_seconds, batch.tokens)  # after a read, the device has caught up
             if due.log:
-                log.log(train_record(n, s, info, state, last, lr, batch, window.take(info)))
+                record = train_record(n, s, info, state, last, lr, batch, window.take(info))
+                log.log({**record, **mixture_fields(s, n - previous_log_step(schedule, n))})
             if due.full_checkpoint:
                 last_ckpt = save(cfg, s, state, stability, "full", log)
             elif due.model_only_checkpoint:
@@ -330,6 +337,33 @@ def train_record(
     }
 
 
+def previous_log_step(schedule: Schedule, n: int) -> int:
+    """The last step before n with a train record (0: none)."""
+    m = n - 1
+    while m > 0 and not schedule.log(m):
+        m -= 1
+    return m
+
+
+def mixture_fields(s: Setup, steps: int) -> dict[str, Any]:
+    """Per-source accounting of a train record (oreline.tokens.mixture): cumulative tokens and
+    sequences per source, the tokens of the last `steps` steps, epochs, and the weights in effect.
+
+    All of it is a function of the loader position, so a resumed run logs what the uninterrupted
+    one did."""
+    loader = s.loader
+    now = loader.consumed
+    before = max(0, now - steps * int(s.batch["sequences"]))
+    tokens, earlier = loader.source_tokens(now), loader.source_tokens(before)
+    return {
+        "source_tokens": tokens,
+        "source_tokens_interval": {k: v - earlier.get(k, 0) for k, v in tokens.items()},
+        "source_sequences": loader.source_sequences(now),
+        "source_epochs": loader.source_epochs(now),
+        "source_weights": loader.weights(max(0, now - 1)),
+    }
+
+
 def end(
     cfg: Config,
     s: Setup,
@@ -435,7 +469,7 @@ def evals_after_step(
     if schedule.eval(n) and done.get("eval"):
         state.loss_sum, state.loss_count = 0.0, 0  # logged before the kill; the next mean starts here
     elif schedule.eval(n):
-        v = evaluate(s, info, cfg.train.eval_sequences, cfg)
+        v = evaluate_sources(s, info, cfg.train.eval_sequences, cfg)
         val = v["loss"]
         train_loss = state.loss_sum / state.loss_count if state.loss_count else None
         log.log(
@@ -453,6 +487,7 @@ def evals_after_step(
                 "val_batches": v["batches"],
                 "val_sequences": v["sequences"],
                 "val_tokens": v["tokens"],
+                **v.get("per_source", {}),
             }
         )
         state.loss_sum, state.loss_count = 0.0, 0
@@ -652,17 +687,54 @@ def _eager(cfg: Config) -> Any:
     return torch.compiler.set_stance("force_eager") if cfg.train.compile else _nullcontext()
 
 
-def evaluate(s: Setup, info: dist.DistInfo, sequences: int, cfg: Config) -> dict[str, Any]:
+def evaluate_sources(s: Setup, info: dist.DistInfo, sequences: int, cfg: Config) -> dict[str, Any]:
+    """Validation of a mixture: each source's val split on its own (its first `sequences` sequences) and their total
+    weighted by the mixture's weights now (a source of weight 0 counts 0; the weights of the sources
+    with a val split, renormalised); one source: `evaluate`."""
+    loaders = getattr(s, "val_loaders", None) or {}
+    if len(getattr(s.loader, "loaders", ())) <= 1:
+        return evaluate(s, info, sequences, cfg)
+    each = {name: evaluate(s, info, sequences, cfg, loader) for name, loader in loaders.items()}
+    weights = s.loader.weights(max(0, s.loader.consumed - 1))
+    total = sum(weights.get(n, 0.0) for n in each)
+    if total <= 0:  # no validated source is drawn now: their plain mean
+        weights, total = dict.fromkeys(each, 1.0), float(len(each))
+
+    def weighted(key: str) -> float | None:
+        parts = [(weights.get(n, 0.0) / total, v[key]) for n, v in each.items()]
+        if any(x is None for w, x in parts if w > 0):
+            return None
+        return sum(w * x for w, x in parts if w > 0)
+
+    out: dict[str, Any] = {k: weighted(k) for k in ("loss", "bpb", "loss_token", "loss_eos", "loss_bos")}
+    out["ppl"] = math.exp(out["loss"]) if out["loss"] is not None and out["loss"] < 700 else None
+    out["targets"] = sum(v["targets"] for v in each.values())
+    out["batches"] = sum(v["batches"] for v in each.values())
+    out["sequences"] = sum(v["sequences"] for v in each.values())
+    out["tokens"] = sum(v["tokens"] for v in each.values())
+    out["per_source"] = {
+        "val_loss_sources": {n: v["loss"] for n, v in each.items()},
+        "val_bpb_sources": {n: v["bpb"] for n, v in each.items()},
+        "val_weights": {n: weights.get(n, 0.0) / total for n in each},
+    }
+    return out
+
+
+def evaluate(
+    s: Setup, info: dist.DistInfo, sequences: int, cfg: Config, loader: Any = None
+) -> dict[str, Any]:
     """Validation over the first `sequences` sequences of the val split (train.eval_sequences),
     the token-weighted mean over exactly that set whatever micro_batch, grad_accum and world size
-    (TokenLoader.iter_eval_set); "batches" counts this rank's forwards."""
+    (TokenLoader.iter_eval_set); "batches" counts this rank's forwards. `loader`: a mixture
+    source's val split (default: the run's)"""
     from oreline.model.scoring import validation_loss
 
-    n = s.val_loader.eval_set_size(sequences)
+    val = s.val_loader if loader is None else loader
+    n = val.eval_set_size(sequences)
     with _eager(cfg):
         v = validation_loss(
             s.model,
-            s.val_loader.iter_eval_set(sequences),
+            val.iter_eval_set(sequences),
             s.tokenizer.bos_id,
             s.tokenizer.eos_id,
             None,

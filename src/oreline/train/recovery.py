@@ -202,6 +202,26 @@ def resume_if_asked(
     _restore(meta, s, state)
     s.lineage = meta.get("init_from")  # the run started from these weights; init_from is not read again
     s.loader.load_state_dict(meta["loader"])
+    phase = getattr(s.loader, "new_phase", None)
+    if phase is not None:  # the config's mixture differs from the checkpoint's: a new phase from here
+        weights = {n: float(w) for n, w in phase.normalised().items()}
+        say(f"mixture changed at resume: a new phase from step {state.step} with weights {weights}")
+        events.append(
+            {
+                "type": "event",
+                "step": state.step,
+                "kind": "phase",
+                "values": {
+                    "start_sequence": phase.start,
+                    "weights": weights,
+                    "why": phase.why,
+                    "source_sequences": s.loader.source_sequences(),
+                },
+                "action": "new_phase",
+                "message": f"mixture changed at resume: phase from step {state.step} with weights {weights}; "
+                "each source continues from its own count",
+            }
+        )
     stability.load_state_dict(meta.get("stability", {}))
     if s.cpu_matmul is not None:
         backend, note = adopt_recorded(meta.get("cpu_matmul"), cfg.train.cpu_matmul, s.cpu_matmul, str(path))

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
-from oreline.errors import ConfigError
+from oreline.errors import ConfigError, InputError
 from oreline.io import write_json_atomic
 from oreline.model.kernels.matmul import resolve_backend
 from oreline.model.kernels.select import kernels_for, resolve_attention, resolve_choice
@@ -87,6 +87,7 @@ class Setup:
     # step (FSDP2 + tensorwise: the weights' fp8 scales for the next all-gather)
     fp8_layers: tuple[str, ...] = ()
     after_optimizer_step: Any = None
+    val_loaders: dict[str, Any] = field(default_factory=dict)  # source name → its val split's loader
 
     def autocast(self) -> Any:
         if self.autocast_dtype is None:
@@ -119,12 +120,14 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     from oreline.model.presets import check_training_memory, flops_per_token, resolve_model_args
     from oreline.model.scoring import token_byte_lengths
     from oreline.tokens.loader import TokenLoader
+    from oreline.tokens.mixture import MixtureLoader
     from oreline.tokens.train_bpe import load_tokenizer
 
     tc = cfg.train
     run = RunDir.for_config(cfg)
     tokenizer_dir = Path(expand(tc.tokenizer)) if tc.tokenizer else run.tokenizer
-    tokens_dir = Path(expand(tc.tokens)) if tc.tokens else run.tokens
+    sources = mixture_sources(cfg, run)
+    tokens_dir = sources[0].tokens
     device = info.device
     batch = global_batch(cfg, info.world_size)
     warmup_steps(tc)  # schedule errors (warmup ≥ steps, min_lr > lr) before anything is loaded
@@ -170,10 +173,10 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
 
     tokenizer = load_tokenizer(tokenizer_dir)
 
-    def split_loader(split: str) -> TokenLoader:
+    def val_loader_of(folder: Path) -> TokenLoader:
         return TokenLoader(
-            tokens_dir,
-            split=split,
+            folder,
+            split="val",
             seq_len=tc.seq_len,
             micro_batch=tc.micro_batch,
             seed=tc.seed,
@@ -183,14 +186,48 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
             doc_mask=tc.doc_mask,
         )
 
-    loader, val_loader = split_loader("train"), split_loader("val")
+    if tc.tokens and tc.sources:
+        say(
+            f"[yellow]note[/]: train.tokens={tc.tokens} is set: the run trains on that one folder, not on the "
+            f"{len(tc.sources)} [[train.sources]] of the config (unset train.tokens to train on the mixture)"
+        )
+    loader = MixtureLoader(
+        sources,
+        tc.phases if not tc.tokens else [],
+        seq_len=tc.seq_len,
+        micro_batch=tc.micro_batch,
+        seed=tc.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+        global_sequences=int(batch["sequences"]),
+        tokenizer_fingerprint=tokenizer.fingerprint,
+        doc_mask=tc.doc_mask,
+    )
+    loader.check_budget(tc.steps * int(batch["sequences"]))  # max_epochs, before anything is built
+    # each source's val split: its own validation loss (the first one is the run's `val_loader`); a
+    # source without one (a few documents, none drawn for validation) is trained on, not validated
+    val_loaders = {}
+    for src in sources:
+        if len(sources) > 1 and not _has_val(src.tokens):
+            say(
+                f"[yellow]note[/]: source {src.name!r} ({src.tokens}) has no validation split: no validation loss "
+                "of its own (raise tokenize.val_fraction and re-run oreline tokenize for one)"
+            )
+            continue
+        val_loaders[src.name] = val_loader_of(src.tokens)
+    if not val_loaders:
+        raise InputError(
+            f"no source of the mixture has a validation split ({', '.join(str(s.tokens) for s in sources)})",
+            "raise tokenize.val_fraction and re-run oreline tokenize",
+        )
+    val_loader = next(iter(val_loaders.values()))
     args = resolve_model_args(cfg.model, tokenizer.vocab_size)
     if args.vocab_size < tokenizer.vocab_size:
         raise ConfigError(
             f"model.vocab_size={args.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}",
             "unset model.vocab_size (it is taken from the tokenizer)",
         )
-    for each in (loader, val_loader):
+    for each in (loader, *val_loaders.values()):
         each.check_fits(args.vocab_size, tokenizer.bos_id, tokenizer.eos_id, "the model")
     if tc.seq_len > args.max_seq_len:
         raise ConfigError(
@@ -283,6 +320,7 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         tokenizer_dir=tokenizer_dir,
         loader=loader,
         val_loader=val_loader,
+        val_loaders=val_loaders,
         args=args,
         model=model,
         train_model=train_model,
@@ -328,6 +366,27 @@ def float8_all_gather(tc: Any, info: dist.DistInfo) -> bool:
     is tensorwise only)."""
     fsdp = tc.parallel in ("fsdp", "hsdp") and (info.distributed or torch.distributed.is_initialized())
     return fsdp and tc.fp8_recipe == "tensorwise"
+
+
+def _has_val(folder: Path) -> bool:
+    from oreline.tokens.tokenize import read_manifest
+
+    return any(sh.get("split") == "val" and sh.get("tokens", 0) > 0 for sh in read_manifest(folder)["shards"])
+
+
+def source_folder(tokens: str, run: RunDir) -> Path:
+    """A source's token folder: `{samples}`, `~` and `{run}` (the run folder) expanded."""
+    return Path(expand(tokens.replace("{run}", str(run.root))))
+
+
+def mixture_sources(cfg: Config, run: RunDir) -> list[Any]:
+    """`[[train.sources]]`, or the one-source mixture "main" of train.tokens (default <run dir>/tokens)."""
+    from oreline.tokens.mixture import LEGACY_NAME, Source
+
+    tc = cfg.train
+    if tc.sources and not tc.tokens:
+        return [Source(s.name, source_folder(s.tokens, run), s.weight, s.max_epochs) for s in tc.sources]
+    return [Source(LEGACY_NAME, Path(expand(tc.tokens)) if tc.tokens else run.tokens, 1.0)]
 
 
 def build_model(
@@ -424,4 +483,13 @@ def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, 
         "peak_source": s.peak_source,
         "schedule": schedule_samples(cfg.train),
         "total_steps": cfg.train.steps,
+        "mixture": {
+            "sources": {
+                n: {"tokens": str(ld.dir), "sequences": ld.num_sequences, "weight": float(w)}
+                for (n, ld), w in zip(
+                    s.loader.loaders.items(), [src.weight for src in s.loader.sources.values()], strict=True
+                )
+            },
+            "phases": [ph.to_json() for ph in s.loader.mixture.phases],
+        },
     }
