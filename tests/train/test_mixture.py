@@ -304,7 +304,7 @@ def test_one_and_two_ranks_ddp_and_fsdp_train_on_the_same_global_mixture_batches
         "train.steps": 6,
         "train.log_every": 1,
         "train.eval_every": 6,
-        "train.eval_batches": 1,
+        "train.eval_sequences": 2,
         "eval.max_new_tokens": 2,
         "eval.prompts": ["Emma"],
     }
