@@ -433,6 +433,21 @@ class StabilityConfig(Section):
     )
 
 
+# train.activation_checkpointing was a bool before "selective": what each old value means now
+LEGACY_CHECKPOINTING = {True: "full", False: "none"}
+
+
+def upgrade_saved(tree: dict) -> dict:
+    """A config dict as written by an older oreline (a checkpoint's meta.json), with the values whose
+    spelling changed written as today's config writes them, so that comparing it with a resolved
+    config (a resume) sees only real changes: train.activation_checkpointing true/false → full/none."""
+    train = tree.get("train")
+    value = train.get("activation_checkpointing") if isinstance(train, dict) else None
+    if not isinstance(value, bool):
+        return tree
+    return {**tree, "train": {**train, "activation_checkpointing": LEGACY_CHECKPOINTING[value]}}
+
+
 class TrainConfig(Section):
     tokens: str | None = Field(
         None, description="token shard folder (oreline tokenize); None: <run dir>/tokens"
@@ -450,11 +465,30 @@ class TrainConfig(Section):
         "fp32",
         description="bf16 autocast; on CPU only with native bf16 (AMX / avx512_bf16), elsewhere ~20× slower than fp32",
     )
-    activation_checkpointing: bool = False
+    activation_checkpointing: Literal["none", "full", "selective"] = Field(
+        "none",
+        description="recompute activations in backward instead of keeping them: full (each block keeps only its "
+        "input), selective (each block keeps its matmul and attention outputs and recomputes the elementwise ops: "
+        "RMSNorm, RoPE, SiLU, products, adds); true/false mean full/none",
+    )
+    activation_checkpointing_every: int = Field(
+        1,
+        ge=1,
+        description="full/selective: checkpoint every N-th block only (blocks 0, N, 2N, …); the others keep all their activations",
+    )
     compile: bool = False
     cpu_allocator: Literal["tuned", "default"] = Field(
         "tuned",
         description="CPU: keep freed large blocks in glibc's heap (mallopt) instead of unmapping them; ~13% faster steps here",
+    )
+    loss: Literal["auto", "full", "chunked"] = Field(
+        "auto",
+        description="output projection + cross entropy: full (the whole tokens × vocab logits, as train.kernels computes "
+        "them), chunked (loss_chunk_tokens rows of logits at a time, recomputed in backward: no tokens × vocab buffer); "
+        "auto: chunked on CUDA, full on CPU (faster there)",
+    )
+    loss_chunk_tokens: int = Field(
+        1024, ge=1, description="loss=chunked: tokens per chunk of logits (1,024 × 128k vocab = 0.5 GB fp32)"
     )
     kernels: Literal["auto", "reference", "cpu"] = Field(
         "auto",
@@ -499,6 +533,13 @@ class TrainConfig(Section):
         600.0, gt=0, description="timeout of every collective: a dead peer fails the run, no hang"
     )
     doc_mask: bool = Field(False, description="attention masked at document boundaries")
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _checkpointing_bool(cls, value: Any) -> Any:
+        # configs and checkpoints written before "selective" existed hold a bool
+        return LEGACY_CHECKPOINTING.get(value, value) if isinstance(value, bool) else value
+
     log_every: int = Field(10, ge=1, description="metrics every N steps (and at steps 1 and the last)")
     profile: bool = Field(
         False,

@@ -190,10 +190,21 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         dist.shard_count(tc, info.world_size),
         device,
         grad_sync_per_step=tc.fsdp_grad_sync == "step" and tc.grad_accum > 1,
+        checkpoint_every=tc.activation_checkpointing_every,
+        loss_chunk_tokens=tc.loss_chunk_tokens if loss_choice(tc, device) == "chunked" else None,
     )
     say_tf32(tc, device, say)
 
-    model, train_model = build_model(args, kernels_for(tc.kernels, device, cpu_matmul or "blas"), tc, info)
+    kernels = with_loss(
+        kernels_for(tc.kernels, device, cpu_matmul or "blas"), tc, device, cpu_matmul or "blas"
+    )
+    loss = loss_choice(tc, device)
+    say(
+        f"loss: {loss} ({tc.loss_chunk_tokens} tokens per chunk of logits)"
+        if loss == "chunked"
+        else f"loss: {loss}"
+    )
+    model, train_model = build_model(args, kernels, tc, info)
     optimizer = build_optimizer(
         model, tc.optim, device
     )  # after wrapping: FSDP2 turns parameters into DTensor shards
@@ -256,6 +267,24 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     )
 
 
+def loss_choice(tc: Any, device: torch.device) -> str:
+    """ "full" or "chunked": what `train.loss` means on `device`. auto: chunked on CUDA, where the
+    (tokens × vocab) logits are what limits the micro-batch at a 128k vocabulary; full on a CPU,
+    where the kernels' fused loss ran faster (benchmarks/chunked_loss.py)."""
+    if tc.loss == "auto":
+        return "chunked" if torch.device(device).type == "cuda" else "full"
+    return tc.loss
+
+
+def with_loss(kernels: Any, tc: Any, device: torch.device, backend: str) -> Any:
+    """`kernels` with the token loss `train.loss` asks for (the chunked one replaces the kernels' own)."""
+    from oreline.model.kernels.select import with_chunked_loss
+
+    if loss_choice(tc, device) != "chunked":
+        return kernels
+    return with_chunked_loss(kernels, tc.loss_chunk_tokens, backend)
+
+
 def build_model(
     args: Any, kernels: Any, tc: Any, info: dist.DistInfo
 ) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -276,8 +305,7 @@ def build_model(
     gen = torch.Generator().manual_seed(tc.seed)  # the initial weights are a function of the seed
     with torch.device("meta"):
         model = Llama(args, kernels)
-    if tc.activation_checkpointing:
-        enable_activation_checkpointing(model)
+    enable_activation_checkpointing(model, tc.activation_checkpointing, tc.activation_checkpointing_every)
     if tc.compile:
         compile_blocks(model)
     fsdp = tc.parallel in ("fsdp", "hsdp") and (info.distributed or torch.distributed.is_initialized())

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from oreline.config import Config, diff_keys, to_dict
+from oreline.config import Config, diff_keys, to_dict, upgrade_saved
 from oreline.errors import CheckpointError, TrainingError
 from oreline.train.checkpoint.async_save import wait_for_pending_save
 from oreline.train.checkpoint.format import checkpoints_root, latest_problem, list_checkpoints
@@ -107,6 +107,8 @@ def check_resume_compatible(
     """
     allow = list(allow_keys or [])
     saved = meta.get("config")
+    if isinstance(saved, dict):  # an older oreline's spellings (true for "full") are no change
+        saved = upgrade_saved(saved)
     diffs = diff_keys(saved, current_config) if isinstance(saved, dict) else []
     if diffs:
         # A key the checkpoint's config does not have was added by a later oreline; at its default
