@@ -60,3 +60,6 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path):
     assert first[0] == "debug eager AC off" and "tokens/s" in first[1] and "MFU" in first[1]
     fused = dict(by_section["throughput"])["debug eager AC off, fused kernels"]
     assert "tokens/s" in fused or fused == "skipped: time limit", fused
+    levers = dict(by_section["levers"])
+    for name in ("debug eager AC full vs selective", "debug eager loss full vs chunked"):
+        assert "tokens/s" in levers[name] or levers[name] == "skipped: time limit", levers[name]
