@@ -64,3 +64,39 @@ def test_a_resumes_backend_switch_keeps_the_chunked_loss():
     loss = model.kernels.token_loss
     assert loss.func is chunked_linear_cross_entropy
     assert loss.keywords == {"chunk_tokens": 9, "backend": "onednn"}
+
+
+def _losses(tmp_path, train_config, name, **dotted):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from oreline.train.loop import train
+
+    cfg = train_config(
+        run__name=name, train__steps=6, train__log_every=1, train__eval_every=0, eval__prompts=[], **dotted
+    )
+    out = io.StringIO()
+    train(cfg, resume="none", console=Console(file=out, width=200))
+    recs = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r["loss"] for r in recs if r["type"] == "train"], out.getvalue()
+
+
+def test_a_run_with_selective_checkpointing_and_the_chunked_loss_trains_as_the_default(
+    tmp_path, train_config, one_thread
+):
+    """oreline's own training loop end to end (setup_run applies both levers): the same losses, step by step."""
+    ref, _ = _losses(tmp_path, train_config, "ref")
+    got, said = _losses(
+        tmp_path,
+        train_config,
+        "levers",
+        train__activation_checkpointing="selective",
+        train__loss="chunked",
+        train__loss_chunk_tokens=100,
+    )
+    assert "loss: chunked (100 tokens per chunk of logits)" in said
+    assert 'activation_checkpointing = "selective"' in (tmp_path / "levers" / "config.toml").read_text()
+    assert len(got) == len(ref) == 6
+    assert got == pytest.approx(ref, rel=1e-5)
