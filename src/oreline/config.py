@@ -534,12 +534,6 @@ class TrainConfig(Section):
     )
     doc_mask: bool = Field(False, description="attention masked at document boundaries")
 
-    @field_validator("activation_checkpointing", mode="before")
-    @classmethod
-    def _checkpointing_bool(cls, value: Any) -> Any:
-        # configs and checkpoints written before "selective" existed hold a bool
-        return LEGACY_CHECKPOINTING.get(value, value) if isinstance(value, bool) else value
-
     log_every: int = Field(10, ge=1, description="metrics every N steps (and at steps 1 and the last)")
     profile: bool = Field(
         False,
@@ -554,6 +548,12 @@ class TrainConfig(Section):
     optim: OptimConfig = OptimConfig()
     stability: StabilityConfig = StabilityConfig()
     debug: DebugConfig = DebugConfig()
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _checkpointing_bool(cls, value: Any) -> Any:
+        # configs and checkpoints written before "selective" existed hold a bool
+        return LEGACY_CHECKPOINTING[value] if isinstance(value, bool) else value
 
 
 class CheckpointConfig(Section):

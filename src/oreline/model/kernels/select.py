@@ -11,6 +11,9 @@
   faster there yet (benchmarks/gpu_check.py is the one to run), and torch.compile fuses the
   reference's elementwise work on a GPU anyway.
 
+`with_chunked_loss` swaps any set's token loss for kernels.chunked_cross_entropy's
+(`train.loss = "chunked"`, which oreline.train.session decides).
+
 The choice is a value passed to `Llama(args, kernels)`, never process-wide state: two models in
 one process may compute differently, and a resumed run swaps its backend on its own model only
 (`use_matmul_backend`).
