@@ -48,6 +48,8 @@ Sections (each in its own try/except: a failure is a row saying so, never a cras
   then compiled, AC off, and torchtitan's model converted by the same torchao call when
   torchtitan is installed. MFU is against the bf16 peak for both, so fp8's gain shows as MFU. A GPU
   below compute capability 8.9 skips them; a CPU emulates fp8 in every projection (the path runs).
+- levers (after the peer, before the compiled rows): selective vs full activation checkpointing and
+  the chunked vs the full loss, each pair at the eager AC-off micro-batch (`lever_rows`).
 Rows not reached before --time-limit say so. Order: env, NaN, syncs, async, kernels, then the
 first preset's throughput, flex and fp8 rows, then the other presets' throughput.
 """
@@ -420,6 +422,72 @@ def one_throughput(
     )
     fp8 = f", fp8 in {n_fp8} projections" if precision == "fp8" else ""
     return f"micro-batch {batch} ({how}) × seq {seq}: {tps:,.0f} tokens/s, {1000 * sec:.0f} ms/step, {mfu}{mem}{fp8}"
+
+
+# ---------------------------------------------------------------------------------------------
+# memory levers: selective vs full activation checkpointing, chunked vs full loss
+
+
+def lever_rows(preset, device, budget, size, batches) -> list[Row]:
+    """Two pairs at the eager AC-off row's micro-batch (it fits both sides of each pair), eager:
+    `train.activation_checkpointing` full vs selective (tokens/s and peak memory of each, and
+    selective's speed-up over full: the target is ≥ 1.08×), and `train.loss` full (the kernels'
+    logits) vs chunked (oreline.model.kernels.chunked_cross_entropy, train.loss_chunk_tokens' default).
+    The levers are applied to the wrapped model, as session.build_model's order gives the same thing
+    (FSDP2's hooks run around a block's replaced forward either way)."""
+    from oreline.config import ModelConfig, TrainConfig
+    from oreline.model.kernels.select import with_chunked_loss
+    from oreline.model.presets import resolve_model_args
+    from oreline.train.performance import enable_activation_checkpointing
+
+    args = resolve_model_args(ModelConfig(preset=preset))
+    seq = min(size["seq"], args.max_seq_len)
+    chunk = TrainConfig().loss_chunk_tokens
+
+    def ac(mode):
+        return lambda t: enable_activation_checkpointing(t.model, mode)
+
+    def chunked(t):
+        t.model.kernels = with_chunked_loss(t.model.kernels, chunk)
+
+    pairs = (
+        ("AC full vs selective", (("full", ac("full")), ("selective", ac("selective")))),
+        ("loss full vs chunked", (("full", lambda t: None), (f"chunked {chunk}", chunked))),
+    )
+    return [
+        measured_row(
+            "levers",
+            f"{preset} eager {name}",
+            device,
+            budget,
+            lambda sides=sides: lever_pair(args, device, size, seq, batches.get(False), sides),
+        )
+        for name, sides in pairs
+    ]
+
+
+def lever_pair(args, device, size, seq, batch, sides) -> str:
+    if batch is None:
+        return "no micro-batch (the eager AC-off row found none)"
+    out, speed = [], []
+    for label, apply in sides:
+        trainer = Trainer(args, device, size["precision"], False, False)
+        try:
+            apply(trainer)
+            sec = trainer.timed(batch, seq, size["warmup"], size["steps"])
+        finally:
+            del trainer
+            free(device)
+        mem = (
+            f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
+            if device.type == "cuda"
+            else ""
+        )
+        speed.append(batch * seq / sec)
+        out.append(f"{label} {speed[-1]:,.0f} tokens/s{mem}")
+    return (
+        f"micro-batch {batch} × seq {seq}: " + "; ".join(out) + f"; {sides[1][0]} ×{speed[1] / speed[0]:.2f}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1020,6 +1088,7 @@ def main(argv: list[str] | None = None) -> int:
             with one_rank_group(device):
                 out = throughput_rows(preset, device, budget, size, (False,), batches, fused=True)
                 out += torchtitan_rows(preset, device, budget, size)
+                out += lever_rows(preset, device, budget, size, batches)
                 out += throughput_rows(preset, device, budget, size, (True,), batches)
             return out
 

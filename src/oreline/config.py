@@ -471,6 +471,21 @@ class PhaseConfig(Section):
         return self
 
 
+# train.activation_checkpointing was a bool before "selective": what each old value means now
+LEGACY_CHECKPOINTING = {True: "full", False: "none"}
+
+
+def upgrade_saved(tree: dict) -> dict:
+    """A config dict as written by an older oreline (a checkpoint's meta.json), with the values whose
+    spelling changed written as today's config writes them, so that comparing it with a resolved
+    config (a resume) sees only real changes: train.activation_checkpointing true/false → full/none."""
+    train = tree.get("train")
+    value = train.get("activation_checkpointing") if isinstance(train, dict) else None
+    if not isinstance(value, bool):
+        return tree
+    return {**tree, "train": {**train, "activation_checkpointing": LEGACY_CHECKPOINTING[value]}}
+
+
 class TrainConfig(Section):
     tokens: str | None = Field(
         None,
@@ -529,13 +544,32 @@ class TrainConfig(Section):
         description="precision=fp8: emulate the fp8 products in high precision (torchao's emulate), so the fp8 "
         "code path runs on a CPU or an older GPU; a test mode, slower than bf16",
     )
-    activation_checkpointing: bool = False
+    activation_checkpointing: Literal["none", "full", "selective"] = Field(
+        "none",
+        description="recompute activations in backward instead of keeping them: full (each block keeps only its "
+        "input), selective (each block keeps its matmul and attention outputs and recomputes the elementwise ops: "
+        "RMSNorm, RoPE, SiLU, products, adds); true/false mean full/none",
+    )
+    activation_checkpointing_every: int = Field(
+        1,
+        ge=1,
+        description="full/selective: checkpoint every N-th block only (blocks 0, N, 2N, …); the others keep all their activations",
+    )
     compile: bool = False
     cpu_allocator: Literal["tuned", "default", "lean"] = Field(
         "tuned",
         description="CPU (glibc mallopt): tuned keeps freed large blocks in the heap (~13% faster steps here, RSS stays at its peak and beyond); "
         "lean returns every freed block ≥ 1 MiB to the kernel at once (RSS follows the live tensors: FSDP ranks where memory is the point; "
         "~10% more CPU time per step); default leaves glibc's own setting",
+    )
+    loss: Literal["auto", "full", "chunked"] = Field(
+        "auto",
+        description="output projection + cross entropy: full (the whole tokens × vocab logits, as train.kernels computes "
+        "them), chunked (loss_chunk_tokens rows of logits at a time, recomputed in backward: no tokens × vocab buffer); "
+        "auto: full (on CPU faster; on CUDA not yet measured: set chunked where the logits limit the micro-batch)",
+    )
+    loss_chunk_tokens: int = Field(
+        1024, ge=1, description="loss=chunked: tokens per chunk of logits (1,024 × 128k vocab = 0.5 GB fp32)"
     )
     kernels: Literal["auto", "reference", "cpu"] = Field(
         "auto",
@@ -659,6 +693,12 @@ class TrainConfig(Section):
             if unknown:
                 raise ValueError(f"train.phases names {unknown}, not in train.sources ({names})")
         return self
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _checkpointing_bool(cls, value: Any) -> Any:
+        # configs and checkpoints written before "selective" existed hold a bool
+        return LEGACY_CHECKPOINTING[value] if isinstance(value, bool) else value
 
 
 class CheckpointConfig(Section):

@@ -84,3 +84,6 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path):
             assert "skipped" in result or "not installed" in result or "stopped" in result, (setting, result)
         elif " fp8 " in setting and "torchtitan" not in setting:
             assert result.endswith("fp8 in 14 projections"), (setting, result)
+    levers = dict(by_section["levers"])
+    for name in ("debug eager AC full vs selective", "debug eager loss full vs chunked"):
+        assert "tokens/s" in levers[name] or levers[name] == "skipped: time limit", levers[name]

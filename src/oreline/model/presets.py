@@ -48,6 +48,8 @@ __all__ = [
     "check_model_memory",
     "model_memory",
     "rope_bytes",
+    "selective_values",
+    "checkpointing_mode",
     "print_model_info",
     "check_shapes",
     "expected_shapes",
@@ -252,9 +254,11 @@ def training_memory(
     micro_batch: int,
     seq_len: int,
     precision: str = "fp32",
-    activation_checkpointing: bool = False,
+    activation_checkpointing: bool | str = False,
     shards: int = 1,
     grad_sync_per_step: bool = False,
+    checkpoint_every: int = 1,
+    loss_chunk_tokens: int | None = None,
 ) -> dict[str, int]:
     """Bytes one rank needs to train, estimated from the shapes alone (nothing is allocated).
 
@@ -268,9 +272,13 @@ def training_memory(
     activations: what autograd keeps per token and layer — the two norm inputs and outputs, the
     attention output and its projection input (6·dim), k and v (2·kv_dim), and the MLP's w1, w3,
     SiLU and product outputs (4·ffn_dim) — in the activation dtype (2 bytes under bf16 autocast).
-    With activation checkpointing a layer keeps only its input (dim), plus one layer's full set
-    while it is recomputed. logits: one fp32 (tokens × vocab) buffer, all the fused loss of the CPU
-    kernels keeps (oreline.model.kernels.cross_entropy; the reference loss keeps more).
+    With activation checkpointing ("full", or true) a checkpointed layer keeps only its input (dim),
+    plus one layer's full set while it is recomputed; "selective" keeps its input and its products'
+    and attention's outputs (5·dim + 2·kv_dim + 2·ffn_dim: q, k, v, attention, o, gate, up, down),
+    plus the rest of one layer while it is recomputed. `checkpoint_every` = N checkpoints every N-th
+    layer only (the others keep everything). logits: one fp32 (tokens × vocab) buffer, all the
+    fused loss of the CPU kernels keeps (oreline.model.kernels.cross_entropy; the reference loss
+    keeps more); with `loss_chunk_tokens` (train.loss = "chunked") one chunk's rows only.
     batch: the loader's int64 rows plus inputs and labels. rope: the cos and sin tables, fp32
     (max_seq_len × head_dim each, rope_bytes), built whatever train.seq_len is. Temporaries, the
     allocator's slack and the framework itself come on top, so this is a floor: a run that exceeds
@@ -280,10 +288,12 @@ def training_memory(
     act_bytes = 2 if precision == "bf16" else 4
     kv_dim = args.n_kv_heads * args.head_dim
     per_layer = 6 * args.dim + 2 * kv_dim + 4 * args.ffn_dim  # values kept per token and layer
-    if activation_checkpointing:
-        activations = (args.n_layers * args.dim + per_layer) * tokens * act_bytes
-    else:
-        activations = args.n_layers * per_layer * tokens * act_bytes
+    mode = checkpointing_mode(activation_checkpointing)
+    checkpointed = 0 if mode == "none" else -(-args.n_layers // max(1, checkpoint_every))
+    kept = selective_values(args) if mode == "selective" else args.dim
+    recomputed = (per_layer - kept + args.dim) if checkpointed else 0  # one layer's, during its backward
+    per_token = checkpointed * kept + (args.n_layers - checkpointed) * per_layer + recomputed
+    activations = per_token * tokens * act_bytes
     n = count_params(args)["total"]
     block = sum(math.prod(v) for k, v in expected_shapes(args).items() if k.startswith("model.layers.0."))
     head = args.vocab_size * args.dim + args.dim
@@ -297,10 +307,11 @@ def training_memory(
         "gathered": gathered,
         "accum_grads": accum_grads,
         "activations": activations,
-        "logits": tokens * args.vocab_size * 4,
+        "logits": min(tokens, loss_chunk_tokens or tokens) * args.vocab_size * 4,
         "batch": 3 * (tokens + micro_batch) * 8,
         "rope": rope_bytes(args),
         "per_layer_values": per_layer,
+        "activation_values": per_token,
         "tokens": tokens,
         "act_bytes": act_bytes,
     }
@@ -314,6 +325,20 @@ def training_memory(
         + out["rope"]
     )
     return out
+
+
+def checkpointing_mode(value: bool | str) -> str:
+    """ "none", "full" or "selective" from train.activation_checkpointing (a bool before "selective")."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    return value
+
+
+def selective_values(args: ModelArgs) -> int:
+    """Values per token a layer keeps under selective activation checkpointing: its input and the
+    outputs of its products and attention (q, k, v, attention, o, gate, up, down)."""
+    kv_dim = args.n_kv_heads * args.head_dim
+    return 5 * args.dim + 2 * kv_dim + 2 * args.ffn_dim
 
 
 def rope_bytes(args: ModelArgs) -> int:
@@ -366,11 +391,13 @@ def check_training_memory(
     micro_batch: int,
     seq_len: int,
     precision: str,
-    activation_checkpointing: bool,
+    activation_checkpointing: bool | str,
     shards: int,
     device: torch.device,
     local_ranks: int | None = None,
     grad_sync_per_step: bool = False,
+    checkpoint_every: int = 1,
+    loss_chunk_tokens: int | None = None,
 ) -> dict[str, int]:
     """Refuse (ConfigError, with the arithmetic) a run whose memory floor exceeds what is free,
     before anything is allocated: a typo like model.dim=10**6 or train.micro_batch=10**9 would
@@ -379,7 +406,15 @@ def check_training_memory(
     if local_ranks is None:
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     need = training_memory(
-        args, micro_batch, seq_len, precision, activation_checkpointing, shards, grad_sync_per_step
+        args,
+        micro_batch,
+        seq_len,
+        precision,
+        activation_checkpointing,
+        shards,
+        grad_sync_per_step,
+        checkpoint_every=checkpoint_every,
+        loss_chunk_tokens=loss_chunk_tokens,
     )
     have, where = available_memory(device, local_ranks)
     if need["total"] <= have:
@@ -388,17 +423,19 @@ def check_training_memory(
     per_param = memory_estimate(args)[precision]["total"] // max(1, n)
     sharded = f" / {shards} FSDP shards" if shards > 1 else ""
     layers = (
-        f"({args.n_layers} layers × dim {args.dim} + {need['per_layer_values']:,}) values"
-        if activation_checkpointing
+        f"{need['activation_values']:,} values kept per token over {args.n_layers} layers "
+        f"(train.activation_checkpointing={checkpointing_mode(activation_checkpointing)}, every {checkpoint_every})"
+        if checkpointing_mode(activation_checkpointing) != "none"
         else f"{args.n_layers} layers × {need['per_layer_values']:,} values"
     )
+    rows = need["logits"] // (4 * args.vocab_size)
     raise ConfigError(
         f"training needs at least {_gib(need['total'])} per rank, more than the {_gib(have)} {where}: "
         f"weights, grads and AdamW {n:,} parameters × {per_param} bytes{sharded} = {_gib(need['state'])} "
         f"(model.dim={args.dim}, n_layers={args.n_layers}, ffn_dim={args.ffn_dim}, vocab_size={args.vocab_size}); "
         f"activations {need['tokens']:,} tokens (train.micro_batch={micro_batch} × train.seq_len={seq_len}) × "
         f"{layers} × {need['act_bytes']} bytes = {_gib(need['activations'])}; "
-        f"logits {need['tokens']:,} tokens × {args.vocab_size:,} vocabulary × 4 bytes = {_gib(need['logits'])}; "
+        f"logits {rows:,} tokens × {args.vocab_size:,} vocabulary × 4 bytes = {_gib(need['logits'])}; "
         f"batch {_gib(need['batch'])}; RoPE tables 2 × model.max_seq_len={args.max_seq_len:,} × head_dim "
         f"{args.head_dim} × 4 bytes = {_gib(need['rope'])}"
         + (f"; FSDP gathered units {_gib(need['gathered'])}" if need["gathered"] else "")
@@ -410,7 +447,8 @@ def check_training_memory(
         ),
         ("set train.fsdp_grad_sync=micro_batch, " if need["accum_grads"] else "")
         + "lower model.max_seq_len (it need not exceed train.seq_len), lower train.micro_batch (raise train.grad_accum to keep the global batch), pick a smaller model "
-        "(model.preset, model.dim, model.n_layers), or set train.activation_checkpointing=true",
+        "(model.preset, model.dim, model.n_layers), set train.activation_checkpointing=selective or full, "
+        "or train.loss=chunked",
     )
 
 

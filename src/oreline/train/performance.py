@@ -1,7 +1,8 @@
 """Switches that change how fast, or in how much memory, a step runs, never what it computes.
 
-- `enable_activation_checkpointing` (`train.activation_checkpointing`): recompute each block's
-  activations in backward instead of keeping them;
+- `enable_activation_checkpointing` (`train.activation_checkpointing`,
+  `train.activation_checkpointing_every`): recompute block activations in backward instead of
+  keeping them, all of them ("full") or all but the products' outputs ("selective");
 - `compile_blocks` (`train.compile`): torch.compile per transformer block;
 - `tune_cpu_allocator` (`train.cpu_allocator = "tuned"`): keep large freed blocks mapped (glibc);
 - `lean_cpu_allocator` (`train.cpu_allocator = "lean"`): hand large freed blocks back at once (glibc).
@@ -16,23 +17,86 @@ from typing import Any
 
 import torch
 
+CHECKPOINTING = ("none", "full", "selective")
 
-def enable_activation_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each block's activations in backward (non-reentrant torch.utils.checkpoint).
+
+def selective_ops() -> set:
+    """The ops whose outputs selective checkpointing keeps: the matrix products and attention,
+    the expensive ops whose recomputation would cost as much as their first run (torchtitan's
+    `_save_list`, less its collectives and float8 scale ops, which oreline's blocks do not run inside).
+    Everything else in a block — RMSNorm, RoPE, SiLU, the gate product, residual adds, casts —
+    is elementwise and memory-bound, and is recomputed from the kept products in backward.
+    Batched products (aten.bmm) are left out on purpose: SDPA's math fallback computes its
+    (tokens × tokens) scores with them, the largest tensor of a block."""
+    aten = torch.ops.aten
+    ops = {aten.mm.default, aten.addmm.default, aten._scaled_mm.default}
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    ):
+        if hasattr(aten, name):
+            ops.add(getattr(aten, name).default)
+    # the CPU kernels' oneDNN product (oreline.model.kernels.matmul) is a custom op of its own
+    oreline_ops = getattr(torch.ops, "oreline", None)
+    if oreline_ops is not None and hasattr(oreline_ops, "onednn_mm_nt"):
+        ops.add(oreline_ops.onednn_mm_nt.default)
+    return ops
+
+
+def _selective_context() -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    keep = selective_ops()
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def enable_activation_checkpointing(model: torch.nn.Module, mode: str = "full", every: int = 1) -> list[int]:
+    """Recompute block activations in backward (non-reentrant torch.utils.checkpoint); returns the
+    indices of the blocks checkpointed.
+
+    mode "full": a checkpointed block keeps only its input and recomputes its whole forward in
+    backward (~1/3 more block FLOPs). "selective": it keeps the outputs of its products and
+    attention (`selective_ops`) and recomputes only the elementwise ops between them (PyTorch's
+    selective activation checkpointing, `create_selective_checkpoint_contexts`, as torchtitan's
+    "op" mode): most of full's memory saving on the norms and the MLP's SiLU·up, little of its
+    recompute time. "none" changes nothing. `every` = N checkpoints blocks 0, N, 2N, … only
+    (torchtitan's "layer" frequency); the others keep everything.
 
     The block's `forward` is replaced on the instance, so parameter names (and checkpoints, and
-    the HF export) stay exactly as without it.
+    the HF export) stay exactly as without it, and FSDP2's `fully_shard` on the block later wraps
+    the checkpointed forward (the checkpoint runs inside the unit's all-gather, as torchtitan
+    orders it); `compile_blocks` afterwards compiles the checkpointed forward.
     """
     from torch.utils.checkpoint import checkpoint
 
-    for block in model.model.layers:
+    if mode not in CHECKPOINTING:
+        raise ValueError(f"activation checkpointing mode {mode!r}: use one of {', '.join(CHECKPOINTING)}")
+    if every < 1:
+        raise ValueError(f"activation checkpointing every {every} blocks: use 1 or more")
+    if mode == "none":
+        return []
+    extra: dict[str, Any] = {"context_fn": _selective_context} if mode == "selective" else {}
+    chosen = []
+    for i, block in enumerate(model.model.layers):
+        if i % every:
+            continue
         inner = block.forward
 
         @functools.wraps(inner)
         def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> torch.Tensor:
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return checkpoint(_inner, *args, use_reentrant=False, **extra, **kwargs)
 
         block.forward = forward
+        chosen.append(i)
+    return chosen
 
 
 def compile_blocks(model: torch.nn.Module) -> None:

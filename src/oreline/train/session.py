@@ -245,6 +245,8 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         dist.shard_count(tc, info.world_size),
         device,
         grad_sync_per_step=tc.fsdp_grad_sync == "step" and tc.grad_accum > 1,
+        checkpoint_every=tc.activation_checkpointing_every,
+        loss_chunk_tokens=tc.loss_chunk_tokens if loss_choice(tc, device) == "chunked" else None,
     )
     say_tf32(tc, device, say)
 
@@ -257,9 +259,16 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         )
     if tc.doc_mask:
         say(f"document masking: {'FlexAttention block mask' if attention == 'flex' else 'dense SDPA mask'}")
-    model, train_model = build_model(
-        args, kernels_for(kernel_choice, device, cpu_matmul or "blas", attention), tc, info
+    kernels = with_loss(
+        kernels_for(kernel_choice, device, cpu_matmul or "blas", attention), tc, device, cpu_matmul or "blas"
     )
+    loss = loss_choice(tc, device)
+    say(
+        f"loss: {loss} ({tc.loss_chunk_tokens} tokens per chunk of logits)"
+        if loss == "chunked"
+        else f"loss: {loss}"
+    )
+    model, train_model = build_model(args, kernels, tc, info)
     fp8_layers: tuple[str, ...] = ()
     after_step = None
     if tc.precision == "fp8":
@@ -389,6 +398,25 @@ def mixture_sources(cfg: Config, run: RunDir) -> list[Any]:
     return [Source(LEGACY_NAME, Path(expand(tc.tokens)) if tc.tokens else run.tokens, 1.0)]
 
 
+def loss_choice(tc: Any, device: torch.device) -> str:
+    """ "full" or "chunked": what `train.loss` means on `device`. auto is full everywhere for now:
+    on a CPU the kernels' fused loss ran faster (benchmarks/chunked_loss.py); on CUDA the chunked
+    loss costs one more head product in backward and no GPU has measured it yet (gpu_check's
+    "levers" row), so a default GPU run keeps the loss the 1b MFU was measured with. Chunked is
+    the choice where the (tokens × vocab) logits limit the micro-batch (a 128k vocabulary)."""
+    del device  # the decision will be per device once a GPU measurement exists
+    return "full" if tc.loss == "auto" else tc.loss
+
+
+def with_loss(kernels: Any, tc: Any, device: torch.device, backend: str) -> Any:
+    """`kernels` with the token loss `train.loss` asks for (the chunked one replaces the kernels' own)."""
+    from oreline.model.kernels.select import with_chunked_loss
+
+    if loss_choice(tc, device) != "chunked":
+        return kernels
+    return with_chunked_loss(kernels, tc.loss_chunk_tokens, backend)
+
+
 def build_model(
     args: Any, kernels: Any, tc: Any, info: dist.DistInfo
 ) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -419,8 +447,7 @@ def build_model(
             fsdp=float8_all_gather(tc, info),
             size_filter=tc.fp8_filter == "auto",
         )
-    if tc.activation_checkpointing:
-        enable_activation_checkpointing(model)
+    enable_activation_checkpointing(model, tc.activation_checkpointing, tc.activation_checkpointing_every)
     if tc.compile:
         compile_blocks(model)
     fsdp = tc.parallel in ("fsdp", "hsdp") and (info.distributed or torch.distributed.is_initialized())

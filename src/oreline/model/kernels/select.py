@@ -11,6 +11,9 @@
   that measured fastest on this GPU (kernels.cuda_choice: benchmarks/gpu_check.py's "kernels" row
   records the measurement; without one, the reference).
 
+`with_chunked_loss` swaps any set's token loss for kernels.chunked_cross_entropy's
+(`train.loss = "chunked"`, which oreline.train.session decides).
+
 The choice is a value passed to `Llama(args, kernels)`, never process-wide state: two models in
 one process may compute differently, and a resumed run swaps its backend on its own model only
 (`use_matmul_backend`).
@@ -25,6 +28,7 @@ import torch
 
 from oreline.errors import ConfigError
 from oreline.model.kernels import cross_entropy, cuda_choice, matmul, rmsnorm, rope
+from oreline.model.kernels.chunked_cross_entropy import chunked_linear_cross_entropy
 from oreline.model.llama import REFERENCE, Kernels
 
 CHOICES = ("auto", "reference", "cpu")
@@ -92,6 +96,20 @@ def resolve_attention(choice: str, device: torch.device | str, doc_mask: bool) -
     return choice
 
 
+def with_chunked_loss(kernels: Kernels, chunk_tokens: int, backend: str = "blas") -> Kernels:
+    """`kernels` whose token loss is the chunked one (kernels.chunked_cross_entropy: at most
+    `chunk_tokens` rows of logits at a time), its fp32 CPU products through `backend`."""
+    loss = partial(chunked_linear_cross_entropy, chunk_tokens=chunk_tokens, backend=backend)
+    return replace(kernels, name=f"{kernels.name}; chunked loss ({chunk_tokens} tokens)", token_loss=loss)
+
+
+def _chunk_tokens(kernels: Kernels) -> int | None:
+    loss = kernels.token_loss
+    if isinstance(loss, partial) and loss.func is chunked_linear_cross_entropy:
+        return loss.keywords["chunk_tokens"]
+    return None
+
+
 def matmul_backend(model: torch.nn.Module) -> str | None:
     """The fp32 product backend `model`'s projections use, or None when they are plain nn.Linear."""
     for module in model.modules():
@@ -109,4 +127,7 @@ def use_matmul_backend(model: torch.nn.Module, backend: str) -> None:
     for module in core.modules():
         if isinstance(module, matmul.Linear):
             module.backend = backend
-    core.kernels = cpu_kernels(backend)
+    chunk = _chunk_tokens(core.kernels)
+    core.kernels = (
+        cpu_kernels(backend) if chunk is None else with_chunked_loss(cpu_kernels(backend), chunk, backend)
+    )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from oreline.config import Config, diff_keys, to_dict
+from oreline.config import Config, diff_keys, to_dict, upgrade_saved
 from oreline.errors import CheckpointError, TrainingError
 from oreline.train.checkpoint.async_save import wait_for_pending_save
 from oreline.train.checkpoint.format import checkpoints_root, latest_problem, list_checkpoints
@@ -164,6 +164,8 @@ def check_resume_compatible(
     # compute choices (bf16 ↔ fp8) are allowed as they are; the caller warns (compute_changes)
     allow = list(allow_keys or []) + [c.split(":")[0] for c in compute_changes(meta, current_config)]
     saved = meta.get("config")
+    if isinstance(saved, dict):  # an older oreline's spellings (true for "full") are no change
+        saved = upgrade_saved(saved)
     diffs = diff_keys(saved, current_config) if isinstance(saved, dict) else []
     if diffs:
         # A key the checkpoint's config does not have was added by a later oreline; at its default
