@@ -38,6 +38,11 @@ steps = 24
 log_every = 8
 eval_every = 12
 eval_sequences = 8
+# a two-source mixture as the demo's: oreline run tokenizes each document set on its own
+sources = [
+    {{ name = "web", tokens = "{{run}}/tokens-web", weight = 0.3 }},
+    {{ name = "prose", tokens = "{{run}}/tokens-extra", weight = 0.7 }},
+]
 [checkpoint]
 every = 12
 [eval]
@@ -63,6 +68,8 @@ def test_every_stage_leaves_its_artifacts(mini_run):
         "extra/docs",
         "tokenizer/tokenizer.json",
         "tokens/manifest.json",
+        "tokens-web/manifest.json",
+        "tokens-extra/manifest.json",
         "checkpoints/latest",
         "metrics.jsonl",
         "eval/final.json",
@@ -79,6 +86,12 @@ def test_every_stage_leaves_its_artifacts(mini_run):
     assert summary["final_val_loss"] is not None and summary["final_val_loss"] < 7.0
     lineage = json.loads((run_dir / "lineage.json").read_text())
     assert all(lineage[s]["finished"] for s in lineage)
+    # the run trained on both sources at their weights (the mixture's order: within one sequence
+    # per source of weight × sequences at every step)
+    last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in last if r.get("type") == "train"][-1]
+    seqs = last["source_sequences"]
+    assert set(seqs) == {"web", "prose"} and abs(seqs["web"] - 0.3 * sum(seqs.values())) <= 1, seqs
 
 
 def test_rerun_skips_unchanged_and_redoes_exactly_what_changed(mini_run):

@@ -161,22 +161,16 @@ def stage_tokenizer(cfg: Config, rd: RunDir, console: Console) -> str:
 def stage_tokenize(cfg: Config, rd: RunDir, console: Console) -> str:
     from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus
 
-    manifest = tokenize_corpus(
-        [str(d) for d in _docs_dirs(rd)],
-        rd.tokenizer,
-        rd.tokens,
-        cfg.tokenize,
-        workers=cfg.tokenize.workers,
-        ray=cfg.data.ray,
-        slurm=cfg.data.slurm,
-        console=console,
-    )
-    print_manifest_summary(manifest, console)
-    made = [rd.tokens / "manifest.json"]
-    for folder, docs in _source_token_sets(cfg, rd):  # a mixture's sources: one token folder per document set
-        console.print(f"token source {folder.name}: the documents of {docs}")
+    # tokens/ holds every document (the report's, doctor's and final eval's view); a mixture's
+    # sources get one token folder per document set besides it
+    sets = [(rd.tokens, [str(d) for d in _docs_dirs(rd)], None)]
+    sets += [(folder, [str(docs)], docs) for folder, docs in _source_token_sets(cfg, rd)]
+    made = []
+    for folder, inputs, docs in sets:
+        if docs is not None:
+            console.print(f"token source {folder.name}: the documents of {docs}")
         manifest = tokenize_corpus(
-            [str(docs)],
+            inputs,
             rd.tokenizer,
             folder,
             cfg.tokenize,
