@@ -9,7 +9,8 @@ a guess. A CPU has no spec sheet to believe, so its peak is MEASURED: fp32 matmu
 model's shapes (forward x·Wᵀ and both backward products), timed once per process and cached.
 
 `MetricsLogger` writes every record to `metrics.jsonl` (one JSON object per line, flushed, the
-record types are listed in `oreline.train.loop`), numeric fields to TensorBoard, and a short
+record types are listed in `oreline.train.loop`), hands it to the experiment trackers
+(`oreline.train.trackers`: TensorBoard, W&B, MLflow per `train.trackers`), and prints a short
 line to the console; only the main rank logs. `TimingWindow` sums a train record's timings over
 the steps since the previous one.
 """

@@ -29,7 +29,7 @@ Rules every tracker follows (enforced here, not in the tracker modules):
   highest step it holds; a killed process's unsent calls are lost with it), then the resumed
   run's records: the run ends with every step once. W&B offline cannot continue a run (wandb
   issue #2423): a resumed offline run is a NEW offline run in the same group (the first run's
-  id), named `<name>-resume-<k>`, with `resumed_from` = the first run's id in its config; it
+  id), named `<name>-resume-<k>`, with `wandb_resumed_from` = the first run's id in its config; it
   holds every step 1..N (those up to the checkpoint sent again from metrics.jsonl), so the last
   offline run of a group is the complete one (`wandb sync <run>/wandb/offline-run-*` uploads them
   all; the earlier ones end where their process was killed).
@@ -413,3 +413,23 @@ def _make(
 
         return MlflowTracker(run_root, tc.mlflow, saved)
     raise ValueError(f"unknown tracker {name!r}: train.trackers takes tensorboard, wandb, mlflow")
+
+
+def log_after_training(run_root: Path, train_cfg: Any, saved: dict[str, Any], values: dict[str, Any]) -> dict:
+    """Add `values` (the export path, ...) to the summary of the runs a finished training logged to
+    (`saved`: its last checkpoint's `trackers`). MLflow and online W&B runs are reopened by id;
+    an offline W&B run cannot be (wandb #2423), so it is left as it is (the values are in the run
+    folder). Failures are counted, never raised; each tracker gets `train.tracker_flush_s` seconds.
+    Returns each tracker's report."""
+    reports = {}
+    for name in train_cfg.trackers:
+        state = saved.get(name) or {}
+        if name == "wandb" and (state.get("mode") != "online" or not state.get("id")):
+            continue
+        if name == "mlflow" and not state.get("run_key"):
+            continue
+        g = Guarded(_make(name, Path(run_root), train_cfg, state, None, None))
+        g.submit("summary", values, 0)
+        g.close(train_cfg.tracker_flush_s)
+        reports[name] = g.report()
+    return reports

@@ -5,7 +5,7 @@ with credentials.
 offline otherwise; oreline never asks for a login. An online run is continued after a restart with
 its id and `resume="allow"`. An offline run cannot be continued (wandb issue #2423): the resumed
 training is a new offline run in the same group (the first run's id unless train.wandb.group
-says otherwise), named `<name>-resume-<k>`, with `resumed_from` in its config; the steps up to
+says otherwise), named `<name>-resume-<k>`, with `wandb_resumed_from` in its config; the steps up to
 the checkpoint are sent to it again from metrics.jsonl, so the last offline run of a group holds
 every step 1..N. WANDB_SILENT is set unless the user set it, and W&B does not capture the
 console (oreline's own output stays clean).
@@ -55,7 +55,7 @@ class WandbTracker:
             self.id = new_id()
             if saved.get("id"):  # offline cannot continue a run: a new one in the same group
                 self.resumes += 1
-                self.extra = {"resumed_from": self.first_id, "resume_index": self.resumes}
+                self.extra = {"wandb_resumed_from": self.first_id, "resume_index": self.resumes}
         self.first_id = self.first_id or self.id
         self.group = cfg.group or saved.get("group") or self.first_id
         self.run: Any = None
