@@ -194,7 +194,8 @@ class Guarded:
         """Let the thread send what it holds for up to `timeout` seconds, then finish the run."""
         with self.cv:
             self.closing = True
-            self.deadline = time.monotonic() + timeout
+            if self.deadline is None:  # (Trackers.close sets every tracker's at once: they drain in parallel)
+                self.deadline = time.monotonic() + timeout
             self.cv.notify_all()
         # a call hung inside the tracker's own client (no timeout of its own) is abandoned with
         # its daemon thread: the run has ended and its metrics.jsonl is complete
@@ -327,10 +328,6 @@ class Trackers:
             else:
                 out[key] = value
         return out
-
-    def summary(self, values: dict[str, Any]) -> None:
-        """Values known only after the last record (an export path, ...): shown in the run's summary."""
-        self._each("summary", values, self.last_step)
 
     def new_failures(self) -> list[dict[str, Any]]:
         """One `tracker_failed` event per tracker, the first time it failed."""
