@@ -414,9 +414,9 @@ def _make(
 
 def log_after_training(run_root: Path, train_cfg: Any, saved: dict[str, Any], values: dict[str, Any]) -> dict:
     """Add `values` (the export path, ...) to the summary of the runs a finished training logged to
-    (`saved`: its last checkpoint's `trackers`). MLflow and online W&B runs are reopened by id;
-    an offline W&B run cannot be (wandb #2423), so it is left as it is (the values are in the run
-    folder). Failures are counted, never raised; each tracker gets `train.tracker_flush_s` seconds.
+    (`saved`: its last checkpoint's `trackers`). MLflow and online W&B runs are reopened by id; an
+    offline W&B run cannot be (wandb #2423) and TensorBoard needs no copy, so both are left as they
+    are (the export sits in the run folder beside them). Failures are counted, never raised; each tracker gets `train.tracker_flush_s` seconds.
     Returns each tracker's report."""
     reports = {}
     for name in train_cfg.trackers:
@@ -424,6 +424,8 @@ def log_after_training(run_root: Path, train_cfg: Any, saved: dict[str, Any], va
         if name == "wandb" and (state.get("mode") != "online" or not state.get("id")):
             continue
         if name == "mlflow" and not state.get("run_key"):
+            continue
+        if name == "tensorboard":  # the path is in the run folder beside it; no extra event file
             continue
         g = Guarded(_make(name, Path(run_root), train_cfg, state, None, None))
         g.submit("summary", values, 0)
