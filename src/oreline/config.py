@@ -486,6 +486,33 @@ def upgrade_saved(tree: dict) -> dict:
     return {**tree, "train": {**train, "activation_checkpointing": LEGACY_CHECKPOINTING[value]}}
 
 
+class WandbConfig(Section):
+    project: str = Field("oreline", description="W&B project")
+    entity: str | None = Field(None, description="W&B entity (user or team); None: the account's default")
+    group: str | None = Field(
+        None,
+        description="W&B group; None: the run's first W&B id, so the offline runs of one resumed training "
+        "share a group",
+    )
+    mode: Literal["auto", "online", "offline"] = Field(
+        "auto",
+        description="auto: online when WANDB_API_KEY is set and WANDB_MODE is not offline, else offline "
+        "(runs saved under <run>/wandb/ for `wandb sync` later)",
+    )
+
+
+class MlflowConfig(Section):
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (http://host:port, sqlite:///file.db); None: MLFLOW_TRACKING_URI, "
+        "else sqlite:///<run>/mlflow/mlflow.db (no server needed)",
+    )
+    experiment: str = Field("oreline", description="MLflow experiment name (created when missing)")
+
+
+TRACKER_NAMES = ("tensorboard", "wandb", "mlflow")
+
+
 class TrainConfig(Section):
     tokens: str | None = Field(
         None,
@@ -636,6 +663,19 @@ class TrainConfig(Section):
         "the same whatever micro_batch, grad_accum and number of ranks (replaces eval_batches)",
     )
     generate_every: int = Field(0, ge=0, description="greedy generations every N steps (0: at eval only)")
+    trackers: list[str] = Field(
+        ["tensorboard"],
+        description="experiment trackers the main rank logs to besides metrics.jsonl: any of tensorboard "
+        "(<run>/tensorboard), wandb, mlflow; a failing tracker never stops training",
+    )
+    tracker_flush_s: float = Field(
+        30.0,
+        ge=0,
+        description="at the end, seconds a tracker may take to send what it buffered (a tracker that is "
+        "down costs at most this); what is left is counted as dropped in <run>/trackers.json",
+    )
+    wandb: WandbConfig = WandbConfig()
+    mlflow: MlflowConfig = MlflowConfig()
     optim: OptimConfig = OptimConfig()
     stability: StabilityConfig = StabilityConfig()
     debug: DebugConfig = DebugConfig()
@@ -699,6 +739,16 @@ class TrainConfig(Section):
     def _checkpointing_bool(cls, value: Any) -> Any:
         # configs and checkpoints written before "selective" existed hold a bool
         return LEGACY_CHECKPOINTING[value] if isinstance(value, bool) else value
+
+    @field_validator("trackers")
+    @classmethod
+    def _known_trackers(cls, value: list[str]) -> list[str]:
+        unknown = [v for v in value if v not in TRACKER_NAMES]
+        if unknown:
+            raise ValueError(
+                f"unknown tracker(s) {unknown}: train.trackers takes names from {list(TRACKER_NAMES)}"
+            )
+        return list(dict.fromkeys(value))
 
 
 class CheckpointConfig(Section):

@@ -27,10 +27,12 @@ from oreline.config import Config
 from oreline.errors import OrelineError
 from oreline.io import write_json_atomic
 
-# every top-level name `oreline run` / `oreline train` write in a run folder (where a planted link is refused)
+# every top-level name `oreline run` / `oreline train` write in a run folder (where a planted link is
+# refused). Not wandb/: W&B writes it itself, with links of its own (latest-run, debug logs), and
+# oreline writes nothing through it.
 RUN_NAMES = re.compile(
     r"config\.toml|fingerprint\.json|lineage\.json|data|extra|tokenizer|tokens|checkpoints|metrics\.jsonl|"
-    r"tensorboard|eval|export|report\.html|previous|jobs|debug|\.oreline-owner|\.oreline-lock.*"
+    r"tensorboard|mlflow|trackers\.json|eval|export|report\.html|previous|jobs|debug|\.oreline-owner|\.oreline-lock.*"
 )
 _STAGE_FOLDERS = {"data", "tokenizer", "tokens", "checkpoints"}
 _HEX = re.compile(r"[0-9a-f]{16,}")

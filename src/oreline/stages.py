@@ -237,7 +237,24 @@ def stage_export(cfg: Config, rd: RunDir, console: Console) -> str:
     from oreline.export.hf import export_hf
 
     export_hf(rd.root, rd.export, console=console)  # replaces an earlier export, and only that
+    _tell_trackers(cfg, rd, {"export_path": str(rd.export.resolve())}, console)
     return files_fingerprint([p for p in rd.export.iterdir() if p.is_file() and not p.name.startswith(".")])
+
+
+def _tell_trackers(cfg: Config, rd: RunDir, values: dict[str, Any], console: Console) -> None:
+    """The experiment trackers' runs of the training (named in its last checkpoint) get `values`."""
+    from oreline.train.checkpoint.format import read_meta
+    from oreline.train.trackers import log_after_training
+
+    latest = rd.checkpoints / "latest"
+    if not latest.is_file():
+        return
+    saved = (read_meta(rd.checkpoints / latest.read_text().strip()) or {}).get("trackers") or {}
+    for name, rep in log_after_training(rd.root, cfg.train, saved, values).items():
+        if rep["failures"] or rep["dropped"]:
+            console.print(
+                f"[yellow]warning[/]: tracker {name} did not get {sorted(values)}: {rep['first_error']}"
+            )
 
 
 def stage_report(cfg: Config, rd: RunDir, console: Console) -> str:

@@ -276,12 +276,15 @@ def begin(
         return resumed, None, done.get("val_loss")
     # A fresh start drops every step record an earlier, unresumable attempt left (-1); a resume
     # drops only the records after its checkpoint, so the file reads as one clean run.
+    purge = state.step if resumed is not None else -1
     log = MetricsLogger(
         s.run.metrics,
         s.run.tensorboard,
         console if info.is_main else None,
         enabled=info.is_main,
-        purge_after_step=state.step if resumed is not None else -1,
+        purge_after_step=purge,
+        trackers=open_run_trackers(cfg, s, resumed, state.step, purge) if info.is_main else None,
+        flush_s=tc.tracker_flush_s,
     )
     log.log(start_record(cfg, s, info, state, resumed))
     if not schedule.keeps_weights:
@@ -302,6 +305,25 @@ def begin(
                 "left to do after it (final evaluation, generations, end record)"
             )
     return resumed, log, final_val
+
+
+def open_run_trackers(cfg: Config, s: Setup, resumed: Path | None, step: int, purge: int) -> Any:
+    """The run's experiment trackers (train.trackers), continuing the runs the checkpoint names."""
+    from oreline.config import to_dict
+    from oreline.train.checkpoint.format import read_meta
+    from oreline.train.trackers import open_trackers
+
+    saved = (read_meta(resumed) or {}).get("trackers") if resumed is not None else None
+    return open_trackers(
+        cfg.train.trackers,
+        s.run.root,
+        cfg.train,
+        saved if isinstance(saved, dict) else None,
+        step if resumed is not None else None,
+        config=to_dict(cfg),
+        tensorboard_dir=s.run.tensorboard,
+        purge_after_step=purge,
+    )
 
 
 def train_record(

@@ -9,7 +9,8 @@ a guess. A CPU has no spec sheet to believe, so its peak is MEASURED: fp32 matmu
 model's shapes (forward x·Wᵀ and both backward products), timed once per process and cached.
 
 `MetricsLogger` writes every record to `metrics.jsonl` (one JSON object per line, flushed, the
-record types are listed in `oreline.train.loop`), numeric fields to TensorBoard, and a short
+record types are listed in `oreline.train.loop`), hands it to the experiment trackers
+(`oreline.train.trackers`: TensorBoard, W&B, MLflow per `train.trackers`), and prints a short
 line to the console; only the main rank logs. `TimingWindow` sums a train record's timings over
 the steps since the previous one.
 """
@@ -314,9 +315,12 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 class MetricsLogger:
-    """metrics.jsonl + TensorBoard + console; a no-op on ranks other than the main one."""
+    """metrics.jsonl + the experiment trackers (oreline.train.trackers; TensorBoard by default) +
+    console; a no-op on ranks other than the main one.
 
-    TB_SKIP = {"type", "step", "time"}
+    metrics.jsonl is written first and flushed: it is complete whatever a tracker does. A tracker's
+    first failure is written here once, as a `tracker_failed` event.
+    """
 
     def __init__(
         self,
@@ -325,50 +329,52 @@ class MetricsLogger:
         console: Any = None,
         enabled: bool = True,
         purge_after_step: int | None = None,
+        trackers: Any = None,
+        flush_s: float = 30.0,
     ):
         self.enabled = enabled
         self.console = console
         self.path = Path(jsonl)
-        self.writer = None
+        self.trackers = trackers
+        self.flush_s = flush_s
+        self.tracker_report: dict[str, Any] = {}
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if purge_after_step is not None:
             truncate_metrics(self.path, purge_after_step)
         self.fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
-        if tensorboard_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter
+        if self.trackers is None:
+            from oreline.train.trackers import open_trackers
 
-            # purge_step: TensorBoard hides events at or after it that an earlier process wrote.
-            purge = None if purge_after_step is None else purge_after_step + 1
-            self.writer = SummaryWriter(str(tensorboard_dir), purge_step=purge)
+            names = ["tensorboard"] if tensorboard_dir is not None else []
+            self.trackers = open_trackers(
+                names,
+                self.path.parent,
+                None,
+                None,
+                purge_after_step if purge_after_step is not None and purge_after_step >= 0 else None,
+                tensorboard_dir=tensorboard_dir,
+                purge_after_step=purge_after_step,
+            )
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         record = {"type": record.get("type"), "time": round(time.time(), 3), **record}
+        self._write(record)
+        self.trackers.log(record)
+        for warning in self.trackers.new_failures():
+            self._write({"type": "event", "time": round(time.time(), 3), **warning})
+
+    def _write(self, record: dict[str, Any]) -> None:
         self.fh.write(json.dumps(json_safe(record), ensure_ascii=False) + "\n")
         self.fh.flush()
-        self._tensorboard(record)
         self._console(record)
 
-    def _tensorboard(self, rec: dict[str, Any]) -> None:
-        if self.writer is None or not isinstance(rec.get("step"), int):
-            return
-        kind, step = rec["type"], rec["step"]
-        if kind in ("train", "eval"):
-            for key, value in rec.items():
-                if (
-                    key not in self.TB_SKIP
-                    and isinstance(value, int | float)
-                    and not isinstance(value, bool)
-                    and math.isfinite(value)
-                ):
-                    self.writer.add_scalar(f"{kind}/{key}", value, step)
-        elif kind == "generation":
-            self.writer.add_text(f"generation/{rec.get('mode')}", f"**{rec['prompt']}**{rec['text']}", step)
-        elif kind == "event":
-            self.writer.add_text("events", f"{rec.get('kind')}: {rec.get('message')}", step)
+    def tracker_state(self) -> dict[str, Any]:
+        """Each tracker's run (for the checkpoint's meta: a resume continues the same runs)."""
+        return self.trackers.state_dict() if self.enabled else {}
 
     def _console(self, r: dict[str, Any]) -> None:
         c = self.console
@@ -422,9 +428,24 @@ class MetricsLogger:
             )
 
     def close(self) -> None:
+        """Flush the trackers (train.tracker_flush_s at most), write <run>/trackers.json, close the file."""
         if not self.enabled:
             return
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+        self.tracker_report = self.trackers.close(self.flush_s) if self.trackers else {}
         self.fh.close()
+        if not self.tracker_report:
+            return
+        from oreline.io import write_json_atomic
+
+        write_json_atomic(self.path.parent / "trackers.json", self.tracker_report)
+        for name, rep in self.tracker_report.items():
+            if rep["failures"] or rep["dropped"] or not rep["finished"]:
+                msg = (
+                    f"tracker {name}: {rep['failures']} failed calls, {rep['dropped']} dropped "
+                    f"(first error: {rep['first_error']}); metrics.jsonl holds every record "
+                    f"(details in {self.path.parent / 'trackers.json'})"
+                )
+                if self.console is not None:
+                    from rich.markup import escape
+
+                    self.console.print(f"[yellow]warning[/]: {escape(msg)}", highlight=False)

@@ -62,12 +62,14 @@ def save(cfg: Config, s: Setup, state: TrainState, stability: Any, kind: str, lo
     from oreline.train.checkpoint.save import save_checkpoint
 
     t0 = time.perf_counter()
+    # the trackers' runs (ids): a resume continues them (rank 0 writes meta.json; others have none)
+    meta = {**checkpoint_meta(cfg, s, state, stability), "trackers": log.tracker_state()}
     path = save_checkpoint(
         s.run.checkpoints,
         state.step,
         s.model,
         s.optimizer,
-        checkpoint_meta(cfg, s, state, stability),
+        meta,
         kind=kind,
         cfg=cfg.checkpoint,
     )

@@ -1,0 +1,434 @@
+"""Experiment trackers (`train.trackers`): TensorBoard, Weights & Biases, MLflow behind one small interface.
+
+Each tracker is a module with a class of five calls (`Tracker`): `open` (create or continue its
+run), `log_params`, `log_metrics(metrics, step)`, `log_text`, `log_summary`, `finish`, and
+`state()`, what the checkpoint keeps of it (the run id). `MetricsLogger` (oreline.train.monitor)
+hands every metrics.jsonl record to `Trackers.log`, on the main rank only; metrics.jsonl stays
+the complete record whatever the trackers do.
+
+Rules every tracker follows (enforced here, not in the tracker modules):
+
+- **Never stops training.** Each tracker runs on its own thread behind a bounded queue (`Guarded`):
+  the training loop only appends. A call that raises (server down, disk full, no network) is
+  retried with backoff (0.5 s doubling to 30 s) while new calls queue up behind it; the first failure
+  is reported once (a `tracker_failed` event in metrics.jsonl and a console warning naming the
+  tracker and what to do); past `MAX_QUEUE` calls the oldest are dropped and counted. At the end a
+  tracker gets `train.tracker_flush_s` seconds to send what it holds; what is left is counted as
+  dropped. `<run>/trackers.json` lists, per tracker, its run, failures and dropped calls.
+- **Steps never go backwards.** A tracker is sent a metric step only above the highest step it
+  already holds (or at it, for a record kind it does not hold there: the eval after the train
+  record of the same step). After a rollback to step S the steps S+1..F (F the failed step) are
+  trained again: metrics.jsonl has them twice (with the `rollback` event between), the trackers
+  keep the first values and go on at F+1; the rollback itself is shown at step F as
+  `events/rollback` = 1 with `rollback/to_step` = S and `rollback/failed_step` = F.
+- **One run across restarts.** `state()` goes into the checkpoint's meta (`trackers`); a resume
+  passes it back, and the tracker continues the same MLflow run (by run id, or by the
+  `oreline.run_key` tag when the checkpoint was written before the run existed) and the same
+  online W&B run (`id` + `resume="allow"`). After opening, a tracker is sent the train and eval
+  records of metrics.jsonl up to the checkpoint's step that it does not hold (MLflow reports the
+  highest step it holds; a killed process's unsent calls are lost with it), then the resumed
+  run's records: the run ends with every step once. W&B offline cannot continue a run (wandb
+  issue #2423): a resumed offline run is a NEW offline run in the same group (the first run's
+  id), named `<name>-resume-<k>`, with `wandb_resumed_from` = the first run's id in its config; it
+  holds every step 1..N (those up to the checkpoint sent again from metrics.jsonl), so the last
+  offline run of a group is the complete one (`wandb sync <run>/wandb/offline-run-*` uploads them
+  all; the earlier ones end where their process was killed).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Protocol
+
+MAX_QUEUE = 10_000  # calls buffered per tracker while it fails (a call is one record's values)
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.5, 30.0
+
+
+class Tracker(Protocol):
+    """What one tracker module implements; every call may raise (the caller isolates it)."""
+
+    name: str
+
+    def open(self) -> None:
+        """Create the run, or continue the one `state` named at construction."""
+
+    def held_step(self) -> tuple[int, set[str]] | None:
+        """After open: the highest metric step the tracker's run already holds and the record kinds
+        ("train", "eval") it holds at that step (None: nothing known)."""
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_text(self, key: str, text: str, step: int) -> None: ...
+
+    def log_summary(self, values: dict[str, Any], step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def state(self) -> dict[str, Any]:
+        """What the checkpoint keeps to continue the same run after a restart (the run id)."""
+
+
+class Guarded:
+    """One tracker on its own thread: a bounded queue, retries with backoff, failures counted."""
+
+    def __init__(
+        self,
+        tracker: Tracker,
+        replay: Path | None = None,
+        replay_upto: int = 0,
+        max_queue: int = MAX_QUEUE,
+    ):
+        self.tracker = tracker
+        self.name = tracker.name
+        # a resume: the steps up to the checkpoint's that the tracker does not hold yet (a killed
+        # process's buffered calls, a new W&B offline run) are sent again from metrics.jsonl
+        self.replay, self.replay_upto = replay, replay_upto
+        # the highest step sent and the record kinds sent at it: a metric step below it, or at it
+        # for a kind already sent there, is not sent again (see the module docstring)
+        self.high, self.high_kinds = 0, set()
+        self.max_queue = max_queue
+        self.queue: deque[tuple[str, tuple]] = deque()
+        self.cv = threading.Condition()
+        self.opened = False
+        self.failures = 0
+        self.first_error: str | None = None
+        self.dropped = 0
+        self.not_resent = 0  # metric calls at steps the tracker already held (resume, rollback)
+        self.finished = False
+        self.deadline: float | None = None
+        self.closing = False
+        self.thread = threading.Thread(target=self._work, name=f"oreline-tracker-{self.name}", daemon=True)
+        self.thread.start()
+
+    def submit(self, op: str, *args: Any) -> None:
+        with self.cv:
+            if len(self.queue) >= self.max_queue:
+                self.queue.popleft()
+                self.dropped += 1
+            self.queue.append((op, args))
+            self.cv.notify()
+
+    def _apply(self, op: str, args: tuple) -> None:
+        t = self.tracker
+        if not self.opened:
+            t.open()
+            self.opened = True
+            held = t.held_step()
+            if held is not None and held[0] >= self.high:
+                self.high, self.high_kinds = held[0], set(held[1])
+        if self.replay is not None:
+            for rec in _records(self.replay, self.replay_upto):
+                self._metrics(rec["type"], record_metrics(rec), rec["step"])
+            self.replay = None
+        if op == "metrics":
+            self._metrics(*args)
+        elif op == "event":  # shown at the highest step reached: never behind what was logged
+            metrics, step = args
+            if step > self.high:
+                self.high, self.high_kinds = step, set()
+            t.log_metrics(metrics, self.high)
+        elif op == "text":
+            key, text, step = args
+            t.log_text(key, text, max(step, self.high))
+        elif op == "params":
+            t.log_params(*args)
+        elif op == "summary":
+            values, step = args
+            t.log_summary(values, max(step, self.high))
+
+    def _metrics(self, kind: str, metrics: dict[str, float], step: int) -> None:
+        if step < self.high or (step == self.high and kind in self.high_kinds):
+            self.not_resent += 1
+            return
+        self.tracker.log_metrics(metrics, step)
+        if step > self.high:
+            self.high, self.high_kinds = step, set()
+        self.high_kinds.add(kind)
+
+    def _work(self) -> None:
+        delay = BACKOFF_FIRST_S
+        while True:
+            with self.cv:
+                while not self.queue and not self.closing:
+                    self.cv.wait()
+                if not self.queue:
+                    break
+                item = self.queue[0]
+            try:
+                self._apply(*item)
+            except Exception as e:  # noqa: BLE001 (any tracker error: it must never reach training)
+                with self.cv:
+                    self.failures += 1
+                    if self.first_error is None:
+                        self.first_error = f"{type(e).__name__}: {str(e)[:300]}"
+                    wait = delay
+                    if self.deadline is not None:
+                        wait = min(wait, self.deadline - time.monotonic())
+                        if wait <= 0:
+                            break
+                    self.cv.wait(wait)  # woken early by close(); new calls queue up meanwhile
+                delay = min(2 * delay, BACKOFF_MAX_S)
+                continue
+            delay = BACKOFF_FIRST_S
+            with self.cv:
+                if self.queue and self.queue[0] is item:  # (an overflow may have dropped it meanwhile)
+                    self.queue.popleft()
+        with self.cv:
+            self.dropped += len(self.queue)
+            self.queue.clear()
+        if self.opened:
+            try:
+                self.tracker.finish()
+                self.finished = True
+            except Exception as e:  # noqa: BLE001
+                self.failures += 1
+                self.first_error = self.first_error or f"{type(e).__name__}: {str(e)[:300]}"
+
+    def close(self, timeout: float) -> None:
+        """Let the thread send what it holds for up to `timeout` seconds, then finish the run."""
+        with self.cv:
+            self.closing = True
+            if self.deadline is None:  # (Trackers.close sets every tracker's at once: they drain in parallel)
+                self.deadline = time.monotonic() + timeout
+            self.cv.notify_all()
+        # a call hung inside the tracker's own client (no timeout of its own) is abandoned with
+        # its daemon thread: the run has ended and its metrics.jsonl is complete
+        self.thread.join(timeout + 30.0)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "state": self._state(),
+            "opened": self.opened,
+            "finished": self.finished,
+            "failures": self.failures,
+            "first_error": self.first_error,
+            "dropped": self.dropped + (len(self.queue) if self.thread.is_alive() else 0),
+            "not_resent": self.not_resent,
+        }
+
+    def _state(self) -> dict[str, Any]:
+        try:
+            return self.tracker.state()
+        except Exception:  # noqa: BLE001
+            return {}
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def record_metrics(rec: dict[str, Any]) -> dict[str, float]:
+    """A train or eval record's numeric fields as tracker metrics: {"train/loss": ...}."""
+    return {f"{rec['type']}/{k}": float(v) for k, v in rec.items() if k not in Trackers.SKIP and _numeric(v)}
+
+
+def _records(path: Path, upto: int) -> list[dict[str, Any]]:
+    """metrics.jsonl's train and eval records of steps up to `upto`, in file order."""
+    import json
+
+    out = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written, or cut by a kill
+        if (
+            isinstance(rec, dict)
+            and rec.get("type") in ("train", "eval")
+            and isinstance(rec.get("step"), int)
+            and rec["step"] <= upto
+        ):
+            out.append(rec)
+    return out
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}; lists stay values."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+FAILED_HINT = {
+    "mlflow": "check that the MLflow server at the tracking URI is up (train.mlflow.tracking_uri, "
+    "MLFLOW_TRACKING_URI)",
+    "wandb": "check the W&B credentials and network, or set train.wandb.mode = 'offline'",
+    "tensorboard": "check the disk space and permissions of <run>/tensorboard",
+}
+
+
+class Trackers:
+    """The trackers of one run, fed metrics.jsonl's records (only the main rank has any)."""
+
+    SKIP = {"type", "step", "time"}
+
+    def __init__(self, guarded: list[Guarded], config: dict[str, Any] | None = None):
+        self.guarded = guarded
+        self.config = config or {}
+        self.warned: set[str] = set()
+        self.last_step = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.guarded)
+
+    def _each(self, op: str, *args: Any) -> None:
+        for g in self.guarded:
+            g.submit(op, *args)
+
+    def log(self, rec: dict[str, Any]) -> None:
+        kind, step = rec.get("type"), rec.get("step")
+        if not isinstance(step, int):
+            return
+        self.last_step = max(self.last_step, step)
+        if kind in ("train", "eval"):
+            metrics = record_metrics(rec)
+            if metrics:
+                self._each("metrics", kind, metrics, step)
+        elif kind == "start":
+            self._each("params", self.params(rec))
+        elif kind == "event":
+            metrics = {f"events/{rec.get('kind')}": 1.0}
+            values = rec.get("values") if isinstance(rec.get("values"), dict) else {}
+            if rec.get("kind") == "rollback":
+                metrics.update({f"rollback/{k}": float(v) for k, v in values.items() if _numeric(v)})
+            self._each("event", metrics, step)
+            self._each("text", "events", f"{rec.get('kind')}: {rec.get('message')}", step)
+        elif kind == "generation":
+            self._each(
+                "text", f"generation/{rec.get('mode')}", f"**{rec.get('prompt')}**{rec.get('text')}", step
+            )
+        elif kind == "end":
+            values = {f"final/{k}": v for k, v in rec.items() if k not in self.SKIP and _numeric(v)}
+            self._each("summary", values, step)
+
+    def params(self, start: dict[str, Any]) -> dict[str, Any]:
+        """The config (dotted keys, the data mixture included) and the start record's fingerprints,
+        model size and setup: what a tracker shows as the run's parameters."""
+        out = {f"config.{k}": v for k, v in flatten(self.config).items()}
+        for key, value in start.items():
+            if key in self.SKIP or key in ("schedule",):
+                continue
+            if isinstance(value, dict):
+                out.update({f"{key}.{k}": v for k, v in flatten(value).items()})
+            else:
+                out[key] = value
+        return out
+
+    def new_failures(self) -> list[dict[str, Any]]:
+        """One `tracker_failed` event per tracker, the first time it failed."""
+        out = []
+        for g in self.guarded:
+            if g.failures and g.name not in self.warned:
+                self.warned.add(g.name)
+                out.append(
+                    {
+                        "type": "event",
+                        "step": self.last_step,
+                        "kind": "tracker_failed",
+                        "values": {"tracker": g.name, "error": g.first_error},
+                        "action": "training goes on; the tracker's calls are buffered and retried",
+                        "message": f"tracker {g.name} failed ({g.first_error}); training goes on and its "
+                        f"calls are retried, metrics.jsonl stays complete: {FAILED_HINT.get(g.name, '')}",
+                    }
+                )
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the checkpoint keeps: each tracker's run (its id), to continue it after a restart."""
+        return {g.name: g._state() for g in self.guarded}
+
+    def close(self, timeout: float) -> dict[str, Any]:
+        """Let every tracker send what it holds (in parallel, `timeout` seconds each) and finish its run;
+        returns each tracker's report (run, failures, dropped calls)."""
+        for g in self.guarded:
+            with g.cv:
+                g.closing = True
+                g.deadline = time.monotonic() + timeout
+                g.cv.notify_all()
+        for g in self.guarded:
+            g.close(timeout)
+        return {g.name: g.report() for g in self.guarded}
+
+
+def open_trackers(
+    names: list[str],
+    run_root: Path,
+    tracker_cfg: Any,
+    saved: dict[str, Any] | None,
+    resumed_step: int | None,
+    config: dict[str, Any] | None = None,
+    tensorboard_dir: Path | None = None,
+    purge_after_step: int | None = None,
+) -> Trackers:
+    """The trackers `names` for the run in `run_root`, continuing the runs `saved` (a checkpoint's
+    `trackers`) when resuming at `resumed_step` (None: a fresh start). Nothing here touches the network: each tracker opens
+    its run on its own thread, so a tracker that cannot start never delays or stops training."""
+    saved = saved or {}
+    made: list[Tracker] = []
+    for name in names:
+        made.append(
+            _make(name, run_root, tracker_cfg, saved.get(name) or {}, tensorboard_dir, purge_after_step)
+        )
+    replay = None if resumed_step is None else Path(run_root) / "metrics.jsonl"
+    return Trackers([Guarded(t, replay, resumed_step or 0) for t in made], config)
+
+
+def _make(
+    name: str,
+    run_root: Path,
+    tc: Any,
+    saved: dict[str, Any],
+    tensorboard_dir: Path | None,
+    purge_after_step: int | None,
+) -> Tracker:
+    if name == "tensorboard":
+        from oreline.train.trackers.tensorboard import TensorBoardTracker
+
+        purge = None if purge_after_step is None else purge_after_step + 1
+        return TensorBoardTracker(tensorboard_dir or run_root / "tensorboard", purge_step=purge)
+    if name == "wandb":
+        from oreline.train.trackers.wandb_tracker import WandbTracker
+
+        return WandbTracker(run_root, tc.wandb, saved)
+    if name == "mlflow":
+        from oreline.train.trackers.mlflow_tracker import MlflowTracker
+
+        return MlflowTracker(run_root, tc.mlflow, saved)
+    raise ValueError(f"unknown tracker {name!r}: train.trackers takes tensorboard, wandb, mlflow")
+
+
+def log_after_training(run_root: Path, train_cfg: Any, saved: dict[str, Any], values: dict[str, Any]) -> dict:
+    """Add `values` (the export path, ...) to the summary of the runs a finished training logged to
+    (`saved`: its last checkpoint's `trackers`). MLflow and online W&B runs are reopened by id; an
+    offline W&B run cannot be (wandb #2423) and TensorBoard needs no copy, so both are left as they
+    are (the export sits in the run folder beside them). Failures are counted, never raised; each tracker gets `train.tracker_flush_s` seconds.
+    Returns each tracker's report."""
+    reports = {}
+    for name in train_cfg.trackers:
+        state = saved.get(name) or {}
+        if name == "wandb" and (state.get("mode") != "online" or not state.get("id")):
+            continue
+        if name == "mlflow" and not state.get("run_key"):
+            continue
+        if name == "tensorboard":  # the path is in the run folder beside it; no extra event file
+            continue
+        g = Guarded(_make(name, Path(run_root), train_cfg, state, None, None))
+        g.submit("summary", values, 0)
+        g.close(train_cfg.tracker_flush_s)
+        reports[name] = g.report()
+    return reports
