@@ -167,11 +167,19 @@ def mixture_config(tmp_path: Path, prose_tokens, second_source, weights=(0.7, 0.
     return cfg
 
 
+@pytest.mark.slow  # MLflow's sqlite store takes ~20 s to create
 def test_two_source_run_logs_source_tokens_at_the_weights(prose_tokens, second_source, tmp_path, one_thread):
     from oreline.config import config_from_dict, to_dict
     from oreline.train.loop import train
 
-    cfg = mixture_config(tmp_path, prose_tokens, second_source, train__steps=24, train__log_every=4)
+    cfg = mixture_config(
+        tmp_path,
+        prose_tokens,
+        second_source,
+        train__steps=24,
+        train__log_every=4,
+        train__trackers=["tensorboard", "mlflow"],
+    )
     cfg = config_from_dict(to_dict(cfg))
     train(cfg, resume="none")
     recs = read_metrics(Path(cfg.run.runs_dir) / "t" / "metrics.jsonl")
@@ -193,6 +201,21 @@ def test_two_source_run_logs_source_tokens_at_the_weights(prose_tokens, second_s
     assert evals and set(evals[-1]["val_loss_sources"]) == {"emma", "macbeth"}
     v = evals[-1]["val_loss_sources"]
     assert evals[-1]["val_loss"] == pytest.approx(0.7 * v["emma"] + 0.3 * v["macbeth"])
+    # each source is its own curve in the trackers: TensorBoard and MLflow (sqlite, no server)
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = Path(cfg.run.runs_dir) / "t"
+    tb = EventAccumulator(str(run / "tensorboard"))
+    tb.Reload()
+    for name in ("emma", "macbeth"):
+        got = [(e.step, e.value) for e in tb.Scalars(f"train/source_tokens/{name}")]
+        assert got == [(r["step"], r["source_tokens"][name]) for r in rows], name
+        assert [e.step for e in tb.Scalars(f"eval/val_loss_sources/{name}")] == [r["step"] for r in evals]
+    client = MlflowClient(f"sqlite:///{run / 'mlflow' / 'mlflow.db'}")
+    (mrun,) = client.search_runs(client.search_experiments()[0].experiment_id)
+    history = client.get_metric_history(mrun.info.run_id, "train/source_tokens/macbeth")
+    assert [(m.step, m.value) for m in history] == [(r["step"], r["source_tokens"]["macbeth"]) for r in rows]
     # the report's mixture section: tokens stacked by source, validation loss per source, a table of both
     import re
 

@@ -224,8 +224,18 @@ def _numeric(value: Any) -> bool:
 
 
 def record_metrics(rec: dict[str, Any]) -> dict[str, float]:
-    """A train or eval record's numeric fields as tracker metrics: {"train/loss": ...}."""
-    return {f"{rec['type']}/{k}": float(v) for k, v in rec.items() if k not in Trackers.SKIP and _numeric(v)}
+    """A train or eval record's numeric fields as tracker metrics: {"train/loss": ...}; a field
+    holding a dict of numbers (a mixture's per-source values: source_tokens, val_loss_sources)
+    one level down, {"train/source_tokens/web": ...}, so each source is its own curve."""
+    out: dict[str, float] = {}
+    for key, value in rec.items():
+        if key in Trackers.SKIP:
+            continue
+        if isinstance(value, dict):
+            out.update({f"{rec['type']}/{key}/{k}": float(v) for k, v in value.items() if _numeric(v)})
+        elif _numeric(value):
+            out[f"{rec['type']}/{key}"] = float(value)
+    return out
 
 
 def _records(path: Path, upto: int) -> list[dict[str, Any]]:
