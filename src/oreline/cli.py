@@ -447,7 +447,14 @@ def score_cli(
             ppls.append(s["perplexity"] if s["words"] else math.inf)
         batch.clear()
 
-    for doc in iter_text_documents(docs):
+    rejected: dict[str, int] = {}
+
+    def reject(reason: str, offset: int | None, preview: str) -> None:
+        rejected[reason] = (
+            rejected.get(reason, 0) + 1
+        )  # counted and named in the summary, never dropped unseen
+
+    for doc in iter_text_documents(docs, reject):
         batch.append(doc)
         if len(batch) >= batch_docs:
             flush()
@@ -460,6 +467,7 @@ def score_cli(
     summary = {
         "documents": len(ppls),
         "scored": int(finite.size),
+        "rejected": rejected,  # input records that were no document (e.g. read:no_text), by reason
         "percentiles": pct,
         "kind": scorer.kind,
         "bucket_cutoffs": [pct[BUCKET_PERCENTILES[0]], pct[BUCKET_PERCENTILES[1]]],
@@ -479,6 +487,12 @@ def score_cli(
             f"p10 {pct[10]:.1f}, p30 {pct[30]:.1f}, median {pct[50]:.1f}, p60 {pct[60]:.1f}, p90 {pct[90]:.1f}"
             + (f"; scores → {out}" if out else "")
         )
+        if rejected:
+            console.print(
+                f"[yellow]not scored[/]: {sum(rejected.values())} input records were no document ("
+                + ", ".join(f"{r} {n}" for r, n in sorted(rejected.items()))
+                + ")"
+            )
         console.print(
             "set data.quality.perplexity_max to one of these to cut absolutely, or leave it unset for CCNet "
             "buckets (head/middle/tail at p30/p60 of each run's own documents)"

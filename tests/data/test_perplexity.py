@@ -283,9 +283,11 @@ def test_score_cli_writes_per_document_scores(full_samples, reference, tmp_path)
     )
     sample.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     summary = score_cli([str(sample)], reference, tmp_path / "scores.parquet", console=None)
-    assert summary["documents"] == len(texts) and summary["scored"] == len(texts) - 1
+    # the whitespace-only record is no document (read:no_text, as in oreline data): counted, not scored
+    assert summary["documents"] == summary["scored"] == len(texts) - 1
+    assert summary["rejected"] == {"read:no_text": 1}
     scores = pq.read_table(tmp_path / "scores.parquet").to_pydict()
-    assert scores["id"] == [f"d{i}" for i in range(len(texts))] and scores["words"][-1] == 0
+    assert scores["id"] == [f"d{i}" for i in range(len(texts) - 1)]
     p = summary["percentiles"]
     assert p[10] < p[30] < p[50] < p[60] < p[90] and summary["bucket_cutoffs"] == [p[30], p[60]]
     assert not (reference / "buckets.json").exists()  # scoring never changes the model folder

@@ -26,6 +26,7 @@ def test_report_and_doctor_read_a_real_training_run(healthy_template, tmp_path):
         [
             "run.name=tiny",
             f"run.runs_dir={tmp_path / 'runs'}",
+            "train.sources=[]",  # the demo config's mixture: this run has the one tokens/ folder
             "model.preset=debug",
             "train.seq_len=32",
             "train.micro_batch=2",

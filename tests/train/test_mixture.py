@@ -453,3 +453,22 @@ def test_a_source_added_at_resume_starts_at_zero_and_a_removed_one_stops(prose_t
     assert back.new_phase is not None and back.source_sequences() == counts
     assert {n for n, _ in back.global_indices(back.consumed, 40)} == {"emma"}
     assert back.source_tokens(back.consumed + 40)["macbeth"] == counts["macbeth"] * T  # stopped where it was
+
+
+def test_sources_without_their_token_folders_name_them_and_the_way_out(tmp_path):
+    """The default (demo) config names oreline run's per-set folders {run}/tokens-web and
+    {run}/tokens-extra: a run tokenized by hand into <run>/tokens has neither, and is told what to do
+    instead of meeting a bare missing-manifest error of one folder."""
+    from oreline.config import load_config
+    from oreline.errors import InputError
+    from oreline.runs import RunDir
+    from oreline.train.session import mixture_sources
+
+    cfg = load_config(None, ["run.name=r", f"run.runs_dir={tmp_path}"])
+    run = RunDir(tmp_path / "r")
+    with pytest.raises(InputError) as e:
+        mixture_sources(cfg, run)
+    assert "web → " in str(e.value) and "prose → " in str(e.value) and "train.tokens=FOLDER" in e.value.hint
+    # one folder named: the one-source mixture, no check of the sources
+    cfg = load_config(None, ["run.name=r", f"run.runs_dir={tmp_path}", f"train.tokens={tmp_path / 'tok'}"])
+    assert [s.name for s in mixture_sources(cfg, run)] == ["main"]

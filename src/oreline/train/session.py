@@ -394,7 +394,18 @@ def mixture_sources(cfg: Config, run: RunDir) -> list[Any]:
 
     tc = cfg.train
     if tc.sources and not tc.tokens:
-        return [Source(s.name, source_folder(s.tokens, run), s.weight, s.max_epochs) for s in tc.sources]
+        sources = [Source(s.name, source_folder(s.tokens, run), s.weight, s.max_epochs) for s in tc.sources]
+        missing = [s for s in sources if not (s.tokens / "manifest.json").is_file()]
+        if missing:
+            # the demo config (also the default one) names oreline run's per-set folders: a run
+            # tokenized by hand into <run>/tokens has none of them
+            raise InputError(
+                "train.sources names token folders that do not exist: "
+                + ", ".join(f"{s.name} → {s.tokens}" for s in missing),
+                "tokenize each source into its folder (`oreline run` makes {run}/tokens-web and "
+                "{run}/tokens-extra), or train on one folder with train.tokens=FOLDER",
+            )
+        return sources
     return [Source(LEGACY_NAME, Path(expand(tc.tokens)) if tc.tokens else run.tokens, 1.0)]
 
 

@@ -496,9 +496,10 @@ def _iter_parquet(
             row_index += batch.num_rows
 
 
-def iter_text_documents(paths: Iterable[str | Path]) -> Iterator[Document]:
+def iter_text_documents(paths: Iterable[str | Path], report: Report | None = None) -> Iterator[Document]:
     """The documents of clean-text inputs (.txt/.txt.gz/.zip/.jsonl/.parquet files or folders);
-    WARC files and unknown kinds are refused: they need `oreline data` first."""
+    WARC files and unknown kinds are refused: they need `oreline data` first. `report(reason,
+    offset, preview)` hears of every record that is not a document (no text, too large, ...)."""
     from oreline.config import DataConfig
 
     found, unknown = discover_inputs([str(p) for p in paths])
@@ -510,4 +511,4 @@ def iter_text_documents(paths: Iterable[str | Path]) -> Iterator[Document]:
     for path, kind in found:
         if kind == "warc":
             raise InputError(f"{path} is a WARC file", "run oreline data first and score its Parquet shards")
-        yield from iter_input_documents(path, DataConfig())
+        yield from iter_input_documents(path, DataConfig(), report)

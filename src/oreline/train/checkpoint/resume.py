@@ -14,8 +14,8 @@
   `--allow-config-change KEY` names them. Model and tokenizer keys, a different `model_args` or
   tokenizer fingerprint are refused even when named: the saved tensors would not fit the model,
   or token ids would mean other strings. Keys under `NOT_COUNTED` (train.debug.*: the test
-  tools and observers) never block a resume: they are returned with the allowed changes, so the
-  resume event records them. A key the checkpoint's config has but this oreline no longer knows
+  tools and observers; train.cpu_allocator) never block a resume: they are returned with the
+  allowed changes, so the resume event records them. A key the checkpoint's config has but this oreline no longer knows
   (train.eval_batches, replaced by train.eval_sequences) is not a change either: it cannot be set
   any more, as a key added later at its default changes nothing.
   Compute choices that leave the saved tensors as they are
@@ -91,6 +91,9 @@ NEVER_ALLOWED = {
 # test that resumes without its sleep, or a resume that adds a digest, is the same run.
 NOT_COUNTED = {
     "train.debug.": "debug settings: test tools and observers",
+    # glibc's malloc thresholds: host memory and speed, never a value the run computes (a requeue
+    # may take the lean allocator where memory is short)
+    "train.cpu_allocator": "the CPU allocator: memory and speed, not what the run computes",
 }
 
 
