@@ -263,3 +263,16 @@ def test_a_refusal_on_rank_0_ends_every_rank(source, prose_tokens, tmp_path):
     assert "timed out" not in text.lower() and "oreline/train" not in text, text[
         -4000:
     ]  # no rank's traceback
+
+
+def test_an_unreadable_source_is_an_oreline_error_on_every_rank(source, train_config, tmp_path):
+    """A source that fails in a way oreline's own checks do not name (here a config with 0 heads: a
+    ZeroDivisionError) still becomes the one verdict rank 0 broadcasts; a raw exception there left
+    the other ranks waiting in the broadcast."""
+    odd = tmp_path / "odd"
+    shutil.copytree(source["hf"], odd)
+    config = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps(config | {"num_attention_heads": 0}))
+    with pytest.raises(CheckpointError, match="cannot read it .ZeroDivisionError") as e:
+        train(train_config(train__init_from=str(odd)), console=QUIET)
+    assert "complete and readable" in e.value.hint

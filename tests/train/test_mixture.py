@@ -129,6 +129,35 @@ def test_a_source_past_max_epochs_stops_with_its_name(prose_tokens, second_sourc
             loader.next_batch()
 
 
+def test_every_rank_stops_at_the_global_batch_that_passes_max_epochs(prose_tokens, second_source):
+    """Each rank reads only its slice of the global batch; the one whose slice crosses a source's
+    max_epochs must not stop alone while the others wait for it in the next collective."""
+    ranks = [
+        MixtureLoader(
+            sources(prose_tokens, second_source, max_epochs=1.0),
+            seq_len=T,
+            micro_batch=B,
+            seed=3,
+            rank=r,
+            world_size=2,
+        )
+        for r in range(2)
+    ]
+    stopped = []
+    for _ in range(10 * ranks[0].loaders["macbeth"].num_sequences):
+        outcome = []
+        for loader in ranks:
+            try:
+                loader.next_batch()
+                outcome.append(False)
+            except TrainingError:
+                outcome.append(True)
+        if any(outcome):
+            stopped = outcome
+            break
+    assert stopped == [True, True], f"one rank stopped alone: {stopped}"
+
+
 def test_sources_of_another_tokenizer_or_changed_data_are_refused(prose_tokens, second_source, tmp_path):
     import shutil
 

@@ -328,15 +328,16 @@ class MixtureLoader:
             names += [n for n, _ in ph.weights if n not in names]
         return names
 
-    def check_budget(self, end_position: int) -> None:
-        """Refuse, before the first step, a plan whose sources would pass their max_epochs by `end_position`."""
+    def check_budget(self, end_position: int, when: str = "the planned train.steps take") -> None:
+        """Refuse a plan (before the first step) or a global batch (before it is read) whose sources
+        would pass their max_epochs by `end_position`; closed-form counts, O(sources × phases)."""
         counts = self.mixture.counts(end_position)
         for name, s in self.sources.items():
             if (
                 s.max_epochs is not None
                 and counts.get(name, 0) > s.max_epochs * self.loaders[name].num_sequences
             ):
-                self._too_many_epochs(name, counts[name], "the planned train.steps take")
+                self._too_many_epochs(name, counts[name], when)
 
     def _too_many_epochs(self, name: str, index: int, when: str) -> None:
         s, n = self.sources[name], self.loaders[name].num_sequences
@@ -383,6 +384,9 @@ class MixtureLoader:
         return Batch(inputs, labels, doc_ids)
 
     def next_batch(self) -> Batch:
+        # the whole global batch, on every rank: a rank whose own slice stayed within max_epochs
+        # must stop with the one that crossed it, not wait for it in the next collective
+        self.check_budget(self.consumed + self.micro_batch * self.world_size, "the run has reached")
         mine = self.consumed + self.rank * self.micro_batch
         picks = self.global_indices(mine, self.micro_batch)
         self.consumed += self.micro_batch * self.world_size

@@ -275,6 +275,13 @@ def start_from_weights(value: str, s: Any, info: dist.DistInfo, say: Any) -> dic
         except OrelineError as exc:
             refused = exc
             verdict = {"error": [type(exc).__name__, exc.message, exc.hint]}
+        except Exception as exc:  # a torn file, an unreadable folder: still every rank's verdict
+            refused = CheckpointError(
+                f"train.init_from {value}: cannot read it ({type(exc).__name__}: {exc})",
+                "check that the folder is complete and readable, or point train.init_from at another one",
+            )
+            refused.__cause__ = exc
+            verdict = {"error": [type(refused).__name__, refused.message, refused.hint]}
     verdict = dist.from_main(verdict)
     if refused is not None:
         raise refused
