@@ -243,13 +243,13 @@ def stage_export(cfg: Config, rd: RunDir, console: Console) -> str:
 
 def _tell_trackers(cfg: Config, rd: RunDir, values: dict[str, Any], console: Console) -> None:
     """The experiment trackers' runs of the training (named in its last checkpoint) get `values`."""
-    from oreline.train.checkpoint.format import read_meta
+    from oreline.train.checkpoint.format import read_latest, read_meta
     from oreline.train.trackers import log_after_training
 
-    latest = rd.checkpoints / "latest"
-    if not latest.is_file():
+    name = read_latest(rd.checkpoints)  # (None for a missing, binary or misnamed `latest`)
+    if name is None:
         return
-    saved = (read_meta(rd.checkpoints / latest.read_text().strip()) or {}).get("trackers") or {}
+    saved = (read_meta(rd.checkpoints / name) or {}).get("trackers") or {}
     for name, rep in log_after_training(rd.root, cfg.train, saved, values).items():
         if rep["failures"] or rep["dropped"]:
             console.print(

@@ -298,6 +298,10 @@ def rollback(
     injected = list(state.debug_injected)
     skipped, rollbacks = state.skipped_steps, state.rollbacks + 1
     meta = load_checkpoint(target, s.model, s.optimizer)
+    if s.after_optimizer_step is not None:
+        # fp8 + FSDP2: the weights' fp8 scales were computed from the weights just replaced; the
+        # next all-gather must use the restored weights' own
+        s.after_optimizer_step()
     _restore(meta, s, state)
     state.lr_multiplier, state.rollbacks, state.skipped_steps = multiplier, rollbacks, skipped
     state.debug_injected = sorted(set(injected) | set(state.debug_injected))

@@ -136,6 +136,7 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         tuned = set_cpu_allocator(tc.cpu_allocator)
         say(f"CPU allocator: {tuned}" if tuned else "CPU allocator: not glibc, left as it is")
     cpu_matmul, cpu_matmul_source = None, ""
+    cuda_picked = None
     kernel_choice = kernels_choice(tc, device)
     if kernel_choice == "cpu":
         # "auto": this machine's decision, not one measured under today's load; every rank takes rank 0's
@@ -147,8 +148,9 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         from oreline.model.kernels import cuda_choice
         from oreline.model.kernels.select import gpu_name
 
-        picked, source = cuda_choice.choice(gpu_name(device))
-        say(f"kernels: RMSNorm {picked['rms_norm']}, RoPE {picked['rope']} ({source})")
+        # rank 0's record for every rank: nodes whose caches differ must still compute alike
+        cuda_picked, source = dist.from_main(cuda_choice.choice(gpu_name(device)) if info.is_main else None)
+        say(f"kernels: RMSNorm {cuda_picked['rms_norm']}, RoPE {cuda_picked['rope']} ({source})")
     else:
         say(f"kernels: reference ({tc.kernels})")
 
@@ -260,7 +262,10 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     if tc.doc_mask:
         say(f"document masking: {'FlexAttention block mask' if attention == 'flex' else 'dense SDPA mask'}")
     kernels = with_loss(
-        kernels_for(kernel_choice, device, cpu_matmul or "blas", attention), tc, device, cpu_matmul or "blas"
+        kernels_for(kernel_choice, device, cpu_matmul or "blas", attention, cuda_picked),
+        tc,
+        device,
+        cpu_matmul or "blas",
     )
     loss = loss_choice(tc, device)
     say(

@@ -60,6 +60,12 @@ def test_auto_is_cpu_kernels_on_cpu_and_the_measured_choice_on_cuda():
     assert resolve_choice("auto", "cpu") == "cpu"
     assert resolve_choice("auto", torch.device("cuda", 0)) == "cuda"
     assert kernels_for("auto", "cuda:0") is REFERENCE  # no measurement recorded: the reference
+    # a run passes rank 0's record to every rank (nodes whose caches differ compute alike)
+    from oreline.model.kernels import cuda_choice
+
+    picked = {"rms_norm": "torch", "rope": "complex"}
+    chosen = kernels_for("auto", "cuda:0", cuda_picked=picked)
+    assert (chosen.rms_norm, chosen.rope) == (cuda_choice.RMS_NORMS["torch"], cuda_choice.ROPES["complex"])
     assert kernels_for("reference", "cpu") is REFERENCE
     with pytest.raises(ConfigError, match="auto, reference, cpu"):
         resolve_choice("fast", "cpu")

@@ -59,15 +59,21 @@ def resolve_choice(choice: str, device: torch.device | str) -> str:
 
 
 def kernels_for(
-    choice: str, device: torch.device | str, matmul_backend: str = "blas", attention: str = "sdpa"
+    choice: str,
+    device: torch.device | str,
+    matmul_backend: str = "blas",
+    attention: str = "sdpa",
+    cuda_picked: dict[str, str] | None = None,
 ) -> Kernels:
     """The Kernels for `train.kernels = choice` on `device`; `matmul_backend` serves the CPU set,
-    `attention` ("sdpa" | "flex", resolve_attention's) computes document-masked attention."""
+    `attention` ("sdpa" | "flex", resolve_attention's) computes document-masked attention,
+    `cuda_picked` is the RMSNorm/RoPE record to use on CUDA (a run passes rank 0's; None: this
+    machine's)."""
     resolved = resolve_choice(choice, device)
     if resolved == "cpu":
         kernels = cpu_kernels(matmul_backend)
     elif resolved == "cuda":
-        kernels = cuda_choice.kernels(cuda_choice.choice(gpu_name(device))[0])
+        kernels = cuda_choice.kernels(cuda_picked or cuda_choice.choice(gpu_name(device))[0])
     else:
         kernels = REFERENCE
     return kernels if attention == kernels.attention else replace(kernels, attention=attention)

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 MAX_QUEUE = 10_000  # calls buffered per tracker while it fails (a call is one record's values)
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.5, 30.0
+MAX_ATTEMPTS = 8  # failures of one call before it is dropped (~90 s of backoff)
 
 
 class Tracker(Protocol):
@@ -152,7 +153,7 @@ class Guarded:
         self.high_kinds.add(kind)
 
     def _work(self) -> None:
-        delay = BACKOFF_FIRST_S
+        delay, attempts = BACKOFF_FIRST_S, 0
         while True:
             with self.cv:
                 while not self.queue and not self.closing:
@@ -163,10 +164,19 @@ class Guarded:
             try:
                 self._apply(*item)
             except Exception as e:  # noqa: BLE001 (any tracker error: it must never reach training)
+                attempts += 1
                 with self.cv:
                     self.failures += 1
                     if self.first_error is None:
                         self.first_error = f"{type(e).__name__}: {str(e)[:300]}"
+                    if attempts >= MAX_ATTEMPTS:
+                        # a call the tracker refuses every time (a value its client rejects) must
+                        # not hold back every call behind it: counted as dropped, the next one goes
+                        if self.queue and self.queue[0] is item:
+                            self.queue.popleft()
+                            self.dropped += 1
+                        delay, attempts = BACKOFF_FIRST_S, 0
+                        continue
                     wait = delay
                     if self.deadline is not None:
                         wait = min(wait, self.deadline - time.monotonic())
@@ -175,7 +185,7 @@ class Guarded:
                     self.cv.wait(wait)  # woken early by close(); new calls queue up meanwhile
                 delay = min(2 * delay, BACKOFF_MAX_S)
                 continue
-            delay = BACKOFF_FIRST_S
+            delay, attempts = BACKOFF_FIRST_S, 0
             with self.cv:
                 if self.queue and self.queue[0] is item:  # (an overflow may have dropped it meanwhile)
                     self.queue.popleft()
@@ -199,7 +209,8 @@ class Guarded:
             self.cv.notify_all()
         # a call hung inside the tracker's own client (no timeout of its own) is abandoned with
         # its daemon thread: the run has ended and its metrics.jsonl is complete
-        self.thread.join(timeout + 30.0)
+        # Trackers.close joins one after another: each waits until the shared deadline, not anew
+        self.thread.join(max(0.0, self.deadline + 30.0 - time.monotonic()))
 
     def report(self) -> dict[str, Any]:
         return {
