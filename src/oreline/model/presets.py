@@ -56,6 +56,15 @@ __all__ = [
 ]
 
 # Fields of ModelArgs plus ffn_multiplier / multiple_of (the MLP width rule) when ffn_dim is absent.
+# Llama 3.2's RoPE scaling (HF config of Llama-3.2-1B and -3B): the same for both presets below
+LLAMA32_ROPE_SCALING = {
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Tiny: unit tests and smoke runs, trains in seconds.
     "debug": dict(
@@ -110,12 +119,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         tie_embeddings=True,
         rope_theta=500_000.0,
         norm_eps=1e-5,
-        rope_scaling={
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
+        rope_scaling=LLAMA32_ROPE_SCALING,
     ),
     # Llama-3.2-3B's shape (HF config): the largest preset whose bf16/fp8 training state fits one
     # 80 GB GPU under FSDP2 (16 bytes/param ≈ 51 GB), where fp8's GEMMs are large enough to gain
@@ -131,12 +135,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         tie_embeddings=True,
         rope_theta=500_000.0,
         norm_eps=1e-5,
-        rope_scaling={
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
+        rope_scaling=LLAMA32_ROPE_SCALING,
     ),
     "llama2-7b": dict(
         dim=4096,
