@@ -6,7 +6,6 @@ and a missing optional dependency only affects the command that uses it.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -650,12 +649,7 @@ def _end_rank(done: SystemExit) -> None:
     if isinstance(code, str):  # sys.exit("message"): what Python would print, and exit 1
         print(code, file=sys.stderr)
         code = 1
-    import logging
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code if isinstance(code, int) else 0)
+    dist.leave(code if isinstance(code, int) else 0)
 
 
 def _run_app() -> None:

@@ -136,6 +136,7 @@ def main() -> None:
         if info.is_main:
             print("RESULT " + json.dumps({"scenario": name, "world": info.world_size, **out}), flush=True)
     dist.cleanup()
+    dist.leave(0)  # as `oreline train` ends a rank (oreline.train.dist.leave says why)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ info = dist.init_distributed(cfg)
 line = "RESULT " + json.dumps({"rank": info.rank, "config": cfg.parallel, "launch": info.parallel}) + "\\n"
 os.write(1, line.encode())
 dist.cleanup()
+dist.leave(0)  # as `oreline train` ends a rank (oreline.train.dist.leave says why)
 """
 
 
