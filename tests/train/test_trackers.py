@@ -430,3 +430,30 @@ def test_mlflow_server_stopped_mid_run_training_finishes(tmp_path, prose_tokens,
     report = json.loads((run / "trackers.json").read_text())["mlflow"]
     assert report["failures"] >= 1 and report["dropped"] >= 1
     assert "tracker mlflow" in log.read_text()  # the end's warning with the dropped count
+
+
+def test_a_call_mlflow_refuses_every_time_is_dropped_and_the_calls_behind_it_still_go(
+    tmp_path, offline_env, monkeypatch
+):
+    """A metric name MLflow's client rejects (it validates names before any request) fails every
+    attempt: after MAX_ATTEMPTS it is counted as dropped, and the call queued behind it is sent."""
+    from mlflow.tracking import MlflowClient
+
+    from oreline.config import MlflowConfig
+    from oreline.train import trackers
+    from oreline.train.trackers.mlflow_tracker import MlflowTracker
+
+    monkeypatch.setattr(trackers, "BACKOFF_FIRST_S", 0.01)  # 8 attempts in well under a second
+    monkeypatch.setattr(trackers, "BACKOFF_MAX_S", 0.02)
+    guarded = trackers.Guarded(MlflowTracker(tmp_path, MlflowConfig(), {}))
+    guarded.submit("metrics", "train", {"train/bad name!": 1.0}, 1)
+    guarded.submit("metrics", "train", {"train/loss": 2.5}, 2)
+    guarded.close(timeout=60)
+    report = guarded.report()
+    assert report["dropped"] == 1 and report["failures"] == trackers.MAX_ATTEMPTS, report
+    assert "bad name!" in report["first_error"], report
+    client = MlflowClient(tracking_uri=guarded.tracker.uri)
+    run_id = report["state"]["run_id"]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == [(2, 2.5)]
+    assert client.get_metric_history(run_id, "train/bad name!") == []
+    assert client.get_run(run_id).info.status == "FINISHED"
