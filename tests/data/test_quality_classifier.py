@@ -117,6 +117,18 @@ def test_train_classifier_writes_heldout_metrics_and_is_deterministic(trained, t
     assert scorer.score(" \n\t ") is None
 
 
+def test_trainings_in_one_process_give_one_model(trained, tmp_path):
+    """fastText 0.9.3 reads memory of an earlier training in the same process: without a fresh
+    process per training these gave different bytes or "Encountered NaN." (see _fit_in_fresh_process)."""
+    models = set()
+    for i in range(3):
+        train_classifier(
+            [str(trained["prose"])], [str(trained["web"])], tmp_path / str(i), seed=1, bucket=20_000
+        )
+        models.add((tmp_path / str(i) / "model.bin").read_bytes())
+    assert len(models) == 1
+
+
 def test_normalisation_is_that_of_the_dclm_classifiers():
     assert normalize_text("Hello\n\nWORLD\t x\x00y  ") == "hello world x y"
     assert normalize_text("a\ud800b") == "a?b"  # a lone surrogate cannot reach the C++ binding

@@ -18,8 +18,9 @@ one document never sit on both sides. Documents are cut into pieces of about `PI
 characters at paragraph boundaries (a book is one document, a web page a short one; fastText
 learns from lines of similar size), normalised as the scorer does (`normalize_text`), and the
 smaller class's training pieces are repeated up to the larger's count (a book gives thousands of
-pieces, a web page one), so that the classes weigh the same and 0.5 means "as likely either way". fastText trains with thread=1, so equal inputs and seed give a
-byte-identical model.bin (tests/quality/test_classifier.py checks it).
+pieces, a web page one), so that the classes weigh the same and 0.5 means "as likely either way". fastText trains with thread=1 in a fresh process
+(`_fit_in_fresh_process` says why), so equal inputs and seed give a byte-identical model.bin
+(tests/data/test_quality_classifier.py checks it).
 
 It sits in the quality layer with `train-reference`: the data layer only scores
 (`oreline.data.filters.classifier`).
@@ -157,6 +158,35 @@ def heldout_metrics(labels: list[int], scores: list[float], threshold: float = 0
     }
 
 
+def _fit(train_file: str, model_file: str, seed: int, settings: dict[str, Any]) -> str | None:
+    """Train and save one fastText model (in the child of `_fit_in_fresh_process`); the error text or None."""
+    import fasttext
+
+    try:
+        model = fasttext.train_supervised(train_file, thread=1, seed=seed, verbose=0, **settings)
+    except RuntimeError as exc:  # "Encountered NaN."
+        return str(exc)
+    model.save_model(model_file)
+    return None
+
+
+def _fit_in_fresh_process(train_file: Path, model_file: Path, seed: int, settings: dict[str, Any]) -> None:
+    """fastText 0.9.3 trains with thread=1 deterministically only in a fresh process: a second
+    training in one process gave other model bytes, or stopped with "Encountered NaN.", on 3 of 5
+    tries here (memory of the first it reads before writing, by the look of it), while six fresh
+    processes gave six identical models. So each training runs in a spawned child."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        error = pool.submit(_fit, str(train_file), str(model_file), seed, settings).result()
+    if error is not None:
+        raise InputError(
+            f"fastText training failed: {error}",
+            "pass other fastText settings (a smaller lr) or check the inputs for degenerate text",
+        )
+
+
 def train_classifier(
     positive: list[str],
     negative: list[str],
@@ -243,22 +273,7 @@ def train_classifier(
             for a, b in zip(chosen["positive"], chosen["negative"], strict=True):
                 f.write(a + "\n" + b + "\n")
         settings = {**FASTTEXT_DEFAULTS, **fasttext_settings}
-        for _ in range(4):
-            try:
-                model = fasttext.train_supervised(str(train_file), thread=1, seed=seed, verbose=0, **settings)
-                break
-            except RuntimeError as exc:
-                # fastText stops on a NaN loss (seen here with small dim/bucket on 2,000-character
-                # lines); a smaller learning rate trains it, still deterministically; settings say which
-                if "NaN" not in str(exc):
-                    raise
-                settings["lr"] = settings["lr"] / 2
-        else:
-            raise InputError(
-                f"fastText training diverged (NaN loss) down to lr {settings['lr'] * 2:g}",
-                "pass other fastText settings (a smaller lr) or check the inputs for degenerate text",
-            )
-        model.save_model(str(out / MODEL_FILE))
+        _fit_in_fresh_process(train_file, out / MODEL_FILE, seed, settings)
     for name in counts:
         counts[name]["trained_pieces"] = balance
     scorer = ClassifierScorer(out)
