@@ -26,7 +26,7 @@ from oreline.cli import app
 from oreline.config import Config
 from oreline.data.filters.classifier import ClassifierScorer, normalize_text
 from oreline.data.pipeline.classifier_cutoff import top_fraction_cutoff
-from oreline.data.pipeline.run import data_fingerprint, run_data
+from oreline.data.pipeline.run import data_fingerprint, print_funnel, run_data
 from oreline.errors import FingerprintMismatch
 from oreline.quality.classifier import auc_score, train_classifier
 
@@ -183,6 +183,9 @@ def test_the_data_step_scores_thresholds_and_keeps_the_runs_top_fraction(samples
     assert top["docs_out"] == math.ceil(0.4 * n) or min(after) == max(below_scores + [-1])  # ties kept
     assert min(after) >= info["cutoff"] > max(below_scores)
     assert all(0.0 <= s <= 1.0 for s in after + below_scores)
+    printed = Console(file=io.StringIO(), width=300)
+    print_funnel(stats, printed)
+    assert f"top 0.4 of this run kept: score ≥ {info['cutoff']:.4f}" in printed.file.getvalue()
 
     # the same run on a 2-process pool (tasks finish in another order): the same output
     _run(samples, tmp_path / "pool", trained["model"], workers=2, classifier_keep_top_fraction=0.4)
