@@ -86,6 +86,7 @@ def test_slurm_executor_output_is_byte_identical_to_local(slurm_cluster, local_r
             assert folder.stat().st_mode & 0o777 == 0o700, folder
 
 
+@pytest.mark.slow
 def test_quality_classifier_top_fraction_on_slurm_equals_the_local_run(
     slurm_cluster, samples, local_ref, tmp_path
 ):

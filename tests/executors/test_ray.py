@@ -98,6 +98,7 @@ def test_tokenize_on_ray_equals_the_local_run(local_run, ray_overrides, tmp_path
     assert local_files == ray_files
 
 
+@pytest.mark.slow
 def test_quality_classifier_top_fraction_on_ray_equals_the_local_run(
     samples, local_run, ray_overrides, tmp_path
 ):
