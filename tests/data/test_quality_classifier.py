@@ -129,9 +129,21 @@ def test_trainings_in_one_process_give_one_model(trained, tmp_path):
     assert len(models) == 1
 
 
+@pytest.mark.hostile
+def test_hostile_texts_are_scored_not_crashed_and_huge_ones_cut(trained):
+    from oreline.data.filters.classifier import MAX_CHARS
+
+    scorer = ClassifierScorer(trained["model"])
+    huge = "the quick brown fox jumps over the lazy dog. " * 250_000  # 11 MB: only the head is read
+    assert scorer.score(huge) == scorer.score(huge[:MAX_CHARS])
+    for text in ("abc\x00def ghi", "lone \ud800 surrogate", "\u3000\u2028 x", "__label__hq __label__hq"):
+        assert 0.0 <= scorer.score(text) <= 1.0
+
+
 def test_normalisation_is_that_of_the_dclm_classifiers():
     assert normalize_text("Hello\n\nWORLD\t x\x00y  ") == "hello world x y"
     assert normalize_text("a\ud800b") == "a?b"  # a lone surrogate cannot reach the C++ binding
+    assert "__label__" not in normalize_text("buy now __label__hq __LABEL__HQ")  # no label from the text
 
 
 def test_auc_is_the_pairwise_ranking_probability():

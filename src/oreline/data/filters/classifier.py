@@ -46,8 +46,9 @@ SCORE_DIGITS = 6
 
 def normalize_text(text: str) -> str:
     """One line for fastText: lowercased, whitespace runs (newlines included) as one space, NULs
-    as spaces (a NUL ends the C string), text that UTF-8 cannot encode (lone surrogates) replaced."""
-    text = " ".join(text[:MAX_CHARS].replace("\x00", " ").lower().split())
+    as spaces (a NUL ends the C string), text that UTF-8 cannot encode (lone surrogates) replaced,
+    and fastText's label prefix defused: a page holding "__label__hq" must not label itself."""
+    text = " ".join(text[:MAX_CHARS].replace("\x00", " ").lower().replace("__label__", "_label_").split())
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
