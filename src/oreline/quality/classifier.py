@@ -81,10 +81,12 @@ def _pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
 
 
 def _resolve(paths: list[str]) -> list[str]:
-    """Inputs as readable paths: an `oreline data` output stands for its docs/ (not its rejects/)."""
+    """Inputs as readable paths ({samples} expanded): an `oreline data` output stands for its docs/
+    (not its rejects/)."""
+    from oreline.config import expand
     from oreline.outdir import require_finished_data_run
 
-    return [str(require_finished_data_run(Path(p))) for p in paths]
+    return [str(require_finished_data_run(Path(expand(p)))) for p in paths]
 
 
 def _documents(paths: list[str]) -> Iterator[str]:
