@@ -27,7 +27,7 @@ from oreline.config import Config
 from oreline.data.filters.classifier import ClassifierScorer, normalize_text
 from oreline.data.pipeline.classifier_cutoff import top_fraction_cutoff
 from oreline.data.pipeline.run import data_fingerprint, print_funnel, run_data
-from oreline.errors import FingerprintMismatch
+from oreline.errors import FingerprintMismatch, InputError
 from oreline.quality.classifier import auc_score, train_classifier
 
 WARCS = [
@@ -247,3 +247,10 @@ def test_a_retrained_classifier_is_another_data_run(samples, trained, tmp_path):
 def test_classifier_settings_without_a_classifier_are_refused():
     with pytest.raises(ValueError, match="need data.quality.classifier"):
         Config.model_validate({"data": {"quality": {"classifier_keep_top_fraction": 0.1}}})
+
+
+def test_one_document_per_class_is_refused_with_what_to_do(trained, tmp_path):
+    one = tmp_path / "one.txt"
+    one.write_text("a single positive document\n")
+    with pytest.raises(InputError, match="held-out split needs two or more.*pass more positive documents"):
+        train_classifier([str(one)], [str(trained["web"])], tmp_path / "model")
