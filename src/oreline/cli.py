@@ -28,7 +28,8 @@ model_app = typer.Typer(help="Model presets: sizes, shapes, FLOPs, memory.", no_
 checkpoint_app = typer.Typer(help="List, verify and inspect checkpoints of a run.", no_args_is_help=True)
 doctor_app = typer.Typer(help="Diagnose the environment or a run from its artifacts.", no_args_is_help=True)
 quality_app = typer.Typer(
-    help="Model-based quality: reference LMs and perplexity scores.", no_args_is_help=True
+    help="Model-based quality: reference LMs, perplexity scores, fastText quality classifiers.",
+    no_args_is_help=True,
 )
 launch_app = typer.Typer(help="Write launch scripts for clusters (Slurm, torchrun).", no_args_is_help=True)
 config_app = typer.Typer(help="Show resolved configs and valid keys.", no_args_is_help=True)
@@ -401,6 +402,28 @@ def quality_train_reference(
     from oreline.quality.reference_lm import train_reference
 
     train_reference(docs, out, kind=kind, console=Console(), **({"steps": steps} if steps else {}))
+
+
+@quality_app.command("train-classifier")
+def quality_train_classifier(
+    positive: Annotated[
+        list[str],
+        typer.Option(
+            "--positive", help="text to keep more of: .txt/.zip/JSONL/Parquet, folders, oreline data outputs"
+        ),
+    ],
+    negative: Annotated[
+        list[str], typer.Option("--negative", help="ordinary text (e.g. web pages from oreline data)")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder (model.bin, classifier.json)")],
+    seed: Annotated[int, typer.Option(help="held-out split and fastText seed")] = 1,
+) -> None:
+    """Train a fastText quality classifier (positive vs negative) with held-out precision/recall/AUC.
+
+    oreline ships no quality positives: bring your own (the tests use Gutenberg prose as a stand-in)."""
+    from oreline.quality.classifier import train_classifier
+
+    train_classifier(positive, negative, out, seed=seed, console=Console())
 
 
 @quality_app.command("score")

@@ -144,6 +144,34 @@ class QualityConfig(Section):
     perplexity_sample_docs: int = Field(
         10_000, ge=1, description="documents of the run sampled (by id hash) for the bucket cut-offs"
     )
+    classifier: str | None = Field(
+        None,
+        description="fastText quality-classifier folder (oreline quality train-classifier); scores every "
+        "document (quality_score)",
+    )
+    classifier_threshold: float | None = Field(
+        None, ge=0.0, le=1.0, description="drop documents whose classifier score is below this"
+    )
+    classifier_keep_top_fraction: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="keep this fraction of the run's scored documents, best first (cut-off from this run's documents)",
+    )
+    classifier_sample_docs: int = Field(
+        100_000, ge=1, description="documents of the run sampled (by id hash) for the top-fraction cut-off"
+    )
+
+    @model_validator(mode="after")
+    def _classifier_settings_need_a_classifier(self) -> QualityConfig:
+        if not self.classifier and (
+            self.classifier_threshold is not None or self.classifier_keep_top_fraction is not None
+        ):
+            raise ValueError(
+                "data.quality.classifier_threshold / classifier_keep_top_fraction need data.quality.classifier "
+                "(a folder from oreline quality train-classifier)"
+            )
+        return self
 
 
 class DedupConfig(Section):

@@ -404,7 +404,10 @@ def _run_stages(
 
 def _stage_key(stage: str, cfg: Config, outputs: dict[str, str]) -> str:
     if stage == "data":
-        return stage_key(_section(cfg, "data", drop=EXECUTION_KEYS))
+        from oreline.data.pipeline.run import model_fingerprints
+
+        models = model_fingerprints(cfg)  # a retrained model re-runs the stage; none: the key as before
+        return stage_key(_section(cfg, "data", drop=EXECUTION_KEYS), *([models] if models else []))
     if stage == "tokenizer":
         return stage_key(_section(cfg, "tokenizer"), outputs["data"])
     if stage == "tokenize":

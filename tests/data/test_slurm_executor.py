@@ -86,6 +86,33 @@ def test_slurm_executor_output_is_byte_identical_to_local(slurm_cluster, local_r
             assert folder.stat().st_mode & 0o777 == 0o700, folder
 
 
+@pytest.mark.slow
+def test_quality_classifier_top_fraction_on_slurm_equals_the_local_run(
+    slurm_cluster, samples, local_ref, tmp_path
+):
+    """The classifier step and its run-wide top-fraction cut-off (its sample jobs are array jobs
+    too) give the local run's output. Stand-in: Gutenberg prose against the local run's web pages."""
+    import zipfile
+
+    from oreline.quality.classifier import train_classifier
+
+    inputs, web = local_ref
+    prose = tmp_path / "prose"
+    prose.mkdir()
+    with zipfile.ZipFile(samples / "english-prose" / "nltk-gutenberg.zip") as zf:
+        for name in ("austen-persuasion.txt", "chesterton-ball.txt", "shakespeare-caesar.txt"):
+            (prose / name).write_text(zf.read(f"gutenberg/{name}").decode("latin-1"), encoding="utf-8")
+    train_classifier([str(prose)], [str(web)], tmp_path / "clf", bucket=20_000)
+    quality = [f"data.quality.classifier={tmp_path / 'clf'}", "data.quality.classifier_keep_top_fraction=0.3"]
+    run_data(inputs, tmp_path / "local", load_config(None, quality), workers=1)
+    stats = run_data(inputs, tmp_path / "slurm", load_config(None, ["data.executor=slurm", *FAST, *quality]))
+    assert next(s for s in stats["steps"] if s["name"] == "quality:classifier_top")["dropped"]
+    _same_as_local(tmp_path / "slurm", tmp_path / "local")
+    assert stats["classifier"] == json.loads((tmp_path / "local" / "stats.json").read_text())[
+        "classifier"
+    ] | {"seconds": stats["classifier"]["seconds"]}
+
+
 def _cli(inputs: list[str], out: Path, *overrides: str) -> list[str]:
     return [
         sys.executable,

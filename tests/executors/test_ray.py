@@ -98,6 +98,32 @@ def test_tokenize_on_ray_equals_the_local_run(local_run, ray_overrides, tmp_path
     assert local_files == ray_files
 
 
+@pytest.mark.slow
+def test_quality_classifier_top_fraction_on_ray_equals_the_local_run(
+    samples, local_run, ray_overrides, tmp_path
+):
+    """The classifier step and its run-wide top-fraction cut-off (a sample job per task on the
+    executor) give the local run's shards, rejects and stats on Ray. Stand-in data: Gutenberg
+    prose as positives against the local run's web documents."""
+    import zipfile
+
+    from oreline.quality.classifier import train_classifier
+
+    prose = tmp_path / "prose"
+    prose.mkdir()
+    with zipfile.ZipFile(samples / "english-prose" / "nltk-gutenberg.zip") as zf:
+        for name in ("austen-persuasion.txt", "chesterton-ball.txt", "shakespeare-caesar.txt"):
+            (prose / name).write_text(zf.read(f"gutenberg/{name}").decode("latin-1"), encoding="utf-8")
+    train_classifier([str(prose)], [str(local_run)], tmp_path / "clf", bucket=20_000)
+    quality = [f"data.quality.classifier={tmp_path / 'clf'}", "data.quality.classifier_keep_top_fraction=0.3"]
+    ref = tmp_path / "local"
+    run_data(_inputs(samples), ref, load_config(overrides=quality), workers=2)
+    stats = run_data(_inputs(samples), tmp_path / "ray", load_config(overrides=[*ray_overrides, *quality]))
+    top = next(s for s in stats["steps"] if s["name"] == "quality:classifier_top")
+    assert top["dropped"] and stats["classifier"]["cutoff"] is not None
+    assert_same_data_output(ref, tmp_path / "ray")
+
+
 def _task_running_on(node, label: str) -> bool:
     """Whether one of `node`'s worker processes is running a task of the map labelled `label` now
     (the executor names its tasks by the label, and Ray titles the worker ray::LABEL meanwhile)."""

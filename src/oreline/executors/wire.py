@@ -36,7 +36,7 @@ TASKS = frozenset(
         "oreline.data.pipeline.tasks:run_phase1",
         "oreline.data.pipeline.tasks:run_phase3",
         "oreline.data.pipeline.chain:run_chain_stage",
-        "oreline.data.pipeline.perplexity_cutoffs:task_sample",
+        "oreline.data.pipeline.perplexity_cutoffs:task_sample",  # also the classifier's cut-off sample
         "oreline.data.dedup.staged.exact:scatter_job",
         "oreline.data.dedup.staged.exact:exact_job",
         "oreline.data.dedup.staged.buckets:bucket_job",

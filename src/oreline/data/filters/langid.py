@@ -89,11 +89,15 @@ def detect(text: str) -> tuple[str, float]:
     prepared = _prepare(text)
     if not prepared:
         return UNKNOWN, 0.0
-    labels, probs = _get_model().predict(prepared, k=1)
-    if not labels:
+    # the binding itself: with the `fasttext` package installed over fasttext-predict (the quality
+    # extra), FastText.predict calls np.array(copy=False), which numpy 2 refuses; both packages'
+    # bindings take (line + newline, k, threshold, on_unicode_error) and return [(prob, label)]
+    top = _get_model().f.predict(prepared + "\n", 1, 0.0, "strict")
+    if not top:
         return UNKNOWN, 0.0
-    lang = labels[0].removeprefix("__label__")
-    score = min(float(probs[0]), 1.0)  # fastText's softmax can exceed 1 by rounding (1.00001)
+    prob, label = top[0]
+    lang = label.removeprefix("__label__")
+    score = min(float(prob), 1.0)  # fastText's softmax can exceed 1 by rounding (1.00001)
     if lang == "ja" and not _KANA.search(prepared) and _HAN.search(prepared):
         lang = "zh"
     return lang, score

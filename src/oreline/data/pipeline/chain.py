@@ -154,6 +154,10 @@ def run_chain_stage(stage: str, out: str, tasks, cfg: Config, workers: int, reco
             from oreline.data.pipeline.perplexity_cutoffs import perplexity_phase
 
             perplexity_phase(work, [phase_tasks.phase1_dir(work, i) for i, _, _ in finished], cfg, executor)
+        if cfg.data.quality.classifier:
+            from oreline.data.pipeline.classifier_cutoff import classifier_phase
+
+            classifier_phase(work, [phase_tasks.phase1_dir(work, i) for i, _, _ in finished], cfg, executor)
         write_json_atomic(work / "slurm" / "dedup.DONE", {"job": os.environ.get("SLURM_JOB_ID")})
         return {}
     # merge: whatever the jobs before it left, in stats.json
@@ -199,6 +203,13 @@ def run_chain_stage(stage: str, out: str, tasks, cfg: Config, workers: int, reco
         ppl_stats = perplexity_phase(
             work, [phase_tasks.phase1_dir(work, i) for i, _, _ in finished], cfg
         )  # its cached result
+    classifier_stats = None
+    if dedup_ok and cfg.data.quality.classifier:
+        from oreline.data.pipeline.classifier_cutoff import classifier_phase
+
+        classifier_stats = classifier_phase(
+            work, [phase_tasks.phase1_dir(work, i) for i, _, _ in finished], cfg
+        )  # its cached result
     unknown = [Path(u) for u in record["unknown"]]
     finish(
         out_dir,
@@ -213,5 +224,6 @@ def run_chain_stage(stage: str, out: str, tasks, cfg: Config, workers: int, reco
         record["fp"],
         t_start,
         extra,
+        classifier_stats=classifier_stats,
     )
     return {}

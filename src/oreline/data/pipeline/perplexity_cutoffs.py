@@ -48,12 +48,27 @@ def perplexity_phase(work: Path, task_dirs: list[Path], cfg, executor=None) -> d
     if out_file.is_file():
         return json.loads(out_file.read_text())
     t0 = time.perf_counter()
-    k = q.perplexity_sample_docs
+    scored, sample = run_sample(task_dirs, out_file.parent / "samples", q.perplexity_sample_docs, executor)
+    return _write_cutoffs(scored, sample, out_file, cfg, t0)
+
+
+def run_sample(
+    task_dirs: list[Path],
+    folder: Path,
+    k: int,
+    executor=None,
+    column: str = "perplexity",
+    label: str = "perplexity",
+) -> tuple[int, list[tuple[int, float]]]:
+    """(scored documents, bottom-k sample of `column`) over the kept files of the phase-1 task
+    folders: one `task_sample` job per task on `executor` (inline without one), each writing its
+    sample under `folder`, merged here one task at a time (memory 2·k pairs)."""
     jobs = [
         (
             [str(p) for p in sorted(Path(d).glob("kept-*.parquet"))],
-            str(out_file.parent / "samples" / f"{Path(d).name}.json"),
+            str(folder / f"{Path(d).name}.json"),
             k,
+            column,
         )
         for d in task_dirs
     ]
@@ -62,19 +77,19 @@ def perplexity_phase(work: Path, task_dirs: list[Path], cfg, executor=None) -> d
     else:
         from oreline.executors.interface import TaskCrashed
 
-        results = executor.map(task_sample, jobs, label="perplexity sample")
+        results = executor.map(task_sample, jobs, label=f"{label} sample")
         crashed = [r for r in results if isinstance(r, TaskCrashed)]
         if crashed:
             from oreline.errors import DataIntegrityError
 
             raise DataIntegrityError(
-                f"{len(crashed)} perplexity sample job(s) crashed their worker twice ({crashed[0].error})",
+                f"{len(crashed)} {label} sample job(s) crashed their worker twice ({crashed[0].error})",
                 "run the same command again: finished jobs are kept and the crashed ones retried",
             )
     sample: list[tuple[int, float]] = []
     for r in results:
-        sample = merge_bottom_k(sample, _read_sample(r["path"]), k)
-    return _write_cutoffs(sum(r["scored"] for r in results), sample, out_file, cfg, t0)
+        sample = merge_bottom_k(sample, read_sample(r["path"]), k)
+    return sum(r["scored"] for r in results), sample
 
 
 def _sample_key(doc_id: str) -> int:
@@ -90,11 +105,14 @@ def merge_bottom_k(a: list[tuple[int, float]], b: list[tuple[int, float]], k: in
     return heapq.nsmallest(k, a + b)
 
 
-def bottom_k(kept_files: list[str] | list[Path], k: int) -> tuple[int, list[tuple[int, float]]]:
-    """(scored documents, their k smallest (hash of id, perplexity)) over some kept files.
+def bottom_k(
+    kept_files: list[str] | list[Path], k: int, column: str = "perplexity"
+) -> tuple[int, list[tuple[int, float]]]:
+    """(scored documents, their k smallest (hash of id, score)) over some kept files.
 
     A bottom-k sample: uniform, independent of task order and worker count, memory bounded by k,
-    and mergeable (`merge_bottom_k`), so each task draws its own and the driver merges them."""
+    and mergeable (`merge_bottom_k`), so each task draws its own and the driver merges them.
+    `column`: the score's flat column (perplexity; quality_score for the classifier's cut-off)."""
     import heapq
 
     import pyarrow.parquet as pq
@@ -102,10 +120,8 @@ def bottom_k(kept_files: list[str] | list[Path], k: int) -> tuple[int, list[tupl
     heap: list[tuple[int, float]] = []  # max-heap by (key, ppl), negated: the k smallest seen
     seen = 0
     for path in kept_files:
-        table = pq.read_table(path, columns=["id", "perplexity"])
-        for doc_id, ppl in zip(
-            table.column("id").to_pylist(), table.column("perplexity").to_pylist(), strict=True
-        ):
+        table = pq.read_table(path, columns=["id", column])
+        for doc_id, ppl in zip(table.column("id").to_pylist(), table.column(column).to_pylist(), strict=True):
             if ppl is None or not math.isfinite(ppl):
                 continue
             seen += 1
@@ -117,19 +133,19 @@ def bottom_k(kept_files: list[str] | list[Path], k: int) -> tuple[int, list[tupl
     return seen, sorted((-key, -ppl) for key, ppl in heap)
 
 
-def task_sample(kept_files: list[str], out: str, k: int) -> dict[str, Any]:
-    """Job: one task's bottom-k sample, written to `out` (skipped when it exists)."""
+def task_sample(kept_files: list[str], out: str, k: int, column: str = "perplexity") -> dict[str, Any]:
+    """Job: one task's bottom-k sample of `column`, written to `out` (skipped when it exists)."""
     path = Path(out)
     if path.is_file():
         return {"scored": json.loads(path.read_text())["scored"], "path": out}
-    seen, sample = bottom_k(kept_files, k)
+    seen, sample = bottom_k(kept_files, k, column)
     from oreline.io import write_json_atomic
 
     write_json_atomic(path, {"scored": seen, "sample": [list(x) for x in sample]})
     return {"scored": seen, "path": out}
 
 
-def _read_sample(path: str) -> list[tuple[int, float]]:
+def read_sample(path: str) -> list[tuple[int, float]]:
     return [(int(key), float(ppl)) for key, ppl in json.loads(Path(path).read_text())["sample"]]
 
 

@@ -76,6 +76,7 @@ def finish(
     fp,
     t_start,
     extra=(),
+    classifier_stats=None,
 ) -> dict[str, Any]:
     """Merge the tasks' stats into stats.json; when every task finished, clean up and write _SUCCESS."""
     work = out / "work"
@@ -83,6 +84,8 @@ def finish(
     stats["errors"] = unreadable + stats["errors"] + list(extra)  # input folders that could not be listed
     if ppl_stats is not None:
         stats["perplexity"] = ppl_stats
+    if classifier_stats is not None:
+        stats["classifier"] = classifier_stats
     stats["seconds"] = round(time.perf_counter() - t_start, 3)
     write_json_atomic(out / "stats.json", stats)
     if not crashes and not extra and len(finished) == len(tasks):

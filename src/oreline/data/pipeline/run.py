@@ -108,13 +108,24 @@ def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
         from oreline.data.filters.boilerplate import selectors_sha256
 
         data["extract"]["selectors_sha256"] = selectors_sha256()
-    if cfg.data.quality.perplexity_model:  # a retrained reference model is another run
+    data["quality"].update(model_fingerprints(cfg))
+    return fingerprint({"data": data, "inputs": listed})
+
+
+def model_fingerprints(cfg: Config) -> dict[str, str | None]:
+    """The fingerprints of the models the data settings name: a retrained reference LM or quality
+    classifier in the same folder is another run (of `oreline data`, and of `oreline run`'s data
+    stage). Empty without models, so such runs keep the fingerprint they had before."""
+    out: dict[str, str | None] = {}
+    if cfg.data.quality.perplexity_model:
         from oreline.data.filters.ngram_scorer import reference_fingerprint
 
-        data["quality"]["perplexity_model_fingerprint"] = reference_fingerprint(
-            expand(cfg.data.quality.perplexity_model)
-        )
-    return fingerprint({"data": data, "inputs": listed})
+        out["perplexity_model_fingerprint"] = reference_fingerprint(expand(cfg.data.quality.perplexity_model))
+    if cfg.data.quality.classifier:  # the model file's own sha256
+        from oreline.data.filters.classifier import classifier_fingerprint
+
+        out["classifier_fingerprint"] = classifier_fingerprint(expand(cfg.data.quality.classifier))
+    return out
 
 
 def _check_or_write_fingerprint(out: Path, cfg: Config, fp: str, files: list[tuple[Path, str]]) -> None:
@@ -295,6 +306,13 @@ def _run_data(
         from oreline.data.pipeline.perplexity_cutoffs import perplexity_phase
 
         ppl_stats = perplexity_phase(work, [phase1_dir(work, i) for i, _, _ in finished], cfg, executor)
+    classifier_stats = None  # and the classifier's top-fraction cut-off, likewise
+    if cfg.data.quality.classifier:
+        from oreline.data.pipeline.classifier_cutoff import classifier_phase
+
+        classifier_stats = classifier_phase(
+            work, [phase1_dir(work, i) for i, _, _ in finished], cfg, executor
+        )
 
     # phase 3: drop removals, chunk, write the shards
     left = jobs_left(finished, lambda i: phase3_marker(work, i).is_file())
@@ -302,7 +320,18 @@ def _run_data(
     crashes += [r for r in executor.map(run_phase3, jobs, label="write") if isinstance(r, TaskCrashed)]
 
     return finish(
-        out, tasks, finished, unknown, unreadable, crashes, dedup_stats, ppl_stats, workers, fp, t_start
+        out,
+        tasks,
+        finished,
+        unknown,
+        unreadable,
+        crashes,
+        dedup_stats,
+        ppl_stats,
+        workers,
+        fp,
+        t_start,
+        classifier_stats=classifier_stats,
     )
 
 
@@ -420,6 +449,10 @@ def print_funnel(stats: dict[str, Any], console: Console) -> None:
         from oreline.data.pipeline.perplexity_cutoffs import cutoff_line
 
         console.print(cutoff_line(stats["perplexity"]))
+    if stats.get("classifier"):
+        from oreline.data.pipeline.classifier_cutoff import cutoff_line as classifier_line
+
+        console.print(classifier_line(stats["classifier"]))
     if stats["normalize_removed"]:
         removed = " · ".join(
             f"{k} {v:,}" for k, v in sorted(stats["normalize_removed"].items(), key=lambda kv: -kv[1])

@@ -120,6 +120,10 @@ def quality_steps(cfg, lines=None) -> list[Step]:
         from oreline.data.filters.perplexity import perplexity_filter_factory
 
         steps.append(perplexity_filter_factory(qcfg))  # the batched Step "quality:perplexity"
+    if qcfg.classifier:
+        from oreline.data.filters.classifier import classifier_step
+
+        steps.append(classifier_step(qcfg))  # the batched Step "quality:classifier"
     return steps
 
 

@@ -360,6 +360,13 @@ def phase3_steps(work: Path, plan: dict[str, list[str]], cfg) -> list[Step]:
         buckets = bucket_step(cutoffs_path(work), cfg)
         if buckets is not None:
             steps.append(buckets)
+    if cfg.data.quality.classifier:  # the run-wide top fraction, also before dedup
+        from oreline.data.filters.classifier import top_fraction_step
+        from oreline.data.pipeline.classifier_cutoff import cutoff_path
+
+        top = top_fraction_step(cutoff_path(work), cfg)
+        if top is not None:
+            steps.append(top)
     if dedup_enabled(cfg):
 
         def removed(doc: Document) -> str | None:

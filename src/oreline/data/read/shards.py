@@ -7,7 +7,7 @@ Layout of one shard (zstd-compressed Parquet, one stable schema for every shard 
     http_status, content_type, charset, record_type
     language, language_score                        lid.176 top language and its score
     words, mean_word_length, entropy, ascii_ratio,  quality scores (null where a rule did not run)
-    perplexity
+    perplexity, quality_score
     chunk_index, chunk_count, chunk_start,          set when the chunk step split a document
     parent_id
     metadata                                        every other metadata key, as one JSON object
@@ -55,6 +55,7 @@ FLAT_COLUMNS: dict[str, pa.DataType] = {
     "entropy": pa.float64(),
     "ascii_ratio": pa.float64(),
     "perplexity": pa.float64(),
+    "quality_score": pa.float64(),  # the quality classifier's P(positive) (data/filters/classifier.py)
     "chunk_index": pa.int32(),
     "chunk_count": pa.int32(),
     "chunk_start": pa.int64(),
