@@ -445,6 +445,10 @@ class Llama(nn.Module):
         with torch.random.fork_rng(devices=[]):
             self.model = Decoder(args, kernels)
             self.lm_head = None if args.tie_embeddings else OutputHead(args.dim, args.vocab_size)
+        # tied: called in backward once the final norm's and the output projection's backward have
+        # run, after which backward reads neither of them nor the table (model/tied.py); FSDP2's
+        # root unit (the table and the final norm) frees its gathered parameters there
+        self.after_tied_output_backward: Callable[[], None] | None = None
         cos, sin = rope_tables(args)
         # Not persistent: derived from args, never part of a checkpoint or an HF export.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -495,14 +499,14 @@ class Llama(nn.Module):
         table = self.model.embed_tokens.weight
         # tied and differentiated: one full-size gradient of the table in backward, not two (model/tied.py)
         tie = (
-            TiedGradient()
+            TiedGradient(self.after_tied_output_backward)
             if self.lm_head is None and table.requires_grad and torch.is_grad_enabled()
             else None
         )
         h = tie.embedding(input_ids, table) if tie else self.model.embed_tokens(input_ids)  # (B, T, dim)
         for i, block in enumerate(self.model.layers):
             h = block(h, cos, sin, mask, cache[i] if cache else None)
-        h = self.model.norm(h)
+        h = self.model.norm(tie.output_input(h) if tie else h)
         if labels is not None:
             return self._output(h, tie, self.kernels.token_loss, labels)  # (B, T)
         logits = self._output(h, tie, self.kernels.logits)  # (B, T, vocab)

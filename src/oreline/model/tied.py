@@ -16,9 +16,18 @@ only, so each row sums its tokens in the same order as the dense kernel; adding 
 same single addition per element that autograd made (fp32: bitwise the same gradient;
 tests/model/test_tied.py). Either backward order is correct: an output-projection gradient that
 arrives after the embedding's backward is returned to autograd as usual.
+
+The embedding's backward needs the ids only, not the table: once the output layers' backward (the
+output projection's, then the final norm's) has run, nothing in backward reads the table again.
+`after_output` (the owner's callback, called right then) lets FSDP2 free its gathered copy of the
+table and the final norm, the root unit's parameters, there instead of at the end of backward
+(oreline.train.dist.wrap_model: the root unit's `reshard`; 98 MB at 125m through the whole
+backward of the blocks).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,11 +36,11 @@ import torch.nn.functional as F
 class TiedGradient:
     """Joins the two uses of one tied table in one forward. Make a new one per forward."""
 
-    def __init__(self) -> None:
-        self.head_grad: torch.Tensor | None = (
-            None  # the output projection's dW, until the embedding's backward
-        )
+    def __init__(self, after_output: Callable[[], None] | None = None) -> None:
+        # the output projection's dW, held until the embedding's backward adds its rows into it
+        self.head_grad: torch.Tensor | None = None
         self.embedding_done = False
+        self.after_output = after_output  # called once the output layers' backward has run (see above)
 
     def embedding(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """F.embedding(ids, weight), whose backward returns the table's whole gradient."""
@@ -40,6 +49,11 @@ class TiedGradient:
     def head_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """`weight` for the output projection, whose gradient goes to the embedding's backward."""
         return _HeadUse.apply(weight, self)
+
+    def output_input(self, h: torch.Tensor) -> torch.Tensor:
+        """`h` on its way into the output layers (final norm, output projection): its backward, which
+        runs once theirs has, calls `after_output`."""
+        return _OutputStart.apply(h, self) if self.after_output is not None else h
 
 
 class _HeadUse(torch.autograd.Function):
@@ -58,6 +72,22 @@ class _HeadUse(torch.autograd.Function):
         # (nn.Linear's dW is one), and AccumulateGrad copies it to the table's layout as before
         tie.head_grad = g if g.is_contiguous() or (g.dim() == 2 and g.t().is_contiguous()) else g.contiguous()
         return None, None
+
+
+class _OutputStart(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, tie: TiedGradient) -> torch.Tensor:
+        ctx.tie = tie
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        tie = ctx.tie
+        # only when the output projection's dW is held here (not under create_graph, whose
+        # double backward could read the table again)
+        if tie.head_grad is not None and not torch.is_grad_enabled() and tie.after_output is not None:
+            tie.after_output()
+        return g, None
 
 
 class _EmbeddingUse(torch.autograd.Function):
