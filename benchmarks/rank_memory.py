@@ -80,9 +80,17 @@ input, which FSDP2 keeps in flight (34.6), ~2 of temporaries. That is "over": 3 
 blocks, the head, one unit's gradient) counts the head's weight and one gradient but not the
 embedding's second one nor the reduce-scatter buffer, hence "over" > "gath". So with "lean",
 peak = state / W + const + ~330-355 MB (W-independent), and "≤ state / W + const" cannot hold
-while FSDP2 gathers whole units. The next lever is the embedding's dense gradient (a sparse
-gradient, added in place into the head's, would save one 98 MB matrix), not tried here;
-the tuned allocator keeps freed blocks on purpose and peaks higher still.
+while FSDP2 gathers whole units. The tuned allocator keeps freed blocks on purpose and peaks
+higher still.
+
+Since (oreline.model.tied, lean, --before 51b471c, one run each): the table's gradient exists
+once in backward (the embedding's rows added in place into the output projection's dW): peak
+W=2 1,754 → 1,723, W=4 1,263 → 1,246; the peak moved to the middle of backward, where the
+root's gathered table still sat; the root now reshards right after the output layers' backward:
+W=2 1,663, W=4 1,160 ("over" 238 / 248, "ok+g" yes; targets share + const 1,424 / 912). The
+peak is now the root's reduce-scatter at the end of backward (a mallinfo2 probe after every op):
+FSDP2's reduce-scatter input (the table's gradient, 98) and gloo's full-size temporary of
+reduce_scatter (98).
 
 Allocator: `--cpu-allocator default lean` (the default) measures glibc's own setting and "lean"
 (a fixed 1 MiB mmap threshold: every freed block ≥ 1 MiB goes back to the kernel at once, at the

@@ -12,6 +12,11 @@ per scenario:
   sharded gradient (train.fsdp_grad_sync="micro_batch": reduce-scattered, nothing unsharded kept)
   or none does ("step": the unsharded gradients wait for the last micro-batch); "cpu": the
   micro_batch run again with the CPU kernels (fused output loss);
+- tied_grad: a tied model (one table for the embedding and the output projection, the root
+  unit's) trained through two micro-batches per rank with both kernel sets: the largest
+  gradient difference from one process's plain model over every rank's batches (relative to
+  the largest gradient), and how often the root freed its gathered table during backward, right
+  after the output layers' backward (model/tied.py), with the table sharded then;
 - generate: all-gathers counted (FSDP2's "FSDP::all_gather" profiler labels) while 6 tokens are generated through the
   loop's `generations`, and the tokens, equal to the plain model's.
 """
@@ -91,6 +96,45 @@ def grad_sync_scenario(cfg: TrainConfig, info: dist.DistInfo) -> dict:
     return out
 
 
+def tied_grad_scenario(cfg: TrainConfig, info: dist.DistInfo) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    args = resolve_model_args(ModelConfig(preset="debug", tie_embeddings=True), 512)
+
+    def batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        g = torch.Generator().manual_seed(100 + rank)
+        ids = [torch.randint(0, 512, (2, 16), generator=g) for _ in range(2)]
+        return [(x, torch.roll(x, -1, 1)) for x in ids]
+
+    out = {}
+    for name, kernels in (("reference", REFERENCE), ("cpu", cpu_kernels("blas"))):
+        model, train_model = build_model(args, kernels, cfg, info)
+        freed = []
+        reshard = model.after_tied_output_backward
+
+        def spy(reshard=reshard, model=model, freed=freed) -> None:
+            reshard()
+            freed.append(isinstance(model.model.embed_tokens.weight, DTensor))
+
+        model.after_tied_output_backward = spy
+        for i, (ids, labels) in enumerate(batches(info.rank)):
+            with dist.sync_context(train_model, i == 1):
+                train_model(ids, labels=labels).sum().backward()
+        torch.manual_seed(cfg.seed)
+        plain = Llama(args, kernels)
+        for rank in range(info.world_size):  # FSDP2 averages over the ranks
+            for ids, labels in batches(rank):
+                (plain(ids, labels=labels).sum() / info.world_size).backward()
+        want = dict(plain.named_parameters())
+        worst, top = 0.0, 0.0
+        for pname, p in model.named_parameters():
+            got = p.grad.full_tensor()
+            worst = max(worst, (got - want[pname].grad).abs().max().item())
+            top = max(top, want[pname].grad.abs().max().item())
+        out[name] = {"rel_err": worst / top, "freed": freed}
+    return out
+
+
 def generate_scenario(cfg: TrainConfig, info: dist.DistInfo) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -129,6 +173,7 @@ def main() -> None:
         "init_untied": lambda: init_scenario(cfg, info, tied=False),
         "init_tied": lambda: init_scenario(cfg, info, tied=True),
         "grad_sync": lambda: grad_sync_scenario(cfg, info),
+        "tied_grad": lambda: tied_grad_scenario(cfg, info),
         "generate": lambda: generate_scenario(cfg, info),
     }
     for name, run in results.items():

@@ -122,7 +122,7 @@ def _helper(nproc: int, parallel: str, tmp_path: Path) -> dict[str, dict]:
 
 
 def _check(results: dict[str, dict], world: int, shard: int) -> None:
-    assert set(results) == {"init_untied", "init_tied", "grad_sync", "generate"}, results
+    assert set(results) == {"init_untied", "init_tied", "grad_sync", "tied_grad", "generate"}, results
     for name in ("init_untied", "init_tied"):
         r = results[name]
         assert r["world"] == world and r["differ"] == [] and r["n"] >= 20 and r["rope_equal"], r
@@ -143,6 +143,12 @@ def _check(results: dict[str, dict], world: int, shard: int) -> None:
     assert g["micro_batch_q_grad"] == pytest.approx(g["step_q_grad"], rel=1e-6)
     assert g["cpu"] == [True, True]
     assert g["cpu_q_grad"] == pytest.approx(g["micro_batch_q_grad"], rel=1e-5)  # other kernels, same gradient
+    # tied: the gradients of one process, and the root's gathered table freed in each micro-batch's
+    # backward as soon as the output layers' backward had run (model/tied.py)
+    for kernels in ("reference", "cpu"):
+        t = results["tied_grad"][kernels]
+        assert t["rel_err"] < 1e-5, (kernels, t)
+        assert t["freed"] == [True, True], (kernels, t)
     gen = results["generate"]
     assert gen["tokens"] == gen["plain"] and len(gen["tokens"]) == 6
     # the 4 units with parameters, gathered once: not once per token (14 for these 6 tokens)

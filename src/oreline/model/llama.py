@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from oreline.errors import ConfigError
+from oreline.model.tied import TiedGradient
 
 IGNORE_INDEX = -100  # labels that count for nothing (padding, masked prompts), as F.cross_entropy
 
@@ -444,6 +445,10 @@ class Llama(nn.Module):
         with torch.random.fork_rng(devices=[]):
             self.model = Decoder(args, kernels)
             self.lm_head = None if args.tie_embeddings else OutputHead(args.dim, args.vocab_size)
+        # tied: called in backward once the final norm's and the output projection's backward have
+        # run, after which backward reads neither of them nor the table (model/tied.py); FSDP2's
+        # root unit (the table and the final norm) frees its gathered parameters there
+        self.after_tied_output_backward: Callable[[], None] | None = None
         cos, sin = rope_tables(args)
         # Not persistent: derived from args, never part of a checkpoint or an HF export.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -491,18 +496,28 @@ class Llama(nn.Module):
                 torch.arange(start + T, device=dev)[None, :] <= start + torch.arange(T, device=dev)[:, None]
             )
             mask = mask[None, None]  # (1, 1, T, start + T)
-        h = self.model.embed_tokens(input_ids)  # (B, T, dim)
+        table = self.model.embed_tokens.weight
+        # tied and differentiated: one full-size gradient of the table in backward, not two (model/tied.py)
+        tie = (
+            TiedGradient(self.after_tied_output_backward)
+            if self.lm_head is None and table.requires_grad and torch.is_grad_enabled()
+            else None
+        )
+        h = tie.embedding(input_ids, table) if tie else self.model.embed_tokens(input_ids)  # (B, T, dim)
         for i, block in enumerate(self.model.layers):
             h = block(h, cos, sin, mask, cache[i] if cache else None)
-        h = self.model.norm(h)
+        h = self.model.norm(tie.output_input(h) if tie else h)
         if labels is not None:
-            return self._output(h, self.kernels.token_loss, labels)  # (B, T)
-        logits = self._output(h, self.kernels.logits)  # (B, T, vocab)
+            return self._output(h, tie, self.kernels.token_loss, labels)  # (B, T)
+        logits = self._output(h, tie, self.kernels.logits)  # (B, T, vocab)
         return logits.float()
 
-    def _output(self, h: torch.Tensor, fn: Callable, *args: torch.Tensor) -> torch.Tensor:
+    def _output(
+        self, h: torch.Tensor, tie: TiedGradient | None, fn: Callable, *args: torch.Tensor
+    ) -> torch.Tensor:
         if self.lm_head is None:  # tied: the embedding table, which FSDP keeps in the root unit
-            return fn(h, self.model.embed_tokens.weight, *args)
+            table = self.model.embed_tokens.weight
+            return fn(h, tie.head_weight(table) if tie else table, *args)
         return self.lm_head(h, fn, *args)
 
     @torch.no_grad()

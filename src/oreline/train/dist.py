@@ -356,6 +356,11 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
         for unit, reshard in units:
             fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=mp)  # the root: buffers, and the tied embedding + norm
+        if getattr(model, "lm_head", True) is None:
+            # tied: backward reads the root's gathered parameters only in its first steps (output
+            # projection, final norm): freed there, not at the end of backward (model/tied.py;
+            # 98 MB at 125m on every rank, whatever the world size, through the blocks' backward)
+            model.after_tied_output_backward = model.reshard
         # the timed reduce-scatter waits for each collective: a profiling tool, not the default path
         comm = timed_reduce_scatter() if cfg.profile else None
         if comm is not None:  # None: a torch outside the tested range (oreline.compat), comm_ms not measured
