@@ -17,8 +17,9 @@ include_comments=False, resiliparse's main content alone):
 - the Scrapinghub benchmark's own metric (its evaluate.py, re-implemented): 4-token shingles,
   case kept, each page's tp/fp/fn normalised to sum 1, precision and recall averaged over
   pages, F1 of those two means;
-- pages/s of the extraction call alone (HTML already decoded; best of `--rounds`; trafilatura
-  and oreline timed in the same run, so the ratio is what to trust on a shared machine);
+- pages/s of the extraction call alone, in CPU seconds of this process (HTML already decoded;
+  best of `--rounds`; every extractor runs in this one thread): on a shared machine wall time
+  swung 3x between runs, CPU time ~10%; trafilatura and oreline are timed in the same run;
 - empty outputs on pages whose gold is non-empty, and pages with per-page F1 < 0.5;
 - for oreline − trafilatura: the mean per-page F1 difference with a paired bootstrap 95%
   interval (pages resampled with replacement, 2,000 resamples, seed 0).
@@ -160,9 +161,9 @@ def timed(fns: dict[str, Callable[[int], str]], n: int, rounds: int) -> tuple[di
         fn(0)  # imports and first-call setup are not extraction time
     for _ in range(rounds):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = time.process_time()
             out = [fn(i) for i in range(n)]
-            seconds = time.perf_counter() - start
+            seconds = time.process_time() - start
             texts[name] = out
             best[name] = max(best.get(name, 0.0), n / seconds)
     return texts, best

@@ -232,7 +232,9 @@ def test_short_main_content_gets_a_second_opinion():
     pytest.importorskip("trafilatura")
     # the main-content pass picks the one paragraph outside the sidebar-like container
     teaser = "<p>Read our other stories.</p>"
-    story = "".join(f"<p>Part {i} of a long story, told in plain sentences, one after another.</p>" for i in range(30))
+    story = "".join(
+        f"<p>Part {i} of a long story, told in plain sentences, one after another.</p>" for i in range(30)
+    )
     html = f'<html><body><div id="main">{teaser}</div><div id="sidebar">{story}</div></body></html>'
     assert len(html_to_text(html, "resiliparse")) < LOW_CONFIDENCE_CHARS
     text, path = extract(html)
@@ -255,7 +257,7 @@ def test_class_selectors_match_tokens_not_substrings():
 def test_platform_widgets_and_comment_form_dropped():
     likes = (
         '<div class="sharedaddy sd-block sd-like"><h3 class="sd-title">Like this:</h3>'
-        '<p>zzlike 12 bloggers like this.</p></div>'
+        "<p>zzlike 12 bloggers like this.</p></div>"
     )
     form = (
         '<div id="respond" class="comment-respond"><h3 id="reply-title">zzreply Leave a Reply</h3>'

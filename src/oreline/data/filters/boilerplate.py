@@ -137,13 +137,16 @@ def css_of(selector: str) -> str:
     NAME or ends in -NAME or _NAME (`caption`, `wp-caption`, `image_caption`), never a substring
     elsewhere in a token: `[class*=author]` matched `entry-author-jane` (a TypePad post wrapper)
     and `[class*=caption]` `caption-image` wrappers, deleting whole articles. The head of a
-    class name is its last part (`image-caption` is a caption, `caption-image` an image); other
-    selectors are CSS as they stand."""
+    class name is its last part (`image-caption` is a caption, `caption-image` an image). The
+    leading `[class*=NAME]` only makes it cheap: most elements fail that one test, and the token
+    tests run on the rest (the five tests on every element cost 20% of the extraction's time).
+    Other selectors are CSS as they stand."""
     if not selector.startswith("class:"):
         return selector
-    name = selector.removeprefix("class:")
+    n = selector.removeprefix("class:")
     return (
-        f'[class~="{name}"], [class$="-{name}"], [class*="-{name} "], [class$="_{name}"], [class*="_{name} "]'
+        f'[class*="{n}"]:is([class~="{n}"], [class$="-{n}"], [class*="-{n} "], '
+        f'[class$="_{n}"], [class*="_{n} "])'
     )
 
 
@@ -166,18 +169,14 @@ HEADLINE_SELECTORS = frozenset(
 # Skipped always, not learned: widgets no article holds, named by the blog platforms that emit
 # them (WordPress/Jetpack "N bloggers like this", share and related-post blocks, the comment
 # form). They sit inside the post's container, so the main-content pass keeps them.
-ALWAYS_SKIP = (
-    ".sharedaddy, #jp-post-flair, .jp-relatedposts, #jp-relatedposts",
-    "#respond, .comment-respond, #comment-form, .comment-form",
-)
+ALWAYS_SKIP = (".sharedaddy, #jp-post-flair, .jp-relatedposts, #respond, .comment-respond, #comment-form",)
 
 
 @cache
 def load_selectors(path: str | None = None, keep_headlines: bool = False) -> tuple[str, ...]:
-    """The shipped selectors, as CSS (see `css_of`); keep_headlines leaves HEADLINE_SELECTORS out."""
+    """The shipped selectors as CSS (see `css_of`); keep_headlines leaves HEADLINE_SELECTORS out."""
     data = json.loads((Path(path) if path else SELECTORS_PATH).read_text(encoding="utf-8"))
-    names = [s for s in data["selectors"] if not (keep_headlines and s in HEADLINE_SELECTORS)]
-    return tuple(css_of(s) for s in names)
+    return tuple(css_of(s) for s in data["selectors"] if not (keep_headlines and s in HEADLINE_SELECTORS))
 
 
 def selectors_sha256(path: Path = SELECTORS_PATH) -> str:

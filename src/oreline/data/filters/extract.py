@@ -137,15 +137,34 @@ def _resiliparse(html: str, main_content: bool) -> tuple[str, str]:
 # (`<header class="hero-header">` on commoncrawl.org).
 MIN_PRUNED_CHARS = 200
 
-# Low confidence: resiliparse's main content is shorter than LOW_CONFIDENCE_CHARS and than
-# LOW_CONFIDENCE_RATIO of the page's visible text (its full-page extraction). On the Dragnet
-# training split (issue 30) such pages were mostly a wrong block (a "subscribe" box, a teaser
-# list, the post navigation) or nothing at all, with the article elsewhere on the page. Those
-# pages get a second opinion (see `_second_opinion`). The bounds keep it rare: 0-1 of the 91
-# Scrapinghub dev pages and ~6% of Dragnet's, so the default stays over 10x trafilatura's speed.
+# Low confidence, where the page gets a second opinion (`_second_opinion`), in two cheap tests
+# on resiliparse's main content. (1) Short: under LOW_CONFIDENCE_CHARS and under
+# LOW_CONFIDENCE_RATIO of the page's visible text (its full-page extraction), or empty while the
+# page is not. (2) A list: over LIST_SHARE of its characters in list items ("•" lines). On the
+# Dragnet training split (issue 30) such pages were mostly a wrong block — a "subscribe" box, the
+# post navigation, a list of teasers — or nothing at all, with the article elsewhere on the page.
+# The bounds keep the second opinion rare (1 of the 91 Scrapinghub dev pages, ~10% of Dragnet's),
+# so the default stays near 10x trafilatura's speed; chosen on both dev sets (see
+# benchmarks/extraction_quality.py), round values, not fitted finely.
 LOW_CONFIDENCE_CHARS = 500
 LOW_CONFIDENCE_RATIO = 0.05
+LIST_SHARE = 0.5
+# The second opinion replaces a short main content only when over SECOND_OPINION_GAIN times
+# longer: on a short article found right, trafilatura's text adds the headline and little else
+# (a Scrapinghub dev page: F1 1.0 -> 0.77). A list is replaced by any text of over LIST_KEEP of
+# its length.
 SECOND_OPINION_GAIN = 2.0
+LIST_KEEP = 0.3
+
+
+def _list_share(text: str) -> float:
+    """Share of the text's characters on list-item lines (resiliparse writes items as "  • ")."""
+    total = items = 0
+    for line in text.splitlines():
+        total += len(line)
+        if line.lstrip().startswith("•"):
+            items += len(line)
+    return items / total if total else 0.0
 
 
 def _second_opinion(html: str) -> str:
@@ -155,7 +174,9 @@ def _second_opinion(html: str) -> str:
         import trafilatura
     except ImportError:
         return ""
-    return trafilatura.extract(html, include_comments=False, include_tables=True) or ""
+    # fast=True skips trafilatura's own fallbacks (readability, jusText): on the 183 low-confidence
+    # pages of both dev sets 36 against 61 ms a page, and per-page F1 0.83 against 0.81
+    return trafilatura.extract(html, include_comments=False, include_tables=True, fast=True) or ""
 
 
 def second_opinion_version() -> str | None:
@@ -171,29 +192,33 @@ def pruned_text(html: str, selectors: Sequence[str], second_opinion: bool = True
     """(text, path) of the "pruned" extractor with the given boilerplate selectors.
 
     Paths beyond "pruned": "pruned:too_deep" (depth guard), "pruned:unpruned" (MIN_PRUNED_CHARS),
-    "pruned:second_opinion" (low confidence, trafilatura's text kept where over twice as long) and
+    "pruned:second_opinion" (low confidence, trafilatura's text kept: see LOW_CONFIDENCE_CHARS) and
     "pruned:full_page" (main content empty, page not: the full page's text, never "")."""
     from resiliparse.parse.html import HTMLTree
 
     tree = HTMLTree.parse(html)
-    skip = [*selectors, *ALWAYS_SKIP]
+    skip, always = [*selectors, *ALWAYS_SKIP], ALWAYS_SKIP
     if too_deep_for_main_content(tree):  # the depth guard holds for the pruned pass too
         return _resiliparse_text(tree, False, skip), "pruned:too_deep"
     text, path = _resiliparse_text(tree, True, skip), "pruned"
     if len(text) < MIN_PRUNED_CHARS and selectors:
-        unpruned = _resiliparse_text(tree, True, ALWAYS_SKIP)
+        unpruned = _resiliparse_text(tree, True, always)
         if len(unpruned) > len(text):
             text, path = unpruned, "pruned:unpruned"
-    if len(text) < LOW_CONFIDENCE_CHARS and second_opinion:
-        visible = _resiliparse_text(tree, False, ALWAYS_SKIP)
+    if not second_opinion:
+        return text, path
+    if len(text) < LOW_CONFIDENCE_CHARS:
+        visible = _resiliparse_text(tree, False, always)
         if len(text) < LOW_CONFIDENCE_RATIO * len(visible) or (not text.strip() and visible.strip()):
             other = _second_opinion(html)
-            # only a much longer text: on a short article found right, trafilatura's adds the
-            # headline and little else (a Scrapinghub dev page: F1 1.0 -> 0.77)
             if len(other.strip()) > SECOND_OPINION_GAIN * len(text.strip()):
                 return other, "pruned:second_opinion"
             if not text.strip():
                 return visible, "pruned:full_page"
+    elif _list_share(text) > LIST_SHARE:
+        other = _second_opinion(html)
+        if len(other.strip()) > LIST_KEEP * len(text.strip()):
+            return other, "pruned:second_opinion"
     return text, path
 
 
