@@ -77,7 +77,7 @@ class ExtractConfig(Section):
         "pruned",
         description="HTML-to-text extractor: pruned (default: resiliparse main content after removing "
         "boilerplate elements by learned selectors, headlines, bylines and captions among them; "
-        "trafilatura as a second opinion on low-confidence pages), pruned_headlines (the same, "
+        "the page's text less navigation as a second opinion on low-confidence pages), pruned_headlines (the same, "
         "keeping headlines, bylines and captions), resiliparse "
         "(main content alone), trafilatura (precise, slow), html2text (whole page)",
     )

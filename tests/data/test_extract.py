@@ -229,16 +229,28 @@ def test_empty_main_content_falls_back_to_the_page():
 
 
 def test_short_main_content_gets_a_second_opinion():
-    pytest.importorskip("trafilatura")
-    # the main-content pass picks the one paragraph outside the sidebar-like container
-    teaser = "<p>Read our other stories.</p>"
+    # an article opened in an overlay: the main-content pass takes the overlay for boilerplate
+    # and keeps the one line outside it
     story = "".join(
         f"<p>Part {i} of a long story, told in plain sentences, one after another.</p>" for i in range(30)
     )
-    html = f'<html><body><div id="main">{teaser}</div><div id="sidebar">{story}</div></body></html>'
+    html = (
+        '<html><body><div id="main"><p>Read our other stories.</p></div>'
+        f'<nav><a href="/">Home</a></nav><div class="modal">{story}</div></body></html>'
+    )
     assert len(html_to_text(html, "resiliparse")) < LOW_CONFIDENCE_CHARS
     text, path = extract(html)
-    assert path == "pruned:second_opinion" and "Part 29 of" in text
+    assert path == "pruned:second_opinion" and "Part 29 of" in text and "Home" not in text
+    assert pruned_text(html, (), second_opinion=False)[1] == "pruned"  # the switch turns it off
+    # a list of teasers as main content gets it too
+    teasers = (
+        "<ul>"
+        + "".join(f'<li><a href="/{i}">Teaser {i} for another story</a></li>' for i in range(40))
+        + "</ul>"
+    )
+    html = f'<html><body><div id="main">{teasers}</div><div class="modal">{story}</div></body></html>'
+    text, path = extract(html)
+    assert path == "pruned:second_opinion" and "Part 29 of" in text and "Teaser" not in text
 
 
 def test_class_selectors_match_tokens_not_substrings():

@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from oreline.data.filters.boilerplate import ALWAYS_SKIP, load_selectors
+from oreline.data.filters.boilerplate import ALWAYS_SKIP, css_of, load_selectors
 from oreline.errors import ConfigError
 
 MAX_MAIN_CONTENT_DEPTH = 1500
@@ -137,24 +137,36 @@ def _resiliparse(html: str, main_content: bool) -> tuple[str, str]:
 # (`<header class="hero-header">` on commoncrawl.org).
 MIN_PRUNED_CHARS = 200
 
-# Low confidence, where the page gets a second opinion (`_second_opinion`), in two cheap tests
-# on resiliparse's main content. (1) Short: under LOW_CONFIDENCE_CHARS and under
+# Low confidence, where the page gets a second opinion (`_page_text`), in two cheap tests on
+# resiliparse's main content. (1) Short: under LOW_CONFIDENCE_CHARS and under
 # LOW_CONFIDENCE_RATIO of the page's visible text (its full-page extraction), or empty while the
-# page is not. (2) A list: over LIST_SHARE of its characters in list items ("•" lines). On the
-# Dragnet training split (issue 30) such pages were mostly a wrong block — a "subscribe" box, the
-# post navigation, a list of teasers — or nothing at all, with the article elsewhere on the page.
-# The bounds keep the second opinion rare (1 of the 91 Scrapinghub dev pages, ~10% of Dragnet's),
-# so the default stays near 10x trafilatura's speed; chosen on both dev sets (see
-# benchmarks/extraction_quality.py), round values, not fitted finely.
-LOW_CONFIDENCE_CHARS = 500
-LOW_CONFIDENCE_RATIO = 0.05
+# page is not. (2) A list: over LIST_SHARE of its characters on list-item lines. On the Dragnet
+# training split (issue 30) such pages were mostly a wrong block — a "subscribe" box, the post
+# navigation, a list of teasers — or nothing at all, with the article elsewhere on the page.
+# Chosen among a handful of round values on both dev sets (benchmarks/extraction_quality.py):
+# Dragnet train per-page F1 0.80 -> 0.86 (~10% of its pages asked), Scrapinghub dev unchanged
+# (none asked). Tried and dropped: trafilatura (fast=True) as the second opinion, 0.866 instead
+# of 0.865 on Dragnet at half the default's speed (~12 ms a page asked, against ~1 ms).
+LOW_CONFIDENCE_CHARS = 1000
+LOW_CONFIDENCE_RATIO = 0.1
 LIST_SHARE = 0.5
 # The second opinion replaces a short main content only when over SECOND_OPINION_GAIN times
-# longer: on a short article found right, trafilatura's text adds the headline and little else
-# (a Scrapinghub dev page: F1 1.0 -> 0.77). A list is replaced by any text of over LIST_KEEP of
-# its length.
-SECOND_OPINION_GAIN = 2.0
+# longer: on a short article found right, the page's text adds the headline and furniture (a
+# Scrapinghub dev page: F1 1.0 -> 0.77 at a factor of 1, kept at 3). A list is replaced by any
+# text of over LIST_KEEP of its length.
+SECOND_OPINION_GAIN = 3.0
 LIST_KEEP = 0.3
+# What the second opinion leaves out of the whole page: generic names of navigation and page
+# furniture (not learned, not from any one site).
+PAGE_SKIP = (
+    "nav, footer, aside, form, select, ul, ol, table",
+    *(
+        css_of(f"class:{n}")
+        for n in ("sidebar", "menu", "nav", "navigation", "footer", "comments", "comment", "widget")
+    ),
+    *(css_of(f"class:{n}") for n in ("related", "share", "social", "ads", "banner", "breadcrumbs")),
+    "[id*=sidebar], [id*=footer], [id*=nav], [id*=menu], [id*=comment]",
+)
 
 
 def _list_share(text: str) -> float:
@@ -167,33 +179,19 @@ def _list_share(text: str) -> float:
     return items / total if total else 0.0
 
 
-def _second_opinion(html: str) -> str:
-    """trafilatura's main content, or "" where it is not installed (then the page keeps
-    resiliparse's text, or the full page's when that is empty)."""
-    try:
-        import trafilatura
-    except ImportError:
-        return ""
-    # fast=True skips trafilatura's own fallbacks (readability, jusText): on the 183 low-confidence
-    # pages of both dev sets 36 against 61 ms a page, and per-page F1 0.83 against 0.81
-    return trafilatura.extract(html, include_comments=False, include_tables=True, fast=True) or ""
-
-
-def second_opinion_version() -> str | None:
-    """The second opinion's version (part of the data fingerprint): None where not installed."""
-    try:
-        import trafilatura
-    except ImportError:
-        return None
-    return f"trafilatura {trafilatura.__version__}"
+def _page_text(tree, always: Sequence[str]) -> str:
+    """The second opinion: the whole page's text less PAGE_SKIP (navigation, lists, tables,
+    sidebars, footers, comments), one more C pass over the parsed tree (~1 ms)."""
+    return _resiliparse_text(tree, False, [*always, *PAGE_SKIP])
 
 
 def pruned_text(html: str, selectors: Sequence[str], second_opinion: bool = True) -> tuple[str, str]:
     """(text, path) of the "pruned" extractor with the given boilerplate selectors.
 
     Paths beyond "pruned": "pruned:too_deep" (depth guard), "pruned:unpruned" (MIN_PRUNED_CHARS),
-    "pruned:second_opinion" (low confidence, trafilatura's text kept: see LOW_CONFIDENCE_CHARS) and
-    "pruned:full_page" (main content empty, page not: the full page's text, never "")."""
+    "pruned:second_opinion" (low confidence, the page's text less PAGE_SKIP kept: see
+    LOW_CONFIDENCE_CHARS) and "pruned:full_page" (main content and second opinion empty, the
+    page not: its full text, so a page with visible text never comes out "")."""
     from resiliparse.parse.html import HTMLTree
 
     tree = HTMLTree.parse(html)
@@ -210,13 +208,13 @@ def pruned_text(html: str, selectors: Sequence[str], second_opinion: bool = True
     if len(text) < LOW_CONFIDENCE_CHARS:
         visible = _resiliparse_text(tree, False, always)
         if len(text) < LOW_CONFIDENCE_RATIO * len(visible) or (not text.strip() and visible.strip()):
-            other = _second_opinion(html)
+            other = _page_text(tree, always)
             if len(other.strip()) > SECOND_OPINION_GAIN * len(text.strip()):
                 return other, "pruned:second_opinion"
             if not text.strip():
                 return visible, "pruned:full_page"
     elif _list_share(text) > LIST_SHARE:
-        other = _second_opinion(html)
+        other = _page_text(tree, always)
         if len(other.strip()) > LIST_KEEP * len(text.strip()):
             return other, "pruned:second_opinion"
     return text, path

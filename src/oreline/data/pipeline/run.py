@@ -104,13 +104,10 @@ def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
         data.pop(key, None)
     listed = [[str(p), kind, storage.size(p)] for p, kind in files]
     if cfg.data.extract.enabled and cfg.data.extract.extractor in ("pruned", "pruned_headlines"):
-        # retrained boilerplate selectors are another run, and so is another second opinion
-        # (trafilatura's version, or none installed: `extract.pruned_text`)
+        # retrained boilerplate selectors are another run
         from oreline.data.filters.boilerplate import selectors_sha256
-        from oreline.data.filters.extract import second_opinion_version
 
         data["extract"]["selectors_sha256"] = selectors_sha256()
-        data["extract"]["second_opinion"] = second_opinion_version()
     if cfg.data.quality.perplexity_model:  # a retrained reference model is another run
         from oreline.data.filters.ngram_scorer import reference_fingerprint
 
