@@ -11,7 +11,8 @@ Benchmarks (under ORELINE_SAMPLES, read in place, never copied into the reposito
   CleanEval pages of the j-szulc/html-cleaning-dataset-merged repository.
 
 Per benchmark and extractor (oreline's default, trafilatura as oreline calls it with
-include_comments=False, resiliparse's main content alone):
+include_comments=False, resiliparse's main content alone, oreline keeping headlines, bylines
+and captions):
 - per-page F1: mean over pages of the token F1 of lowercase `\\w+` token bags (a page whose
   gold and output are both empty scores 1; only one empty scores 0);
 - the Scrapinghub benchmark's own metric (its evaluate.py, re-implemented): 4-token shingles,
@@ -188,6 +189,7 @@ def run_benchmark(name: str, pages: list[Page], rounds: int, cv: int) -> dict:
         "oreline": lambda i: extract(pages[i][2])[0],
         "trafilatura": lambda i: extract(pages[i][2], "trafilatura")[0],
         "resiliparse": lambda i: extract(pages[i][2], "resiliparse")[0],
+        "oreline pruned_headlines": lambda i: extract(pages[i][2], "pruned_headlines")[0],
     }
     if cv:
         per_page = cv_selectors(pages, cv)
