@@ -5,12 +5,19 @@ Extractors (`EXTRACTORS`); each returns (text, path), the path naming the way th
 - "pruned" (the default, "default" is an alias): resiliparse's main content as below, skipping
   the elements matched by the shipped boilerplate selectors (captions, the article header with
   headline and byline, pop-ups, print/share widgets: `oreline.data.filters.boilerplate`, chosen
-  on the extraction benchmark's dev half by `scripts/train_extract_model.py`). Paths: "pruned",
-  "pruned:unpruned" (see MIN_PRUNED_CHARS) or "pruned:too_deep" (depth guard).
-  Measured (`benchmarks/extraction_quality.py`, same run): 5-fold cross-validated by host on the
-  dev half F1 0.9735 vs trafilatura's 0.9734 at 11.0x its speed (resiliparse alone 0.9596);
-  once, on the benchmark's other half: 0.9687 vs 0.9654. Pruning costs no time: resiliparse
-  matches `skip_elements` in C during the extraction.
+  on the extraction benchmark's dev half by `scripts/train_extract_model.py`; `class:NAME`
+  selectors match class tokens, see `boilerplate.css_of`), plus ALWAYS_SKIP (blog platform
+  widgets, comment forms). Low-confidence main content (short against the page's visible text,
+  or mostly a list) gets a second opinion, the page's text less navigation and furniture
+  (LOW_CONFIDENCE_CHARS); an empty main content on a page with text falls back to the page.
+  Paths: "pruned", "pruned:unpruned" (MIN_PRUNED_CHARS), "pruned:too_deep" (depth guard),
+  "pruned:second_opinion", "pruned:full_page". Measured per benchmark, beside trafilatura:
+  `benchmarks/extraction_quality.py` (docs/design.md, "Text extraction"). Pruning costs
+  little time: resiliparse matches `skip_elements` in C during the extraction.
+- "pruned_headlines": the same, keeping headlines, bylines and captions (HEADLINE_SELECTORS
+  are not skipped). Not the default: pretraining wants running prose, and a headline or a
+  caption is a fragment that is repeated across teasers, feeds and galleries of the same site;
+  Scrapinghub's gold leaves them out, Dragnet's keeps them (this one scores higher there).
 - "resiliparse": `resiliparse.extract.html2text.extract_plain_text` with `main_content=True`
   (Bevendorff et al. 2023, "An Empirical Comparison of Web Content Extraction Algorithms"):
   block-level formatting kept; alt texts, noscript, form fields, comment sections and post
