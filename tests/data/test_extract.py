@@ -308,3 +308,18 @@ def test_trafilatura_import_error_names_what_is_missing():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "lxml_html_clean" in out.stdout, out.stdout + out.stderr
     assert "not installed" not in out.stdout.splitlines()[0]
+
+
+@pytest.mark.extended("extraction-dragnet-train")
+def test_no_empty_output_on_dragnet_pages_with_text(full_samples):
+    """Dragnet's training split (AGPL: read in place, never copied): the old default returned ""
+    on 9 of its pages; now only a page without visible text may come out empty."""
+    from oreline.data.read.payload import decode_payload
+
+    root = full_samples / "extraction-dragnet-train"
+    empty = []
+    for path in sorted((root / "html").glob("*.html.gz")):
+        html = decode_payload(gzip.decompress(path.read_bytes()), None, "text/html")[0]
+        if not html_to_text(html).strip() and html_to_text(html, "resiliparse", main_content=False).strip():
+            empty.append(path.name)
+    assert not empty
