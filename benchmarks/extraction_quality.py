@@ -1,38 +1,37 @@
-"""Main-content extraction quality and speed on the article-extraction benchmark (dev half).
+"""Main-content extraction quality and speed on several benchmarks, each beside trafilatura.
 
-Data: {samples}/article-extraction-dev/ (scrapinghub/article-extraction-benchmark, 91 pages with
-ground-truth article bodies). Metric as in the upstream evaluate.py, with single-token shingles:
-bag-of-tokens overlap of `\\w+` tokens (lowercased), precision = matched / predicted tokens,
-recall = matched / true tokens, summed over all pages (micro average), F1 from those.
+Benchmarks (under ORELINE_SAMPLES, read in place, never copied into the repository):
+- "scrapinghub": article-extraction-dev/ — scrapinghub/article-extraction-benchmark, dev half
+  (91 news/blog pages, MIT). Gold: the article body only (no headline, byline or captions).
+- "dragnet": extraction-dragnet-train/ — the Dragnet benchmark's *training* split (966 pages from
+  2012, GNU AGPLv3: read from there, never copied). Gold: the article text before Dragnet's
+  comments marker; it includes headlines, bylines and captions. The Dragnet test split is held
+  out: never load it here.
+- "cleaneval" (optional, `--cleaneval DIR`): DIR/input/<id>.html + DIR/gold/<id>.txt, e.g. the
+  CleanEval pages of the j-szulc/html-cleaning-dataset-merged repository.
 
-Cross-validation: the default extractor ("pruned") has a learned part, its boilerplate
-selectors. Its F1 here is k-fold cross-validated: pages are split into k folds by host (pages
-of one site never sit on both sides), the selectors are chosen on k-1 folds
-(`boilerplate.fit_selectors`, as `scripts/train_extract_model.py` does on all of them) and each
-page is extracted with the selectors chosen without it. The other extractors learn nothing, so
-their cross-validated F1 is their F1 on all pages. The shipped selectors' in-sample F1 is
-printed apart: it is not an estimate for unseen pages.
+Per benchmark and extractor (oreline's default, trafilatura as oreline calls it with
+include_comments=False, resiliparse's main content alone, oreline keeping headlines, bylines
+and captions):
+- per-page F1: mean over pages of the token F1 of lowercase `\\w+` token bags (a page whose
+  gold and output are both empty scores 1; only one empty scores 0);
+- the Scrapinghub benchmark's own metric (its evaluate.py, re-implemented): 4-token shingles,
+  case kept, each page's tp/fp/fn normalised to sum 1, precision and recall averaged over
+  pages, F1 of those two means;
+- pages/s of the extraction call alone, in CPU seconds of this process (HTML already decoded;
+  best of `--rounds`; every extractor runs in this one thread): on a shared machine wall time
+  swung 3x between runs, CPU time ~10%; trafilatura and oreline are timed in the same run;
+- empty outputs on pages whose gold is non-empty, and pages with per-page F1 < 0.5;
+- for oreline − trafilatura: the mean per-page F1 difference with a paired bootstrap 95%
+  interval (pages resampled with replacement, 2,000 resamples, seed 0).
 
-Speed: pages per second of the extraction call alone (HTML already decoded), one process, each
-extractor warmed up first (imports) and timed `--rounds` times in turn, best round kept; the
-ratio to trafilatura is from the same run (the machine may be shared: trust ratios).
+`--cv K` additionally re-chooses the boilerplate selectors on K-1 folds split **by host**
+(pages of one site never on both sides) and scores each page with the choice made without it,
+as `scripts/train_extract_model.py` does on all pages; without it the shipped selectors are
+scored (which, on the Scrapinghub dev half they were chosen on, is in-sample).
 
-Measured 2026-12-03 on the shared 2-core machine (other jobs running; ratios from one run):
-5-fold CV by host, default (pruned) P 0.9598 R 0.9876 F1 0.9735 at 481.6 pages/s, trafilatura
-F1 0.9734 at 43.9 pages/s (default 11.0x its speed; 12.1x and, after the cheaper depth guard,
-11.5x in other runs: the spread is the machine's load), resiliparse
-main content alone F1 0.9596 (11.7x), html2text 0.6809 (1.2x). Fold selection took 80 s
-(374 s under heavier load). Shipped selectors in-sample 0.9779 (not an estimate).
-Final check, run once after everything was chosen, on the benchmark's other 90 pages (odd
-ids, never used before): default F1 0.9687 vs trafilatura 0.9654, resiliparse alone 0.9528,
-html2text 0.7184; default 11.1x trafilatura's speed.
-
-    .venv/bin/python benchmarks/extraction_quality.py [--limit N] [--folds 5] [--rounds 3]
-    .venv/bin/python benchmarks/extraction_quality.py --held-out DIR   # once, at the end: see below
-
-`--held-out DIR` scores the shipped selectors on another copy of the benchmark laid out the
-same way (DIR/html/<id>.html.gz, DIR/ground-truth.json), e.g. the odd ids never used for a
-choice; use it as a final check, never to choose.
+    ORELINE_SAMPLES=../shared/data .venv/bin/python benchmarks/extraction_quality.py \
+        [--bench scrapinghub dragnet] [--limit N] [--rounds 2] [--cv 5] [--cleaneval DIR]
 """
 
 from __future__ import annotations
@@ -41,8 +40,10 @@ import argparse
 import gzip
 import json
 import random
+import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
@@ -50,124 +51,204 @@ from urllib.parse import urlparse
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from oreline.config import larger_samples  # noqa: E402
-from oreline.data.filters.boilerplate import f1_of, fit_selectors, load_selectors, tokens  # noqa: E402
-from oreline.data.filters.extract import html_to_text, pruned_text  # noqa: E402
+from oreline.data.filters.boilerplate import fit_selectors, tokens  # noqa: E402
+from oreline.data.filters.extract import extract, pruned_text  # noqa: E402
 from oreline.data.read.payload import decode_payload  # noqa: E402
 
-Page = tuple[str, str, str]  # host, html, true article body
+Page = tuple[str, str, str, str]  # id, host, html, gold text
+_CANONICAL = re.compile(
+    r"""<(?:link[^>]+rel=["']?canonical|meta[^>]+property=["']og:url)[^>]+(?:href|content)=["']?(https?://[^"'\s>]+)""",
+    re.I,
+)
 
 
-def dev_root() -> Path:
-    return larger_samples("article-extraction-dev") / "article-extraction-dev"
+def _decode(raw: bytes) -> str:
+    return decode_payload(raw, None, "text/html")[0]
 
 
-def load_pages(limit: int | None, root: Path | None = None) -> list[Page]:
-    root = root or dev_root()
+def load_scrapinghub(limit: int | None) -> list[Page]:
+    root = larger_samples("article-extraction-dev") / "article-extraction-dev"
     truth = json.loads((root / "ground-truth.json").read_text(encoding="utf-8"))
     pages = []
     for key in sorted(truth)[:limit]:
-        raw = gzip.decompress((root / "html" / f"{key}.html.gz").read_bytes())
-        html, _, _ = decode_payload(raw, None, "text/html")
-        pages.append((urlparse(truth[key].get("url", "")).netloc, html, truth[key].get("articleBody", "")))
+        html = _decode(gzip.decompress((root / "html" / f"{key}.html.gz").read_bytes()))
+        host = urlparse(truth[key].get("url", "")).netloc
+        pages.append((key, host, html, truth[key].get("articleBody", "")))
     return pages
 
 
+def _host_of(key: str, html: str) -> str:
+    """The page's own host from its canonical link or og:url (Dragnet's gold has no URL)."""
+    m = _CANONICAL.search(html[:200_000])
+    return urlparse(m.group(1)).netloc.lower().removeprefix("www.") if m else f"page:{key}"
+
+
+def load_dragnet(limit: int | None) -> list[Page]:
+    root = larger_samples("extraction-dragnet-train") / "extraction-dragnet-train"
+    truth = json.loads((root / "ground-truth.json").read_text(encoding="utf-8"))
+    pages = []
+    for key in sorted(truth, key=lambda k: (len(k), k))[:limit]:
+        html = _decode(gzip.decompress((root / "html" / f"{key}.html.gz").read_bytes()))
+        pages.append((key, _host_of(key, html), html, truth[key].get("articleBody", "")))
+    return pages
+
+
+def load_cleaneval(root: Path, limit: int | None) -> list[Page]:
+    pages = []
+    for path in sorted((root / "input").glob("*.html"))[:limit]:
+        gold = root / "gold" / f"{path.stem}.txt"
+        if gold.exists():
+            html = _decode(path.read_bytes())
+            text = gold.read_text(encoding="utf-8", errors="replace")
+            pages.append((path.stem, _host_of(path.stem, html), html, text))
+    return pages
+
+
+def page_f1(pred: str, gold: str) -> float:
+    p, g = tokens(pred), tokens(gold)
+    if not p or not g:
+        return float(not p and not g)
+    tp = sum((p & g).values())
+    return 2 * tp / (sum(p.values()) + sum(g.values()))
+
+
+_SHINGLE_TOKEN = re.compile(r"\w+")
+
+
+def _shingles(text: str, n: int = 4) -> Counter:
+    toks = _SHINGLE_TOKEN.findall(text or "")
+    return Counter(tuple(toks[i : i + n]) for i in range(max(1, len(toks) - n + 1)) if toks[i : i + n])
+
+
+def shingle_metric(preds: list[str], golds: list[str]) -> float:
+    """The Scrapinghub benchmark's F1 (its evaluate.py): see the module docstring."""
+    precisions, recalls = [], []
+    for pred, gold in zip(preds, golds, strict=True):
+        p, g = _shingles(pred), _shingles(gold)
+        tp, fp, fn = sum((p & g).values()), sum((p - g).values()), sum((g - p).values())
+        if fp == fn == 0:
+            precisions.append(1.0)
+            recalls.append(1.0)
+            continue
+        if tp + fp > 0:
+            precisions.append(tp / (tp + fp))
+        if tp + fn > 0:
+            recalls.append(tp / (tp + fn))
+    prec = sum(precisions) / len(precisions)
+    rec = sum(recalls) / len(recalls)
+    return 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+
+
+def paired_bootstrap(a: list[float], b: list[float], n: int = 2000) -> tuple[float, float, float]:
+    """Mean of a - b with a percentile 95% interval over pages resampled with replacement."""
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    rng = random.Random(0)
+    k = len(diffs)
+    means = sorted(sum(diffs[rng.randrange(k)] for _ in range(k)) / k for _ in range(n))
+    return sum(diffs) / k, means[int(0.025 * n)], means[int(0.975 * n) - 1]
+
+
 def folds_by_host(pages: list[Page], k: int) -> list[int]:
-    hosts = sorted({host for host, _, _ in pages})
+    hosts = sorted({p[1] for p in pages})
     random.Random(0).shuffle(hosts)
     fold = {h: i % k for i, h in enumerate(hosts)}
-    return [fold[host] for host, _, _ in pages]
-
-
-def counts(pred: str, truth: str) -> tuple[int, int, int]:
-    p, t = tokens(pred), tokens(truth)
-    return sum((p & t).values()), sum(p.values()), sum(t.values())
-
-
-def scores(preds: list[str], pages: list[Page]) -> dict[str, float]:
-    c = [counts(p, truth) for p, (_, _, truth) in zip(preds, pages, strict=True)]
-    tp, n_pred, n_true = (sum(x[i] for x in c) for i in range(3))
-    return {
-        "precision": tp / n_pred if n_pred else 0.0,
-        "recall": tp / n_true if n_true else 0.0,
-        "f1": f1_of(c),
-    }
+    return [fold[p[1]] for p in pages]
 
 
 def timed(fns: dict[str, Callable[[int], str]], n: int, rounds: int) -> tuple[dict, dict]:
-    """Texts and best pages/s per extractor; each fn(i) extracts page i."""
+    """Texts and best pages/s per extractor; each fn(i) extracts page i; turns alternate."""
     texts, best = {}, {}
     for fn in fns.values():
         fn(0)  # imports and first-call setup are not extraction time
     for _ in range(rounds):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = time.process_time()
             out = [fn(i) for i in range(n)]
-            seconds = time.perf_counter() - start
+            seconds = time.process_time() - start
             texts[name] = out
             best[name] = max(best.get(name, 0.0), n / seconds)
     return texts, best
 
 
+def cv_selectors(pages: list[Page], k: int) -> list[tuple[str, ...]]:
+    """Per page, the selectors chosen on the folds without its host."""
+    fold = folds_by_host(pages, k)
+    shared: dict = {}
+    chosen = {}
+    for f in range(k):
+        train = [(p[2], p[3]) for p, pf in zip(pages, fold, strict=True) if pf != f]
+        sel, f1 = fit_selectors(train, lambda html, s: pruned_text(html, s)[0], cache=shared)
+        chosen[f] = tuple(sel)
+        print(f"  fold {f}: {len(sel)} selectors on {len(train)} pages (train F1 {f1:.4f}): {sel}")
+    return [chosen[f] for f in fold]
+
+
+def run_benchmark(name: str, pages: list[Page], rounds: int, cv: int) -> dict:
+    golds = [p[3] for p in pages]
+    fns: dict[str, Callable[[int], str]] = {
+        "oreline": lambda i: extract(pages[i][2])[0],
+        "trafilatura": lambda i: extract(pages[i][2], "trafilatura")[0],
+        "resiliparse": lambda i: extract(pages[i][2], "resiliparse")[0],
+        "oreline pruned_headlines": lambda i: extract(pages[i][2], "pruned_headlines")[0],
+    }
+    if cv:
+        per_page = cv_selectors(pages, cv)
+        fns["oreline, selectors CV by host"] = lambda i: pruned_text(pages[i][2], per_page[i])[0]
+    texts, speed = timed(fns, len(pages), rounds)
+    rows = {}
+    for ext, out in texts.items():
+        f1s = [page_f1(t, g) for t, g in zip(out, golds, strict=True)]
+        rows[ext] = {
+            "f1s": f1s,
+            "f1": sum(f1s) / len(f1s),
+            "shingle_f1": shingle_metric(out, golds),
+            "pages_s": speed[ext],
+            "empty": sum(1 for t, g in zip(out, golds, strict=True) if g.strip() and not t.strip()),
+            "low": sum(1 for f in f1s if f < 0.5),
+        }
+    return rows
+
+
+def report(name: str, n: int, rows: dict) -> None:
+    ref = rows["trafilatura"]
+    print(f"\n## {name}: {n} pages")
+    print(
+        f"{'extractor':32} {'F1/page':>8} {'SH-F1':>7} {'pages/s':>8} {'x traf':>7} {'empty':>6} "
+        f"{'F1<.5':>6}  Δ F1/page vs trafilatura [95% paired bootstrap]"
+    )
+    for ext, r in rows.items():
+        diff = ""
+        if ext != "trafilatura":
+            mean, lo, hi = paired_bootstrap(r["f1s"], ref["f1s"])
+            diff = f"{mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+        print(
+            f"{ext:32} {r['f1']:8.4f} {r['shingle_f1']:7.4f} {r['pages_s']:8.1f} "
+            f"{r['pages_s'] / ref['pages_s']:6.1f}x {r['empty']:6d} {r['low']:6d}  {diff}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--limit", type=int, default=None, help="first N pages only")
-    ap.add_argument("--folds", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=3, help="timing rounds (best kept)")
-    ap.add_argument("--held-out", type=Path, default=None, help="score the shipped selectors on DIR instead")
-    args = ap.parse_args()
-
-    if args.held_out is not None:
-        pages = load_pages(args.limit, args.held_out)
-        print(f"{len(pages)} held-out pages from {args.held_out} (shipped selectors, no choice made here)")
-        shipped = load_selectors()
-        fns = {
-            "default (pruned, shipped selectors)": lambda i: pruned_text(pages[i][1], shipped)[0],
-            "trafilatura": lambda i: html_to_text(pages[i][1], "trafilatura", True),
-            "resiliparse main-content alone": lambda i: html_to_text(pages[i][1], "resiliparse", True),
-            "html2text body_width=0": lambda i: html_to_text(pages[i][1], "html2text", False),
-        }
-        texts, speed = timed(fns, len(pages), args.rounds)
-        report({name: scores(texts[name], pages) | {"pages_s": speed[name]} for name in fns})
-        return
-
-    pages = load_pages(args.limit)
-    print(f"{len(pages)} pages from {dev_root()}")
-    fold = folds_by_host(pages, args.folds)
-    t0 = time.perf_counter()
-    chosen: dict[int, tuple[str, ...]] = {}
-    shared: dict = {}  # extractions shared by the folds (a page's text under the same selectors)
-    for k in range(args.folds):
-        train = [(html, truth) for (_, html, truth), f in zip(pages, fold, strict=True) if f != k]
-        sel, train_f1 = fit_selectors(
-            train, lambda html, selector: pruned_text(html, selector)[0], cache=shared
-        )
-        chosen[k] = tuple(sel)
-        print(f"fold {k}: {len(sel)} selectors chosen on {len(train)} pages (train F1 {train_f1:.4f}): {sel}")
-    print(f"selection took {time.perf_counter() - t0:.0f} s")
-    shipped = load_selectors()
-    fns = {
-        "default (pruned), cross-validated": lambda i: pruned_text(pages[i][1], chosen[fold[i]])[0],
-        "trafilatura": lambda i: html_to_text(pages[i][1], "trafilatura", True),
-        "resiliparse main-content alone": lambda i: html_to_text(pages[i][1], "resiliparse", True),
-        "html2text body_width=0": lambda i: html_to_text(pages[i][1], "html2text", False),
-        "resiliparse full page": lambda i: html_to_text(pages[i][1], "resiliparse", False),
-        "shipped selectors (in-sample!)": lambda i: pruned_text(pages[i][1], shipped)[0],
-    }
-    texts, speed = timed(fns, len(pages), args.rounds)
-    report({name: scores(texts[name], pages) | {"pages_s": speed[name]} for name in fns})
-
-
-def report(results: dict[str, dict[str, float]]) -> None:
-    ref = results["trafilatura"]
-    print(
-        f"{'extractor':38} {'P':>7} {'R':>7} {'F1':>7} {'pages/s':>8} {'ΔF1 vs traf':>12} {'speed vs traf':>14}"
+    ap.add_argument(
+        "--bench", nargs="+", default=["scrapinghub", "dragnet"], choices=["scrapinghub", "dragnet"]
     )
-    for name, r in results.items():
-        print(
-            f"{name:38} {r['precision']:7.4f} {r['recall']:7.4f} {r['f1']:7.4f} {r['pages_s']:8.1f} "
-            f"{r['f1'] - ref['f1']:+12.4f} {r['pages_s'] / ref['pages_s']:13.1f}x"
-        )
+    ap.add_argument("--cleaneval", type=Path, default=None, help="DIR with input/*.html and gold/*.txt")
+    ap.add_argument("--limit", type=int, default=None, help="first N pages of each benchmark")
+    ap.add_argument("--rounds", type=int, default=2, help="timing rounds (best kept)")
+    ap.add_argument("--cv", type=int, default=0, help="also re-choose selectors in K host folds")
+    ap.add_argument("--dump", type=Path, default=None, help="write per-page F1s as JSON here")
+    args = ap.parse_args()
+    loaders = {"scrapinghub": load_scrapinghub, "dragnet": load_dragnet}
+    sets = {name: loaders[name](args.limit) for name in args.bench}
+    if args.cleaneval:
+        sets["cleaneval"] = load_cleaneval(args.cleaneval, args.limit)
+    dump = {}
+    for name, pages in sets.items():
+        rows = run_benchmark(name, pages, args.rounds, args.cv)
+        report(name, len(pages), rows)
+        dump[name] = {ext: dict(zip([p[0] for p in pages], r["f1s"], strict=True)) for ext, r in rows.items()}
+    if args.dump:
+        args.dump.write_text(json.dumps(dump))
 
 
 if __name__ == "__main__":

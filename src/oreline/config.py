@@ -73,10 +73,12 @@ class ProtocolConfig(Section):
 
 class ExtractConfig(Section):
     enabled: bool = True
-    extractor: Literal["pruned", "resiliparse", "trafilatura", "html2text"] = Field(
+    extractor: Literal["pruned", "pruned_headlines", "resiliparse", "trafilatura", "html2text"] = Field(
         "pruned",
         description="HTML-to-text extractor: pruned (default: resiliparse main content after removing "
-        "boilerplate elements by learned selectors; trafilatura's F1 at >10x its speed), resiliparse "
+        "boilerplate elements by learned selectors, headlines, bylines and captions among them; "
+        "the page's text less navigation as a second opinion on low-confidence pages), pruned_headlines (the same, "
+        "keeping headlines, bylines and captions), resiliparse "
         "(main content alone), trafilatura (precise, slow), html2text (whole page)",
     )
     main_content: bool = Field(True, description="keep main content only (drop navigation, footers)")

@@ -5,12 +5,19 @@ Extractors (`EXTRACTORS`); each returns (text, path), the path naming the way th
 - "pruned" (the default, "default" is an alias): resiliparse's main content as below, skipping
   the elements matched by the shipped boilerplate selectors (captions, the article header with
   headline and byline, pop-ups, print/share widgets: `oreline.data.filters.boilerplate`, chosen
-  on the extraction benchmark's dev half by `scripts/train_extract_model.py`). Paths: "pruned",
-  "pruned:unpruned" (see MIN_PRUNED_CHARS) or "pruned:too_deep" (depth guard).
-  Measured (`benchmarks/extraction_quality.py`, same run): 5-fold cross-validated by host on the
-  dev half F1 0.9735 vs trafilatura's 0.9734 at 11.0x its speed (resiliparse alone 0.9596);
-  once, on the benchmark's other half: 0.9687 vs 0.9654. Pruning costs no time: resiliparse
-  matches `skip_elements` in C during the extraction.
+  on the extraction benchmark's dev half by `scripts/train_extract_model.py`; `class:NAME`
+  selectors match class tokens, see `boilerplate.css_of`), plus ALWAYS_SKIP (blog platform
+  widgets, comment forms). Low-confidence main content (short against the page's visible text,
+  or mostly a list) gets a second opinion, the page's text less navigation and furniture
+  (LOW_CONFIDENCE_CHARS); an empty main content on a page with text falls back to the page.
+  Paths: "pruned", "pruned:unpruned" (MIN_PRUNED_CHARS), "pruned:too_deep" (depth guard),
+  "pruned:second_opinion", "pruned:full_page". Measured per benchmark, beside trafilatura:
+  `benchmarks/extraction_quality.py` (docs/design.md, "Text extraction"). Pruning costs
+  little time: resiliparse matches `skip_elements` in C during the extraction.
+- "pruned_headlines": the same, keeping headlines, bylines and captions (HEADLINE_SELECTORS
+  are not skipped). Not the default: pretraining wants running prose, and a headline or a
+  caption is a fragment that is repeated across teasers, feeds and galleries of the same site;
+  Scrapinghub's gold leaves them out, Dragnet's keeps them (this one scores higher there).
 - "resiliparse": `resiliparse.extract.html2text.extract_plain_text` with `main_content=True`
   (Bevendorff et al. 2023, "An Empirical Comparison of Web Content Extraction Algorithms"):
   block-level formatting kept; alt texts, noscript, form fields, comment sections and post
@@ -53,7 +60,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from oreline.data.filters.boilerplate import load_selectors
+from oreline.data.filters.boilerplate import ALWAYS_SKIP, css_of, load_selectors
 from oreline.errors import ConfigError
 
 MAX_MAIN_CONTENT_DEPTH = 1500
@@ -137,20 +144,87 @@ def _resiliparse(html: str, main_content: bool) -> tuple[str, str]:
 # (`<header class="hero-header">` on commoncrawl.org).
 MIN_PRUNED_CHARS = 200
 
+# Low confidence, where the page gets a second opinion (`_page_text`), in two cheap tests on
+# resiliparse's main content. (1) Short: under LOW_CONFIDENCE_CHARS and under
+# LOW_CONFIDENCE_RATIO of the page's visible text (its full-page extraction), or empty while the
+# page is not. (2) A list: over LIST_SHARE of its characters on list-item lines. On the Dragnet
+# training split (issue 30) such pages were mostly a wrong block — a "subscribe" box, the post
+# navigation, a list of teasers — or nothing at all, with the article elsewhere on the page.
+# Chosen among a handful of round values on both dev sets (benchmarks/extraction_quality.py):
+# Dragnet train per-page F1 0.80 -> 0.86 (~10% of its pages asked), Scrapinghub dev unchanged
+# (none asked). Tried and dropped: trafilatura (fast=True) as the second opinion, 0.866 instead
+# of 0.865 on Dragnet at half the default's speed (~12 ms a page asked, against ~1 ms).
+LOW_CONFIDENCE_CHARS = 1000
+LOW_CONFIDENCE_RATIO = 0.1
+LIST_SHARE = 0.5
+# The second opinion replaces a short main content only when over SECOND_OPINION_GAIN times
+# longer: on a short article found right, the page's text adds the headline and furniture (a
+# Scrapinghub dev page: F1 1.0 -> 0.77 at a factor of 1, kept at 3). A list is replaced by any
+# text of over LIST_KEEP of its length.
+SECOND_OPINION_GAIN = 3.0
+LIST_KEEP = 0.3
+# What the second opinion leaves out of the whole page: generic names of navigation and page
+# furniture (not learned, not from any one site).
+PAGE_SKIP = (
+    "nav, footer, aside, form, select, ul, ol, table",
+    *(
+        css_of(f"class:{n}")
+        for n in ("sidebar", "menu", "nav", "navigation", "footer", "comments", "comment", "widget")
+    ),
+    *(css_of(f"class:{n}") for n in ("related", "share", "social", "ads", "banner", "breadcrumbs")),
+    "[id*=sidebar], [id*=footer], [id*=nav], [id*=menu], [id*=comment]",
+)
 
-def pruned_text(html: str, selectors: Sequence[str]) -> tuple[str, str]:
-    """(text, path) of the "pruned" extractor with the given boilerplate selectors."""
+
+def _list_share(text: str) -> float:
+    """Share of the text's characters on list-item lines (resiliparse writes items as "  • ")."""
+    total = items = 0
+    for line in text.splitlines():
+        total += len(line)
+        if line.lstrip().startswith("•"):
+            items += len(line)
+    return items / total if total else 0.0
+
+
+def _page_text(tree, always: Sequence[str]) -> str:
+    """The second opinion: the whole page's text less PAGE_SKIP (navigation, lists, tables,
+    sidebars, footers, comments), one more C pass over the parsed tree (~1 ms)."""
+    return _resiliparse_text(tree, False, [*always, *PAGE_SKIP])
+
+
+def pruned_text(html: str, selectors: Sequence[str], second_opinion: bool = True) -> tuple[str, str]:
+    """(text, path) of the "pruned" extractor with the given boilerplate selectors.
+
+    Paths beyond "pruned": "pruned:too_deep" (depth guard), "pruned:unpruned" (MIN_PRUNED_CHARS),
+    "pruned:second_opinion" (low confidence, the page's text less PAGE_SKIP kept: see
+    LOW_CONFIDENCE_CHARS) and "pruned:full_page" (main content and second opinion empty, the
+    page not: its full text, so a page with visible text never comes out "")."""
     from resiliparse.parse.html import HTMLTree
 
     tree = HTMLTree.parse(html)
+    skip, always = [*selectors, *ALWAYS_SKIP], ALWAYS_SKIP
     if too_deep_for_main_content(tree):  # the depth guard holds for the pruned pass too
-        return _resiliparse_text(tree, False), "pruned:too_deep"
-    text = _resiliparse_text(tree, True, selectors)
+        return _resiliparse_text(tree, False, skip), "pruned:too_deep"
+    text, path = _resiliparse_text(tree, True, skip), "pruned"
     if len(text) < MIN_PRUNED_CHARS and selectors:
-        unpruned = _resiliparse_text(tree, True)
+        unpruned = _resiliparse_text(tree, True, always)
         if len(unpruned) > len(text):
-            return unpruned, "pruned:unpruned"
-    return text, "pruned"
+            text, path = unpruned, "pruned:unpruned"
+    if not second_opinion:
+        return text, path
+    if len(text) < LOW_CONFIDENCE_CHARS:
+        visible = _resiliparse_text(tree, False, always)
+        if len(text) < LOW_CONFIDENCE_RATIO * len(visible) or (not text.strip() and visible.strip()):
+            other = _page_text(tree, always)
+            if len(other.strip()) > SECOND_OPINION_GAIN * len(text.strip()):
+                return other, "pruned:second_opinion"
+            if not text.strip():
+                return visible, "pruned:full_page"
+    elif _list_share(text) > LIST_SHARE:
+        other = _page_text(tree, always)
+        if len(other.strip()) > LIST_KEEP * len(text.strip()):
+            return other, "pruned:second_opinion"
+    return text, path
 
 
 def _pruned(html: str, main_content: bool) -> tuple[str, str]:
@@ -159,13 +233,32 @@ def _pruned(html: str, main_content: bool) -> tuple[str, str]:
     return pruned_text(html, load_selectors())
 
 
+def _pruned_headlines(html: str, main_content: bool) -> tuple[str, str]:
+    if not main_content:
+        return _resiliparse(html, False)
+    return pruned_text(html, load_selectors(keep_headlines=True))
+
+
+def _import_failure(exc: ImportError) -> str:
+    """What is actually missing: trafilatura itself, or a module it imports (lxml's html cleaner
+    moved to the separate `lxml_html_clean` package in lxml 5.2, and trafilatura then fails with
+    an ImportError naming it)."""
+    missing = getattr(exc, "name", None)
+    if missing and missing != "trafilatura":
+        return f"it needs the module {missing!r}, which is missing ({exc})"
+    if missing == "trafilatura":
+        return "trafilatura is not installed"
+    return str(exc)
+
+
 def _trafilatura(html: str, main_content: bool) -> tuple[str, str]:
     try:
         import trafilatura
     except ImportError as exc:
         raise ConfigError(
-            "extractor 'trafilatura' is not installed",
-            "pip install 'oreline[extract]' or set data.extract.extractor=resiliparse",
+            f"extractor 'trafilatura' cannot be imported: {_import_failure(exc)}",
+            "pip install 'oreline[extract]' (it installs trafilatura with lxml_html_clean) "
+            "or set data.extract.extractor=resiliparse",
         ) from exc
     if main_content:
         return trafilatura.extract(html, include_comments=False, include_tables=True) or "", "trafilatura"
@@ -193,6 +286,7 @@ def _html2text(html: str, main_content: bool) -> tuple[str, str]:
 EXTRACTORS: dict[str, Callable[[str, bool], tuple[str, str]]] = {
     "pruned": _pruned,
     "default": _pruned,
+    "pruned_headlines": _pruned_headlines,
     "resiliparse": _resiliparse,
     "trafilatura": _trafilatura,
     "html2text": _html2text,

@@ -103,7 +103,7 @@ def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
     for key in (*EXECUTION_KEYS, "inputs", "extra_inputs"):
         data.pop(key, None)
     listed = [[str(p), kind, storage.size(p)] for p, kind in files]
-    if cfg.data.extract.enabled and cfg.data.extract.extractor == "pruned":
+    if cfg.data.extract.enabled and cfg.data.extract.extractor in ("pruned", "pruned_headlines"):
         # retrained boilerplate selectors are another run
         from oreline.data.filters.boilerplate import selectors_sha256
 
