@@ -1,0 +1,54 @@
+"""train.eval_tasks (issue 28): downstream tasks scored inside the loop, written to metrics.jsonl,
+TensorBoard and the report; under DDP the ranks split the items and report the totals."""
+
+from __future__ import annotations
+
+import os
+from importlib import import_module
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from oreline.errors import InputError
+from oreline.train.loop import train
+
+fixtures = import_module("oreline_test_train_fixtures")
+QUIET = Console(file=open(os.devnull, "w"))  # noqa: SIM115
+
+
+def test_eval_tasks_in_the_loop_reach_metrics_tensorboard_and_the_report(train_config, one_thread):
+    cfg = train_config(
+        train__steps=10,
+        train__eval_every=10,
+        train__eval_tasks=["copa", "lambada"],
+        train__eval_tasks_every=5,
+        train__eval_tasks_max_items=16,
+    )
+    summary = train(cfg, console=QUIET)
+    run = Path(summary["run_dir"])
+    recs = [r for r in fixtures.read_metrics(run / "metrics.jsonl") if r["type"] == "tasks"]
+    assert [r["step"] for r in recs] == [5, 10]
+    for r in recs:
+        assert r["items"] == {"copa": 16, "lambada": 16} and r["chance"]["copa"] == 0.5
+        assert 0.0 <= r["acc"]["copa"] <= 1.0 and r["tokens_seen"] > 0
+        centered = {n: (r["acc"][n] - r["chance"][n]) / (1 - r["chance"][n]) for n in ("copa", "lambada")}
+        assert r["centered"] == pytest.approx(centered)
+        assert r["core"] == pytest.approx(sum(centered.values()) / 2)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = EventAccumulator(str(run / "tensorboard"))
+    tb.Reload()
+    assert [(e.step, e.value) for e in tb.Scalars("tasks/acc/copa")] == [
+        (r["step"], pytest.approx(r["acc"]["copa"])) for r in recs
+    ]
+    from oreline.report.html import write_report
+
+    html = Path(write_report(run)).read_text(encoding="utf-8")
+    section = html.split('<section id="downstream"')[1].split("</section>")[0]
+    assert "downstream accuracy" in section and "copa" in section and "not available" not in section
+
+
+def test_an_unknown_eval_task_fails_before_the_first_step(train_config):
+    with pytest.raises(InputError, match="unknown task 'nope'"):
+        train(train_config(train__eval_tasks=["copa", "nope"]), console=QUIET)
