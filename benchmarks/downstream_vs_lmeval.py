@@ -89,6 +89,7 @@ def oreline_scores(export: Path, tasks_spec: str, max_items: int | None) -> dict
             "kind": task.kind,
             "metrics": {k: r[k] for k in ("items", "acc", "acc_norm")},
             "lls": [row["loglikelihoods"] for row in rows],
+            "greedy": [row["greedy"] for row in rows],
             "items": items,
             "seconds": time.perf_counter() - t0,
         }
@@ -160,8 +161,13 @@ def lm_eval_scores(export: Path, ours: dict, work: Path) -> dict:
     for task, lname in names.items():
         samples = sorted(res["samples"][lname], key=lambda s: s["doc_id"])
         lls = [[float(r[0][0]) for r in s["resps"]] for s in samples]
+        greedy = [[bool(r[0][1]) for r in s["resps"]] for s in samples]
         m = res["results"][lname]
-        out[task] = {"metrics": {"acc": m.get("acc,none"), "acc_norm": m.get("acc_norm,none")}, "lls": lls}
+        out[task] = {
+            "metrics": {"acc": m.get("acc,none"), "acc_norm": m.get("acc_norm,none")},
+            "lls": lls,
+            "greedy": greedy,
+        }
     return out
 
 
@@ -181,23 +187,21 @@ def main() -> int:
         theirs = lm_eval_scores(export, ours, work)
     ok = True
     print(
-        f"\n{'task':<14}{'items':>6}  {'acc oreline':>11} {'acc lm-eval':>11}  {'norm oreline':>12} {'norm lm-eval':>12}  {'max |Δ ll|':>10}"
+        f"\n{'task':<14}{'items':>6}  {'acc oreline':>11} {'acc lm-eval':>11}  {'norm oreline':>12} "
+        f"{'norm lm-eval':>12}  {'max |Δ ll|':>10}  {'greedy equal':>12}"
     )
     for task, o in ours.items():
         t = theirs[task]
-        deltas = [
-            abs(a_ - b_)
-            for la, lb in zip(o["lls"], t["lls"], strict=True)
-            for a_, b_ in zip(la, lb, strict=True)
-        ]
-        dmax = max(deltas)
+        pairs = list(zip(o["lls"], t["lls"], strict=True))
+        dmax = max(abs(x - y) for la, lb in pairs for x, y in zip(la, lb, strict=True))
+        greedy_eq = sum(ga == gb for ga, gb in zip(o["greedy"], t["greedy"], strict=True))
         acc_eq = o["metrics"]["acc"] == t["metrics"]["acc"]
         norm_eq = t["metrics"]["acc_norm"] is None or o["metrics"]["acc_norm"] == t["metrics"]["acc_norm"]
-        ok &= acc_eq and norm_eq and dmax <= TOL
+        ok &= acc_eq and norm_eq and dmax <= TOL and greedy_eq == len(pairs)
         tn = "—" if t["metrics"]["acc_norm"] is None else f"{t['metrics']['acc_norm']:.4f}"
         print(
             f"{task:<14}{o['metrics']['items']:>6}  {o['metrics']['acc']:>11.4f} {t['metrics']['acc']:>11.4f}  "
-            f"{o['metrics']['acc_norm']:>12.4f} {tn:>12}  {dmax:>10.2e}"
+            f"{o['metrics']['acc_norm']:>12.4f} {tn:>12}  {dmax:>10.2e}  {greedy_eq:>6}/{len(pairs)}"
         )
     print("agreement:", "equal accuracies, every |Δ ll| ≤ 1e-4" if ok else "DIFFERS")
     return 0 if ok else 1

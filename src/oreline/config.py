@@ -787,6 +787,13 @@ class EvalConfig(Section):
     temperature: float = 0.8
     top_k: int = 50
     batches: int = Field(50, description="validation batches for oreline eval")
+    tasks: list[str] = Field(
+        ["core"],
+        description="downstream tasks `oreline run` scores the final model on (eval/tasks-final.json); [] = none",
+    )
+    tasks_max_items: int | None = Field(
+        500, ge=1, description="items per task in `oreline run`'s final downstream evaluation (None: all)"
+    )
 
 
 class ExportConfig(Section):

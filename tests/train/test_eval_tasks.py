@@ -24,6 +24,7 @@ def test_eval_tasks_in_the_loop_reach_metrics_tensorboard_and_the_report(train_c
         train__eval_tasks=["copa", "lambada"],
         train__eval_tasks_every=5,
         train__eval_tasks_max_items=16,
+        checkpoint__model_only_every=10,
     )
     summary = train(cfg, console=QUIET)
     run = Path(summary["run_dir"])
@@ -42,11 +43,16 @@ def test_eval_tasks_in_the_loop_reach_metrics_tensorboard_and_the_report(train_c
     assert [(e.step, e.value) for e in tb.Scalars("tasks/acc/copa")] == [
         (r["step"], pytest.approx(r["acc"]["copa"])) for r in recs
     ]
+    # the final model's evaluation as `oreline run` writes it (stages.stage_eval), in the report too
+    from oreline.eval.downstream import downstream_cli
     from oreline.report.html import write_report
 
+    final = downstream_cli(run, "copa", out=run / "eval" / "tasks-final.json", max_items=16)
+    assert final["step"] == 10 and final["tasks"]["copa"]["items"] == 16
     html = Path(write_report(run)).read_text(encoding="utf-8")
     section = html.split('<section id="downstream"')[1].split("</section>")[0]
     assert "downstream accuracy" in section and "copa" in section and "not available" not in section
+    assert "tasks-final.json" in section and "CORE" in section
 
 
 def test_an_unknown_eval_task_fails_before_the_first_step(train_config):
