@@ -75,12 +75,23 @@ def build_model(work: Path, steps: int) -> Path:
 def oreline_scores(export: Path, tasks_spec: str, max_items: int | None) -> dict:
     """{task: {"metrics", "lls": [[ll per choice] per item], "items": [raw JSON objects]}}."""
     from oreline.eval.downstream import load_scoring_model
-    from oreline.model.downstream import score_task
+    from oreline.model.downstream import encode_pair, score_task
     from oreline.model.tasks import resolve_tasks
 
     loaded = load_scoring_model(export)
     out = {}
     for task in resolve_tasks(tasks_spec):
+        # lm-eval asserts that every continuation fits the context (oreline scores its last L
+        # tokens): items with a longer one are left out of the comparison, and counted
+        kept = [
+            it
+            for it in (task.items[:max_items] if max_items else task.items)
+            if all(
+                len(encode_pair(loaded["tokenizer"], c, x)[1]) <= loaded["context_len"] for c, x in it.pairs
+            )
+        ]
+        left_out = (min(max_items, len(task.items)) if max_items else len(task.items)) - len(kept)
+        task.items = kept
         t0 = time.perf_counter()
         r = score_task(loaded["model"], loaded["tokenizer"], task, loaded["context_len"], max_items=max_items)
         rows = sorted(r["per_item"], key=lambda x: x["index"])
@@ -91,6 +102,7 @@ def oreline_scores(export: Path, tasks_spec: str, max_items: int | None) -> dict
             "lls": [row["loglikelihoods"] for row in rows],
             "greedy": [row["greedy"] for row in rows],
             "items": items,
+            "left_out": left_out,
             "seconds": time.perf_counter() - t0,
         }
     return out
@@ -188,7 +200,7 @@ def main() -> int:
     ok = True
     print(
         f"\n{'task':<14}{'items':>6}  {'acc oreline':>11} {'acc lm-eval':>11}  {'norm oreline':>12} "
-        f"{'norm lm-eval':>12}  {'max |Δ ll|':>10}  {'greedy equal':>12}"
+        f"{'norm lm-eval':>12}  {'max |Δ ll|':>10}  {'greedy equal':>12}  left out (continuation > context)"
     )
     for task, o in ours.items():
         t = theirs[task]
@@ -201,7 +213,7 @@ def main() -> int:
         tn = "—" if t["metrics"]["acc_norm"] is None else f"{t['metrics']['acc_norm']:.4f}"
         print(
             f"{task:<14}{o['metrics']['items']:>6}  {o['metrics']['acc']:>11.4f} {t['metrics']['acc']:>11.4f}  "
-            f"{o['metrics']['acc_norm']:>12.4f} {tn:>12}  {dmax:>10.2e}  {greedy_eq:>6}/{len(pairs)}"
+            f"{o['metrics']['acc_norm']:>12.4f} {tn:>12}  {dmax:>10.2e}  {greedy_eq:>6}/{len(pairs)}  {o['left_out']}"
         )
     print("agreement:", "equal accuracies, every |Δ ll| ≤ 1e-4" if ok else "DIFFERS")
     return 0 if ok else 1
