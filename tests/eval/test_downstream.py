@@ -215,6 +215,14 @@ def test_oreline_eval_tasks_out_schema_on_a_checkpoint_and_an_export(
         rows = [json.loads(line) for line in out.with_name(f"{name}.items.jsonl").read_text().splitlines()]
         assert len(rows) == 24 and {r["task"] for r in rows} == {"copa", "lambada"}
         results[name] = rows
+    # without --out: beside an export (which stays as exported), in the run's eval/ for a checkpoint
+    from oreline.eval.downstream import downstream_cli
+
+    downstream_cli(tmp_path / "hf", "copa", max_items=2)
+    downstream_cli(tmp_path / "run", "copa", max_items=2)
+    assert (tmp_path / "hf.tasks.json").is_file() and (
+        tmp_path / "run" / "eval" / "tasks-step-3.json"
+    ).is_file()
     # the checkpoint and its export score the same
     for a, b in zip(results["ckpt"], results["hf"], strict=True):
         assert max(abs(x - y) for x, y in zip(a["loglikelihoods"], b["loglikelihoods"], strict=True)) < 1e-4

@@ -6,7 +6,8 @@ tasks come from oreline.model.tasks and are scored by oreline.model.downstream (
 
 `--out FILE.json` gets `{"tasks": {NAME: {"items", "acc", "acc_norm", "centered", "chance"}},
 "core": mean centred, ...}` (the interface outside checks read; extra keys beside those); the per-item
-results go to FILE.items.jsonl beside it. Without --out: <run>/eval/tasks-step-N.json.
+results go to FILE.items.jsonl beside it. Without --out: <run>/eval/tasks-step-N.json (a checkpoint),
+EXPORT.tasks.json beside an exported folder.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def load_scoring_model(path: Path, tokenizer_dir: Path | None = None, seq_len: i
         inverse = {hf: ours for ours, hf in hf_rename(args).items()}
         state_dict = {inverse.get(k, k): v.to(torch.float32) for k, v in raw.items()}
         tokenizer = load_tokenizer(Path(tokenizer_dir) if tokenizer_dir else path)
-        context, step, source = args.max_seq_len, None, "hf"
+        context, step, source = args.max_seq_len, None, str(path)
     else:
         from oreline.train.checkpoint.load import load_model_state, resolve_checkpoint
 
@@ -74,7 +75,14 @@ def load_scoring_model(path: Path, tokenizer_dir: Path | None = None, seq_len: i
     model.load_state_dict(state_dict, strict=True)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     model.to(device).eval()
-    return {"model": model, "tokenizer": tokenizer, "context_len": context, "step": step, "source": source}
+    return {
+        "model": model,
+        "tokenizer": tokenizer,
+        "context_len": context,
+        "step": step,
+        "source": source,
+        "kind": "hf" if _is_hf_folder(Path(source)) else "checkpoint",
+    }
 
 
 def run_tasks(
@@ -127,8 +135,11 @@ def downstream_cli(
     )
     if out is None:
         base = Path(loaded["source"])
-        run_dir = base.parent.parent if base.parent.name == "checkpoints" else base.parent
-        out = run_dir / "eval" / f"tasks-step-{loaded['step'] or 0}.json"
+        if loaded["kind"] == "hf":  # an export folder stays as exported: the result goes beside it
+            out = base.parent / f"{base.name}.tasks.json"
+        else:
+            run_dir = base.parent.parent if base.parent.name == "checkpoints" else base.parent
+            out = run_dir / "eval" / f"tasks-step-{loaded['step'] or 0}.json"
     out = Path(out)
     write_json_atomic(out, result)
     items_path = out.with_name(out.stem + ".items.jsonl")
