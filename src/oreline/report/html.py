@@ -979,6 +979,7 @@ SECTION_IDS = [
     "checkpoints",
     "events",
     "generations",
+    "downstream",
     "eval",
     "export",
     "fingerprints",
