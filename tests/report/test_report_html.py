@@ -89,8 +89,8 @@ def test_report_is_self_contained(healthy_report):
         r"<code>.*?</code>|<td>.*?</td>", "", text
     )  # only artifact values may hold URLs
     assert (
-        len(page.images) == 11
-    )  # funnel, languages, lengths, loss ×2, mixture ×2, lr, grad norm, throughput, memory
+        len(page.images) == 13
+    )  # funnel, languages, lengths, loss ×2, mixture ×2, lr, grad norm, throughput, memory, downstream ×2
     for src in page.images:
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"

@@ -6,7 +6,7 @@ writes one file that works offline: inline CSS, no scripts, charts embedded as b
 find it (`<section id="funnel">`):
 
   overview · doctor · funnel · languages · lengths · tokenizer · tokens · loss · mixture · lr · grad-norm ·
-  throughput · memory · checkpoints · events · generations · eval · export · fingerprints
+  throughput · memory · checkpoints · events · generations · downstream · eval · export · fingerprints
 
 A section whose artifact is absent or unreadable still appears and says "not available: <why>";
 one bad artifact never stops the report. Every string that comes from an artifact is escaped
@@ -780,6 +780,67 @@ def section_eval(run: RunArtifacts) -> str:
     return out
 
 
+def section_downstream(run: RunArtifacts) -> str:
+    """Downstream accuracy vs tokens seen per task (train.eval_tasks' `tasks` records) with each
+    task's chance as a dashed line, the CORE-style mean, and the tables of the last in-loop record
+    and of every `oreline eval --tasks` result in eval/ (the final model's, from `oreline run`)."""
+    recs = [
+        r for r in run.records("tasks") if isinstance(r.get("acc"), dict) and is_finite(r.get("tokens_seen"))
+    ]
+    finals = [(p, o) for p, o in _eval_files(run) if isinstance(o.get("tasks"), dict)]
+    if not recs and not finals:
+        raise NotAvailable("no tasks records in metrics.jsonl (train.eval_tasks) and no eval/tasks-*.json")
+    out = ""
+    if recs:
+        names = list(dict.fromkeys(n for r in recs for n in r["acc"]))
+        series = {
+            n: ([r["tokens_seen"] for r in recs if is_finite(r["acc"].get(n))],
+                [r["acc"][n] for r in recs if is_finite(r["acc"].get(n))])
+            for n in names
+        }  # fmt: skip
+        chance = {
+            f"chance {n}": ([recs[0]["tokens_seen"], recs[-1]["tokens_seen"]], [recs[-1]["chance"][n]] * 2)
+            for n in names
+            if is_finite((recs[-1].get("chance") or {}).get(n)) and recs[-1]["chance"][n] > 0
+        }
+        out += img(
+            plots.line_chart({}, "downstream accuracy vs tokens seen", "accuracy", points=series, dashed=chance,
+                             xlabel="tokens seen"),
+            "downstream accuracy",
+        )  # fmt: skip
+        core = [(r["tokens_seen"], r["core"]) for r in recs if is_finite(r.get("core"))]
+        if core:
+            out += img(
+                plots.line_chart({}, "CORE-style score (mean centred accuracy; 0 = chance)", "centred accuracy",
+                                 points={"CORE": ([c[0] for c in core], [c[1] for c in core])},
+                                 dashed={"chance": ([core[0][0], core[-1][0]], [0.0, 0.0])}, xlabel="tokens seen"),
+                "CORE score",
+            )  # fmt: skip
+        last = recs[-1]
+        out += f"<h3>in the loop, step {esc(fmt(last.get('step')))} (CORE {esc(fmt(last.get('core')))})</h3>"
+        out += _tasks_table(
+            {
+                n: {k: (last.get(k) or {}).get(n) for k in ("items", "acc", "acc_norm", "chance", "centered")}
+                for n in names
+            }
+        )
+    for path, obj in finals:
+        out += (
+            f"<h3>{esc(path.name)} (step {esc(fmt(obj.get('step')))}, CORE {esc(fmt(obj.get('core')))})</h3>"
+        )
+        out += _tasks_table(obj["tasks"])
+    return out
+
+
+def _tasks_table(tasks: dict[str, dict]) -> str:
+    cols = ("items", "acc", "acc_norm", "chance", "centered")
+    return table(
+        ["task", *cols],
+        [[n, *[(m or {}).get(k) for k in cols]] for n, m in tasks.items()],
+        numeric={1, 2, 3, 4, 5},
+    )
+
+
 def section_export(run: RunArtifacts) -> str:
     """The training format (where BOS/EOS go) and what the export tells its clients."""
     from oreline.tokens.format import convention, describe
@@ -894,6 +955,7 @@ def _sections(run: RunArtifacts) -> list[tuple[str, str, Callable[[], str]]]:
         ("checkpoints", "Checkpoints", lambda: section_checkpoints(run)),
         ("events", "Stability events", lambda: section_events(run)),
         ("generations", "Generation samples", lambda: section_generations(run)),
+        ("downstream", "Downstream tasks", lambda: section_downstream(run)),
         ("eval", "Evaluation results", lambda: section_eval(run)),
         ("export", "Training format and export", lambda: section_export(run)),
         ("fingerprints", "Fingerprints", lambda: section_fingerprints(run)),
@@ -917,6 +979,7 @@ SECTION_IDS = [
     "checkpoints",
     "events",
     "generations",
+    "downstream",
     "eval",
     "export",
     "fingerprints",

@@ -138,6 +138,7 @@ def line_chart(
     vlines: Sequence[tuple[float, str]] = (),
     right: dict[str, Series] | None = None,
     right_label: str = "",
+    xlabel: str = "step",
 ) -> str:
     """Lines over training steps; `points` as markers (evaluations), `dashed` as plans, `vlines` for events,
     `right` on a second y axis."""
@@ -168,7 +169,7 @@ def line_chart(
         )
     if log_y:
         ax.set_yscale("log")
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -96,6 +96,7 @@ end (`end`), and the host side of the verdicts (`settle`).
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
 import time
@@ -164,6 +165,8 @@ def _train(
     say = console.print if info.is_main else (lambda *a, **k: None)
     s = setup_run(cfg, info, say)
     state, stability, schedule = TrainState(), StabilityMonitor(tc.stability), Schedule(cfg)
+    if tc.eval_tasks:  # a task name that does not resolve fails now, not at the first evaluation
+        _eval_tasks(tuple(tc.eval_tasks))
     resumed, log, final_val = begin(cfg, s, info, state, stability, schedule, resume, allow, console, say)
     if log is None:  # the checkpoint's run had finished: nothing to do
         return {**summary(s, state, resumed, resumed, 0.0, final_val), "finished_before": True}
@@ -452,7 +455,13 @@ def records_at_step(metrics: Path, step: int) -> dict[str, Any]:
     """What metrics.jsonl holds for `step`: {"eval": bool, "val_loss", "generations": set of prompts, "end": bool}."""
     import json
 
-    out: dict[str, Any] = {"eval": False, "val_loss": None, "generations": set(), "end": False}
+    out: dict[str, Any] = {
+        "eval": False,
+        "val_loss": None,
+        "generations": set(),
+        "end": False,
+        "tasks": False,
+    }
     if not Path(metrics).is_file():
         return out
     for line in Path(metrics).read_text(encoding="utf-8").splitlines():
@@ -466,6 +475,8 @@ def records_at_step(metrics: Path, step: int) -> dict[str, Any]:
             out["eval"], out["val_loss"] = True, rec.get("val_loss")
         elif rec.get("type") == "generation":
             out["generations"].add(rec.get("prompt"))
+        elif rec.get("type") == "tasks":
+            out["tasks"] = True
         elif rec.get("type") == "end":
             out["end"] = True
     return out
@@ -513,6 +524,8 @@ def evals_after_step(
             }
         )
         state.loss_sum, state.loss_count = 0.0, 0
+    if schedule.tasks(n) and not done.get("tasks"):
+        log.log(downstream_record(s, info, cfg, n, state.tokens_seen))
     prompts = [p for p in cfg.eval.prompts if p not in done.get("generations", ())]
     if (
         schedule.generate(n) and (info.is_main or info.sharded) and prompts
@@ -765,6 +778,46 @@ def evaluate(
             autocast_dtype=s.autocast_dtype,
         )
     return {**v, "sequences": n, "tokens": n * cfg.train.seq_len}
+
+
+@functools.cache
+def _eval_tasks(spec: tuple[str, ...]) -> list[Any]:
+    """The tasks of train.eval_tasks, read once per process (the same items at every evaluation)."""
+    from oreline.model.tasks import resolve_tasks
+
+    return resolve_tasks(list(spec))
+
+
+def downstream_record(s: Setup, info: dist.DistInfo, cfg: Config, n: int, tokens_seen: int) -> dict[str, Any]:
+    """The `tasks` record of step n: per task items, acc, acc_norm, centered, chance (dicts by task
+    name, so each task is its own tracker curve) and the CORE-style mean. Each rank scores every
+    world-th item of the first train.eval_tasks_max_items; the counts are summed over ranks. FSDP2:
+    the model is gathered once (dist.gathered), so the ranks' different numbers of forwards need no
+    collective."""
+    from oreline.model.downstream import core_score, score_task
+
+    t0 = time.perf_counter()
+    per: dict[str, dict[str, Any]] = {}
+    with _eager(cfg), dist.gathered(s.model):
+        for task in _eval_tasks(tuple(cfg.train.eval_tasks)):
+            r = score_task(
+                s.model,
+                s.tokenizer,
+                task,
+                cfg.train.seq_len,
+                max_items=cfg.train.eval_tasks_max_items,
+                rank=info.rank,
+                world=info.world_size,
+                all_reduce=dist.all_reduce_sum if info.distributed else None,
+                autocast_dtype=s.autocast_dtype,
+            )
+            per[task.name] = r
+    rec: dict[str, Any] = {"type": "tasks", "step": n, "tokens_seen": tokens_seen}
+    for key in ("acc", "acc_norm", "centered", "chance", "items"):
+        rec[key] = {name: r[key] for name, r in per.items()}
+    rec["core"] = core_score(per)
+    rec["seconds"] = round(time.perf_counter() - t0, 3)
+    return rec
 
 
 def generations(s: Setup, cfg: Config, prompts: list[str] | None = None) -> list[dict[str, Any]]:

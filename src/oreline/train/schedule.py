@@ -51,6 +51,7 @@ class Schedule:
         self.steps = tc.steps
         self.log_every, self.eval_every, self.generate_every = tc.log_every, tc.eval_every, tc.generate_every
         self.every, self.model_only_every = ckpt.every, ckpt.model_only_every
+        self.has_tasks, self.tasks_every = bool(tc.eval_tasks), tc.eval_tasks_every
 
     @property
     def keeps_weights(self) -> bool:
@@ -65,6 +66,10 @@ class Schedule:
 
     def eval(self, n: int) -> bool:
         return bool(self.eval_every and n % self.eval_every == 0) or n == self.steps
+
+    def tasks(self, n: int) -> bool:
+        """Downstream tasks (train.eval_tasks) every train.eval_tasks_every steps and at the last."""
+        return self.has_tasks and (bool(self.tasks_every and n % self.tasks_every == 0) or n == self.steps)
 
     def generate(self, n: int) -> bool:
         if self.generate_every:

@@ -265,7 +265,7 @@ def _records(path: Path, upto: int) -> list[dict[str, Any]]:
             continue  # a line being written, or cut by a kill
         if (
             isinstance(rec, dict)
-            and rec.get("type") in ("train", "eval")
+            and rec.get("type") in ("train", "eval", "tasks")
             and isinstance(rec.get("step"), int)
             and rec["step"] <= upto
         ):
@@ -316,7 +316,7 @@ class Trackers:
         if not isinstance(step, int):
             return
         self.last_step = max(self.last_step, step)
-        if kind in ("train", "eval"):
+        if kind in ("train", "eval", "tasks"):
             metrics = record_metrics(rec)
             if metrics:
                 self._each("metrics", kind, metrics, step)
