@@ -143,7 +143,7 @@ class AblationConfig(Section):
     )
     workers: int = Field(2, ge=1, description="processes of the data and tokenize tasks (executor = local)")
     references: list[ReferenceSpec] = []
-    recipes: list[RecipeSpec] = Field(..., min_length=2)
+    recipes: list[RecipeSpec]
     tokenizer: TokenizerSpec = TokenizerSpec()
     validation: ValidationSpec
     proxy: ProxySpec
@@ -151,6 +151,11 @@ class AblationConfig(Section):
     @model_validator(mode="after")
     def _names(self) -> AblationConfig:
         names = [r.name for r in self.recipes]
+        if len(names) < 2:
+            raise ValueError(
+                f"an ablation compares at least two recipes, this one has {len(names)}; add a [[recipes]] "
+                "(the unfiltered documents make the baseline)"
+            )
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"recipe names repeat: {dup}; give every [[recipes]] its own name")
