@@ -6,6 +6,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -191,3 +194,67 @@ def test_tiny_ablation_end_to_end_and_cached(tmp_path, samples):
     assert "half: tokenize: unchanged" in log and "all-seed1: train unchanged" not in log
     final = json.loads((root / "summary.json").read_text())
     assert final["proxy"]["train_tokens_per_arm"] == 16 * 256
+
+
+def test_an_arm_job_refuses_to_run_before_the_shared_stages(tmp_path, samples):
+    from oreline.errors import OrelineError
+
+    abl = load_ablation(_tiny(tmp_path, samples))
+    with pytest.raises(OrelineError) as err:
+        run_ablation(abl, console=Console(file=io.StringIO()), arm="all-seed1")
+    assert "all: data is not finished" in str(err.value)
+    assert "without --arm" in str(err.value)  # the fix
+    assert not (tmp_path / "out" / "tiny" / "arms").exists()  # nothing was trained
+
+
+def _state(job: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    return dict(kv.split("=", 1) for kv in out.split() if "=" in kv).get("JobState", "?")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_trains_each_arm_as_its_own_job_then_reports(slurm_cluster, samples, tmp_path):
+    path = _tiny(tmp_path, samples)
+    path.write_text(path.read_text().replace("seeds = [1, 2]", "seeds = [1]"))
+    driver = subprocess.run(
+        [sys.executable, "-m", "oreline", "ablate", "-c", str(path), "--executor", "slurm"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    root = tmp_path / "out" / "tiny"
+    jobs = json.loads((root / "jobs" / "jobs.json").read_text())
+    assert [j["arm"] for j in jobs] == ["all-seed1", "half-seed1", None]  # two trainings, then the report
+    assert not (root / "summary.json").exists()  # the driver returned before the trainings
+    deadline = time.monotonic() + 600
+    while _state(jobs[-1]["job"]) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    logs = {p.name: p.read_text()[-1500:] for p in (root / "jobs").glob("*.out")}
+    assert {_state(j["job"]) for j in jobs} == {"COMPLETED"}, logs
+    summary = json.loads((root / "summary.json").read_text())
+    assert [r["tokens_seen"] for r in summary["recipes"]] == [[3072], [3072]]
+    assert (root / "report.html").is_file()
+    assert list(
+        (root / "recipes" / "all" / "data" / "work" / "slurm").glob("filter-*")
+    )  # data tasks as arrays
+
+
+def test_a_docs_recipe_reads_a_data_output_or_a_shard_folder(tmp_path):
+    from oreline.ablation import RecipeSpec, _recipe_docs
+    from oreline.errors import InputError
+    from oreline.runs import RunDir
+
+    rd = RunDir(tmp_path / "rd")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError) as err:
+        _recipe_docs(RecipeSpec(name="x", docs=str(empty)), rd)
+    assert "point docs at an `oreline data --out` folder" in str(err.value)
+    (tmp_path / "out" / "docs").mkdir(parents=True)  # what `oreline data --out out` writes
+    assert _recipe_docs(RecipeSpec(name="x", docs=str(tmp_path / "out")), rd) == [tmp_path / "out" / "docs"]
+    (empty / "part-0.parquet").write_bytes(b"")
+    assert _recipe_docs(RecipeSpec(name="x", docs=str(empty)), rd) == [empty]

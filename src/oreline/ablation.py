@@ -262,7 +262,7 @@ def _recipe_docs(spec: RecipeSpec, rd: RunDir) -> list[Path]:
     return docs_dirs(rd)
 
 
-def build_references(abl: AblationConfig, console: Console) -> None:
+def build_references(abl: AblationConfig, console: Console, frozen: bool = False) -> None:
     from oreline.quality.reference_lm import train_reference
     from oreline.stages import cached_stage, stage_key
 
@@ -285,6 +285,7 @@ def build_references(abl: AblationConfig, console: Console) -> None:
                 files_fingerprint([f / "reference.json"]),
             )[1],
             console=console,
+            frozen=frozen,
         )
 
 
@@ -292,7 +293,9 @@ def _files(path: Path) -> list[Path]:
     return [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path] if path.is_file() else []
 
 
-def build_recipe_data(spec: RecipeSpec, abl: AblationConfig, console: Console) -> dict[str, Any]:
+def build_recipe_data(
+    spec: RecipeSpec, abl: AblationConfig, console: Console, frozen: bool = False
+) -> dict[str, Any]:
     """The recipe's documents: oreline run's data stage (skipped when its key is unchanged)."""
     from oreline.stages import _outputs_present, _stage_key, cached_stage, stage_data
 
@@ -311,11 +314,14 @@ def build_recipe_data(spec: RecipeSpec, abl: AblationConfig, console: Console) -
         build=lambda: stage_data(cfg, rd, console),
         console=console,
         label=f"{spec.name}: data",
+        frozen=frozen,
     )
     return {"rd": rd, "docs": _recipe_docs(spec, rd), "output": out, "cfg": cfg}
 
 
-def build_tokenizer(abl: AblationConfig, recipes: dict[str, dict], console: Console) -> str:
+def build_tokenizer(
+    abl: AblationConfig, recipes: dict[str, dict], console: Console, frozen: bool = False
+) -> str:
     from oreline.stages import cached_stage, stage_key
     from oreline.tokens.train_bpe import load_tokenizer, print_tokenizer_stats, train_tokenizer
 
@@ -336,11 +342,12 @@ def build_tokenizer(abl: AblationConfig, recipes: dict[str, dict], console: Cons
         build=build,
         console=console,
         label="shared tokenizer",
+        frozen=frozen,
     )
 
 
 def tokenize_recipe(
-    name: str, recipe: dict, abl: AblationConfig, tokenizer_fp: str, console: Console
+    name: str, recipe: dict, abl: AblationConfig, tokenizer_fp: str, console: Console, frozen: bool = False
 ) -> dict[str, Any]:
     from oreline.config import TokenizeConfig
     from oreline.stages import cached_stage, stage_key
@@ -378,6 +385,7 @@ def tokenize_recipe(
         build=build,
         console=console,
         label=f"{name}: tokenize",
+        frozen=frozen,
     )
     return {"output": out, "tokens": rd.tokens}
 
@@ -413,15 +421,31 @@ def arm_config(abl: AblationConfig, recipe: str, seed: int, tokens: Path, heldou
     return config_from_dict(tree, source=f"[proxy] of the ablation {abl.name}")
 
 
+def _train_key(cfg: Config, tokenize_outputs: list[str]) -> str:
+    from oreline.stages import _section, stage_key
+
+    return stage_key(_section(cfg, "model", "train", "checkpoint", "run"), *tokenize_outputs)
+
+
+def arm_trained(cfg: Config, tokenize_outputs: list[str]) -> bool:
+    rd = RunDir.for_config(cfg)
+    rec = rd.lineage().get("train", {})
+    return bool(
+        rec.get("key") == _train_key(cfg, tokenize_outputs)
+        and rec.get("finished")
+        and (rd.checkpoints / "latest").is_file()
+    )
+
+
 def train_arm(cfg: Config, tokenize_outputs: list[str], console: Console) -> str:
     """Train one arm, skipped when finished with the same key; an interrupted one resumes (as oreline run)."""
-    from oreline.stages import _latest_checkpoint_fingerprint, _move_training_aside, _section, stage_key
+    from oreline.stages import _latest_checkpoint_fingerprint, _move_training_aside
     from oreline.train.loop import train
 
     rd = RunDir.for_config(cfg).claim("oreline ablate")
-    key = stage_key(_section(cfg, "model", "train", "checkpoint", "run"), *tokenize_outputs)
+    key = _train_key(cfg, tokenize_outputs)
     rec = rd.lineage().get("train", {})
-    if rec.get("key") == key and rec.get("finished") and (rd.checkpoints / "latest").is_file():
+    if arm_trained(cfg, tokenize_outputs):
         console.print(f"[dim]· {cfg.run.name}: train unchanged (key {key[:12]}), skipped[/]")
         return rec["output"]
     resume = rec.get("key") == key and not rec.get("finished")
@@ -515,28 +539,37 @@ def _docs_counts(recipe: dict) -> dict[str, Any]:
 # the command
 
 
-def run_ablation(abl: AblationConfig, console: Console | None = None) -> dict[str, Any]:
+def run_ablation(
+    abl: AblationConfig, console: Console | None = None, arm: str | None = None
+) -> dict[str, Any]:
     """Build every recipe, the shared tokenizer and the token sets, train every arm, write
-    summary.json and report.html; return the summary."""
+    summary.json and report.html; return the summary.
+
+    executor = slurm: the data and tokenize tasks run as Slurm array jobs (the driver waits), then
+    every arm that is not trained yet is submitted as its own job (`oreline ablate --arm NAME-seedS`),
+    and one last job after all of them writes the summary and the report; the driver returns.
+    `arm`: train that arm alone, once every shared stage is finished and unchanged (what a job does)."""
     from oreline.config import to_toml
     from oreline.outdir import FolderLock, claim_folder
-    from oreline.report.ablation import write_ablation_report
 
     console = console or Console(stderr=True)
     root = abl.root
-    claim_folder(
-        root,
-        "ablation",
-        "oreline ablate",
-        reserved=ABLATION_NAMES.fullmatch,
-        choose="choose another name (or out_dir) in the ablation config",
-    )
-    with FolderLock(root, "oreline ablate"):
-        (root / "ablation.toml").write_text(to_toml(abl), encoding="utf-8")
-        build_references(abl, console)
-        recipes = {spec.name: build_recipe_data(spec, abl, console) for spec in abl.recipes}
-        tok_fp = build_tokenizer(abl, recipes, console)
-        tokens = {name: tokenize_recipe(name, r, abl, tok_fp, console) for name, r in recipes.items()}
+    frozen = arm is not None  # an arm's job reads the shared stages; it never rebuilds them
+    if not frozen:
+        claim_folder(
+            root,
+            "ablation",
+            "oreline ablate",
+            reserved=ABLATION_NAMES.fullmatch,
+            choose="choose another name (or out_dir) in the ablation config",
+        )
+    with FolderLock(root, "oreline ablate") if not frozen else _no_lock():
+        if not frozen:
+            (root / "ablation.toml").write_text(to_toml(abl), encoding="utf-8")
+        build_references(abl, console, frozen)
+        recipes = {spec.name: build_recipe_data(spec, abl, console, frozen) for spec in abl.recipes}
+        tok_fp = build_tokenizer(abl, recipes, console, frozen)
+        tokens = {name: tokenize_recipe(name, r, abl, tok_fp, console, frozen) for name, r in recipes.items()}
         val = tokens[abl.validation.recipe]
         counts = {name: _docs_counts(r) for name, r in recipes.items()}
         if counts[abl.validation.recipe]["heldout_tokens"] == 0:
@@ -545,19 +578,109 @@ def run_ablation(abl: AblationConfig, console: Console | None = None) -> dict[st
                 f"validation.fraction = {abl.validation.fraction}",
                 "raise validation.fraction (or name a larger recipe in validation.recipe)",
             )
-        arms: dict[str, list[dict]] = {}
-        for name in recipes:
-            for seed in abl.proxy.seeds:
-                cfg = arm_config(abl, name, seed, tokens[name]["tokens"], val["tokens"])
-                train_arm(cfg, [tokens[name]["output"], val["output"]], console)
-                arms.setdefault(name, []).append({"seed": seed, **arm_result(RunDir.for_config(cfg))})
-        summary = summarize(abl, counts, arms, tok_fp)
-        write_json_atomic(root / "summary.json", summary)
-        report = write_ablation_report(root, summary)
-        summary["report"] = str(report)
+        plan = {
+            f"{name}-seed{seed}": (
+                name,
+                seed,
+                arm_config(abl, name, seed, tokens[name]["tokens"], val["tokens"]),
+                [tokens[name]["output"], val["output"]],
+            )
+            for name in recipes
+            for seed in abl.proxy.seeds
+        }
+        if arm is not None:
+            if arm not in plan:
+                raise InputError(f"--arm {arm} is not an arm of {abl.name}", f"use one of {', '.join(plan)}")
+            _, _, cfg, inputs = plan[arm]
+            train_arm(cfg, inputs, console)
+            return {"arm": arm}
+        if abl.executor == "slurm":
+            pending = [n for n, (_, _, cfg, inputs) in plan.items() if not arm_trained(cfg, inputs)]
+            if pending:
+                return {"jobs": submit_arm_jobs(abl, pending, console)}
+        return _finish(abl, plan, counts, tok_fp, console)
+
+
+class _no_lock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _finish(abl: AblationConfig, plan: dict, counts: dict, tok_fp: str, console: Console) -> dict[str, Any]:
+    """Train what is not trained (here, one after another), then the summary and the report."""
+    from oreline.report.ablation import write_ablation_report
+
+    arms: dict[str, list[dict]] = {}
+    for name, seed, cfg, inputs in plan.values():
+        train_arm(cfg, inputs, console)
+        arms.setdefault(name, []).append({"seed": seed, **arm_result(RunDir.for_config(cfg))})
+    summary = summarize(abl, counts, arms, tok_fp)
+    write_json_atomic(abl.root / "summary.json", summary)
+    report = write_ablation_report(abl.root, summary)
+    summary["report"] = str(report)
     print_table(summary, console)
-    console.print(f"report: {report}\nsummary: {root / 'summary.json'}")
+    console.print(f"report: {report}\nsummary: {abl.root / 'summary.json'}")
     return summary
+
+
+def submit_arm_jobs(abl: AblationConfig, pending: list[str], console: Console) -> list[dict]:
+    """One Slurm job per arm (`oreline ablate -c OUT/ablation.toml --arm ARM`), and a last job,
+    after all of them succeed, that writes the summary and the report (every arm then skipped).
+    Job settings: the first recipe's data.slurm (partition, stage_time_limit, stage_cpus, sbatch_args)."""
+    import sys
+
+    from oreline.executors.slurm import submit
+    from oreline.slurm_script import directive, job_name, shell_word, write_script
+
+    jobs_dir = (abl.root / "jobs").resolve()
+    jobs_dir.mkdir(parents=True, exist_ok=True)
+    config = (abl.root / "ablation.toml").resolve()
+    s = (
+        recipe_config(abl.recipes[0], abl).data.slurm
+        if abl.recipes[0].data is not None
+        else DataConfig().slurm
+    )
+    cpus = s.stage_cpus or abl.workers
+
+    def script(name: str, extra: list[str]) -> str:
+        command = [sys.executable, "-m", "oreline", "ablate", "-c", str(config), *extra]
+        lines = [
+            "#!/usr/bin/env bash",
+            directive("--job-name", job_name("oreline", abl.name, name), "name"),
+            directive("--output", f"{jobs_dir}/{name}-%j.out", "out_dir and name (the ablation folder)"),
+            directive("--cpus-per-task", int(cpus), "data.slurm.stage_cpus"),
+            directive("--time", s.stage_time_limit, "data.slurm.stage_time_limit"),
+            directive("--chdir", Path.cwd(), "the current folder"),
+            "#SBATCH --kill-on-invalid-dep=yes   # a failed training cancels the report job",
+        ]
+        if s.partition:
+            lines.append(directive("--partition", s.partition, "data.slurm.partition"))
+        for a in s.sbatch_args:
+            option, _, value = a.partition("=")
+            lines.append(directive(option, value, "data.slurm.sbatch_args") if value else f"#SBATCH {option}")
+        words = " ".join(shell_word(c, "the ablation command (paths of the ablation)") for c in command)
+        text = "\n".join([*lines, "", f"exec {words}", ""])
+        write_script(jobs_dir / f"{name}.sbatch", text)
+        return text
+
+    submitted = []
+    for name in pending:
+        job = submit(script(name, ["--arm", name]))
+        submitted.append({"arm": name, "job": job})
+        console.print(f"{name}: Slurm job {job}; log {jobs_dir}/{name}-{job}.out")
+    after = ":".join(j["job"] for j in submitted)
+    job = submit(script("report", ["--executor", "slurm"]), [f"--dependency=afterok:{after}"])
+    submitted.append({"arm": None, "job": job})
+    (jobs_dir / "jobs.json").write_text(json.dumps(submitted, indent=2) + "\n", encoding="utf-8")
+    console.print(
+        f"{len(submitted) - 1} training job(s) and the report job {job} (after they succeed) submitted; follow them "
+        f"with `squeue -j {','.join(j['job'] for j in submitted)}`. If one fails, the report job is cancelled: fix "
+        "the cause and run `oreline ablate --executor slurm` again, which submits the trainings not finished."
+    )
+    return submitted
 
 
 def summarize(abl: AblationConfig, counts: dict, arms: dict[str, list[dict]], tokenizer_fp: str) -> dict:

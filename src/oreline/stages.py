@@ -83,15 +83,22 @@ def cached_stage(
     build: Callable[[], str],
     console: Console,
     label: str | None = None,
+    frozen: bool = False,
 ) -> str:
     """`oreline run`'s rule for one stage, for callers that run stages outside the chain
     (`oreline ablate`): skip when lineage.json records `stage` finished with `key` and `present()`
-    (its outputs are still there), else run `build` and record its output's fingerprint."""
+    (its outputs are still there), else run `build` and record its output's fingerprint.
+    `frozen`: the stage must be finished and unchanged (a job that only reads it), else an error."""
     rec = rd.lineage().get(stage, {})
     label = label or stage
     if rec.get("key") == key and rec.get("finished") and present():
         console.print(f"[dim]· {label}: unchanged (key {key[:12]}), skipped[/]")
         return rec["output"]
+    if frozen:
+        raise OrelineError(
+            f"{label} is not finished in {rd.root}, or its settings or inputs changed since the jobs were submitted",
+            "run the command again without --arm: it rebuilds what changed and submits the trainings again",
+        )
     console.rule(f"[bold]{label}")
     rd.record_stage(stage, {"key": key, "finished": False, "started": time.time()})
     t0 = time.perf_counter()
