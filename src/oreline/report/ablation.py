@@ -23,15 +23,52 @@ def _pm(s: dict[str, Any]) -> str:
     return fmt(s["mean"]) + (f" ± {fmt(s['std'])}" if s.get("std") is not None else "")
 
 
-def _curves(summary: dict[str, Any], key: str) -> dict[str, plots.Series]:
-    """One line per recipe and seed: the validation metric on the held-out set over steps."""
-    out: dict[str, plots.Series] = {}
-    for r in summary["recipes"]:
+def curve_chart(summary: dict[str, Any], key: str, title: str, ylabel: str) -> str | None:
+    """The held-out metric over steps: one color per recipe, a thin line per seed and, with more
+    than one seed, their mean as a thick line (the seeds of one recipe evaluate at the same steps)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(plots.WIDTH, plots.HEIGHT + 0.6), dpi=plots.DPI)
+    fig.set_layout_engine("constrained")
+    ax = fig.subplots()
+    drawn = False
+    for i, r in enumerate(summary["recipes"]):
+        color = plots.COLORS[i % len(plots.COLORS)]
+        per_step: dict[int, list[float]] = {}
         for run in r["runs"]:
             pts = [(c["step"], c[key]) for c in run["curve"] if c.get(key) is not None]
-            label = r["name"] + (f" (seed {run['seed']})" if len(r["runs"]) > 1 else "")
-            out[label] = ([s for s, _ in pts], [v for _, v in pts])
-    return out
+            for step, value in pts:
+                per_step.setdefault(step, []).append(value)
+            if pts:
+                drawn = True
+                many = len(r["runs"]) > 1
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    "o-" if not many else ".-",
+                    color=color,
+                    linewidth=1.4 if not many else 0.7,
+                    alpha=1.0 if not many else 0.45,
+                    label=r["name"] if not many else None,
+                )
+        if len(r["runs"]) > 1 and per_step:
+            steps = sorted(per_step)
+            ax.plot(
+                steps,
+                [sum(per_step[s]) / len(per_step[s]) for s in steps],
+                "o-",
+                color=color,
+                linewidth=2,
+                label=f"{r['name']} (mean of {len(r['runs'])} seeds)",
+            )
+    if not drawn:
+        return None
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return plots.to_data_uri(fig)
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -83,26 +120,14 @@ def render(summary: dict[str, Any]) -> str:
             ("validation documents / tokens", f"{fmt(v['documents'])} / {fmt(v['tokens'])}"),
         ]
     )
-    loss = _curves(summary, "val_loss")
-    bpb = _curves(summary, "val_bpb")
     charts = ""
-    if any(xs for xs, _ in loss.values()):
-        charts += img(
-            plots.line_chart({}, "held-out validation loss", "loss (nats/token)", points=loss),
-            "held-out loss per recipe",
-        )
-    if any(xs for xs, _ in bpb.values()):
-        charts += img(
-            plots.line_chart({}, "held-out bits per byte", "bits/byte", points=bpb), "held-out bits per byte"
-        )
+    for key, title, ylabel in (
+        ("val_loss", "held-out validation loss", "loss (nats/token)"),
+        ("val_bpb", "held-out bits per byte", "bits/byte"),
+    ):
+        uri = curve_chart(summary, key, title, ylabel)
+        charts += img(uri, f"{title} per recipe") if uri else ""
     charts = charts or '<p class="na">not available: no validation records in the arms\' metrics.jsonl</p>'
-    kept = [r for r in summary["recipes"] if r["train_tokens"]]
-    bars = img(
-        plots.bar_chart(
-            [r["name"] for r in kept], [float(r["train_tokens"]) for r in kept], "tokens kept", "tokens"
-        ),
-        "tokens kept per recipe",
-    )
     note = (
         '<p class="small">Every arm trains the same model for the same number of tokens; a recipe with '
         "fewer tokens repeats them (epochs &gt; 1). Losses are on one held-out set that no arm trains on, "
@@ -112,7 +137,6 @@ def render(summary: dict[str, Any]) -> str:
     sections = [
         ("recipes", "Recipes side by side", side + note),
         ("curves", "Held-out loss during training", charts),
-        ("tokens", "Tokens kept", bars),
         ("setup", "Set-up", setup),
     ]
     nav = "".join(f'<a href="#{sid}">{esc(title)}</a>' for sid, title, _ in sections)
