@@ -33,8 +33,9 @@ LAYERS: dict[str, int] = {
     "doctor": 8,
     "report": 9,
     "stages": 10,
-    "cli": 11,
-    "__main__": 12,
+    "ablation": 11,  # oreline ablate: runs the stages once per data recipe
+    "cli": 12,
+    "__main__": 13,
 }
 
 

@@ -637,6 +637,33 @@ def run(
     run_all(cfg, from_stage=from_stage, console=console, only=only)
 
 
+@app.command()
+def ablate(
+    config: Annotated[
+        Path, typer.Option("-c", "--config", help="ablation TOML (configs/ablation-demo.toml)")
+    ],
+    executor: Annotated[
+        Optional[str],
+        typer.Option(
+            "--executor",
+            help="where the recipes' data and tokenize tasks run: local, ray or slurm (array jobs); "
+            "with slurm each proxy training is a job of its own, and a last job writes the report; "
+            "else the trainings run here, one after another",
+        ),
+    ] = None,
+    arm: Annotated[
+        Optional[str],
+        typer.Option(
+            "--arm", help="train this arm (RECIPE-seedS) alone, once the shared stages finished (a job)"
+        ),
+    ] = None,
+) -> None:
+    """Train the same proxy model on competing data recipes and compare them on one held-out set."""
+    from oreline.ablation import load_ablation, run_ablation
+
+    run_ablation(load_ablation(config, executor=executor), console=console, arm=arm)
+
+
 @config_app.command("show")
 def config_show(overrides: Overrides = None, config: ConfigOpt = None) -> None:
     """Print the resolved config as TOML and its fingerprint."""

@@ -72,6 +72,50 @@ def _docs_dirs(rd: RunDir) -> list[Path]:
     return [p for p in (rd.data / "docs", rd.root / "extra" / "docs") if p.is_dir()]
 
 
+docs_dirs = _docs_dirs  # the document folders the data stage wrote (oreline ablate reads them too)
+
+
+def cached_stage(
+    stage: str,
+    key: str,
+    rd: RunDir,
+    present: Callable[[], bool],
+    build: Callable[[], str],
+    console: Console,
+    label: str | None = None,
+    frozen: bool = False,
+) -> str:
+    """`oreline run`'s rule for one stage, for callers that run stages outside the chain
+    (`oreline ablate`): skip when lineage.json records `stage` finished with `key` and `present()`
+    (its outputs are still there), else run `build` and record its output's fingerprint.
+    `frozen`: the stage must be finished and unchanged (a job that only reads it), else an error."""
+    rec = rd.lineage().get(stage, {})
+    label = label or stage
+    if rec.get("key") == key and rec.get("finished") and present():
+        console.print(f"[dim]· {label}: unchanged (key {key[:12]}), skipped[/]")
+        return rec["output"]
+    if frozen:
+        raise OrelineError(
+            f"{label} is not finished in {rd.root}, or its settings or inputs changed since the jobs were submitted",
+            "run the command again without --arm: it rebuilds what changed and submits the trainings again",
+        )
+    console.rule(f"[bold]{label}")
+    rd.record_stage(stage, {"key": key, "finished": False, "started": time.time()})
+    t0 = time.perf_counter()
+    out = build()
+    rd.record_stage(
+        stage,
+        {
+            "key": key,
+            "finished": True,
+            "output": out,
+            "seconds": time.perf_counter() - t0,
+            "finished_at": time.time(),
+        },
+    )
+    return out
+
+
 def _check_samples(cfg: Config) -> None:
     uses_samples = any("{samples}" in s for s in cfg.data.inputs + cfg.data.extra_inputs)
     if uses_samples and not samples_dir().is_dir():
