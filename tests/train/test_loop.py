@@ -162,7 +162,9 @@ def test_short_run_writes_every_metric_and_tensorboard(tmp_path, train_config, o
         assert set(r) >= TRAIN_KEYS, TRAIN_KEYS - set(r)
         assert r["tokens_seen"] == 512 * r["step"] and r["tokens_in_step"] == 512
         assert math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["tokens_per_s"] > 0
-        assert 0 < r["mfu"] < 1 and 0 <= r["data_wait_frac"] <= 1 and r["rss_mb"] > 0
+        # a utilisation, or (cores loaded while the peak was timed) flagged as above the peak
+        assert (0 < r["mfu"] < 1) if r["mfu"] is not None else r["mfu_above_peak"] > 1
+        assert 0 <= r["data_wait_frac"] <= 1 and r["rss_mb"] > 0
         assert r["lr"] == pytest.approx(lr_at(r["step"] - 1, cfg.train))
     evals = [r for r in recs if r["type"] == "eval"]
     assert [r["step"] for r in evals] == [6, 12]

@@ -15,6 +15,7 @@ from oreline.train.monitor import (
     gpu_peak_flops,
     measure_cpu_matmul_peak,
     mfu,
+    mfu_fields,
     truncate_metrics,
 )
 
@@ -46,6 +47,29 @@ def test_cpu_peak_is_measured_and_mfu_is_its_share():
         assert bf16 is None and "native bf16" in src
     assert mfu(6e6, 1000.0, 1.2e10) == pytest.approx(0.5)
     assert mfu(6e6, 1000.0, None) is None
+
+
+def test_an_mfu_above_one_is_flagged_not_printed_as_a_utilisation(tmp_path):
+    from rich.console import Console
+
+    assert mfu_fields(6e6, 1000.0, 1.2e10) == {"mfu": pytest.approx(0.5)}
+    assert mfu_fields(6e6, 1000.0, None) == {"mfu": None}
+    # a peak measured while other work loaded the cores: the step beats it
+    over = mfu_fields(6e6, 1000.0, 3.2e9)
+    assert over == {"mfu": None, "mfu_above_peak": pytest.approx(1.875)}
+    console = Console(record=True, width=400)
+    log = MetricsLogger(tmp_path / "metrics.jsonl", None, console=console)
+    base = {"type": "train", "loss": 4.0, "loss_token": 4.0, "loss_eos": None, "loss_bos": None}
+    base |= {"lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1000.0, "step_ms": 10.0}
+    base |= {"data_wait_frac": 0.0, "rss_mb": 100.0}
+    for step in (1, 2):
+        log.log(base | {"step": step} | over)
+    log.close()
+    text = console.export_text()
+    assert "187.5%" not in text and text.count("mfu — (above the measured peak)") == 2
+    assert text.count("188% of the peak FLOPs measured at start-up") == 1  # said once, with the fix
+    rec = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert rec["mfu"] is None and rec["mfu_above_peak"] == pytest.approx(1.875)
 
 
 def test_logger_writes_jsonl_tensorboard_and_nulls_for_nan(tmp_path):

@@ -113,7 +113,7 @@ from oreline.model.scoring import breakdown_means
 from oreline.train import dist
 from oreline.train.batch import GlobalBatch, next_global_batch
 from oreline.train.host_reads import StepReads
-from oreline.train.monitor import MetricsLogger, TimingWindow, memory_stats, mfu
+from oreline.train.monitor import MetricsLogger, TimingWindow, memory_stats, mfu_fields
 from oreline.train.optim import lr_at, set_lr, warmup_steps
 from oreline.train.param_digest import write_param_digest
 from oreline.train.recovery import move_previous_training, resume_if_asked, rollback, save
@@ -354,7 +354,7 @@ def train_record(
         "grad_norm": last.grad_norm,
         "clipped": last.clipped,
         "tokens_per_s": times["tokens_per_s"],
-        "mfu": mfu(s.flops_per_token, times["tokens_per_s"] / info.world_size, s.peak_flops),
+        **mfu_fields(s.flops_per_token, times["tokens_per_s"] / info.world_size, s.peak_flops),
         **{k: times[k] for k in ("step_ms", "cpu_ms", "data_ms", "data_wait_frac")},
         **memory_stats(s.device),
         "comm_ms": times["comm_ms"],

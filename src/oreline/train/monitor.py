@@ -196,6 +196,21 @@ def mfu(flops_per_token: float, tokens_per_s_per_device: float, peak: float | No
     return flops_per_token * tokens_per_s_per_device / peak
 
 
+def mfu_fields(flops_per_token: float, tokens_per_s_per_device: float, peak: float | None) -> dict[str, Any]:
+    """A train record's MFU: {"mfu": ratio or None}, plus "mfu_above_peak" when the ratio is over 1.
+
+    A ratio over 1 is not a utilisation: the peak it divides by was measured too low. On a CPU the
+    peak is timed once at start-up, and cores busy with other work then (seen here: "mfu 186.9%"
+    with five other jobs on two cores) make later, faster steps exceed it. Such a step records no
+    MFU; the ratio is kept under its own name so that the figure is not lost, and the console says
+    why instead of printing a utilisation above 100%.
+    """
+    value = mfu(flops_per_token, tokens_per_s_per_device, peak)
+    if value is not None and value > 1.0:
+        return {"mfu": None, "mfu_above_peak": value}
+    return {"mfu": value}
+
+
 # ---------------------------------------------------------------------------------------------
 # step timings
 
@@ -338,6 +353,7 @@ class MetricsLogger:
         self.trackers = trackers
         self.flush_s = flush_s
         self.tracker_report: dict[str, Any] = {}
+        self._said_above_peak = False
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -390,6 +406,17 @@ class MetricsLogger:
                 else f"cuda {r['cuda_alloc_mb']:,.0f}/{r['cuda_peak_mb']:,.0f} MB"
             )
             mfu_s = "—" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+            if r.get("mfu_above_peak") is not None:
+                mfu_s = "— (above the measured peak)"
+                if not self._said_above_peak:
+                    self._said_above_peak = True
+                    c.print(
+                        f"[yellow]step {r['step']} ran at {100 * r['mfu_above_peak']:.0f}% of the peak FLOPs "
+                        "measured at start-up: that peak was measured too low (on a CPU: other work "
+                        "loaded the cores then), so MFU is not reported for such steps. Measure on an "
+                        "idle machine for a meaningful MFU.[/yellow]",
+                        highlight=False,
+                    )
             c.print(
                 f"step {r['step']:>6} | loss {_fmt(r['loss'], '.4f')} (tok {_fmt(r['loss_token'], '.3f')} "
                 f"eos {_fmt(r['loss_eos'], '.3f')} bos {_fmt(r['loss_bos'], '.3f')}) | lr {r['lr']:.3e} | "
