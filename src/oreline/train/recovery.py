@@ -171,7 +171,9 @@ def resume_if_asked(
                 return None, events
         else:
             path = Path(resume)
-            kind = (read_meta(path) or {}).get("kind")
+        saved = read_meta(path) or {}  # read once per candidate: every check below is from it
+        if resume != "auto":
+            kind = saved.get("kind")
             if kind is not None and kind != "full":  # weights only: a start, not a continuation
                 raise CheckpointError(
                     f"{path} is a {kind} snapshot (weights only: no optimizer state, schedule or data "
@@ -182,13 +184,13 @@ def resume_if_asked(
         # Compatibility first, from meta.json alone: a changed model must fail with the keys, not
         # with a tensor shape error half-way through loading.
         changed = check_resume_compatible(
-            read_meta(path) or {},
+            saved,
             to_dict(cfg),
             allow,
             fingerprints=s.fingerprints,
             model_args=s.args.to_dict(),
         )
-        check_resume_batch(read_meta(path) or {}, s.batch, allow)  # same global batch at any world size
+        check_resume_batch(saved, s.batch, allow)  # same global batch at any world size
         try:
             meta = load_checkpoint(path, s.model, s.optimizer)  # also restores this rank's RNG states
             break
@@ -200,7 +202,7 @@ def resume_if_asked(
                 raise
             say(f"[yellow]skipping checkpoint {path.name}: {exc.problem}[/]")
             passed_over(path, [exc.problem])
-            below = int((read_meta(path) or {})["step"])  # (meta.json itself was verified)
+            below = int(saved["step"])  # (meta.json itself was verified)
     _restore(meta, s, state)
     s.lineage = meta.get("init_from")  # the run started from these weights; init_from is not read again
     s.loader.load_state_dict(meta["loader"])
@@ -232,7 +234,7 @@ def resume_if_asked(
             s.cpu_matmul, s.cpu_matmul_source = backend, f"recorded in the checkpoint {path}"
         if note:
             say(note)
-    switched = compute_changes(read_meta(path) or {}, to_dict(cfg))
+    switched = compute_changes(saved, to_dict(cfg))
     if switched:  # a compute choice changed (bf16 ↔ fp8): allowed, and recorded as a warning
         say(f"[yellow]warning:[/] resumed with another compute setting ({'; '.join(switched)})")
         events.append(
