@@ -8,11 +8,15 @@ on tinyshakespeare, 3 layers of 128, trained on `[BOS] text [EOS]` at seq_len 12
 trained context is the export's max_position_embeddings, and contexts longer than it are
 truncated from the left by both sides. Then:
   - oreline: oreline.eval.downstream on the export (load_scoring_model: the HF folder itself);
-  - lm-eval: `lm_eval.simple_evaluate(model="hf", model_args="pretrained=EXPORT")` with default
-    settings and one local task YAML per task (dataset_path: json over the items oreline scored,
-    written to the temporary folder), log_samples=True for the per-item log-likelihoods.
+  - lm-eval: `lm_eval.simple_evaluate(model="hf", model_args="pretrained=EXPORT,softmax_dtype=float64")`
+    and one local task YAML per task (dataset_path: json over the items oreline scored, written to
+    the temporary folder), log_samples=True for the per-item log-likelihoods; then once more with
+    lm-eval's default (fp32 log_softmax and sum).
 It prints, per task, acc and acc_norm from both and the largest per-item |Δ log-likelihood|
-(nats) over every choice of every item, and exits 1 unless the accuracies are equal and every Δ is
+(nats) over every choice of every item, against lm-eval in float64 (the reference: both sides start
+from the same fp32 logits; oreline sums its fp32 token log-probabilities exactly) and, beside it,
+against lm-eval's fp32 default (whose float32 sum rounds at every add: one ulp of a -2,000-nat
+total is 1.2e-4). It exits 1 unless the accuracies equal lm-eval float64's and every Δ to it is
 within 1e-4. Offline: the YAMLs read local files and HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set.
 """
 
@@ -126,8 +130,11 @@ def _yaml(name: str, kind: str, data: Path, partial: bool) -> str:
     )
 
 
-def lm_eval_scores(export: Path, ours: dict, work: Path) -> dict:
-    """The same items as lm-eval tasks over local JSONL: {task: {"metrics", "lls"}}."""
+def lm_eval_scores(export: Path, ours: dict, work: Path, softmax_dtype: str | None = None) -> dict:
+    """The same items as lm-eval tasks over local JSONL: {task: {"metrics", "lls"}}.
+
+    softmax_dtype None is lm-eval's default (log_softmax and the sum in the model's fp32);
+    "float64" computes both in float64 from the same fp32 logits."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import lm_eval
@@ -162,7 +169,7 @@ def lm_eval_scores(export: Path, ours: dict, work: Path) -> dict:
         )
     res = lm_eval.simple_evaluate(
         model="hf",
-        model_args=f"pretrained={export}",
+        model_args=f"pretrained={export}" + (f",softmax_dtype={softmax_dtype}" if softmax_dtype else ""),
         tasks=list(names.values()),
         task_manager=TaskManager(include_path=str(yaml_dir)),
         log_samples=True,
@@ -196,27 +203,41 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         export = a.model or build_model(work, a.steps)
         ours = oreline_scores(export, a.tasks, a.max_items or None)
-        theirs = lm_eval_scores(export, ours, work)
+        theirs = lm_eval_scores(export, ours, work, softmax_dtype="float64")
+        default = lm_eval_scores(export, ours, work)
     ok = True
     print(
         f"\n{'task':<14}{'items':>6}  {'acc oreline':>11} {'acc lm-eval':>11}  {'norm oreline':>12} "
-        f"{'norm lm-eval':>12}  {'max |Δ ll|':>10}  {'greedy equal':>12}  left out (continuation > context)"
+        f"{'norm lm-eval':>12}  {'max |Δ ll|':>10}  {'greedy equal':>12}  {'fp32 default: acc equal, max |Δ ll|':>36}"
+        "  left out (continuation > context)"
     )
     for task, o in ours.items():
-        t = theirs[task]
-        pairs = list(zip(o["lls"], t["lls"], strict=True))
-        dmax = max(abs(x - y) for la, lb in pairs for x, y in zip(la, lb, strict=True))
+        t, d = theirs[task], default[task]
+        dmax = _max_delta(o["lls"], t["lls"])
         greedy_eq = sum(ga == gb for ga, gb in zip(o["greedy"], t["greedy"], strict=True))
-        acc_eq = o["metrics"]["acc"] == t["metrics"]["acc"]
-        norm_eq = t["metrics"]["acc_norm"] is None or o["metrics"]["acc_norm"] == t["metrics"]["acc_norm"]
-        ok &= acc_eq and norm_eq and dmax <= TOL and greedy_eq == len(pairs)
+        ok &= _metrics_equal(o, t) and dmax <= TOL and greedy_eq == len(o["lls"])
         tn = "—" if t["metrics"]["acc_norm"] is None else f"{t['metrics']['acc_norm']:.4f}"
+        fp32 = f"{'yes' if _metrics_equal(o, d) else 'NO'}, {_max_delta(o['lls'], d['lls']):.2e}"
         print(
             f"{task:<14}{o['metrics']['items']:>6}  {o['metrics']['acc']:>11.4f} {t['metrics']['acc']:>11.4f}  "
-            f"{o['metrics']['acc_norm']:>12.4f} {tn:>12}  {dmax:>10.2e}  {greedy_eq:>6}/{len(pairs)}  {o['left_out']}"
+            f"{o['metrics']['acc_norm']:>12.4f} {tn:>12}  {dmax:>10.2e}  {greedy_eq:>6}/{len(o['lls'])}  "
+            f"{fp32:>36}  {o['left_out']}"
         )
-    print("agreement:", "equal accuracies, every |Δ ll| ≤ 1e-4" if ok else "DIFFERS")
+    print(
+        "agreement with lm-eval (softmax_dtype=float64):",
+        "equal accuracies, every |Δ ll| ≤ 1e-4" if ok else "DIFFERS",
+    )
     return 0 if ok else 1
+
+
+def _max_delta(ours: list[list[float]], theirs: list[list[float]]) -> float:
+    pairs = zip(ours, theirs, strict=True)
+    return max(abs(x - y) for la, lb in pairs for x, y in zip(la, lb, strict=True))
+
+
+def _metrics_equal(o: dict, t: dict) -> bool:
+    norm_eq = t["metrics"]["acc_norm"] is None or o["metrics"]["acc_norm"] == t["metrics"]["acc_norm"]
+    return o["metrics"]["acc"] == t["metrics"]["acc"] and norm_eq
 
 
 if __name__ == "__main__":

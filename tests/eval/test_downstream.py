@@ -162,21 +162,58 @@ def test_the_shipped_sets_load_with_no_bad_line():
         resolve_tasks("arc_easy,nope")
 
 
-# Items per task for the chance test: the binomial 99% interval at n = 400 is chance ± 0.064 (2
-# choices); capped so the test takes seconds (the shipped counts are 100 … 1838).
-CHANCE_ITEMS = 400
+def test_a_continuations_log_likelihood_is_the_exact_sum_of_its_token_log_probabilities(tok):
+    model = debug_model()
+    ctx, cont = encode_pair(tok, "Emma", " Woodhouse, handsome, clever, and rich," * 12)
+    assert len(cont) > 150
+    with torch.no_grad():
+        ids = ctx + cont
+        logp = torch.log_softmax(model(torch.tensor([ids[:-1]]))[0].float(), -1)[-len(cont) :]
+    token_lp = logp.gather(-1, torch.tensor(cont)[:, None])[:, 0]
+    exact = math.fsum(token_lp.tolist())
+    assert float(token_lp.sum()) != exact  # a float32 sum rounds: this is where the two differ
+    ((ll, _),) = loglikelihoods(model, [(ctx, cont)], context_len=256)
+    assert ll == exact
 
 
-@pytest.mark.slow
+def _multiple_choice_tasks() -> list:
+    return [t for t in resolve_tasks("core") if t.kind == "multiple_choice"]
+
+
 def test_a_model_at_initialisation_scores_at_chance_on_every_multiple_choice_task(tok):
+    # every shipped item (100 to 1838 per task): chance within the binomial 99% interval
     model = debug_model(seed=1)
-    for task in resolve_tasks("core"):
-        if task.kind != "multiple_choice":
-            continue
-        r = score_task(model, tok, task, context_len=256, max_items=CHANCE_ITEMS)
+    for task in _multiple_choice_tasks():
+        r = score_task(model, tok, task, context_len=256)
+        assert r["items"] == len(task.items)
         half = 2.576 * math.sqrt(r["chance"] * (1 - r["chance"]) / r["items"])
         for metric in ("acc", "acc_norm"):
             assert abs(r[metric] - r["chance"]) <= half, (task.name, metric, r[metric], r["chance"], half)
+
+
+def test_a_model_with_a_uniform_output_picks_by_length_alone_at_the_shipped_counts(tok):
+    # zero output weights: every token costs log(vocab), so acc is the choice with the fewest tokens
+    # and acc_norm the one with the best -tokens*log(vocab)/characters, first on ties: the scoring
+    # and the metrics checked on every shipped item against a computation that needs no model
+    model = debug_model()
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    # the fp32 log-probability of any token under a uniform output, as loglikelihoods computes it
+    token_lp = float(torch.log_softmax(torch.zeros(model.args.vocab_size), -1)[0])
+    for task in _multiple_choice_tasks():
+        r = score_task(model, tok, task, context_len=256)
+        acc = norm = 0
+        for item in task.items:
+            # tokens scored: the continuation's, cut to the 256 fed positions as lm-eval does
+            n_tok = [
+                min(len(x), len((c + x)[-257:][:-1])) for c, x in (encode_pair(tok, *p) for p in item.pairs)
+            ]
+            lls = [math.fsum([token_lp] * n) for n in n_tok]
+            norm_ll = [ll / n for ll, n in zip(lls, item.norm_len, strict=True)]
+            acc += lls.index(max(lls)) == item.gold  # index(): the first of equal values
+            norm += norm_ll.index(max(norm_ll)) == item.gold
+        assert r["acc"] == pytest.approx(acc / len(task.items), abs=1e-12), task.name
+        assert r["acc_norm"] == pytest.approx(norm / len(task.items), abs=1e-12), task.name
 
 
 @pytest.mark.slow
