@@ -33,6 +33,15 @@ tokens = 1000
 """
 
 
+CLASSIFIER = """
+[[classifiers]]
+name = "c"
+positive = ["x.txt"]
+negative = ["{neg}"]
+{ft}
+"""
+
+
 def _ablate(path: Path) -> tuple[dict, str]:
     """Run the ablation at `path`; its summary and what it printed."""
     out = io.StringIO()
@@ -70,6 +79,16 @@ def test_minimal_config_loads(tmp_path):
             ),
             "add a [[recipes]]",
         ),
+        # a classifier reading a recipe that is not there, with fastText settings it does not know
+        (lambda t: t + CLASSIFIER.format(neg="recipe:zz", ft=""), "reads recipe:zz, which is not a recipe"),
+        (
+            lambda t: t + CLASSIFIER.format(neg="recipe:a", ft="fasttext = { epochs = 3 }"),
+            "use some of ['bucket'",
+        ),
+        (
+            lambda t: t + CLASSIFIER.format(neg="recipe:a", ft="") * 2,
+            "give every [[classifiers]] its own name",
+        ),
     ],
 )
 def test_schema_errors_name_the_fix(tmp_path, edit, says):
@@ -81,9 +100,39 @@ def test_schema_errors_name_the_fix(tmp_path, edit, says):
 
 
 def test_shipped_demo_loads():
+    from oreline.ablation import build_order
+
     abl = load_ablation("ablation-demo")
-    assert {r.name for r in abl.recipes} >= {"unfiltered", "perplexity"}
+    assert {r.name for r in abl.recipes} >= {"unfiltered", "perplexity", "classifier"}
     assert abl.validation.recipe == "unfiltered"
+    # the classifier trains on the unfiltered documents and filters the classifier recipe
+    order = build_order(abl)
+    assert order.index(("recipe", "unfiltered")) < order.index(("classifier", "prose-vs-web"))
+    assert order.index(("classifier", "prose-vs-web")) < order.index(("recipe", "classifier"))
+
+
+def test_classifier_recipes_errors_name_the_fix(tmp_path):
+    from oreline.ablation import build_order
+
+    uses = (
+        '[[recipes]]\nname = "f"\n[recipes.data]\ninputs = ["x"]\n'
+        'quality = {{ classifier = "{{ablation}}/classifiers/{name}" }}\n'
+    )
+    # a recipe naming a classifier the ablation does not train
+    abl = load_ablation(
+        _write(tmp_path, MINIMAL.replace("[validation]", uses.format(name="nope") + "[validation]"))
+    )
+    with pytest.raises(ConfigError) as err:
+        build_order(abl)
+    assert "no [[classifiers]] named 'nope'" in str(err.value)
+    assert 'add a [[classifiers]] with name = "nope"' in str(err.value)
+    # a classifier trained on the recipe it filters
+    text = MINIMAL.replace("[validation]", uses.format(name="c") + "[validation]")
+    text += CLASSIFIER.format(neg="recipe:f", ft="")
+    with pytest.raises(ConfigError) as err:
+        build_order(load_ablation(_write(tmp_path, text)))
+    assert "wait on each other: recipe f, classifier c" in str(err.value)
+    assert "train the classifier on a recipe that does not use it" in str(err.value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,6 +243,95 @@ def test_tiny_ablation_end_to_end_and_cached(tmp_path, samples):
     assert "half: tokenize: unchanged" in log and "all-seed1: train unchanged" not in log
     final = json.loads((root / "summary.json").read_text())
     assert final["proxy"]["train_tokens_per_arm"] == 16 * 256
+
+
+# every heuristic quality rule off: the classifier alone decides what the filtered recipe keeps
+NO_RULES = (
+    "gopher_quality = false, gopher_repetition = false, c4 = false, fineweb = false, entropy = false, "
+    "ascii_ratio = false"
+)
+
+
+def _tiny_with_classifier(tmp_path: Path, samples: Path) -> Path:
+    """The tiny ablation with one seed, its "half" recipe replaced by the top half of "all" by a
+    classifier that the ablation trains (Austen's prose against the "all" recipe's documents)."""
+    import zipfile
+
+    with zipfile.ZipFile(samples / "english-prose" / "nltk-gutenberg.zip") as z:
+        name = next(n for n in z.namelist() if "austen-emma" in n)
+        text = z.read(name).decode("utf-8", "replace")
+    prose = _jsonl(
+        tmp_path / "prose.jsonl",
+        [{"id": f"p{i}", "text": text[i * 1500 : (i + 1) * 1500]} for i in range(40)],
+    )
+    path = _tiny(tmp_path, samples)
+    config = path.read_text().replace("seeds = [1, 2]", "seeds = [1]")
+    head, tail = config.split('[[recipes]]\nname = "half"')
+    tail = tail[tail.index("[tokenizer]") :]
+    path.write_text(
+        head
+        + f"""[[classifiers]]
+name = "austen"
+positive = ["{prose}"]
+negative = ["recipe:all"]
+fasttext = {{ dim = 16, bucket = 10000 }}
+[[recipes]]
+name = "top"
+[recipes.data]
+inputs = ["{tmp_path / "all.jsonl"}"]
+langid = {{ enabled = false }}
+quality = {{ {NO_RULES}, classifier = "{{ablation}}/classifiers/austen", classifier_keep_top_fraction = 0.5 }}
+"""
+        + tail
+    )
+    return path
+
+
+@pytest.mark.slow
+def test_a_classifier_recipe_end_to_end_trained_once(tmp_path, samples):
+    path = _tiny_with_classifier(tmp_path, samples)
+    summary, log = _ablate(path)
+    root = tmp_path / "out" / "tiny"
+    folder = root / "classifiers" / "austen"
+    meta = json.loads((folder / "classifier.json").read_text())
+    assert meta["auc"] is not None and meta["precision"] is not None
+
+    # the classifier's negatives are the "all" recipe's documents less the validation set's, so it
+    # never saw a document the arms are compared on
+    negatives = [json.loads(line)["id"] for line in (folder / "inputs" / "recipe-all.jsonl").open()]
+    heldout = {f"doc-{i}" for i in range(80) if is_val(f"doc-{i}", 0.2)}
+    assert sorted(negatives) == sorted(f"doc-{i}" for i in range(80) if f"doc-{i}" not in heldout)
+    assert meta["counts"]["negative"]["documents"] == 80 - len(heldout)
+
+    # the filtered recipe keeps the classifier's top half of the 80 documents, at the same budget
+    recipes = {r["name"]: r for r in summary["recipes"]}
+    assert recipes["top"]["docs_in"] == 80
+    assert 30 <= recipes["top"]["docs_kept"] <= 50
+    assert (
+        recipes["top"]["tokens_seen"]
+        == recipes["all"]["tokens_seen"]
+        == [summary["proxy"]["train_tokens_per_arm"]]
+    )
+    assert [c["name"] for c in summary["classifiers"]] == ["austen"]
+    assert summary["classifiers"][0]["auc"] == meta["auc"]
+    assert 'id="classifiers"' in (root / "report.html").read_text()
+    # the training order: "all", then the classifier reading it, then the recipe filtering with it
+    assert log.index("all: data") < log.index("classifier austen") < log.index("top: data")
+
+    # a second run trains the classifier no more, and the filtered recipe is not rebuilt
+    model = (folder / "model.bin").stat().st_mtime_ns
+    _, log = _ablate(path)
+    assert "classifier austen: unchanged" in log and "top: data: unchanged" in log, log
+    assert (folder / "model.bin").stat().st_mtime_ns == model
+
+    # other fastText settings retrain it; the documents it reads are not rebuilt
+    path.write_text(path.read_text().replace("dim = 16", "dim = 16, epoch = 3"))
+    _, log = _ablate(path)
+    assert "classifier austen: unchanged" not in log and "all: data: unchanged" in log
+    assert json.loads((folder / "classifier.json").read_text())["settings"]["fasttext"]["epoch"] == 3
+    # and rebuild the recipe it filters (its old documents are moved aside, not written over)
+    assert "top: data: unchanged" not in log
+    assert list((root / "recipes" / "top" / "previous").glob("*/data/stats.json"))
 
 
 def test_an_arm_job_refuses_to_run_before_the_shared_stages(tmp_path, samples):

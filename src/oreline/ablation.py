@@ -9,13 +9,16 @@ trains on.
     OUT = out_dir/name/
       ablation.toml  lineage.json  tokenizer/  summary.json  report.html
       references/NAME/        reference LMs a recipe's perplexity filter names ({ablation}/references/NAME)
+      classifiers/NAME/       fastText quality classifiers a recipe's quality step names ({ablation}/classifiers/NAME)
       recipes/NAME/           a run folder: data/ (oreline run's data stage) and tokens/ (shared tokenizer)
       arms/NAME-seedS/        a run folder: the proxy model's checkpoints/ and metrics.jsonl
 
 Held-out set: every arm is tokenized with the same `validation.fraction`, and tokenize's split
 is a pure function of a document's id (`oreline.tokens.tokenize.is_val`). So a document held out
 of the validation recipe is held out of every arm that holds it (the same crawl record has the
-same id in every recipe), and none is ever trained on. The validation set is the val split of
+same id in every recipe), and none is ever trained on. A quality classifier trained on a recipe's
+documents (`recipe:NAME` in its positive or negative list) never sees them either: they are left
+out of its training text, so nothing about the validation set steers what a filtered recipe keeps. The validation set is the val split of
 the recipe `validation.recipe` names; each arm reads it as a mixture source of weight 0
 (never drawn, validated at every evaluation: `val_loss_sources["heldout"]` in metrics.jsonl).
 
@@ -30,7 +33,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import statistics
+import time
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -59,7 +64,7 @@ NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 HELDOUT = "heldout"  # the validation set's source name in every arm's mixture
 # every top-level name `oreline ablate` writes in its folder
 ABLATION_NAMES = re.compile(
-    r"ablation\.toml|lineage\.json|tokenizer|summary\.json|report\.html|references|recipes|arms|"
+    r"ablation\.toml|lineage\.json|tokenizer|summary\.json|report\.html|references|classifiers|recipes|arms|"
     r"\.oreline-owner|\.oreline-lock.*"
 )
 
@@ -75,6 +80,47 @@ class ReferenceSpec(Section):
     name: str = Field(..., pattern=NAME)
     docs: list[str] = Field(..., min_length=1, description="trusted text: .txt/.txt.gz/.zip/JSONL/Parquet")
     kind: Literal["ngram", "llama"] = "ngram"
+
+
+RECIPE_SOURCE = "recipe:"  # a classifier's input naming a recipe: its documents, the held-out ones left out
+CLASSIFIER_DIR = re.compile(r"\{ablation\}/classifiers/([^/\s\"']+)")  # how a recipe names one
+
+
+class ClassifierSpec(Section):
+    """A fastText quality classifier the ablation trains once (`oreline quality train-classifier`), for
+    recipes whose quality step names it as `{ablation}/classifiers/NAME`. Each input is a file or
+    folder (txt/zip/JSONL/Parquet, an `oreline data` output) or `recipe:NAME`: that recipe's
+    documents without the ones held out as the validation set."""
+
+    name: str = Field(..., pattern=NAME)
+    positive: list[str] = Field(
+        ..., min_length=1, description="text wanted more of: files, folders or recipe:NAME"
+    )
+    negative: list[str] = Field(..., min_length=1, description="ordinary text: files, folders or recipe:NAME")
+    seed: int = Field(1, description="the document split's key and fastText's seed")
+    heldout_fraction: float = Field(
+        0.1, gt=0.0, lt=1.0, description="documents per class held out for precision/recall/AUC"
+    )
+    fasttext: dict[str, Any] = Field(
+        {}, description="fastText settings besides the defaults (dim, epoch, lr, ...)"
+    )
+
+    @model_validator(mode="after")
+    def _known_settings(self) -> ClassifierSpec:
+        from oreline.quality.classifier import FASTTEXT_DEFAULTS
+
+        unknown = sorted(set(self.fasttext) - set(FASTTEXT_DEFAULTS))
+        if unknown:
+            raise ValueError(
+                f"classifier {self.name!r}: unknown fastText settings {unknown}; use some of {sorted(FASTTEXT_DEFAULTS)}"
+            )
+        return self
+
+    def recipes(self) -> list[str]:
+        """The recipes whose documents it trains on."""
+        return [
+            s[len(RECIPE_SOURCE) :] for s in (*self.positive, *self.negative) if s.startswith(RECIPE_SOURCE)
+        ]
 
 
 class RecipeSpec(Section):
@@ -143,6 +189,7 @@ class AblationConfig(Section):
     )
     workers: int = Field(2, ge=1, description="processes of the data and tokenize tasks (executor = local)")
     references: list[ReferenceSpec] = []
+    classifiers: list[ClassifierSpec] = []
     recipes: list[RecipeSpec]
     tokenizer: TokenizerSpec = TokenizerSpec()
     validation: ValidationSpec
@@ -162,6 +209,15 @@ class AblationConfig(Section):
         refs = [r.name for r in self.references]
         if len(set(refs)) != len(refs):
             raise ValueError(f"reference names repeat: {refs}; give every [[references]] its own name")
+        clfs = [c.name for c in self.classifiers]
+        if len(set(clfs)) != len(clfs):
+            raise ValueError(f"classifier names repeat: {clfs}; give every [[classifiers]] its own name")
+        for c in self.classifiers:
+            unknown = [n for n in c.recipes() if n not in names]
+            if unknown:
+                raise ValueError(
+                    f"classifier {c.name!r} reads recipe:{unknown[0]}, which is not a recipe; name one of {names}"
+                )
         if self.validation.recipe not in names:
             raise ValueError(
                 f"validation.recipe = {self.validation.recipe!r} is not a recipe; name one of {names}"
@@ -221,8 +277,8 @@ def _substitute(node: Any, root: Path) -> Any:
     return node
 
 
-def recipe_config(spec: RecipeSpec, abl: AblationConfig) -> Config:
-    """The oreline config whose data section builds this recipe (only [data] is read from a file)."""
+def _raw_data(spec: RecipeSpec) -> tuple[dict[str, Any], str]:
+    """The recipe's [data] keys as written ({ablation} not yet substituted) and where they are from."""
     if isinstance(spec.data, str):
         path = resolve_config_path(expand(spec.data))
         try:
@@ -236,6 +292,12 @@ def recipe_config(spec: RecipeSpec, abl: AblationConfig) -> Config:
         source = f"{path} (recipe {spec.name})"
     else:
         data, source = spec.data or {}, f"[recipes.data] of recipe {spec.name}"
+    return data, source
+
+
+def recipe_config(spec: RecipeSpec, abl: AblationConfig) -> Config:
+    """The oreline config whose data section builds this recipe (only [data] is read from a file)."""
+    data, source = _raw_data(spec)
     data = _substitute(data, abl.root)
     data = {**data, "workers": abl.workers, "executor": abl.executor}
     return config_from_dict({"data": data}, source=source)
@@ -289,6 +351,138 @@ def build_references(abl: AblationConfig, console: Console, frozen: bool = False
         )
 
 
+def classifiers_used(spec: RecipeSpec) -> set[str]:
+    """The ablation's classifiers a recipe's data config names ({ablation}/classifiers/NAME)."""
+    if spec.data is None:
+        return set()
+    return set(CLASSIFIER_DIR.findall(json.dumps(_raw_data(spec)[0])))
+
+
+def build_order(abl: AblationConfig) -> list[tuple[str, str]]:
+    """[("recipe" | "classifier", name)] in an order that builds every recipe a classifier trains on
+    before it, and every classifier before the recipes that filter with it (declared order otherwise)."""
+    known = {c.name: c for c in abl.classifiers}
+    needs: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for spec in abl.recipes:
+        used = classifiers_used(spec)
+        missing = sorted(used - set(known))
+        if missing:
+            raise ConfigError(
+                f"recipe {spec.name!r} names {{ablation}}/classifiers/{missing[0]}, but the ablation has no "
+                f"[[classifiers]] named {missing[0]!r}",
+                f'add a [[classifiers]] with name = "{missing[0]}" (positive, negative), or name one of '
+                f"{sorted(known) or 'them'}",
+            )
+        needs[("recipe", spec.name)] = {("classifier", n) for n in used}
+    for c in abl.classifiers:
+        needs[("classifier", c.name)] = {("recipe", n) for n in c.recipes()}
+    order: list[tuple[str, str]] = []
+    pending = list(needs)
+    while pending:
+        ready = [n for n in pending if needs[n] <= set(order)]
+        if not ready:
+            cycle = ", ".join(f"{kind} {name}" for kind, name in pending)
+            raise ConfigError(
+                f"these recipes and classifiers wait on each other: {cycle} (a classifier trains on a recipe "
+                "that is filtered by it)",
+                "train the classifier on a recipe that does not use it (e.g. the unfiltered one)",
+            )
+        order.extend(ready)
+        pending = [n for n in pending if n not in ready]
+    return order
+
+
+def _recipe_documents(name: str, docs: list[Path], fraction: float, dest: Path) -> Path:
+    """A recipe's documents as JSONL without the validation set (`tokenize.is_val` at `fraction`, the
+    split every arm uses): the input a classifier trains on when it names `recipe:NAME`."""
+    import pyarrow.parquet as pq
+
+    from oreline.io import write_bytes_atomic
+    from oreline.tokens.tokenize import is_val
+
+    lines = []
+    for shard in sorted(p for d in docs for p in d.glob("*.parquet")):
+        table = pq.read_table(shard, columns=["id", "text"])
+        for doc_id, text in zip(
+            table.column("id").to_pylist(), table.column("text").to_pylist(), strict=True
+        ):
+            if doc_id is not None and not is_val(doc_id, fraction):
+                lines.append(json.dumps({"id": doc_id, "text": text}, ensure_ascii=False) + "\n")
+    path = dest / f"recipe-{name}.jsonl"
+    write_bytes_atomic(path, "".join(lines).encode("utf-8"))
+    return path
+
+
+def build_classifier(
+    spec: ClassifierSpec,
+    abl: AblationConfig,
+    recipes: dict[str, dict],
+    console: Console,
+    frozen: bool = False,
+) -> str:
+    """Train the classifier into {ablation}/classifiers/NAME, skipped when its key (settings, inputs'
+    fingerprints, the validation fraction that decides what a recipe input leaves out) is unchanged."""
+    from oreline.data.filters.classifier import META_FILE, MODEL_FILE
+    from oreline.outdir import claim_folder
+    from oreline.quality.classifier import train_classifier
+    from oreline.stages import cached_stage, stage_key
+
+    folder = abl.root / "classifiers" / spec.name
+    sources = []
+    for side in (spec.positive, spec.negative):
+        for src in side:
+            if src.startswith(RECIPE_SOURCE):
+                sources.append(recipes[src[len(RECIPE_SOURCE) :]]["output"])
+                continue
+            files = sorted(_files(Path(expand(src))))
+            if not files:
+                raise InputError(
+                    f"classifier {spec.name!r}: {src} names no files",
+                    "list document files or folders (or recipe:NAME) in positive and negative",
+                )
+            sources.append(files_fingerprint(files))
+    settings = spec.model_dump(exclude={"name"})
+    key = stage_key(settings, abl.validation.fraction, *sources)
+
+    def build() -> str:
+        claim_folder(folder, "classifier", "oreline ablate", legacy=lambda d: (d / META_FILE).is_file())
+        inputs = folder / "inputs"
+        inputs.mkdir(exist_ok=True)
+
+        def paths(side: list[str]) -> list[str]:
+            out = []
+            for src in side:
+                name = src[len(RECIPE_SOURCE) :] if src.startswith(RECIPE_SOURCE) else None
+                out.append(
+                    src
+                    if name is None
+                    else str(_recipe_documents(name, recipes[name]["docs"], abl.validation.fraction, inputs))
+                )
+            return out
+
+        train_classifier(
+            paths(spec.positive),
+            paths(spec.negative),
+            folder,
+            seed=spec.seed,
+            heldout_fraction=spec.heldout_fraction,
+            console=console,
+            **spec.fasttext,
+        )
+        return files_fingerprint([folder / MODEL_FILE])
+
+    return cached_stage(
+        f"classifier:{spec.name}",
+        key,
+        RunDir(abl.root),
+        present=lambda: (folder / MODEL_FILE).is_file() and (folder / META_FILE).is_file(),
+        build=build,
+        console=console,
+        label=f"classifier {spec.name}",
+        frozen=frozen,
+    )
+
+
 def _files(path: Path) -> list[Path]:
     return [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path] if path.is_file() else []
 
@@ -306,12 +500,25 @@ def build_recipe_data(
         return {"rd": rd, "docs": docs, "output": out, "cfg": None}
     cfg = recipe_config(spec, abl)
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"name": spec.name})})
+    key = _stage_key("data", cfg, {})
+    before = rd.lineage().get("data", {}).get("key")
+
+    def build() -> str:
+        # other settings or a retrained model (a classifier, a reference): `oreline data` refuses to
+        # write over a run with another fingerprint, so the old documents move to previous/ (an
+        # interrupted build with the same key stays, and resumes)
+        if before not in (None, key) and rd.data.exists():
+            dest = rd.root / "previous" / time.strftime("%Y%m%d-%H%M%S")
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(rd.data), dest / rd.data.name)
+        return stage_data(cfg, rd, console)
+
     out = cached_stage(
         "data",
-        _stage_key("data", cfg, {}),
+        key,
         rd,
         present=lambda: _outputs_present("data", rd, cfg),
-        build=lambda: stage_data(cfg, rd, console),
+        build=build,
         console=console,
         label=f"{spec.name}: data",
         frozen=frozen,
@@ -567,7 +774,16 @@ def run_ablation(
         if not frozen:
             (root / "ablation.toml").write_text(to_toml(abl), encoding="utf-8")
         build_references(abl, console, frozen)
-        recipes = {spec.name: build_recipe_data(spec, abl, console, frozen) for spec in abl.recipes}
+        specs = {spec.name: spec for spec in abl.recipes}
+        built: dict[str, dict] = {}
+        for kind, name in build_order(abl):
+            if kind == "recipe":
+                built[name] = build_recipe_data(specs[name], abl, console, frozen)
+            else:
+                build_classifier(
+                    next(c for c in abl.classifiers if c.name == name), abl, built, console, frozen
+                )
+        recipes = {name: built[name] for name in specs}  # the declared order (table, report)
         tok_fp = build_tokenizer(abl, recipes, console, frozen)
         tokens = {name: tokenize_recipe(name, r, abl, tok_fp, console, frozen) for name, r in recipes.items()}
         val = tokens[abl.validation.recipe]
@@ -633,7 +849,7 @@ def submit_arm_jobs(abl: AblationConfig, pending: list[str], console: Console) -
     import sys
 
     from oreline.executors.slurm import submit
-    from oreline.slurm_script import directive, job_name, shell_word, write_script
+    from oreline.slurm_script import job_name, job_script, write_script
 
     jobs_dir = (abl.root / "jobs").resolve()
     jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -646,23 +862,17 @@ def submit_arm_jobs(abl: AblationConfig, pending: list[str], console: Console) -
     cpus = s.stage_cpus or abl.workers
 
     def script(name: str, extra: list[str]) -> str:
-        command = [sys.executable, "-m", "oreline", "ablate", "-c", str(config), *extra]
-        lines = [
-            "#!/usr/bin/env bash",
-            directive("--job-name", job_name("oreline", abl.name, name), "name"),
-            directive("--output", f"{jobs_dir}/{name}-%j.out", "out_dir and name (the ablation folder)"),
-            directive("--cpus-per-task", int(cpus), "data.slurm.stage_cpus"),
-            directive("--time", s.stage_time_limit, "data.slurm.stage_time_limit"),
-            directive("--chdir", Path.cwd(), "the current folder"),
-            "#SBATCH --kill-on-invalid-dep=yes   # a failed training cancels the report job",
-        ]
-        if s.partition:
-            lines.append(directive("--partition", s.partition, "data.slurm.partition"))
-        for a in s.sbatch_args:
-            option, _, value = a.partition("=")
-            lines.append(directive(option, value, "data.slurm.sbatch_args") if value else f"#SBATCH {option}")
-        words = " ".join(shell_word(c, "the ablation command (paths of the ablation)") for c in command)
-        text = "\n".join([*lines, "", f"exec {words}", ""])
+        text = job_script(
+            s,
+            name=job_name("oreline", abl.name, name),
+            name_key="name",
+            log=f"{jobs_dir}/{name}-%j.out",
+            log_key="out_dir and name (the ablation folder)",
+            cpus=cpus,
+            cancels="a failed training cancels the report job",
+            command=[sys.executable, "-m", "oreline", "ablate", "-c", str(config), *extra],
+            command_key="the ablation command (paths of the ablation)",
+        )
         write_script(jobs_dir / f"{name}.sbatch", text)
         return text
 
@@ -728,7 +938,28 @@ def summarize(abl: AblationConfig, counts: dict, arms: dict[str, list[dict]], to
             "train_tokens_per_arm": budget,
             "tokens_asked": p.tokens,
         },
+        "classifiers": [classifier_summary(abl, c) for c in abl.classifiers],
         "recipes": recipes,
+    }
+
+
+def classifier_summary(abl: AblationConfig, spec: ClassifierSpec) -> dict[str, Any]:
+    """What a classifier was trained on and its held-out precision, recall and AUC (classifier.json)."""
+    from oreline.data.filters.classifier import classifier_meta
+
+    folder = abl.root / "classifiers" / spec.name
+    meta = classifier_meta(folder)
+    return {
+        "name": spec.name,
+        "folder": str(folder),
+        "positive": spec.positive,
+        "negative": spec.negative,
+        "fingerprint": meta.get("fingerprint"),
+        "documents": {k: v.get("documents") for k, v in (meta.get("counts") or {}).items()},
+        "heldout_documents": {k: v.get("heldout_documents") for k, v in (meta.get("counts") or {}).items()},
+        "precision": meta.get("precision"),
+        "recall": meta.get("recall"),
+        "auc": meta.get("auc"),
     }
 
 
@@ -758,3 +989,10 @@ def print_table(summary: dict, console: Console) -> None:
             str(r["final_val_loss"]["n"]),
         )
     console.print(table)
+    for c in summary.get("classifiers", []):
+        d, h = c["documents"], c["heldout_documents"]
+        console.print(
+            f"classifier {c['name']}: {d.get('positive')} positive and {d.get('negative')} negative documents; on its "
+            f"held-out ones ({h.get('positive')} + {h.get('negative')}) precision {c['precision']}, recall "
+            f"{c['recall']}, AUC {c['auc']}"
+        )

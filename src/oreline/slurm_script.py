@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from oreline.errors import ConfigError
 
@@ -77,6 +78,41 @@ def directive(option: str, value: object, key: str) -> str:
             "whose name has none)",
         )
     return f"#SBATCH {option}={text}"
+
+
+def job_script(
+    slurm: Any,
+    *,
+    name: str,
+    name_key: str,
+    log: str,
+    log_key: str,
+    cpus: int,
+    cancels: str,
+    command: list[str],
+    command_key: str,
+) -> str:
+    """The script of one job that runs an oreline command (a stage of `oreline run --executor slurm`,
+    an arm or the report of `oreline ablate --executor slurm`): its #SBATCH lines (job `name`, the
+    `log` file, `cpus`, and data.slurm's time limit, partition and sbatch_args, `slurm`) and `exec`
+    of `command`. Every value is checked and refused with the key it came from (`name_key`,
+    `log_key`, `command_key`); `cancels` says what --kill-on-invalid-dep does to the jobs after it."""
+    lines = [
+        "#!/usr/bin/env bash",
+        directive("--job-name", name, name_key),
+        directive("--output", log, log_key),
+        directive("--cpus-per-task", int(cpus), "data.slurm.stage_cpus"),
+        directive("--time", slurm.stage_time_limit, "data.slurm.stage_time_limit"),
+        directive("--chdir", Path.cwd(), "the current folder"),
+        f"#SBATCH --kill-on-invalid-dep=yes   # {cancels}",
+    ]
+    if slurm.partition:
+        lines.append(directive("--partition", slurm.partition, "data.slurm.partition"))
+    for a in slurm.sbatch_args:
+        option, _, value = a.partition("=")
+        lines.append(directive(option, value, "data.slurm.sbatch_args") if value else f"#SBATCH {option}")
+    words = " ".join(shell_word(c, command_key) for c in command)
+    return "\n".join([*lines, "", f"exec {words}", ""])
 
 
 def checked(check, value: str, key: str) -> str:

@@ -583,7 +583,7 @@ def submit_stage_jobs(
 
     from oreline.config import to_toml
     from oreline.executors.slurm import submit
-    from oreline.slurm_script import directive, job_name, shell_word, write_script
+    from oreline.slurm_script import job_name, job_script, write_script
 
     console = console or Console(stderr=True)
     _check_samples(cfg)
@@ -605,23 +605,17 @@ def submit_stage_jobs(
         if i == 0 and from_stage is not None:
             command += ["--from", from_stage]
         # every value is checked: a plain token in an #SBATCH line, a quoted word in the command
-        lines = [
-            "#!/usr/bin/env bash",
-            directive("--job-name", job_name("oreline", cfg.run.name, stage), "run.name"),
-            directive("--output", f"{jobs_dir}/{stage}-%j.out", "run.runs_dir and run.name (the run folder)"),
-            directive("--cpus-per-task", int(cpus), "data.slurm.stage_cpus"),
-            directive("--time", s.stage_time_limit, "data.slurm.stage_time_limit"),
-            directive("--chdir", Path.cwd(), "the current folder"),
-            "#SBATCH --kill-on-invalid-dep=yes   # a failed stage cancels the stages after it",
-        ]
-        if s.partition:
-            lines.append(directive("--partition", s.partition, "data.slurm.partition"))
-        for a in s.sbatch_args:
-            option, _, value = a.partition("=")
-            lines.append(directive(option, value, "data.slurm.sbatch_args") if value else f"#SBATCH {option}")
-        words = " ".join(shell_word(c, "the stage command (paths of the run)") for c in command)
-        lines += ["", f"exec {words}", ""]
-        text = "\n".join(lines)
+        text = job_script(
+            s,
+            name=job_name("oreline", cfg.run.name, stage),
+            name_key="run.name",
+            log=f"{jobs_dir}/{stage}-%j.out",
+            log_key="run.runs_dir and run.name (the run folder)",
+            cpus=cpus,
+            cancels="a failed stage cancels the stages after it",
+            command=command,
+            command_key="the stage command (paths of the run)",
+        )
         script = jobs_dir / f"{stage}.sbatch"
         write_script(script, text)  # a record for the reader: sbatch reads the text on stdin
         options = [f"--dependency=afterok:{submitted[-1]['job']}"] if submitted else []

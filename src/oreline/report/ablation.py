@@ -71,6 +71,41 @@ def curve_chart(summary: dict[str, Any], key: str, title: str, ylabel: str) -> s
     return plots.to_data_uri(fig)
 
 
+def classifiers_table(classifiers: list[dict[str, Any]]) -> str:
+    """The classifiers the recipes filter with: their inputs and held-out precision, recall, AUC."""
+    rows = [
+        [
+            c["name"],
+            ", ".join(c["positive"]),
+            ", ".join(c["negative"]),
+            f"{fmt(c['documents'].get('positive'))} / {fmt(c['documents'].get('negative'))}",
+            f"{fmt(c['heldout_documents'].get('positive'))} / {fmt(c['heldout_documents'].get('negative'))}",
+            c.get("precision"),
+            c.get("recall"),
+            c.get("auc"),
+        ]
+        for c in classifiers
+    ]
+    return table(
+        [
+            "classifier",
+            "positive",
+            "negative",
+            "documents (pos / neg)",
+            "held out (pos / neg)",
+            "precision",
+            "recall",
+            "AUC",
+        ],
+        rows,
+        numeric={5, 6, 7},
+    ) + (
+        '<p class="small">Precision and recall (score &ge; 0.5) and AUC are on the classifier\'s own held-out '
+        "documents, which measure how well it separates its two inputs, not whether the documents it keeps make "
+        "a better model: the table above says that. recipe:NAME inputs leave out the validation set's documents.</p>"
+    )
+
+
 def render(summary: dict[str, Any]) -> str:
     v, p, t = summary["validation"], summary["proxy"], summary["tokenizer"]
     rows = []
@@ -137,8 +172,10 @@ def render(summary: dict[str, Any]) -> str:
     sections = [
         ("recipes", "Recipes side by side", side + note),
         ("curves", "Held-out loss during training", charts),
-        ("setup", "Set-up", setup),
     ]
+    if summary.get("classifiers"):
+        sections.append(("classifiers", "Quality classifiers", classifiers_table(summary["classifiers"])))
+    sections.append(("setup", "Set-up", setup))
     nav = "".join(f'<a href="#{sid}">{esc(title)}</a>' for sid, title, _ in sections)
     body = "".join(
         f'<section id="{sid}"><h2>{esc(title)}</h2>{html}</section>' for sid, title, html in sections
