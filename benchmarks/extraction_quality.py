@@ -7,8 +7,26 @@ Benchmarks (under ORELINE_SAMPLES, read in place, never copied into the reposito
   2012, GNU AGPLv3: read from there, never copied). Gold: the article text before Dragnet's
   comments marker; it includes headlines, bylines and captions. The Dragnet test split is held
   out: never load it here.
-- "cleaneval" (optional, `--cleaneval DIR`): DIR/input/<id>.html + DIR/gold/<id>.txt, e.g. the
-  CleanEval pages of the j-szulc/html-cleaning-dataset-merged repository.
+- "cleaneval" and "readability" (`--cleaneval DIR` or ORELINE_CLEANEVAL=DIR): an unpacked copy,
+  OUTSIDE the repository, of the j-szulc/html-cleaning-dataset-merged GitHub repository (measured
+  at commit 46e01a0; `git archive HEAD cleaneval-dev cleaneval-final readability | tar -x -C DIR`),
+  each subset as <subset>/input/<id>.html + <subset>/GoldStandard/<id>.txt. That repository has
+  no licence of its own ("all rights belong to their respective owners"), so no page of it is
+  committed here. Per source:
+  - "cleaneval": cleaneval-dev (58 pages) and cleaneval-final (681 of its 740 pages have a gold
+    file; the rest are skipped), the CLEANEVAL shared task of ACL-SIGWAC, 2007
+    (cleaneval.sigwac.org.uk, via archive.org): web pages crawled in 2006-07 with hand-cleaned
+    text, published for research with no licence stated; the pages' copyright stays with their
+    sites. Gold: all running text of the page less boilerplate (headings, lists and short
+    paragraphs included), a "URL:" first line and <p>/<h>/<l> block markers, both removed here.
+    A different target from article extraction: it rewards keeping every content block.
+  - "readability": the test pages of mozilla/readability (its test/test-pages, Apache-2.0 as
+    part of that repository; the captured pages' text belongs to their publishers): 116 pages,
+    gold = readability's expected.html, tags removed here. Some are synthetic unit-test pages
+    (base-url, hidden-nodes, …). Host = the page's name less a trailing "-<n>" (nytimes-1..5
+    are one site).
+  The merged repository also holds dragnet_data, the whole Dragnet set *with its test split*,
+  and two other sets (CleanPortalEval, page-signal); none of them is loaded here.
 
 Per benchmark and extractor (oreline's default, trafilatura as oreline calls it with
 include_comments=False, resiliparse's main content alone, oreline keeping headlines, bylines
@@ -31,14 +49,17 @@ as `scripts/train_extract_model.py` does on all pages; without it the shipped se
 scored (which, on the Scrapinghub dev half they were chosen on, is in-sample).
 
     ORELINE_SAMPLES=../shared/data .venv/bin/python benchmarks/extraction_quality.py \
-        [--bench scrapinghub dragnet] [--limit N] [--rounds 2] [--cv 5] [--cleaneval DIR]
+        [--bench scrapinghub dragnet cleaneval readability] [--limit N] [--rounds 2] [--cv 5] \
+        [--cleaneval DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import html as html_lib
 import json
+import os
 import random
 import re
 import sys
@@ -93,14 +114,57 @@ def load_dragnet(limit: int | None) -> list[Page]:
     return pages
 
 
-def load_cleaneval(root: Path, limit: int | None) -> list[Page]:
-    pages = []
-    for path in sorted((root / "input").glob("*.html"))[:limit]:
-        gold = root / "gold" / f"{path.stem}.txt"
+_CLEANEVAL_MARKS = re.compile(r"<(?:p|h|l)>", re.I)
+_TAG = re.compile(r"<[^>]*>")
+_CLEANEVAL_URL = re.compile(r"""<text id=["']?(https?://[^"'\s>]+)""", re.I)
+
+
+def _cleaneval_root(root: Path | None) -> Path:
+    root = root or (Path(os.environ["ORELINE_CLEANEVAL"]) if os.environ.get("ORELINE_CLEANEVAL") else None)
+    if root is None or not (root / "cleaneval-dev" / "input").is_dir():
+        raise SystemExit(
+            f"the cleaneval/readability benchmarks need an unpacked j-szulc/html-cleaning-dataset-merged "
+            f"(got {root}): `git clone` it outside this repository and pass --cleaneval DIR "
+            f"or set ORELINE_CLEANEVAL=DIR (DIR/cleaneval-dev/input/*.html must exist)"
+        )
+    return root
+
+
+def _subset(root: Path, subset: str) -> list[tuple[str, Path, Path]]:
+    """(id, html path, gold path) of the subset's pages that have a gold file."""
+    out = []
+    for path in sorted((root / subset / "input").glob("*.html"), key=lambda p: (len(p.stem), p.stem)):
+        gold = root / subset / "GoldStandard" / f"{path.stem}.txt"
         if gold.exists():
-            html = _decode(path.read_bytes())
-            text = gold.read_text(encoding="utf-8", errors="replace")
-            pages.append((path.stem, _host_of(path.stem, html), html, text))
+            out.append((f"{subset}/{path.stem}", path, gold))
+    return out
+
+
+def load_cleaneval(root: Path | None, limit: int | None) -> list[Page]:
+    """CleanEval dev + final; host from the gold's "URL:" line or the input's <text id=URL>."""
+    root = _cleaneval_root(root)
+    pages = []
+    for key, path, gold_path in [*_subset(root, "cleaneval-dev"), *_subset(root, "cleaneval-final")][:limit]:
+        html = _decode(path.read_bytes())
+        gold = gold_path.read_text(encoding="utf-8", errors="replace")
+        url = ""
+        if gold.startswith("URL:"):
+            url, _, gold = gold.partition("\n")
+            url = url.removeprefix("URL:").strip()
+        elif m := _CLEANEVAL_URL.search(html[:2000]):
+            url = m.group(1)
+        host = urlparse(url).netloc.lower().removeprefix("www.") or f"page:{key}"
+        pages.append((key, host, html, _CLEANEVAL_MARKS.sub(" ", gold)))
+    return pages
+
+
+def load_readability(root: Path | None, limit: int | None) -> list[Page]:
+    root = _cleaneval_root(root)
+    pages = []
+    for key, path, gold_path in _subset(root, "readability")[:limit]:
+        html = _decode(path.read_bytes())
+        gold = html_lib.unescape(_TAG.sub(" ", gold_path.read_text(encoding="utf-8", errors="replace")))
+        pages.append((key, re.sub(r"-\d+$", "", path.stem), html, gold))
     return pages
 
 
@@ -229,19 +293,23 @@ def report(name: str, n: int, rows: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benches = ["scrapinghub", "dragnet", "cleaneval", "readability"]
+    ap.add_argument("--bench", nargs="+", default=benches[:2], choices=benches)
     ap.add_argument(
-        "--bench", nargs="+", default=["scrapinghub", "dragnet"], choices=["scrapinghub", "dragnet"]
+        "--cleaneval", type=Path, default=None, help="DIR: unpacked html-cleaning-dataset-merged (see above)"
     )
-    ap.add_argument("--cleaneval", type=Path, default=None, help="DIR with input/*.html and gold/*.txt")
     ap.add_argument("--limit", type=int, default=None, help="first N pages of each benchmark")
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds (best kept)")
     ap.add_argument("--cv", type=int, default=0, help="also re-choose selectors in K host folds")
     ap.add_argument("--dump", type=Path, default=None, help="write per-page F1s as JSON here")
     args = ap.parse_args()
-    loaders = {"scrapinghub": load_scrapinghub, "dragnet": load_dragnet}
-    sets = {name: loaders[name](args.limit) for name in args.bench}
-    if args.cleaneval:
-        sets["cleaneval"] = load_cleaneval(args.cleaneval, args.limit)
+    loaders = {
+        "scrapinghub": lambda: load_scrapinghub(args.limit),
+        "dragnet": lambda: load_dragnet(args.limit),
+        "cleaneval": lambda: load_cleaneval(args.cleaneval, args.limit),
+        "readability": lambda: load_readability(args.cleaneval, args.limit),
+    }
+    sets = {name: loaders[name]() for name in args.bench}
     dump = {}
     for name, pages in sets.items():
         rows = run_benchmark(name, pages, args.rounds, args.cv)

@@ -164,7 +164,10 @@ LIST_SHARE = 0.5
 SECOND_OPINION_GAIN = 3.0
 LIST_KEEP = 0.3
 # What the second opinion leaves out of the whole page: generic names of navigation and page
-# furniture (not learned, not from any one site).
+# furniture (not learned, not from any one site), and hidden elements: the full-page pass keeps
+# them, and TypePad pages carry a `display:none` copy of the post for their comment widget, so
+# the second opinion came out twice the article (Dragnet train per-page F1 0.8646 -> 0.8669,
+# Scrapinghub dev, CleanEval and readability unchanged; a fixed rule, nothing tuned).
 PAGE_SKIP = (
     "nav, footer, aside, form, select, ul, ol, table",
     *(
@@ -173,6 +176,7 @@ PAGE_SKIP = (
     ),
     *(css_of(f"class:{n}") for n in ("related", "share", "social", "ads", "banner", "breadcrumbs")),
     "[id*=sidebar], [id*=footer], [id*=nav], [id*=menu], [id*=comment]",
+    '[hidden], [style*="display:none"], [style*="display: none"]',
 )
 
 
