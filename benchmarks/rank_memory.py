@@ -90,7 +90,9 @@ root's gathered table still sat; the root now reshards right after the output la
 W=2 1,663, W=4 1,160 ("over" 238 / 248, "ok+g" yes; targets share + const 1,424 / 912). The
 peak is now the root's reduce-scatter at the end of backward (a mallinfo2 probe after every op):
 FSDP2's reduce-scatter input (the table's gradient, 98) and gloo's full-size temporary of
-reduce_scatter (98).
+reduce_scatter (98). gloo's copy is gone since (oreline.train.gloo_reduce_scatter, an in-place
+all-reduce; lean, --before bea85f6, one run): W=2 1,678 → 1,625 ("over" 257 → 205), W=4 1,156 →
+1,157 (249 → 250: the W=4 peak sits elsewhere); targets share + const 1,420 / 907.
 
 Allocator: `--cpu-allocator default lean` (the default) measures glibc's own setting and "lean"
 (a fixed 1 MiB mmap threshold: every freed block ≥ 1 MiB goes back to the kernel at once, at the

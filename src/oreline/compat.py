@@ -9,7 +9,7 @@ caller takes the public path, and one warning per feature says what was given up
 |---|---|---|
 | `torch.ops.mkldnn._linear_pointwise` | fp32 CPU products through oneDNN (~2x on AMD AVX-512) | `F.linear` / `torch.mm` (BLAS) |
 | `torch.distributed.checkpoint.filesystem` internals (`_StorageInfo`, `_StoragePrefix`, `_split_by_size_and_type`, `DEFAULT_SUFFIX`) | raw tensor files under DCP (train/checkpoint/raw_tensors.py), ~3x faster saves | DCP's stock `FileSystemWriter` (torch.save per tensor; loads with weights_only=True) |
-| `torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultReduceScatter` | FSDP2 gradient communication time in metrics, with `train.profile` only | FSDP2's own reduce-scatter, `comm_ms` without the reduce-scatters |
+| `torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultReduceScatter` | FSDP2 gradient communication time in metrics, with `train.profile` only; on gloo, the reduce-scatter as an in-place all-reduce (train/gloo_reduce_scatter.py: one unit's gradients less per rank at the peak) | FSDP2's own reduce-scatter, `comm_ms` without the reduce-scatters; gloo's full-size copy of each unit's gradients |
 | `torch.utils.serialization.config.save.compute_crc32` | skip torch.save's CRC32 (checksums.json covers it) | CRC32 stays on |
 | `optimizer.found_inf` (the attribute GradScaler sets; fused Adam/AdamW's `step` reads it) | a rejected step is skipped inside the fused kernel: no host read per step | the verdict is read on the host every step (`optim.fused=false`'s path) |
 
@@ -119,15 +119,19 @@ def dcp_storage_info() -> Any:
     return _StorageInfo
 
 
-def fsdp_reduce_scatter_base() -> Any:
-    """FSDP2's default reduce-scatter class (to time gradient communication), or None."""
+def fsdp_reduce_scatter_base(
+    feature: str = "FSDP2 communication timing (comm_ms)",
+    fallback: str = "FSDP2 uses its own reduce-scatter untimed",
+) -> Any:
+    """FSDP2's default reduce-scatter class (the base of oreline's own: timing, gloo's in-place
+    reduce-scatter), or None; `feature` and `fallback` word the warning."""
 
     def get() -> Any:
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
         return DefaultReduceScatter
 
-    return _private("FSDP2 communication timing (comm_ms)", "FSDP2 uses its own reduce-scatter untimed", get)
+    return _private(feature, fallback, get)
 
 
 def torch_save_config() -> Any:

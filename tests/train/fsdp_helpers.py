@@ -17,6 +17,10 @@ per scenario:
   gradient difference from one process's plain model over every rank's batches (relative to
   the largest gradient), and how often the root freed its gathered table during backward, right
   after the output layers' backward (model/tied.py), with the table sharded then;
+- reduce_scatter: which reduce-scatter FSDP2 runs in every unit (on gloo the in-place all-reduce
+  of oreline.train.gloo_reduce_scatter; with train.profile the timed one wrapping it), and whether
+  a tied model's fp32 losses and gradients after two micro-batches are bitwise those of FSDP2's
+  default reduce-scatter (installed in its place), with and without train.profile;
 - generate: all-gathers counted (FSDP2's "FSDP::all_gather" profiler labels) while 6 tokens are generated through the
   loop's `generations`, and the tokens, equal to the plain model's.
 """
@@ -135,6 +139,54 @@ def tied_grad_scenario(cfg: TrainConfig, info: dist.DistInfo) -> dict:
     return out
 
 
+def reduce_scatter_scenario(cfg: TrainConfig, info: dist.DistInfo) -> dict:
+
+    from torch.distributed.fsdp import FSDPModule
+
+    from oreline import compat
+
+    args = resolve_model_args(ModelConfig(preset="debug", tie_embeddings=True), 512)
+    g = torch.Generator().manual_seed(200 + info.rank)
+    batches = [torch.randint(0, 512, (2, 16), generator=g) for _ in range(2)]
+
+    def comms(model: torch.nn.Module) -> list[str]:
+        names = []
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                comm = m._get_fsdp_state()._fsdp_param_group._reduce_scatter_comm  # noqa: SLF001
+                inner = getattr(comm, "inner", None)
+                names.append(type(comm).__name__ + (f"({type(inner).__name__})" if inner is not None else ""))
+        return sorted(set(names))
+
+    def train(tc: TrainConfig, stock: bool) -> tuple[list[float], dict[str, torch.Tensor], list[str]]:
+        model, train_model = build_model(args, REFERENCE, tc, info)
+        if stock:  # FSDP2's default reduce-scatter, as wrap_model left it before
+            for m in model.modules():
+                if isinstance(m, FSDPModule):
+                    m.set_custom_reduce_scatter(compat.fsdp_reduce_scatter_base()())
+        losses = []
+        for i, ids in enumerate(batches):
+            with dist.sync_context(train_model, i == 1):
+                loss = train_model(ids, labels=torch.roll(ids, -1, 1)).sum()
+                loss.backward()
+            losses.append(loss.item())
+        grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        return losses, grads, comms(model)
+
+    out = {}
+    for name, tc in (("plain", cfg), ("profile", cfg.model_copy(update={"profile": True}))):
+        losses, grads, installed = train(tc, stock=False)
+        ref_losses, ref_grads, stock = train(tc, stock=True)
+        out[name] = {
+            "comm": installed,
+            "stock_comm": stock,
+            "losses_equal": losses == ref_losses,
+            "grads_differ": [n for n in ref_grads if not torch.equal(grads[n], ref_grads[n])],
+            "grad_norm": sum(v.double().square().sum().item() for v in grads.values()) ** 0.5,
+        }
+    return out
+
+
 def generate_scenario(cfg: TrainConfig, info: dist.DistInfo) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -174,6 +226,7 @@ def main() -> None:
         "init_tied": lambda: init_scenario(cfg, info, tied=True),
         "grad_sync": lambda: grad_sync_scenario(cfg, info),
         "tied_grad": lambda: tied_grad_scenario(cfg, info),
+        "reduce_scatter": lambda: reduce_scatter_scenario(cfg, info),
         "generate": lambda: generate_scenario(cfg, info),
     }
     for name, run in results.items():

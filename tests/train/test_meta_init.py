@@ -122,7 +122,14 @@ def _helper(nproc: int, parallel: str, tmp_path: Path) -> dict[str, dict]:
 
 
 def _check(results: dict[str, dict], world: int, shard: int) -> None:
-    assert set(results) == {"init_untied", "init_tied", "grad_sync", "tied_grad", "generate"}, results
+    assert set(results) == {
+        "init_untied",
+        "init_tied",
+        "grad_sync",
+        "tied_grad",
+        "reduce_scatter",
+        "generate",
+    }, results
     for name in ("init_untied", "init_tied"):
         r = results[name]
         assert r["world"] == world and r["differ"] == [] and r["n"] >= 20 and r["rope_equal"], r
@@ -149,6 +156,14 @@ def _check(results: dict[str, dict], world: int, shard: int) -> None:
         t = results["tied_grad"][kernels]
         assert t["rel_err"] < 1e-5, (kernels, t)
         assert t["freed"] == [True, True], (kernels, t)
+    # gloo: every unit reduce-scatters by an in-place all-reduce (oreline.train.gloo_reduce_scatter),
+    # timed with train.profile, and the losses and gradients are bitwise those of FSDP2's default
+    rs = results["reduce_scatter"]
+    assert rs["plain"]["comm"] == ["GlooReduceScatter"], rs
+    assert rs["profile"]["comm"] == ["TimedReduceScatter(GlooReduceScatter)"], rs
+    for r in (rs["plain"], rs["profile"]):
+        assert r["stock_comm"] == ["DefaultReduceScatter"], rs
+        assert r["losses_equal"] and r["grads_differ"] == [] and r["grad_norm"] > 0, rs
     gen = results["generate"]
     assert gen["tokens"] == gen["plain"] and len(gen["tokens"]) == 6
     # the 4 units with parameters, gathered once: not once per token (14 for these 6 tokens)

@@ -124,13 +124,20 @@ def timed_allreduce_hook(state, bucket):  # no annotations: DDP rejects the stri
     return fut.then(done)
 
 
-def timed_reduce_scatter():
-    """An FSDP2 reduce-scatter (the default one) that records the span of every call into COMM."""
+def timed_reduce_scatter(inner: Any = None):
+    """An FSDP2 reduce-scatter that records the span of every call into COMM: `inner` (the one
+    `wrap_model` would install otherwise: gloo's in-place one) or, if None, FSDP2's default."""
     DefaultReduceScatter = compat.fsdp_reduce_scatter_base()  # noqa: N806 (a class)
     if DefaultReduceScatter is None:
         return None
 
     class TimedReduceScatter(DefaultReduceScatter):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner if inner is not None else DefaultReduceScatter()
+
+        def allocate(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            return self.inner.allocate(*args, **kwargs)
+
         def __call__(
             self,
             output_tensor: torch.Tensor,
@@ -140,10 +147,10 @@ def timed_reduce_scatter():
             async_op: bool = False,
         ) -> Any:
             start = COMM.stamp()
-            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+            work = self.inner(output_tensor, input_tensor, group, op, async_op)
             if work is not None and async_op:
                 work.wait()
             COMM.add(start, COMM.stamp())
             return None if async_op else work
 
-    return TimedReduceScatter()
+    return TimedReduceScatter(inner)

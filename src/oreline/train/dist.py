@@ -34,6 +34,9 @@ shows both).
 
 Communication time (`comm_ms`, `comm_frac`) is measured by `oreline.train.comm_timing`, whose DDP
 comm hook and FSDP2 reduce-scatter `wrap_model` installs.
+On gloo `wrap_model` also gives FSDP2 `oreline.train.gloo_reduce_scatter` (an in-place all-reduce
+instead of gloo's reduce_scatter, which copies its input: one unit's gradients less per rank at
+the peak); with `train.profile` the timed reduce-scatter wraps it.
 
 Metrics are logged by rank 0 only; loss, grad norm and tokens are already global (all-reduced),
 timings are averaged over ranks with `mean_over_ranks`. `agree_on_step` all-reduces the loss,
@@ -67,6 +70,7 @@ from torch import nn
 from oreline.config import TrainConfig
 from oreline.errors import ConfigError, DistributedError
 from oreline.train.comm_timing import COMM, AllReduceState, timed_allreduce_hook, timed_reduce_scatter
+from oreline.train.gloo_reduce_scatter import gloo_reduce_scatter
 
 
 @dataclass(frozen=True)
@@ -361,9 +365,13 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
             # projection, final norm): freed there, not at the end of backward (model/tied.py;
             # 98 MB at 125m on every rank, whatever the world size, through the blocks' backward)
             model.after_tied_output_backward = model.reshard
+        # gloo: all-reduce in place, without gloo's full-size copy of each unit's gradients
+        # (oreline.train.gloo_reduce_scatter; NCCL reduces in place itself)
+        comm = gloo_reduce_scatter() if info.backend == "gloo" else None
         # the timed reduce-scatter waits for each collective: a profiling tool, not the default path
-        comm = timed_reduce_scatter() if cfg.profile else None
-        if comm is not None:  # None: a torch outside the tested range (oreline.compat), comm_ms not measured
+        if cfg.profile:
+            comm = timed_reduce_scatter(comm)
+        if comm is not None:  # None: a torch outside the tested range (oreline.compat): FSDP2's own, untimed
             for m in model.modules():
                 if hasattr(m, "set_custom_reduce_scatter"):
                     m.set_custom_reduce_scatter(comm)
