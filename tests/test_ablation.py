@@ -186,6 +186,7 @@ tokens = 3000
 seq_len = 64
 micro_batch = 4
 evals = 2
+tasks_max_items = 8
 """,
     )
 
@@ -208,6 +209,14 @@ def test_tiny_ablation_end_to_end_and_cached(tmp_path, samples):
         assert r["tokens_seen"] == [budget, budget]
         assert r["final_val_loss"]["n"] == 2 and r["final_val_loss"]["std"] is not None
         assert all(run["curve"] and run["curve"][-1]["step"] == 12 for run in r["runs"])
+    # each final model scored on the shipped downstream tasks, the same first 8 items for every arm
+    for r in recipes.values():
+        assert set(r["tasks"]) == {"arc_easy", "arc_challenge", "piqa", "copa", "winogrande", "lambada"}
+        assert all(t["items"] == 8 and t["acc"]["n"] == 2 for t in r["tasks"].values())
+        assert r["core"]["n"] == 2
+        assert r["core"]["mean"] == pytest.approx(
+            sum(t["centered"]["mean"] for t in r["tasks"].values()) / len(r["tasks"])
+        )
     # the smaller recipe is repeated more, and the summary says so
     assert recipes["half"]["train_tokens"] < recipes["all"]["train_tokens"]
     assert recipes["half"]["epochs"] > recipes["all"]["epochs"]
@@ -219,7 +228,10 @@ def test_tiny_ablation_end_to_end_and_cached(tmp_path, samples):
     assert recipes["half"]["heldout_docs"] == len({d for d in heldout if int(d[4:]) % 2 == 0})
 
     html = (root / "report.html").read_text()
-    for name in ("all", "half", 'id="recipes"', 'id="curves"', "data:image/png;base64,"):
+    # multiple choice by length-normalised accuracy, the cloze task by its exact-match accuracy
+    for name in ("piqa (acc_norm, 8 items)", "lambada (acc, 8 items)", "CORE (mean centred)"):
+        assert name in html
+    for name in ("all", "half", 'id="recipes"', 'id="curves"', 'id="tasks"', "data:image/png;base64,"):
         assert name in html
 
     # a second run rebuilds nothing: every stage is skipped by its key and no output is rewritten

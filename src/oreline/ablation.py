@@ -168,6 +168,14 @@ class ProxySpec(Section):
     micro_batch: int = Field(8, ge=1)
     grad_accum: int = Field(1, ge=1)
     evals: int = Field(5, ge=1, description="validation points along training (the loss curves)")
+    tasks: list[str] = Field(
+        ["core"],
+        description="downstream tasks scored on each arm's final model (train.eval_tasks at the last step: "
+        "core, task names or folders, as oreline eval --tasks); [] = none",
+    )
+    tasks_max_items: int = Field(
+        200, ge=1, description="items per task (the first N of each, the same for every arm)"
+    )
     model: dict[str, Any] = Field({}, description="[model] keys besides the preset (oreline config keys)")
     train: dict[str, Any] = Field({}, description="[train] keys besides the above (e.g. optim.lr)")
 
@@ -615,6 +623,11 @@ def arm_config(abl: AblationConfig, recipe: str, seed: int, tokens: Path, heldou
         "eval_every": every,
         "eval_sequences": abl.validation.sequences,
         "log_every": max(1, min(20, every)),
+        # downstream scores of the final model only: the curve is the held-out loss, and a proxy this
+        # small moves little from chance, so scoring every evaluation would cost more than it shows
+        "eval_tasks": p.tasks,
+        "eval_tasks_every": 0,
+        "eval_tasks_max_items": p.tasks_max_items,
         **p.train,
     }
     tree = {
@@ -696,6 +709,9 @@ def arm_result(rd: RunDir) -> dict[str, Any]:
                 curve.append({"step": r.get("step"), "val_loss": v, "val_bpb": bpb})
     train = [r for r in recs if r.get("type") == "train"]
     last = curve[-1] if curve else {}
+    # the final model's downstream scores: the last `tasks` record (train.eval_tasks at the last step)
+    tasks = [r for r in recs if r.get("type") == "tasks" and isinstance(r.get("acc"), dict)]
+    final_tasks = tasks[-1] if tasks else {}
     return {
         "run_dir": str(rd.root),
         "curve": curve,
@@ -704,7 +720,29 @@ def arm_result(rd: RunDir) -> dict[str, Any]:
         "final_train_loss": train[-1].get("loss") if train else None,
         "steps": train[-1].get("step") if train else None,
         "tokens_seen": train[-1].get("tokens_seen") if train else None,
+        "tasks": {
+            name: {key: (final_tasks.get(key) or {}).get(name) for key in TASK_KEYS}
+            for name in (final_tasks.get("acc") or {})
+        },
+        "core": final_tasks.get("core"),
     }
+
+
+# what a `tasks` record holds per task (train/loop.py's downstream_record)
+TASK_KEYS = ("items", "acc", "acc_norm", "centered", "chance")
+
+
+def _tasks_spread(runs: list[dict]) -> dict[str, dict[str, Any]]:
+    """Per task, each score's spread over the seeds, and the items and chance (the same for every seed)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(n for r in runs for n in r.get("tasks", {})):
+        per = [r["tasks"][name] for r in runs if name in r.get("tasks", {})]
+        out[name] = {
+            "items": per[0].get("items"),
+            "chance": per[0].get("chance"),
+            **{key: _spread([m.get(key) for m in per]) for key in ("acc", "acc_norm", "centered")},
+        }
+    return out
 
 
 def _spread(values: list[float | None]) -> dict[str, Any]:
@@ -910,6 +948,8 @@ def summarize(abl: AblationConfig, counts: dict, arms: dict[str, list[dict]], to
                 "final_val_loss": _spread([r["final_val_loss"] for r in runs]),
                 "final_val_bpb": _spread([r["final_val_bpb"] for r in runs]),
                 "final_train_loss": _spread([r["final_train_loss"] for r in runs]),
+                "tasks": _tasks_spread(runs),
+                "core": _spread([r.get("core") for r in runs]),
                 "runs": runs,
             }
         )
@@ -937,6 +977,8 @@ def summarize(abl: AblationConfig, counts: dict, arms: dict[str, list[dict]], to
             "batch_tokens": p.batch_tokens,
             "train_tokens_per_arm": budget,
             "tokens_asked": p.tokens,
+            "tasks": p.tasks,
+            "tasks_max_items": p.tasks_max_items,
         },
         "classifiers": [classifier_summary(abl, c) for c in abl.classifiers],
         "recipes": recipes,
@@ -975,7 +1017,9 @@ def print_table(summary: dict, console: Console) -> None:
         title=f"oreline ablate {summary['name']}: {summary['proxy']['train_tokens_per_arm']:,} training tokens "
         f"per arm, validation = {v['documents']:,} held-out documents of {v['recipe']!r} ({v['tokens']:,} tokens)"
     )
-    for col in ("recipe", "docs kept", "train tokens", "epochs", "val loss", "val bpb", "seeds"):
+    scored = any((r.get("core") or {}).get("n") for r in summary["recipes"])
+    cols = ("recipe", "docs kept", "train tokens", "epochs", "val loss", "val bpb", "seeds")
+    for col in cols + (("CORE (centred)",) if scored else ()):
         table.add_column(col, justify="left" if col == "recipe" else "right")
     for r in summary["recipes"]:
         kept = f"{r['docs_kept']:,}" + (f" of {r['docs_in']:,}" if isinstance(r.get("docs_in"), int) else "")
@@ -987,6 +1031,7 @@ def print_table(summary: dict, console: Console) -> None:
             _pm(r["final_val_loss"]),
             _pm(r["final_val_bpb"]),
             str(r["final_val_loss"]["n"]),
+            *((_pm(r["core"]),) if scored else ()),
         )
     console.print(table)
     for c in summary.get("classifiers", []):

@@ -106,6 +106,37 @@ def classifiers_table(classifiers: list[dict[str, Any]]) -> str:
     )
 
 
+def tasks_table(summary: dict[str, Any]) -> str | None:
+    """Each recipe's final models on the downstream tasks: accuracy per task (acc_norm where the
+    task has it, as lm-eval reports multiple choice) with its spread over seeds, the CORE-style mean
+    of the centred accuracies, and chance beside them; None when no arm scored a task."""
+    recipes = [r for r in summary["recipes"] if r.get("tasks")]
+    if not recipes:
+        return None
+    names = list(dict.fromkeys(n for r in recipes for n in r["tasks"]))
+
+    def metric(m: dict[str, Any]) -> str:
+        # a cloze task (LAMBADA) has chance 0 and no length normalisation (its acc_norm repeats acc)
+        return "acc" if not m.get("chance") else "acc_norm"
+
+    first = {n: next(r["tasks"][n] for r in recipes if n in r["tasks"]) for n in names}
+    header = ["recipe", *[f"{n} ({metric(first[n])}, {fmt(first[n].get('items'))} items)" for n in names]]
+    rows = [
+        [r["name"], *[_pm(r["tasks"][n][metric(r["tasks"][n])]) if n in r["tasks"] else "—" for n in names]]
+        + [_pm(r.get("core") or {})]
+        for r in recipes
+    ]
+    rows.append(["chance", *[fmt(first[n].get("chance")) for n in names], fmt(0.0)])
+    p = summary["proxy"]
+    return table([*header, "CORE (mean centred)"], rows, numeric=set(range(1, len(names) + 2))) + (
+        f'<p class="small">The final model of every arm on the first {fmt(p.get("tasks_max_items"))} items of '
+        "each task (the same items for every arm), scored as <code>oreline eval --tasks</code> scores them; "
+        "± is the standard deviation over seeds. Centred accuracy is (acc − chance) / (1 − chance). A proxy "
+        "model this small is close to chance on these tasks, and the binomial spread of a few hundred items "
+        "is several points: the held-out loss above is the finer comparison at this scale.</p>"
+    )
+
+
 def render(summary: dict[str, Any]) -> str:
     v, p, t = summary["validation"], summary["proxy"], summary["tokenizer"]
     rows = []
@@ -173,6 +204,9 @@ def render(summary: dict[str, Any]) -> str:
         ("recipes", "Recipes side by side", side + note),
         ("curves", "Held-out loss during training", charts),
     ]
+    downstream = tasks_table(summary)
+    if downstream:
+        sections.append(("tasks", "Downstream tasks of the final models", downstream))
     if summary.get("classifiers"):
         sections.append(("classifiers", "Quality classifiers", classifiers_table(summary["classifiers"])))
     sections.append(("setup", "Set-up", setup))
