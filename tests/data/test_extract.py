@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from resiliparse.parse.html import HTMLTree
 
 from oreline.config import ExtractConfig
 from oreline.data.filters.boilerplate import SELECTORS_PATH, fit_selectors
@@ -16,6 +17,7 @@ from oreline.data.filters.extract import (
     LOW_CONFIDENCE_CHARS,
     MAX_MAIN_CONTENT_DEPTH,
     ExtractTimeout,
+    _container_text,
     extract,
     html_to_text,
     pruned_text,
@@ -264,6 +266,38 @@ def test_class_selectors_match_tokens_not_substrings():
     for cls in ("author", "post-author", "wp-caption", "entry_title"):
         html = f'<html><body><article><div class="{cls} x">zzboiler words</div>{_ARTICLE}</article></body></html>'
         assert "zzboiler" not in html_to_text(html), cls
+
+
+def test_article_container_replaces_main_content_around_it():
+    # the main-content pass keeps a tour list beside a short post; the theme marks the post's
+    # body `entry-content`, and the container's text is taken instead
+    tour = "".join(f"<p>October {i}: Washington DC, tickets at the door</p>" for i in range(1, 21))
+    post = "<p>We are back from a long week of shows and glad to be home.</p>" * 5
+    html = (
+        f'<html><body><div id="main"><div class="entry-content">{post}</div>'
+        f"<div>{tour}</div></div></body></html>"
+    )
+    assert "Washington" in pruned_text(html, (), second_opinion=False)[0]  # what it was without
+    text, path = extract(html)
+    assert path == "pruned:container" and "glad to be home" in text and "Washington" not in text
+    for isolate in (True, False):  # the same text in the child as in-process
+        assert extract_text(html, ExtractConfig(isolate=isolate))[0] == text
+
+
+def test_article_container_that_is_a_fragment_is_not_taken():
+    # a front page of several posts: the first `entry-content` holds under a quarter of the
+    # main content, so the main content (all posts) stays
+    posts = "".join(
+        f'<div class="entry-content"><p>Post {i} says what happened on day {i} of the trip, '
+        "in a few plain sentences for the readers at home.</p>"
+        "<p>It ends with where the next day goes, what the weather will be like there, and who "
+        "comes along for the ride.</p></div>"
+        for i in range(8)
+    )
+    html = f"<html><body><div id=main>{posts}</div></body></html>"
+    assert _container_text(HTMLTree.parse(html), ()) is not None  # found, and then not taken
+    text, path = extract(html)
+    assert path != "pruned:container" and "Post 0 says" in text and "Post 7 says" in text
 
 
 def test_platform_widgets_and_comment_form_dropped():
