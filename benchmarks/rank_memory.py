@@ -92,7 +92,12 @@ peak is now the root's reduce-scatter at the end of backward (a mallinfo2 probe 
 FSDP2's reduce-scatter input (the table's gradient, 98) and gloo's full-size temporary of
 reduce_scatter (98). gloo's copy is gone since (oreline.train.gloo_reduce_scatter, an in-place
 all-reduce; lean, --before bea85f6, one run): W=2 1,678 → 1,625 ("over" 257 → 205), W=4 1,156 →
-1,157 (249 → 250: the W=4 peak sits elsewhere); targets share + const 1,420 / 907.
+1,157 (249 → 250: the W=4 peak sits elsewhere); targets share + const 1,420 / 907. The W=4 peak
+was the blocks' backward, where FSDP2's backward prefetch held the next block's weights; CPU ranks
+run without it since (oreline.train.dist.no_backward_prefetch; lean, --before b2ebbda, one run):
+W=2 1,634 → 1,625 ("over" 213 → 204), W=4 1,153 → 1,133 (246 → 226); the peak at both W is now
+the root's reduce-scatter (the tied table's gradient and FSDP2's copy of it, 98 MB each) plus
+~40 MB of freed small blocks the heap keeps resident (docs/measurements.md).
 
 Allocator: `--cpu-allocator default lean` (the default) measures glibc's own setting and "lean"
 (a fixed 1 MiB mmap threshold: every freed block ≥ 1 MiB goes back to the kernel at once, at the
