@@ -92,11 +92,18 @@ peak is now the root's reduce-scatter at the end of backward (a mallinfo2 probe 
 FSDP2's reduce-scatter input (the table's gradient, 98) and gloo's full-size temporary of
 reduce_scatter (98). gloo's copy is gone since (oreline.train.gloo_reduce_scatter, an in-place
 all-reduce; lean, --before bea85f6, one run): W=2 1,678 → 1,625 ("over" 257 → 205), W=4 1,156 →
-1,157 (249 → 250: the W=4 peak sits elsewhere); targets share + const 1,420 / 907.
+1,157 (249 → 250: the W=4 peak sits elsewhere); targets share + const 1,420 / 907. The W=4 peak
+was the blocks' backward, where FSDP2's backward prefetch held the next block's weights; CPU ranks
+run without it since (oreline.train.dist.no_backward_prefetch; lean, --before b2ebbda, one run):
+W=2 1,634 → 1,625 ("over" 213 → 204), W=4 1,153 → 1,133 (246 → 226); the peak at both W is now
+the root's reduce-scatter (the tied table's gradient and FSDP2's copy of it, 98 MB each) plus
+~40 MB of freed small blocks the heap kept resident, gone with lean's threshold at 64 KiB
+(--before 8cdea67, one run): W=2 1,636 → 1,583 ("over" 216 → 163), W=4 1,136 → 1,093 (228 → 187);
+targets share + const 1,419 / 906 (docs/measurements.md).
 
 Allocator: `--cpu-allocator default lean` (the default) measures glibc's own setting and "lean"
-(a fixed 1 MiB mmap threshold: every freed block ≥ 1 MiB goes back to the kernel at once, at the
-cost of zero-filling it again). "tuned" (the training default: mallopt M_MMAP_THRESHOLD 1 GiB,
+(a fixed mmap threshold, 64 KiB, 1 MiB until the measurements above: every freed block at or
+over it goes back to the kernel at once, at the cost of zero-filling it again). "tuned" (the training default: mallopt M_MMAP_THRESHOLD 1 GiB,
 M_TRIM_THRESHOLD 2 GiB, ~13% faster steps) keeps freed blocks resident, up to ~2 GiB per rank,
 which the debug preset never reaches (tuned, 125m: peak 3.3-4.0 GB per rank in both trees at
 W=2 and 4; start W=2 1,343 → 1,117, W=4 1,298 → 1,034).
@@ -127,7 +134,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MB = 1e6
 STATE_BYTES_PER_PARAM = 16  # fp32 weight + fp32 gradient + AdamW exp_avg + exp_avg_sq
 TINY = "debug"  # the preset that measures the constant
-LEAN_MMAP_THRESHOLD = 1 << 20  # oreline.train.performance.LEAN_MMAP_THRESHOLD (the old tree has none)
+LEAN_MMAP_THRESHOLD = 1 << 20  # lean's threshold when trees older than "lean" were measured (64 KiB since)
 
 
 # ---------------------------------------------------------------------------------------------

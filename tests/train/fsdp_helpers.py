@@ -18,9 +18,12 @@ per scenario:
   the largest gradient), and how often the root freed its gathered table during backward, right
   after the output layers' backward (model/tied.py), with the table sharded then;
 - reduce_scatter: which reduce-scatter FSDP2 runs in every unit (on gloo the in-place all-reduce
-  of oreline.train.gloo_reduce_scatter; with train.profile the timed one wrapping it), and whether
-  a tied model's fp32 losses and gradients after two micro-batches are bitwise those of FSDP2's
-  default reduce-scatter (installed in its place), with and without train.profile;
+  of oreline.train.gloo_reduce_scatter; with train.profile the timed one wrapping it), the order
+  of the blocks' all-gathers and reduce-scatters in the first backward (on CPU without FSDP2's
+  backward prefetch: a block is gathered after the one behind it has reduced, `no_backward_prefetch`),
+  and whether a tied model's fp32 losses and gradients after two micro-batches are bitwise those
+  of FSDP2's defaults (its reduce-scatter and its backward prefetch restored), with and without
+  train.profile;
 - generate: all-gathers counted (FSDP2's "FSDP::all_gather" profiler labels) while 6 tokens are generated through the
   loop's `generations`, and the tokens, equal to the plain model's.
 """
@@ -158,28 +161,44 @@ def reduce_scatter_scenario(cfg: TrainConfig, info: dist.DistInfo) -> dict:
                 names.append(type(comm).__name__ + (f"({type(inner).__name__})" if inner is not None else ""))
         return sorted(set(names))
 
-    def train(tc: TrainConfig, stock: bool) -> tuple[list[float], dict[str, torch.Tensor], list[str]]:
+    def train(
+        tc: TrainConfig, stock: bool
+    ) -> tuple[list[float], dict[str, torch.Tensor], list[str], list[str]]:
+        from torch.profiler import ProfilerActivity, profile
+
         model, train_model = build_model(args, REFERENCE, tc, info)
-        if stock:  # FSDP2's default reduce-scatter, as wrap_model left it before
+        if stock:  # FSDP2's default reduce-scatter and backward prefetch, as wrap_model left them before
             for m in model.modules():
                 if isinstance(m, FSDPModule):
                     m.set_custom_reduce_scatter(compat.fsdp_reduce_scatter_base()())
-        losses = []
+                    m._get_fsdp_state()._states_to_backward_prefetch = []  # noqa: SLF001 (FSDP2's default)
+        losses, order = [], []
         for i, ids in enumerate(batches):
             with dist.sync_context(train_model, i == 1):
                 loss = train_model(ids, labels=torch.roll(ids, -1, 1)).sum()
-                loss.backward()
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    loss.backward()
             losses.append(loss.item())
+            if i == 0:  # the blocks' all-gathers and reduce-scatters in backward, in time order
+                events = sorted(prof.events(), key=lambda e: e.time_range.start)
+                for e in events:
+                    m = re.fullmatch(
+                        r"FSDP::(all_gather|post_backward_reduce) \(model\.layers\.(\d+)\)", e.name
+                    )
+                    if m:
+                        order.append(("gather " if m[1] == "all_gather" else "reduce ") + m[2])
         grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
-        return losses, grads, comms(model)
+        return losses, grads, comms(model), order
 
     out = {}
     for name, tc in (("plain", cfg), ("profile", cfg.model_copy(update={"profile": True}))):
-        losses, grads, installed = train(tc, stock=False)
-        ref_losses, ref_grads, stock = train(tc, stock=True)
+        losses, grads, installed, order = train(tc, stock=False)
+        ref_losses, ref_grads, stock, stock_order = train(tc, stock=True)
         out[name] = {
             "comm": installed,
             "stock_comm": stock,
+            "order": order,
+            "stock_order": stock_order,
             "losses_equal": losses == ref_losses,
             "grads_differ": [n for n in ref_grads if not torch.equal(grads[n], ref_grads[n])],
             "grad_norm": sum(v.double().square().sum().item() for v in grads.values()) ** 0.5,

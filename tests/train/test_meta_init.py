@@ -163,6 +163,10 @@ def _check(results: dict[str, dict], world: int, shard: int) -> None:
     assert rs["profile"]["comm"] == ["TimedReduceScatter(GlooReduceScatter)"], rs
     for r in (rs["plain"], rs["profile"]):
         assert r["stock_comm"] == ["DefaultReduceScatter"], rs
+        # CPU: no backward prefetch (dist.no_backward_prefetch): layer 0 (resharded after forward) is
+        # gathered after layer 1 has reduced, not before as FSDP2's default prefetch does
+        assert r["order"] == ["reduce 1", "gather 0", "reduce 0"], rs
+        assert r["stock_order"] == ["gather 0", "reduce 1", "reduce 0"], rs
         assert r["losses_equal"] and r["grads_differ"] == [] and r["grad_norm"] > 0, rs
     gen = results["generate"]
     assert gen["tokens"] == gen["plain"] and len(gen["tokens"]) == 6

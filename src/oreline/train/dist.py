@@ -37,6 +37,8 @@ comm hook and FSDP2 reduce-scatter `wrap_model` installs.
 On gloo `wrap_model` also gives FSDP2 `oreline.train.gloo_reduce_scatter` (an in-place all-reduce
 instead of gloo's reduce_scatter, which copies its input: one unit's gradients less per rank at
 the peak); with `train.profile` the timed reduce-scatter wraps it.
+On CPU `wrap_model` turns FSDP2's implicit backward prefetch off (`no_backward_prefetch`: CPU
+all-gathers are synchronous, so it overlaps nothing and costs one unit's weights at the peak).
 
 Metrics are logged by rank 0 only; loss, grad norm and tokens are already global (all-reduced),
 timings are averaged over ranks with `mean_over_ranks`. `agree_on_step` all-reduces the loss,
@@ -365,6 +367,8 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
             # projection, final norm): freed there, not at the end of backward (model/tied.py;
             # 98 MB at 125m on every rank, whatever the world size, through the blocks' backward)
             model.after_tied_output_backward = model.reshard
+        if info.device.type == "cpu":
+            no_backward_prefetch(model)
         # gloo: all-reduce in place, without gloo's full-size copy of each unit's gradients
         # (oreline.train.gloo_reduce_scatter; NCCL reduces in place itself)
         comm = gloo_reduce_scatter() if info.backend == "gloo" else None
@@ -377,6 +381,25 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
                     m.set_custom_reduce_scatter(comm)
         return model
     raise ConfigError(f"train.parallel={info.parallel!r} is unknown", "use train.parallel=ddp, fsdp or hsdp")
+
+
+def no_backward_prefetch(model: nn.Module) -> None:
+    """Turn off FSDP2's implicit backward prefetch on every unit of `model` (CPU ranks).
+
+    By default each unit's pre-backward all-gathers the unit that backward reaches next, so that on
+    a GPU the collective (on its own stream) overlaps this unit's gradient computation. On CPU there
+    are no streams: every all-gather runs to completion on the calling thread, so prefetching
+    overlaps nothing and only moves the next unit's all-gather buffer to before this unit's
+    gradients exist, one unit's unsharded weights more at the peak of the blocks' backward (34.6 MB
+    at 125m, whatever the world size; docs/measurements.md). The same collectives run in the same
+    order either way: the gathered values, and so the results, are the same.
+
+    FSDP2 reads an empty prefetch list as "the default", so each unit is given itself: by the time
+    its prefetch runs its own pre-backward has gathered it, and FSDP2's unshard of a gathered unit
+    returns at once."""
+    for module in model.modules():
+        if hasattr(module, "set_modules_to_backward_prefetch"):
+            module.set_modules_to_backward_prefetch([module])
 
 
 def fsdp_units(model: nn.Module) -> list[tuple[Any, bool]]:

@@ -6,8 +6,8 @@ gradients), that copy, and the output shard. FSDP2 never reads the input again a
 only keeps a reference until the reduce-scatter's event), so the all-reduce can run in the input
 itself: one unit's unsharded gradients less while it runs (98 MB at 125m for the root unit, the
 tied table's gradient, whatever the world size; the rank's peak fell 53 MB at W=2 and not at W=4,
-whose peak is elsewhere: docs/measurements.md). It is also faster, since the copy is gone; the
-bytes on the wire are gloo's own all-reduce's in both cases.
+whose peak was then in the blocks' backward: docs/measurements.md). It is also faster, since the
+copy is gone; the bytes on the wire are gloo's own all-reduce's in both cases.
 
 The results are bitwise those of gloo's reduce_scatter (sum and average, 2 and 4 ranks; the test
 in tests/train/fsdp_helpers.py compares the gradients of a training step with both). NCCL reduces

@@ -147,11 +147,11 @@ def tune_cpu_allocator() -> str | None:
     return "glibc mallopt: M_MMAP_THRESHOLD=1 GiB, M_TRIM_THRESHOLD=2 GiB"
 
 
-LEAN_MMAP_THRESHOLD = 1 << 20
+LEAN_MMAP_THRESHOLD = 64 << 10
 
 
 def lean_cpu_allocator() -> str | None:
-    """glibc only: serve every block of 1 MiB or more with its own mmap, so that freeing it gives
+    """glibc only: serve every block of 64 KiB or more with its own mmap, so that freeing it gives
     its pages back to the kernel at once; the process's RSS then follows its live tensors.
 
     glibc's own setting moves its mmap threshold up to the largest block freed so far (at most
@@ -163,10 +163,18 @@ def lean_cpu_allocator() -> str | None:
     at every point of the step. The cost is the page faults that `tune_cpu_allocator` avoids:
     every large block is zero-filled by the kernel again (process CPU time per step +10% over
     glibc's setting at 125m/W=2 here, more with 4 ranks on 2 cores). Returns what was set, or None.
+
+    64 KiB, not 1 MiB: blocks under the threshold still come from the heap, and at short sequences
+    the activations are such blocks (32 tokens × 768 fp32 = 96 KiB); freed in backward between live
+    blocks they left 35-42 MB of resident free heap at a 125m rank's peak (1 MiB; 3 MB with 64 KiB,
+    as in the debug preset): 43-53 MB of the peak RSS at W=4 / W=2, no CPU cost visible
+    (benchmarks/rank_memory.py, docs/measurements.md). Blocks below 64 KiB (norm weights, small
+    tensors) stay on the heap, where an mmap each would cost more than it saves; glibc also serves
+    a larger block from the heap when a free chunk or the heap's top fits it.
     """
     if not _mallopt([(M_MMAP_THRESHOLD, LEAN_MMAP_THRESHOLD)]):
         return None
-    return "glibc mallopt: M_MMAP_THRESHOLD=1 MiB (fixed: freed large blocks go back to the kernel)"
+    return "glibc mallopt: M_MMAP_THRESHOLD=64 KiB (fixed: freed blocks of 64 KiB or more go to the kernel)"
 
 
 CPU_ALLOCATORS = {"tuned": tune_cpu_allocator, "lean": lean_cpu_allocator}
