@@ -8,7 +8,11 @@ test folders have no __init__.py.)
 Started with `ray.cluster_utils.Cluster`: a head node and a worker node, each its own raylet and
 worker processes, talking over the machine's own address. Start-up measured here: 6.5 s on a quiet
 machine, 22 s at load average 13; 10 processes, 823 MiB RSS idle. The cluster's settings are those oreline sets on a Ray it
-starts itself (`task_oom_retries`), so the tests see the executor's own failure behaviour.
+starts itself (`task_oom_retries`), so the tests see the executor's own failure behaviour, with one
+exception: the head checks its nodes' health every 0.5 s and declares a node dead after 3 failed
+checks (Ray's defaults: every 3 s, 5 failures), so a node a test kills is declared dead, and its
+tasks retried, ~1.5 s after the kill instead of ~15 s. A check that does not answer still waits
+Ray's 10 s timeout, so a live node on a loaded machine is not declared dead.
 Tests that kill a node add a node of their own and kill that one (by the processes the fixture's
 cluster started for it), so the shared cluster keeps its two nodes.
 
@@ -36,7 +40,11 @@ def ray_cluster():
         head_node_args={
             "num_cpus": 1,
             "include_dashboard": False,
-            "_system_config": {"task_oom_retries": 1},
+            "_system_config": {
+                "task_oom_retries": 1,
+                "health_check_period_ms": 500,
+                "health_check_failure_threshold": 3,
+            },
         },
     )
     try:

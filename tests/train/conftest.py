@@ -8,7 +8,9 @@ is trained on them and the documents are tokenized with 10 % held out for valida
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
 import sys
 import zipfile
 from collections.abc import Mapping
@@ -146,3 +148,50 @@ def second_source(samples, prose_tokens, tmp_path_factory) -> Path:
         [docs], prose_tokens["tokenizer"], root / "tokens", TokenizeConfig(val_fraction=0.1, workers=1)
     )
     return root / "tokens"
+
+
+def kill_resume_module():
+    """tests/train/test_kill_resume_train.py (its run SETTINGS, launch and comparison helpers), loaded
+    by path: test folders are not packages."""
+    name = "oreline_test_kill_resume_reference"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("test_kill_resume_train.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+class UninterruptedRun:
+    """A `python -m oreline train` run of test_kill_resume_train's SETTINGS, started in the background
+    by the first test that asks for it; `finished()` waits for it to end (exit 0) and returns its
+    run folder. Tests only read that folder."""
+
+    def __init__(self, config: Path, log: Path, run: Path):
+        self.log, self.run = log, run
+        self.proc: subprocess.Popen = kill_resume_module().launch(config, log)
+
+    def finished(self) -> Path:
+        assert self.proc.wait(timeout=300) == 0, self.log.read_text()[-3000:]
+        return self.run
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_run(prose_tokens, tmp_path_factory):
+    """The one uninterrupted reference run that the kill-and-resume tests (test_kill_resume_train,
+    test_shutdown's SIGTERM test) compare bit for bit against: every one of them would start the
+    same run from the same config, so it is run once per session, beside the first test's own run
+    (started when that test asks for it, waited for when the test compares)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    kr = kill_resume_module()
+    ref = UninterruptedRun(
+        kr.write_config(root / "ref.toml", root / "ref", prose_tokens), root / "ref.log", root / "ref" / "r"
+    )
+    try:
+        yield ref
+    finally:
+        if ref.proc.poll() is None:  # the session ended (a failure, Ctrl-C) before anyone waited for it
+            ref.proc.kill()
+            ref.proc.wait()

@@ -161,16 +161,14 @@ def assert_identical(ref: Path, got: Path) -> None:
 
 
 @pytest.mark.slow
-def test_killed_and_resumed_run_is_bit_identical(prose_tokens, tmp_path):
-    ref_cfg = write_config(tmp_path / "ref.toml", tmp_path / "ref", prose_tokens)
-    ref_proc = launch(ref_cfg, tmp_path / "ref.log")  # the uninterrupted run, alongside the killed one
+def test_killed_and_resumed_run_is_bit_identical(prose_tokens, uninterrupted_run, tmp_path):
+    # the uninterrupted run (tests/train/conftest.py: one per session), alongside the killed one
     cfg = write_config(tmp_path / "killed.toml", tmp_path / "killed", prose_tokens)
     run = tmp_path / "killed" / "r"
     # step 3: before the first checkpoint (the relaunch starts afresh); the save of step 8 (resumes
     # from step 4 and replays 5-8); the eval after step 12's checkpoint (resumes from step 12)
     hits = run_with_kills(cfg, run, [("step", 3), ("save", 8), ("eval", 12)], log=tmp_path / "k.log")
-    assert ref_proc.wait(timeout=300) == 0, (tmp_path / "ref.log").read_text()[-3000:]
-    assert_identical(tmp_path / "ref" / "r", run)
+    assert_identical(uninterrupted_run.finished(), run)
     events = [r for r in records(run) if r.get("type") == "event" and r.get("kind") == "resume"]
     assert len(events) == 2, hits  # the first kill came before any checkpoint: a fresh start
     assert "during the save of step 8" in hits, hits

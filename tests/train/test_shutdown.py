@@ -163,9 +163,10 @@ def _stop(proc: subprocess.Popen, run: Path, after_step: int, sig: int = signal.
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_the_step_and_the_resumed_run_is_bit_identical(prose_tokens, tmp_path):
-    ref_cfg = kr.write_config(tmp_path / "ref.toml", tmp_path / "ref", prose_tokens)
-    ref = start(oreline("train", "-c", str(ref_cfg)), tmp_path / "ref.log")  # uninterrupted, alongside
+def test_sigterm_checkpoints_the_step_and_the_resumed_run_is_bit_identical(
+    prose_tokens, uninterrupted_run, tmp_path
+):
+    # the uninterrupted run (tests/train/conftest.py: one per session), alongside this one
     cfg = kr.write_config(tmp_path / "stop.toml", tmp_path / "stop", prose_tokens)
     run, log = tmp_path / "stop" / "r", tmp_path / "stop.log"
     proc = start(oreline("train", "-c", str(cfg)), log)
@@ -185,8 +186,8 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_is_bit_identical(prose
     assert not any(r["type"] == "end" for r in kr.records(run))
     last = start(oreline("train", "-c", str(cfg)), log)
     assert last.wait(timeout=300) == 0, log.read_text()[-3000:]
-    assert ref.wait(timeout=300) == 0, (tmp_path / "ref.log").read_text()[-3000:]
-    kr.assert_identical(tmp_path / "ref" / "r", run)
+    ref = uninterrupted_run.finished()
+    kr.assert_identical(ref, run)
 
     def outcome(recs: list[dict]) -> list:
         return [
@@ -202,7 +203,7 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_is_bit_identical(prose
             if r["type"] in ("eval", "generation", "end")
         ]
 
-    assert outcome(kr.records(run)) == outcome(kr.records(tmp_path / "ref" / "r")), hit
+    assert outcome(kr.records(run)) == outcome(kr.records(ref)), hit
 
 
 @pytest.mark.slow

@@ -88,17 +88,46 @@ def events(run: Path, kind: str) -> list[dict]:
     return [r for r in kr.records(run) if r.get("type") == "event" and r.get("kind") == kind]
 
 
+class Reference:
+    """The uninterrupted 2-process job of kr.SETTINGS, submitted once and compared against by both
+    requeue tests (each used to submit the same job for itself). Its end state is kept when it is
+    first seen: Slurm forgets a finished job MinJobAge (600 s) later, and the second test may end
+    after that."""
+
+    def __init__(self, folder: Path, prose_tokens: dict[str, Path]):
+        cfg = kr.write_config(folder / "ref.toml", folder / "ref", prose_tokens)
+        self.job, _ = submit(cfg, folder)
+        self.run = folder / "ref" / "r"
+        self.log = folder / f"oreline-r-{self.job}.out"
+        self.state: str | None = None
+
+    def ended(self) -> bool:
+        if self.state is None and gone(self.job):
+            self.state = job_info(self.job).get("JobState") or "forgotten by Slurm before it was seen ending"
+        return self.state is not None
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_cluster, prose_tokens, tmp_path_factory):
+    """The uninterrupted reference job, submitted when the first test asks for it (before that test
+    submits its own job, so the two run alongside); cancelled at the end if still running."""
+    ref = Reference(tmp_path_factory.mktemp("slurm-reference"), prose_tokens)
+    try:
+        yield ref
+    finally:
+        if not ref.ended():
+            subprocess.run(["scancel", ref.job], check=False)
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_requeued_then_cancelled_and_resubmitted_job_equals_an_uninterrupted_one(
-    slurm_cluster, prose_tokens, tmp_path
+    slurm_cluster, prose_tokens, reference, tmp_path
 ):
-    ref_cfg = kr.write_config(tmp_path / "ref.toml", tmp_path / "ref", prose_tokens)
     cfg = kr.write_config(tmp_path / "job.toml", tmp_path / "job", prose_tokens)
-    run, ref_run = tmp_path / "job" / "r", tmp_path / "ref" / "r"
-    ref_job, _ = submit(ref_cfg, tmp_path)  # uninterrupted, alongside
-    job, script = submit(cfg, tmp_path)
-    logs = [tmp_path / f"oreline-r-{job}.out", tmp_path / f"oreline-r-{ref_job}.out"]
+    run = tmp_path / "job" / "r"
+    job, script = submit(cfg, tmp_path)  # the uninterrupted reference runs alongside (fixture)
+    logs = [tmp_path / f"oreline-r-{job}.out", reference.log]
     print(f"submitted script ({script}):\n{script.read_text()}")
 
     # 1. USR1 (the time-limit notice): checkpoint at the next step boundary, requeue, resume
@@ -130,19 +159,17 @@ def test_requeued_then_cancelled_and_resubmitted_job_equals_an_uninterrupted_one
         check=True,
     ).stdout.strip()
     logs.append(tmp_path / f"oreline-r-{again}.out")
-    wait(lambda: gone(again) and gone(ref_job), "the resubmitted and the reference jobs to end", logs)
-    assert job_info(again)["JobState"] == job_info(ref_job)["JobState"] == "COMPLETED", logs[-1].read_text()[
-        -3000:
-    ]
+    wait(lambda: gone(again) and reference.ended(), "the resubmitted and the reference jobs to end", logs)
+    assert job_info(again)["JobState"] == reference.state == "COMPLETED", logs[-1].read_text()[-3000:]
     assert [r["step"] for r in events(run, "resume")] == [at1, stop2["step"]]
 
-    kr.assert_identical(ref_run, run)
+    kr.assert_identical(reference.run, run)
     losses = {r["step"]: r["loss"] for r in kr.records(run) if r.get("type") == "train"}
     print("per-step losses (requeued + cancelled + resubmitted == uninterrupted):", json.dumps(losses))
     print(f"USR1 stop after step {at1} (requeued), scancel stop after step {stop2['step']} (resubmitted)")
     acct = accounting(job)
     if acct is not None:  # the cluster keeps accounting (CI's does: ORELINE_SLURM_ACCOUNTING=1)
-        others = (accounting(again) or [])[2:] + (accounting(ref_job) or [])[2:]
+        others = (accounting(again) or [])[2:] + (accounting(reference.job) or [])[2:]
         print("sacct (the job, its resubmission, the reference):\n" + "\n".join(acct + others))
         assert [line.split()[2].rstrip("+") for line in acct[2:]] == ["REQUEUED", "CANCELLED"], acct
     print(
@@ -155,25 +182,21 @@ def test_requeued_then_cancelled_and_resubmitted_job_equals_an_uninterrupted_one
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_job_at_its_time_limit_stops_on_slurms_own_usr1_requeues_and_finishes(
-    slurm_cluster, prose_tokens, tmp_path
+    slurm_cluster, prose_tokens, reference, tmp_path
 ):
     """No scancel here: Slurm itself sends USR1 `--signal-lead` seconds before the job's 2-minute
     `--time` (its check runs every ~30 s, so USR1 came 0-30 s after that point here). Each step
     sleeps 6 s, so the 16 steps cannot finish inside one allocation: the job stops after a step with
     a checkpoint, requeues itself, resumes, and ends COMPLETED with the same losses, grad norms and
     weights as an uninterrupted reference (a requeued job that gets USR1 again just repeats this)."""
-    ref_cfg = kr.write_config(tmp_path / "ref.toml", tmp_path / "ref", prose_tokens)
     cfg = kr.write_config(
         tmp_path / "job.toml", tmp_path / "job", prose_tokens, train__debug__sleep_per_step_s=6.0
     )
-    run, ref_run = tmp_path / "job" / "r", tmp_path / "ref" / "r"
-    ref_job, _ = submit(ref_cfg, tmp_path)  # uninterrupted, alongside
-    job, _ = submit(cfg, tmp_path, time_limit="2", signal_lead=50)
-    logs = [tmp_path / f"oreline-r-{job}.out", tmp_path / f"oreline-r-{ref_job}.out"]
-    wait(lambda: gone(job) and gone(ref_job), "the job and the reference to end", logs, timeout=600)
-    assert job_info(job)["JobState"] == job_info(ref_job)["JobState"] == "COMPLETED", logs[0].read_text()[
-        -3000:
-    ]
+    run = tmp_path / "job" / "r"
+    job, _ = submit(cfg, tmp_path, time_limit="2", signal_lead=50)  # the reference: alongside (fixture)
+    logs = [tmp_path / f"oreline-r-{job}.out", reference.log]
+    wait(lambda: gone(job) and reference.ended(), "the job and the reference to end", logs, timeout=600)
+    assert job_info(job)["JobState"] == reference.state == "COMPLETED", logs[0].read_text()[-3000:]
     stops, resumes = events(run, "stopped"), events(run, "resume")
     assert int(job_info(job)["Restarts"]) == len(stops) >= 1, (job_info(job), stops)
     assert all(e["values"]["signal"] == "SIGUSR1" for e in stops), stops
@@ -182,7 +205,7 @@ def test_a_job_at_its_time_limit_stops_on_slurms_own_usr1_requeues_and_finishes(
     # and then the requeued job only finishes the final evaluation
     assert [r["step"] for r in resumes] == [e["step"] for e in stops] and stops[0]["step"] < kr.STEPS
     assert logs[0].read_text().count("written on USR1; requeueing job") == len(stops)
-    kr.assert_identical(ref_run, run)
+    kr.assert_identical(reference.run, run)
     print(
         f"Slurm's own USR1 stopped the job after steps {[e['step'] for e in stops]}; it requeued and finished"
     )

@@ -9,6 +9,7 @@ is down or stops mid-run never stops training (one warning, metrics.jsonl comple
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +19,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
 
@@ -51,7 +51,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
+@contextlib.contextmanager
 def mlflow_server(folder: Path):
     """`mlflow server` on a free 127.0.0.1 port with a SQLite store in `folder`; yields (uri, process).
     Stopped (its process group, by id) at the end."""
@@ -104,11 +104,28 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def mlflow_runs(uri: str) -> list:
+@pytest.fixture(scope="module")
+def mlflow_service(tmp_path_factory):
+    """service() → (uri, process) of one `mlflow server` shared by this module's server tests (each
+    logs to an experiment of its own), started when first asked for: each start migrates a new
+    SQLite store and imports the server anew (~12 CPU-seconds here). A test that stops it (test_mlflow_server_stopped_mid_run_training_finishes) leaves it stopped, and the next
+    test that asks gets a new one. Every server is stopped at the end of the module."""
+    with contextlib.ExitStack() as servers:
+        current: list[tuple[str, subprocess.Popen]] = []
+
+        def service() -> tuple[str, subprocess.Popen]:
+            if not current or current[-1][1].poll() is not None:
+                current.append(servers.enter_context(mlflow_server(tmp_path_factory.mktemp("mlflow-server"))))
+            return current[-1]
+
+        yield service
+
+
+def mlflow_runs(uri: str, experiment: str = "oreline") -> list:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("oreline")
+    exp = client.get_experiment_by_name(experiment)
     return [] if exp is None else client.search_runs([exp.experiment_id])
 
 
@@ -327,55 +344,59 @@ def launch(config: Path, log: Path, env: dict) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_killed_and_resumed_run_is_one_mlflow_run_and_one_wandb_group(tmp_path, prose_tokens, offline_env):
+def test_killed_and_resumed_run_is_one_mlflow_run_and_one_wandb_group(
+    tmp_path, prose_tokens, offline_env, mlflow_service
+):
     kr = _kill_resume()
     steps = 48  # slower steps than the kill tests': the kill waits for both trackers to have started
+    experiment = "killed-and-resumed"  # the server is the module's: this test's runs are its own
     config = kr.write_config(
         tmp_path / "run.toml",
         tmp_path / "runs",
         prose_tokens,
         train__trackers=["mlflow", "wandb"],
+        train__mlflow__experiment=experiment,
         train__steps=steps,
         train__debug__sleep_per_step_s=0.4,
     )
     run = tmp_path / "runs" / "r"
-    with mlflow_server(tmp_path / "server") as (uri, _server):
-        env = {**offline_env, "MLFLOW_TRACKING_URI": uri}
-        log = tmp_path / "train.log"
-        proc = launch(config, log, env)
+    uri, _server = mlflow_service()
+    env = {**offline_env, "MLFLOW_TRACKING_URI": uri}
+    log = tmp_path / "train.log"
+    proc = launch(config, log, env)
 
-        def both_started() -> bool:  # past the first checkpoint, each tracker holding some steps
-            runs = mlflow_runs(uri)
-            return (
-                kr.has(run, "train", 6)
-                and any(wandb_steps(f) for f in (run / "wandb").glob("offline-run-*"))
-                and bool(runs)
-                and bool(metric_steps(uri, runs[0].info.run_id, "train/loss"))
-            )
+    def both_started() -> bool:  # past the first checkpoint, each tracker holding some steps
+        runs = mlflow_runs(uri, experiment)
+        return (
+            kr.has(run, "train", 6)
+            and any(wandb_steps(f) for f in (run / "wandb").glob("offline-run-*"))
+            and bool(runs)
+            and bool(metric_steps(uri, runs[0].info.run_id, "train/loss"))
+        )
 
-        deadline = time.monotonic() + 300
-        while not both_started():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGKILL)  # mid-run: the newest checkpoint is the resume point
-        proc.wait()
-        assert not kr.has(run, "end", steps)
-        resume_at = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
-        proc = launch(config, log, env)  # --resume auto is the default
-        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
-        resumed = [r for r in fixtures.read_metrics(run / "metrics.jsonl") if r.get("kind") == "resume"]
-        assert len(resumed) == 1 and resumed[0]["step"] == resume_at
+    deadline = time.monotonic() + 300
+    while not both_started():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)  # mid-run: the newest checkpoint is the resume point
+    proc.wait()
+    assert not kr.has(run, "end", steps)
+    resume_at = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
+    proc = launch(config, log, env)  # --resume auto is the default
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    resumed = [r for r in fixtures.read_metrics(run / "metrics.jsonl") if r.get("kind") == "resume"]
+    assert len(resumed) == 1 and resumed[0]["step"] == resume_at
 
-        (mrun,) = mlflow_runs(uri)  # ONE run, continued
-        assert mrun.info.status == "FINISHED"
-        assert metric_steps(uri, mrun.info.run_id, "train/loss") == list(range(1, steps + 1))
-        evals = [s for s in range(1, steps + 1) if s % kr.EVAL_EVERY == 0]
-        assert metric_steps(uri, mrun.info.run_id, "eval/val_loss") == evals
-        trains = {r["step"]: r for r in fixtures.read_metrics(run / "metrics.jsonl") if r["type"] == "train"}
-        from mlflow.tracking import MlflowClient
+    (mrun,) = mlflow_runs(uri, experiment)  # ONE run, continued
+    assert mrun.info.status == "FINISHED"
+    assert metric_steps(uri, mrun.info.run_id, "train/loss") == list(range(1, steps + 1))
+    evals = [s for s in range(1, steps + 1) if s % kr.EVAL_EVERY == 0]
+    assert metric_steps(uri, mrun.info.run_id, "eval/val_loss") == evals
+    trains = {r["step"]: r for r in fixtures.read_metrics(run / "metrics.jsonl") if r["type"] == "train"}
+    from mlflow.tracking import MlflowClient
 
-        sent = {m.step: m.value for m in MlflowClient(uri).get_metric_history(mrun.info.run_id, "train/loss")}
-        assert sent == {s: pytest.approx(r["loss"]) for s, r in trains.items()}  # resume is bit-exact
+    sent = {m.step: m.value for m in MlflowClient(uri).get_metric_history(mrun.info.run_id, "train/loss")}
+    assert sent == {s: pytest.approx(r["loss"]) for s, r in trains.items()}  # resume is bit-exact
 
     # W&B offline cannot continue a run (wandb #2423): the resumed training is a second offline
     # run in the first one's group, named <name>-resume-1, that holds every step (those up to the
@@ -393,14 +414,16 @@ def test_killed_and_resumed_run_is_one_mlflow_run_and_one_wandb_group(tmp_path, 
 
 
 @pytest.mark.slow
-def test_mlflow_server_stopped_mid_run_training_finishes(tmp_path, prose_tokens, offline_env):
+def test_mlflow_server_stopped_mid_run_training_finishes(tmp_path, prose_tokens, offline_env, mlflow_service):
     kr = _kill_resume()
     steps = 48  # long enough for the tracker to start (seconds on a loaded machine) before the end
+    experiment = "server-stopped"  # the server is the module's (this test stops it): its runs are its own
     config = kr.write_config(
         tmp_path / "run.toml",
         tmp_path / "runs",
         prose_tokens,
         train__trackers=["mlflow"],
+        train__mlflow__experiment=experiment,
         train__tracker_flush_s=2.0,
         train__steps=steps,
         train__debug__sleep_per_step_s=0.4,
@@ -408,20 +431,20 @@ def test_mlflow_server_stopped_mid_run_training_finishes(tmp_path, prose_tokens,
     )
     run = tmp_path / "runs" / "r"
     log = tmp_path / "train.log"
-    with mlflow_server(tmp_path / "server") as (uri, server):
-        proc = launch(config, log, {**offline_env, "MLFLOW_TRACKING_URI": uri})
+    uri, server = mlflow_service()
+    proc = launch(config, log, {**offline_env, "MLFLOW_TRACKING_URI": uri})
 
-        def sent_some() -> bool:
-            runs = mlflow_runs(uri)
-            return bool(runs) and bool(metric_steps(uri, runs[0].info.run_id, "train/loss"))
+    def sent_some() -> bool:
+        runs = mlflow_runs(uri, experiment)
+        return bool(runs) and bool(metric_steps(uri, runs[0].info.run_id, "train/loss"))
 
-        deadline = time.monotonic() + 300
-        while not sent_some():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        stop_server(server)  # mid-run
-        assert not kr.has(run, "end", steps)
-        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    deadline = time.monotonic() + 300
+    while not sent_some():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    stop_server(server)  # mid-run
+    assert not kr.has(run, "end", steps)
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     recs = fixtures.read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in recs if r["type"] == "train"] == list(range(1, steps + 1))
     assert recs[-1]["type"] == "end"
