@@ -118,9 +118,12 @@ class ClassifierSpec(Section):
 
     def recipes(self) -> list[str]:
         """The recipes whose documents it trains on."""
-        return [
-            s[len(RECIPE_SOURCE) :] for s in (*self.positive, *self.negative) if s.startswith(RECIPE_SOURCE)
-        ]
+        return [n for n in map(recipe_input, (*self.positive, *self.negative)) if n is not None]
+
+
+def recipe_input(src: str) -> str | None:
+    """The recipe a classifier input names (`recipe:NAME`), or None for a file or folder."""
+    return src[len(RECIPE_SOURCE) :] if src.startswith(RECIPE_SOURCE) else None
 
 
 class RecipeSpec(Section):
@@ -439,8 +442,8 @@ def build_classifier(
     sources = []
     for side in (spec.positive, spec.negative):
         for src in side:
-            if src.startswith(RECIPE_SOURCE):
-                sources.append(recipes[src[len(RECIPE_SOURCE) :]]["output"])
+            if (name := recipe_input(src)) is not None:
+                sources.append(recipes[name]["output"])
                 continue
             files = sorted(_files(Path(expand(src))))
             if not files:
@@ -458,15 +461,12 @@ def build_classifier(
         inputs.mkdir(exist_ok=True)
 
         def paths(side: list[str]) -> list[str]:
-            out = []
-            for src in side:
-                name = src[len(RECIPE_SOURCE) :] if src.startswith(RECIPE_SOURCE) else None
-                out.append(
-                    src
-                    if name is None
-                    else str(_recipe_documents(name, recipes[name]["docs"], abl.validation.fraction, inputs))
-                )
-            return out
+            return [
+                src
+                if (name := recipe_input(src)) is None
+                else str(_recipe_documents(name, recipes[name]["docs"], abl.validation.fraction, inputs))
+                for src in side
+            ]
 
         train_classifier(
             paths(spec.positive),
@@ -813,14 +813,13 @@ def run_ablation(
             (root / "ablation.toml").write_text(to_toml(abl), encoding="utf-8")
         build_references(abl, console, frozen)
         specs = {spec.name: spec for spec in abl.recipes}
+        classifiers = {c.name: c for c in abl.classifiers}
         built: dict[str, dict] = {}
         for kind, name in build_order(abl):
             if kind == "recipe":
                 built[name] = build_recipe_data(specs[name], abl, console, frozen)
             else:
-                build_classifier(
-                    next(c for c in abl.classifiers if c.name == name), abl, built, console, frozen
-                )
+                build_classifier(classifiers[name], abl, built, console, frozen)
         recipes = {name: built[name] for name in specs}  # the declared order (table, report)
         tok_fp = build_tokenizer(abl, recipes, console, frozen)
         tokens = {name: tokenize_recipe(name, r, abl, tok_fp, console, frozen) for name, r in recipes.items()}

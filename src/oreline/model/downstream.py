@@ -89,39 +89,36 @@ def loglikelihoods(
             batch = order[start : start + size]
             start += len(batch)
             ids = torch.zeros(len(batch), longest, dtype=torch.long)
+            # the target of position t is the fed token t + 1; spans: (row, request, first, end) of
+            # each scored continuation in its row
+            targets = torch.zeros(len(batch), longest, dtype=torch.long)
+            spans = []
             for row, i in enumerate(batch):
-                inp = prepared[i][0]
-                ids[row, : len(inp)] = torch.as_tensor(inp, dtype=torch.long)
+                inp, n_cont = prepared[i]
+                n = len(inp)
+                ids[row, :n] = torch.as_tensor(inp, dtype=torch.long)
+                # lm-eval asserts a continuation fits the context; oreline scores the part that fits
+                n_cont = min(n_cont, n)
+                if n_cont == 0:  # the continuation merged into the context's last token: (0.0, True)
+                    continue
+                targets[row, n - n_cont : n] = torch.as_tensor(
+                    list(requests[i][1])[-n_cont:], dtype=torch.long
+                )
+                spans.append((row, i, n - n_cont, n))
             with torch.autocast(
                 device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
             ):
                 logits = model(ids.to(device))
             # one log_softmax over the batch (rows are independent, so each row's values are those of
-            # a forward of that request alone); the target of position t is the fed token t + 1
+            # a forward of that request alone)
             logp = torch.log_softmax(logits.float(), dim=-1)
-            targets = torch.zeros(len(batch), longest, dtype=torch.long)
-            for row, i in enumerate(batch):
-                inp, n_cont = prepared[i]
-                n_cont = min(n_cont, len(inp))
-                if n_cont:
-                    targets[row, len(inp) - n_cont : len(inp)] = torch.as_tensor(
-                        list(requests[i][1])[-n_cont:], dtype=torch.long
-                    )
             targets = targets.to(logp.device)
             token_lp = logp.gather(-1, targets[..., None])[..., 0].cpu()
             hits = (logp.argmax(-1) == targets).cpu()
-            for row, i in enumerate(batch):
-                inp, n_cont = prepared[i]
-                if n_cont == 0:  # the continuation merged into the context's last token: nothing to score
-                    out[i] = (0.0, True)
-                    continue
-                n = len(inp)
-                # lm-eval asserts a continuation fits the context; oreline scores the part that fits
-                n_cont = min(n_cont, n)
+            for row, i, first, end in spans:
                 # the exact sum of the fp32 token log-probabilities (math.fsum, correctly rounded): a
                 # float32 sum rounds at every add (lm-eval's default was one ulp off, 1.2e-4 nats at -2,000)
-                ll = math.fsum(token_lp[row, n - n_cont : n].tolist())
-                out[i] = (ll, bool(hits[row, n - n_cont : n].all()))
+                out[i] = (math.fsum(token_lp[row, first:end].tolist()), bool(hits[row, first:end].all()))
     finally:
         model.train(was_training)
     return out
