@@ -99,7 +99,13 @@ W=2 1,634 → 1,625 ("over" 213 → 204), W=4 1,153 → 1,133 (246 → 226); the
 the root's reduce-scatter (the tied table's gradient and FSDP2's copy of it, 98 MB each) plus
 ~40 MB of freed small blocks the heap kept resident, gone with lean's threshold at 64 KiB
 (--before 8cdea67, one run): W=2 1,636 → 1,583 ("over" 216 → 163), W=4 1,136 → 1,093 (228 → 187);
-targets share + const 1,419 / 906 (docs/measurements.md).
+targets share + const 1,419 / 906 (docs/measurements.md). That copy cannot go inside FSDP2
+(its copy-in, torch's `_chunk_cat`, refuses an output overlapping its inputs), hence "red" (2 ×
+the largest unit's unsharded gradient) in the stated bound share + const + red ("ok+r"): 1,616 /
+1,103 at 125m. The in-place reduce-scatter releasing its input (--before ad90030, one run):
+125m unchanged (1,582 / 1,093, peak at the root), 125m/v512 W=2 1,326 → 1,291, W=4 918 → 882
+(its bound 1,295 / 878: 4 MB short at W=4); the ~15 MB left over FSDP2's floor at 125m are MKL's
+and oneDNN's cached buffers for the model's matmul shapes.
 
 Allocator: `--cpu-allocator default lean` (the default) measures glibc's own setting and "lean"
 (a fixed mmap threshold, 64 KiB, 1 MiB until the measurements above: every freed block at or
