@@ -99,7 +99,13 @@ W=2 1,634 → 1,625 ("over" 213 → 204), W=4 1,153 → 1,133 (246 → 226); the
 the root's reduce-scatter (the tied table's gradient and FSDP2's copy of it, 98 MB each) plus
 ~40 MB of freed small blocks the heap kept resident, gone with lean's threshold at 64 KiB
 (--before 8cdea67, one run): W=2 1,636 → 1,583 ("over" 216 → 163), W=4 1,136 → 1,093 (228 → 187);
-targets share + const 1,419 / 906 (docs/measurements.md).
+targets share + const 1,419 / 906 (docs/measurements.md). That copy cannot go inside FSDP2
+(its copy-in, torch's `_chunk_cat`, refuses an output overlapping its inputs), hence "red" (2 ×
+the largest unit's unsharded gradient) in the stated bound share + const + red ("ok+r"): 1,616 /
+1,103 at 125m. The in-place reduce-scatter releasing its input (--before ad90030, one run):
+125m unchanged (1,582 / 1,093, peak at the root), 125m/v512 W=2 1,326 → 1,291, W=4 918 → 882
+(its bound 1,295 / 878: 4 MB short at W=4); the ~15 MB left over FSDP2's floor at 125m are MKL's
+and oneDNN's cached buffers for the model's matmul shapes.
 
 Allocator: `--cpu-allocator default lean` (the default) measures glibc's own setting and "lean"
 (a fixed mmap threshold, 64 KiB, 1 MiB until the measurements above: every freed block at or
@@ -301,6 +307,27 @@ def fsdp_gathered(preset: str, vocab: int, world: int) -> int:
     return training_memory(args, 1, 32, "fp32", False, shards=world)["gathered"]
 
 
+def largest_unit_grad(preset: str, vocab: int) -> int:
+    """Bytes of the largest FSDP2 unit's unsharded fp32 gradient (`dist.fsdp_units`, the root
+    holding the rest: with tied embeddings, the table and the final norm; 98 MB at 125m)."""
+    import torch
+
+    from oreline.config import ModelConfig
+    from oreline.model.llama import Llama
+    from oreline.model.presets import resolve_model_args
+    from oreline.train.dist import fsdp_units
+
+    with torch.device("meta"):
+        model = Llama(resolve_model_args(ModelConfig(preset=preset, vocab_size=vocab)))
+    sizes, seen = [], set()
+    for unit, _ in fsdp_units(model):
+        params = [p for m in (unit if isinstance(unit, list) else [unit]) for p in m.parameters()]
+        sizes.append(sum(p.numel() for p in params))
+        seen.update(id(p) for p in params)
+    sizes.append(sum(p.numel() for p in model.parameters() if id(p) not in seen))  # the root
+    return 4 * max(sizes)
+
+
 def step_cpu_ms(metrics: Path) -> float:
     """Rank 0's median process CPU time per step, step 1 (optimizer state allocation) left out."""
     recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
@@ -360,6 +387,7 @@ def main() -> int:
         params = {p: n_params(p, vocab[p]) for p in presets}
         state = {p: STATE_BYTES_PER_PARAM * params[p] for p in presets}
         gathered = {(p, w): fsdp_gathered(p, vocab[p], w) for p in presets for w in a.worlds}
+        unit_grad = {p: largest_unit_grad(p, vocab[p]) for p in presets}
         rows = []
         for tree, src in trees.items():
             data = work / f"data-{tree}"
@@ -411,7 +439,7 @@ def main() -> int:
                 )
         default_vocab = vocab[a.preset] == preset_vocab(a.preset)
         labels = {TINY: TINY, a.preset: a.preset if default_vocab else f"{a.preset}/v{vocab[a.preset]}"}
-        report(rows, params, state, gathered, labels)
+        report(rows, params, state, gathered, unit_grad, labels)
     finally:
         if old_tree.exists():
             subprocess.run(
@@ -427,6 +455,7 @@ def report(
     params: dict[str, int],
     state: dict[str, int],
     gathered: dict[tuple[str, int], int],
+    unit_grad: dict[str, int],
     labels: dict[str, str],
 ) -> None:
     """The table; `labels` names a preset whose vocab_size was overridden ("125m/v512")."""
@@ -441,24 +470,29 @@ def report(
         "(before step 1); rss max/min = peak RSS over the whole run, largest/smallest rank; excess = rss max - share; const = excess of the "
         f"{TINY} preset (same tree, allocator, W); over = excess - const; gath = FSDP2's unsharded "
         "units and gradient (oreline.model.presets.training_memory 'gathered'); "
-        "ok: rss max ≤ share + const, ok+g: rss max ≤ share + gath + const; cpu ms: rank 0's median process "
+        "red = 2 × the largest unit's unsharded fp32 gradient (FSDP2's reduce-scatter: the gradient and "
+        "its flat copy, alive together); "
+        "ok: rss max ≤ share + const, ok+r: rss max ≤ share + const + red, "
+        "ok+g: rss max ≤ share + gath + const; cpu ms: rank 0's median process "
         "CPU time per step after step 1.  MB = 1e6 bytes."
     )
     head = (
         f"{'tree':6s} {'alloc':7s} {'W':>1s} {'preset':9s} {'params':>11s} {'state':>6s} {'share':>6s} "
-        f"{'start':>5s} {'rss max':>7s} {'rss min':>7s} {'excess':>6s} {'const':>5s} {'over':>5s} {'gath':>4s}  ok   ok+g  cpu ms"
+        f"{'start':>5s} {'rss max':>7s} {'rss min':>7s} {'excess':>6s} {'const':>5s} {'over':>5s} {'red':>4s} {'gath':>4s}  ok   ok+r ok+g  cpu ms"
     )
     print(head)
     print("-" * len(head))
     for r in rows:
         p, w = r["preset"], r["world"]
         share, c, g = state[p] / w, const[(r["tree"], r["alloc"], w)], gathered[(p, w)]
+        red = 2 * unit_grad[p]
         excess = r["max"] - share
         print(
             f"{r['tree']:6s} {r['alloc']:7s} {w:1d} {labels[p]:9s} {params[p]:11,d} {state[p] / MB:6,.0f} "
             f"{share / MB:6,.0f} {r['startup'] / MB:5,.0f} {r['max'] / MB:7,.0f} {r['min'] / MB:7,.0f} {excess / MB:6,.0f} "
-            f"{c / MB:5,.0f} {(excess - c) / MB:5,.0f} {g / MB:4,.0f}  "
-            f"{'yes' if r['max'] <= share + c else 'NO':4s} {'yes' if r['max'] <= share + g + c else 'NO':4s} "
+            f"{c / MB:5,.0f} {(excess - c) / MB:5,.0f} {red / MB:4,.0f} {g / MB:4,.0f}  "
+            f"{'yes' if r['max'] <= share + c else 'NO':4s} {'yes' if r['max'] <= share + c + red else 'NO':4s} "
+            f"{'yes' if r['max'] <= share + g + c else 'NO':4s} "
             f"{r['cpu_ms']:6,.0f}"
         )
 

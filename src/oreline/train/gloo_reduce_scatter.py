@@ -7,7 +7,15 @@ only keeps a reference until the reduce-scatter's event), so the all-reduce can 
 itself: one unit's unsharded gradients less while it runs (98 MB at 125m for the root unit, the
 tied table's gradient, whatever the world size; the rank's peak fell 53 MB at W=2 and not at W=4,
 whose peak was then in the blocks' backward: docs/measurements.md). It is also faster, since the
-copy is gone; the bytes on the wire are gloo's own all-reduce's in both cases.
+copy is gone; the bytes on the wire are gloo's own all-reduce's in both cases. The input's memory
+is released as soon as the op has copied this rank's chunk out: FSDP2 would keep it until the next
+unit's post-backward, i.e. through that unit's whole backward (a block's unsharded gradients, 34.6
+MB at 125m, on top of the next block's gathered weights and gradients).
+
+What no reduce-scatter can remove: FSDP2 copies a unit's gradients into the input (torch's
+`_chunk_cat`, which refuses an output that overlaps its inputs, so the input cannot be the
+gradient itself) and frees the gradients only after that copy, so a unit's unsharded gradient
+exists twice for a moment: 2 × 98 MB at 125m for the root unit (the tied table).
 
 The results are bitwise those of gloo's reduce_scatter (sum and average, 2 and 4 ranks; the test
 in tests/train/fsdp_helpers.py compares the gradients of a training step with both). NCCL reduces
@@ -60,6 +68,9 @@ def gloo_reduce_scatter() -> Any:
             output_tensor.copy_(input_tensor.view(world, -1)[tdist.get_rank(group)])
             if op == tdist.ReduceOp.AVG:
                 output_tensor.div_(world)
+            # FSDP2 keeps its reference to the input until the next unit's reduce-scatter (a CUDA
+            # stream's keep-alive; nothing reads it): freed now, not through that unit's backward
+            input_tensor.untyped_storage().resize_(0)
             return None
 
     return GlooReduceScatter()
