@@ -180,8 +180,10 @@ def test_default_removes_what_the_shipped_selectors_match():
 
 def test_extraction_paths_are_counted():
     deep = "<html><body>" + "<div>" * (MAX_MAIN_CONTENT_DEPTH + 10) + _ARTICLE + "</body></html>"
-    normal = f"<html><body><article>{_ARTICLE}</article></body></html>"
+    normal = f"<html><body><div>{_ARTICLE}</div></body></html>"
     assert extract(normal)[1] == "pruned" and extract(deep)[1] == "pruned:too_deep"
+    # a container whose text is the main content's is named as the container
+    assert extract(f"<html><body><article>{_ARTICLE}</article></body></html>")[1] == "pruned:container"
     assert extract(deep, "resiliparse")[1] == "resiliparse:too_deep"
     # a short page held entirely by an element a selector matches keeps its text (commoncrawl.org)
     first = json.loads(SELECTORS_PATH.read_text())["selectors"][0]
