@@ -591,11 +591,15 @@ def titan_builder(args, spec: dict, seq: int):
 TITAN_PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")  # torchtitan's names of oreline's 7
 
 
-def fp8_rows(preset, device, budget, size) -> list[Row]:
+def fp8_rows(preset, device, budget, size, measured: dict[str, str] | None = None) -> list[Row]:
     """The baseline precision (bf16 on CUDA) beside fp8 (torchao tensorwise, torchao's size filter,
     FSDP2 fp8 all-gather, as `train.precision = "fp8"` trains) on `preset`, AC off: eager, then
     torchtitan's model converted by the same torchao call (its own float8 converter's), then compiled.
-    On a CPU fp8 is emulated and converts every projection: the rows show the path runs, not speed."""
+    On a CPU fp8 is emulated and converts every projection: the rows show the path runs, not speed.
+    `measured`: the throughput section's results by setting; a baseline row that is the same
+    measurement (the same preset, precision, AC off, compile setting and largest micro-batch: the
+    CPU run, or `--fp8-preset` naming a throughput preset) shows that result instead of timing it
+    again (a compiled one would compile the same graph once more)."""
     from oreline.config import ModelConfig
     from oreline.model.presets import PRESETS, flops_per_token, resolve_model_args
 
@@ -644,7 +648,13 @@ def fp8_rows(preset, device, budget, size) -> list[Row]:
     rows: list[Row] = []
     for compile_ in (False, True):
         mode = "compile" if compile_ else "eager"
-        rows.append(row(f"{preset} {base} {mode} AC off", compile_, base, "base"))
+        same = (measured or {}).get(f"{preset} {mode} AC off", "")
+        if "tokens/s" in same:
+            rows.append(
+                ("fp8", f"{preset} {base} {mode} AC off", f"{same} (the throughput row's measurement)")
+            )
+        else:
+            rows.append(row(f"{preset} {base} {mode} AC off", compile_, base, "base"))
         rows.append(row(f"{preset} fp8 tensorwise{tag} {mode} AC off", compile_, "fp8", "fp8"))
         if titan is not None:
             rows.append(row(f"{preset} torchtitan fp8{tag} {mode} AC off", compile_, "fp8", "titan", titan))
@@ -881,6 +891,7 @@ def train_config(root: Path, data: tuple[Path, Path], name: str, device: torch.d
         "train.precision": "bf16" if device.type == "cuda" else "fp32",
         "checkpoint.every": 0,
         "eval.prompts": [],
+        "train.eval_tasks": [],  # the demo's downstream tasks at the last step: not what these rows measure
     }
     base.update({k.replace("__", "."): v for k, v in dotted.items()})
     for key, value in base.items():
@@ -1117,7 +1128,10 @@ def main(argv: list[str] | None = None) -> int:
             if i == 0:  # the new paths on the largest preset, before the smaller presets' rows
                 with one_rank_group(device):
                     section("flex attention", lambda p=preset: flex_rows(p, device, budget, size), 30, "flex")
-                    section("fp8", lambda: fp8_rows(fp8_preset, device, budget, size), min_left=30)
+                    measured = {setting: result for sec, setting, result in rows if sec == "throughput"}
+                    section(
+                        "fp8", lambda m=measured: fp8_rows(fp8_preset, device, budget, size, m), min_left=30
+                    )
         rows.extend(later)
         budget.stop()
 

@@ -231,6 +231,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _EXTENDED = pytest.StashKey[dict]()
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # a pytest-xdist worker (`-n 2`) collected the tests: its counts go to the controller's summary
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["oreline_extended"] = session.config.stash.get(_EXTENDED, None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: every worker collected the same tests, so any worker's counts do."""
+    info = getattr(node, "workeroutput", {}).get("oreline_extended")
+    if info is not None:
+        node.config.stash[_EXTENDED] = info
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     info = config.stash.get(_EXTENDED, None)
     if not info or not (info["selected"] or info["deselected"]):

@@ -4,6 +4,7 @@ of a run that had room. The disk is a real small tmpfs (tests/conftest.py `small
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -33,7 +34,10 @@ def test_data_on_a_full_disk_is_one_error_and_resumes_exactly(samples, small_dis
     out = disk / "d"
     filler = small_disk.fill(disk, leave=200_000)
     command = [sys.executable, "-m", "oreline", "data", *inputs, "--out", str(out), "--workers", "2"]
-    full = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    # wide enough that rich does not wrap the error inside the folder's path (it breaks at a "-"):
+    # under pytest-xdist tmp_path is longer (popen-gw1/...) and the 80-column wrap cut it
+    env = {**os.environ, "COLUMNS": "250"}
+    full = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     err = full.stderr
     assert full.returncode == 2, err[-3000:]
     assert "Traceback" not in err and err.count("error:") == 1, err[-3000:]
@@ -41,7 +45,7 @@ def test_data_on_a_full_disk_is_one_error_and_resumes_exactly(samples, small_dis
     assert said.startswith(f"error: no space left on the device of {out}"), said
     assert "MB free" in said and "run the same `oreline data` command again" in said
     filler.unlink()
-    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert _rows(out / "docs", ["id", "text"]) == _rows(tmp_path / "ref" / "docs", ["id", "text"])
     assert _rows(out / "rejects", ["id", "step", "reason"]) == _rows(

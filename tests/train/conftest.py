@@ -87,6 +87,10 @@ def make_config(run_root: Path, prose: dict[str, Path], **dotted) -> Config:
         "checkpoint.every": 0,
         "eval.max_new_tokens": 8,
         "eval.prompts": ["The capital of France is", "Emma"],
+        # The demo config scores the shipped downstream tasks (6 × 500 items) at a run's last step:
+        # 5-25 s of every run here (most of an fp8-emulated one), and no test reads them but
+        # tests/train/test_eval_tasks.py, which turns them on with its own tasks and counts.
+        "train.eval_tasks": [],
     }
     base.update({k.replace("__", "."): v for k, v in dotted.items()})
     for key, value in base.items():
