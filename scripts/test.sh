@@ -49,6 +49,14 @@ if [ -z "${SLURM_CONF:-}" ] && [ "${ORELINE_TEST_SLURM:-1}" != 0 ]; then
     cat "$slurm_state/start.log" >&2
   fi
 fi
+# Two pytest-xdist workers unless the caller chose (-n N, --numprocesses, -p no:xdist): most tests wait
+# on processes they start (torchrun ranks, Ray, Slurm jobs, servers), so one worker leaves a core idle
+# much of the time; a test file stays on one worker (--dist loadfile), so its module fixtures are built
+# once (tests/train alone: 814 s serial, 516 s on two workers; docs/measurements.md).
+workers=(-n 2 --dist loadfile)
+for arg in "$@"; do
+  case "$arg" in -n | -n[0-9]* | --numprocesses* | no:xdist) workers=() ;; esac
+done
 rc=0
-"$repo/.venv/bin/python" -m pytest "$@" || rc=$?
+"$repo/.venv/bin/python" -m pytest "${workers[@]}" "$@" || rc=$?
 exit "$rc"
