@@ -253,7 +253,9 @@ def slurm_script(
         'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$((THREADS > 0 ? THREADS : 1))}"',
         "",
         "# Check the environment before spending the allocation (versions, devices, port, clocks).",
-        'srun --ntasks-per-node=1 "$PYTHON" -m oreline doctor env --distributed || exit 1',
+        "# (with USR1 ignored: a time-limit notice that comes this early must not fail the job; rank 0",
+        "# stops at the job's end time less the lead by itself, ORELINE_SIGNAL_LEAD_S)",
+        'srun --ntasks-per-node=1 bash -c \'trap "" USR1; exec "$@"\' doctor "$PYTHON" -m oreline doctor env --distributed || exit 1',
         "",
         "# How long torchrun lets the ranks finish a step and write a checkpoint after SIGTERM before",
         f"# it SIGKILLs them (its default is 30 s); keep it below the --signal lead time ({signal_lead_s} s).",
@@ -261,6 +263,7 @@ def slurm_script(
         "",
         "# Rank 0 writes this file when the ranks stopped on USR1 (the time limit is near): requeue then.",
         'export ORELINE_REQUEUE_FILE="${SLURM_SUBMIT_DIR:-$PWD}/.oreline-requeue-$SLURM_JOB_ID"',
+        f"export ORELINE_SIGNAL_LEAD_S={signal_lead_s}",
         'rm -f "$ORELINE_REQUEUE_FILE"',
     ]
     if script_path is not None:  # what a stop (scancel, SIGTERM) names as the command that resumes

@@ -119,8 +119,13 @@ from oreline.train.param_digest import write_param_digest
 from oreline.train.recovery import move_previous_training, resume_if_asked, rollback, save
 from oreline.train.schedule import Schedule
 from oreline.train.session import Setup, TrainState, _nullcontext, setup_run, start_record
-from oreline.train.shutdown import StopRequests, TrainingStopped, ask_for_requeue, resume_command
-from oreline.train.shutdown import signal_name as shutdown_signal_name
+from oreline.train.shutdown import (
+    StopRequests,
+    TrainingStopped,
+    ask_for_requeue,
+    resume_command,
+    slurm_deadline,
+)
 from oreline.train.stability import StabilityMonitor
 from oreline.train.step import StepResult, StepRunner, debug_loss_factor
 
@@ -135,6 +140,10 @@ def train(
     info = dist.init_distributed(cfg.train)
     console = console or Console(stderr=True)
     stops = StopRequests().install()
+    if info.is_main:  # one query, not one per rank: the scheduler answers every rank of a large job
+        stops.deadline, line = slurm_deadline()
+        if line:
+            console.print(line)
     lock = None
     try:
         if info.is_main:  # one writer per run folder: rank 0 holds its lock for the run's life
@@ -556,7 +565,7 @@ def stop_after_step(
     path = saved or save(cfg, s, state, stability, "full", log)
     wait_for_pending_save()
     command = resume_command()
-    what = shutdown_signal_name(stops.signum) if stops.signum else "a signal to another rank"
+    what = stops.cause
     log.log(
         {
             "type": "event",

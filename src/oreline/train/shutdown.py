@@ -41,6 +41,15 @@ Three situations this module answers:
   resumes from that checkpoint (`--resume auto`). A preemption that sends SIGTERM (GraceTime)
   stops the same way; Slurm's PreemptMode=REQUEUE then requeues the job itself, and a `scancel`
   stops it for good, to be resumed by submitting the script again.
+
+  Slurm sends that USR1 once, up to 60 s earlier than asked (its event resolution), so with a
+  short --time it can come while a rank is still starting. Two things keep it from being lost:
+  a rank records a USR1 from its first line of Python on (`catch_early_stops`; the script starts
+  torchrun with USR1 ignored, and that disposition is what the ranks inherit, so a USR1 before
+  the loop's handler was dropped, and the job ran into its time limit and ended TIMEOUT, not
+  requeued); and rank 0 reads the job's end time from Slurm at start (`slurm_deadline`) and stops
+  for a requeue by itself at end − lead should no USR1 have come by then (one that reached only
+  the environment check of the script's first step, say).
 """
 
 from __future__ import annotations
@@ -48,7 +57,9 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import subprocess
 import sys
+import time
 from typing import Any
 
 from oreline.errors import TrainingError
@@ -118,6 +129,58 @@ class TrainingStopped(TrainingError):
 
 
 REQUEUE_FILE_ENV = "ORELINE_REQUEUE_FILE"  # set by the sbatch script of `oreline launch slurm`
+SIGNAL_LEAD_ENV = "ORELINE_SIGNAL_LEAD_S"  # set by the same script: its `--signal=USR1@LEAD`
+
+_EARLY_STOPS: list[int] = []  # the stop signals a rank received before StopRequests was installed
+
+
+def catch_early_stops() -> None:
+    """Record SIGUSR1 from now on, for `StopRequests.install` to act on.
+
+    Called first thing in a rank (before torch is imported): Slurm's time-limit USR1 comes once,
+    and while the rank builds its model and loads a checkpoint it would otherwise meet the
+    disposition the rank inherited: ignored under the script of `oreline launch slurm` (the
+    notice was lost and the job ran into its time limit), fatal under a bare torchrun."""
+    signal.signal(signal.SIGUSR1, lambda signum, frame: _EARLY_STOPS.append(signum))
+
+
+def slurm_deadline(env: dict[str, str] | None = None) -> tuple[float | None, str]:
+    """When this Slurm job should stop for a requeue without waiting for USR1: its end time less
+    the script's signal lead (epoch seconds), and a line saying so; None outside a job of
+    `oreline launch slurm`, and None with the reason when Slurm does not say when the job ends."""
+    env = os.environ if env is None else env
+    job, lead = env.get("SLURM_JOB_ID"), env.get(SIGNAL_LEAD_ENV)
+    if not job or not lead:
+        return None, ""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return (
+            None,
+            f"`scontrol show job {job}` failed ({e}): only Slurm's USR1 stops this job before its time limit",
+        )
+    end = end_time(out)
+    if end is None:
+        return None, f"Slurm gives no end time for job {job} (no time limit?): no stop before one"
+    deadline = end - float(lead)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(deadline))
+    return deadline, (
+        f"Slurm job {job} ends at {time.strftime('%H:%M:%S', time.localtime(end))}: the run stops for a "
+        f"requeue at {stamp} ({lead} s before) if Slurm's USR1 has not come by then"
+    )
+
+
+def end_time(scontrol_show_job: str) -> float | None:
+    """The EndTime of `scontrol show job -o` output as epoch seconds (Slurm prints it in local time)."""
+    for field in scontrol_show_job.split():
+        if field.startswith("EndTime="):
+            try:
+                return time.mktime(time.strptime(field.split("=", 1)[1], "%Y-%m-%dT%H:%M:%S"))
+            except ValueError:  # Unknown, None: a job without a time limit
+                return None
+    return None
 
 
 class StopRequests:
@@ -126,8 +189,10 @@ class StopRequests:
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
     REQUEUE = (signal.SIGUSR1,)  # Slurm's notice before the time limit: stop, then requeue the job
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float | None = None) -> None:
         self.signum: int | None = None
+        self.deadline = deadline  # epoch seconds: a requeue stop without USR1 (`slurm_deadline`)
+        self.at_deadline = False  # the stop came from the deadline, not from a signal
         self._previous: dict[int, Any] = {}
 
     def install(self) -> StopRequests:
@@ -137,6 +202,9 @@ class StopRequests:
             return self  # signal handlers can only be set from the main thread (a test's worker thread)
         for sig in self.SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        if _EARLY_STOPS:  # a USR1 during start-up (catch_early_stops)
+            self.signum = self.signum or _EARLY_STOPS[0]
+            _EARLY_STOPS.clear()
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -152,7 +220,16 @@ class StopRequests:
 
     @property
     def requested(self) -> bool:
+        if self.signum is None and self.deadline is not None and time.time() >= self.deadline:
+            self.signum, self.at_deadline = signal.SIGUSR1, True  # as if Slurm's USR1 had come
         return self.signum is not None
+
+    @property
+    def cause(self) -> str:
+        """What asked for the stop, as the stop's event and message name it."""
+        if self.at_deadline:
+            return "the time limit (the job's end time less the signal lead)"
+        return signal_name(self.signum) if self.signum else "a signal to another rank"
 
     @property
     def requeue(self) -> bool:
