@@ -348,6 +348,7 @@ def test_a_usr1_while_a_rank_starts_is_kept_and_stops_the_run_after_its_first_st
     assert flag.read_text().strip() == str(run / "checkpoints" / "step-00000001")
 
 
+@pytest.mark.slurm
 def test_rank_0_reads_the_jobs_end_time_and_stops_at_end_less_the_lead_without_usr1(slurm_cluster, tmp_path):
     """The stop that does not depend on the USR1 arriving: inside a real job with --time=3 and a
     lead of 50 s, rank 0's deadline is the job's start + 180 - 50 s; a StopRequests past its
