@@ -48,6 +48,8 @@ Sections (each in its own try/except: a failure is a row saying so, never a cras
   then compiled, AC off, and torchtitan's model converted by the same torchao call when
   torchtitan is installed. MFU is against the bf16 peak for both, so fp8's gain shows as MFU. A GPU
   below compute capability 8.9 skips them; a CPU emulates fp8 in every projection (the path runs).
+  A baseline row that is a throughput row's measurement (the same `Setting`: the CPU run, or
+  `--fp8-preset` naming a throughput preset) shows that row's result instead of timing it again.
 - levers (after the peer, before the compiled rows): selective vs full activation checkpointing and
   the chunked vs the full loss, each pair at the eager AC-off micro-batch (`lever_rows`).
 Rows not reached before --time-limit say so. Order: env, NaN, syncs, async, kernels, then the
@@ -71,6 +73,7 @@ import traceback
 import warnings
 import zipfile
 from collections import Counter
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -78,6 +81,21 @@ import torch
 import torch.nn.functional as F
 
 Row = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What defines one `one_throughput` measurement of oreline's own model (its arguments that
+    change the number; the size's max_batch, warmup and steps are the same for every row of a
+    run, and the micro-batch is the largest that fits under them). A later section reuses a throughput result by this key, never by its row's label,
+    so a renamed label can neither re-measure nor pick another setting's result."""
+
+    preset: str
+    precision: str
+    compile: bool
+    ac: bool
+    seq: int
+    kernels: str = "auto"
 
 
 class TimeLimit(Exception):
@@ -325,13 +343,14 @@ class Trainer:
 
 
 def throughput_rows(
-    preset, device, budget, size, compiles=(False, True), batches=None, fused=False
+    preset, device, budget, size, compiles=(False, True), batches=None, fused=False, measured=None
 ) -> list[Row]:
     """One preset's rows for the given compile settings, AC off then on. `batches` carries eager's
     largest micro-batch to the compiled rows (a new shape per probe would recompile). `fused` adds
     an eager AC-off row with `train.kernels = "cpu"` (oreline.model.kernels' fused RMSNorm, RoPE
     and output loss; its products are torch's own off the CPU) at eager's micro-batch: the
-    measurement that decides whether "auto" should pick those kernels on CUDA too."""
+    measurement that decides whether "auto" should pick those kernels on CUDA too. `measured`
+    ({Setting: result}) receives every result measured, for later sections to reuse."""
     from oreline.config import ModelConfig
     from oreline.model.presets import flops_per_token, resolve_model_args
 
@@ -341,30 +360,29 @@ def throughput_rows(
     s = min(seq, args.max_seq_len)
     fpt = flops_per_token(args, s)
     batches = {} if batches is None else batches
+    measured = {} if measured is None else measured
+
+    def measure(setting: Setting) -> str:
+        result = one_throughput(
+            args, device, size, s, fpt, setting.ac, setting.compile, batches, budget, kernels=setting.kernels
+        )
+        measured[setting] = result
+        return result
+
     for compile_ in compiles:
         for ac in (False, True):
             name = f"{preset} {'compile' if compile_ else 'eager'} AC {'on' if ac else 'off'}"
-            rows.append(
-                measured_row(
-                    "throughput",
-                    name,
-                    device,
-                    budget,
-                    lambda ac=ac, compile_=compile_: one_throughput(
-                        args, device, size, s, fpt, ac, compile_, batches, budget
-                    ),
-                )
-            )
+            setting = Setting(preset, size["precision"], compile_, ac, s)
+            rows.append(measured_row("throughput", name, device, budget, partial(measure, setting)))
     if fused and False in compiles:
+        setting = Setting(preset, size["precision"], False, False, s, kernels="cpu")
         rows.append(
             measured_row(
                 "throughput",
                 f"{preset} eager AC off, fused kernels",
                 device,
                 budget,
-                lambda: one_throughput(
-                    args, device, size, s, fpt, False, False, batches, budget, kernels="cpu"
-                ),
+                partial(measure, setting),
             )
         )
     return rows
@@ -591,15 +609,16 @@ def titan_builder(args, spec: dict, seq: int):
 TITAN_PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")  # torchtitan's names of oreline's 7
 
 
-def fp8_rows(preset, device, budget, size, measured: dict[str, str] | None = None) -> list[Row]:
+def fp8_rows(preset, device, budget, size, measured: dict[Setting, str] | None = None) -> list[Row]:
     """The baseline precision (bf16 on CUDA) beside fp8 (torchao tensorwise, torchao's size filter,
     FSDP2 fp8 all-gather, as `train.precision = "fp8"` trains) on `preset`, AC off: eager, then
     torchtitan's model converted by the same torchao call (its own float8 converter's), then compiled.
     On a CPU fp8 is emulated and converts every projection: the rows show the path runs, not speed.
-    `measured`: the throughput section's results by setting; a baseline row that is the same
-    measurement (the same preset, precision, AC off, compile setting and largest micro-batch: the
-    CPU run, or `--fp8-preset` naming a throughput preset) shows that result instead of timing it
-    again (a compiled one would compile the same graph once more)."""
+    `measured`: the throughput section's results by `Setting`; a baseline row that is the same
+    measurement (the same Setting: preset, precision, compile setting, AC off, seq, kernels; the
+    micro-batch is the largest that fits either way: the CPU run, or `--fp8-preset` naming a
+    throughput preset) shows that result instead of timing it again (a compiled one would
+    compile the same graph once more)."""
     from oreline.config import ModelConfig
     from oreline.model.presets import PRESETS, flops_per_token, resolve_model_args
 
@@ -648,7 +667,7 @@ def fp8_rows(preset, device, budget, size, measured: dict[str, str] | None = Non
     rows: list[Row] = []
     for compile_ in (False, True):
         mode = "compile" if compile_ else "eager"
-        same = (measured or {}).get(f"{preset} {mode} AC off", "")
+        same = (measured or {}).get(Setting(preset, base, compile_, False, seq), "")
         if "tokens/s" in same:
             rows.append(
                 ("fp8", f"{preset} {base} {mode} AC off", f"{same} (the throughput row's measurement)")
@@ -1091,16 +1110,17 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append((name, "", error(exc)))
 
         section("env", lambda: section_env(device, tmp))
+        measured: dict[Setting, str] = {}  # the throughput rows' results, for fp8's baselines
 
         def preset_rows(preset: str) -> list[Row]:
             """Eager, then the peer, then compiled: what matters most is measured first, so the
             time limit cuts the compiled rows (compilation takes the longest) before the peer."""
             batches: dict = {}
             with one_rank_group(device):
-                out = throughput_rows(preset, device, budget, size, (False,), batches, fused=True)
+                out = throughput_rows(preset, device, budget, size, (False,), batches, True, measured)
                 out += torchtitan_rows(preset, device, budget, size)
                 out += lever_rows(preset, device, budget, size, batches)
-                out += throughput_rows(preset, device, budget, size, (True,), batches)
+                out += throughput_rows(preset, device, budget, size, (True,), batches, measured=measured)
             return out
 
         def nan() -> list[Row]:
@@ -1128,10 +1148,7 @@ def main(argv: list[str] | None = None) -> int:
             if i == 0:  # the new paths on the largest preset, before the smaller presets' rows
                 with one_rank_group(device):
                     section("flex attention", lambda p=preset: flex_rows(p, device, budget, size), 30, "flex")
-                    measured = {setting: result for sec, setting, result in rows if sec == "throughput"}
-                    section(
-                        "fp8", lambda m=measured: fp8_rows(fp8_preset, device, budget, size, m), min_left=30
-                    )
+                    section("fp8", lambda: fp8_rows(fp8_preset, device, budget, size, measured), min_left=30)
         rows.extend(later)
         budget.stop()
 

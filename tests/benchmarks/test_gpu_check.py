@@ -84,6 +84,15 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path):
             assert "skipped" in result or "not installed" in result or "stopped" in result, (setting, result)
         elif " fp8 " in setting and "torchtitan" not in setting:
             assert result.endswith("fp8 in 14 projections"), (setting, result)
+    # the fp32 baselines beside fp8 are the throughput rows' own measurements (found by their
+    # settings, not their labels), shown again rather than timed twice
+    fp8, throughput = dict(by_section["fp8"]), dict(by_section["throughput"])
+    for mode in ("eager", "compile"):
+        same = throughput.get(f"debug {mode} AC off", "")
+        if "tokens/s" in same and f"debug fp32 {mode} AC off" in fp8:
+            assert fp8[f"debug fp32 {mode} AC off"] == f"{same} (the throughput row's measurement)", mode
+    if "tokens/s" in throughput["debug eager AC off"]:
+        assert "debug fp32 eager AC off" in fp8, fp8
     levers = dict(by_section["levers"])
     for name in ("debug eager AC full vs selective", "debug eager loss full vs chunked"):
         assert "tokens/s" in levers[name] or levers[name] == "skipped: time limit", levers[name]

@@ -12,7 +12,7 @@ import pytest
 from resiliparse.parse.html import HTMLTree
 
 from oreline.config import ExtractConfig
-from oreline.data.filters.boilerplate import SELECTORS_PATH, fit_selectors
+from oreline.data.filters.boilerplate import SELECTORS_PATH, css_of, fit_selectors, skip_elements
 from oreline.data.filters.extract import (
     LOW_CONFIDENCE_CHARS,
     MAX_MAIN_CONTENT_DEPTH,
@@ -268,6 +268,36 @@ def test_class_selectors_match_tokens_not_substrings():
     for cls in ("author", "post-author", "wp-caption", "entry_title"):
         html = f'<html><body><article><div class="{cls} x">zzboiler words</div>{_ARTICLE}</article></body></html>'
         assert "zzboiler" not in html_to_text(html), cls
+
+
+def test_skip_elements_groups_class_names_into_one_selector_matching_the_same_elements():
+    names = ("h1", "class:caption", ".sharedaddy, #respond", "class:author", "class:share")
+    grouped = skip_elements(names)
+    assert grouped == [
+        "h1",
+        ".sharedaddy, #respond",
+        f"[class]:is({css_of('class:caption')}, {css_of('class:author')}, {css_of('class:share')})",
+    ]
+    # one class name stays a selector of its own, in its place; none at all is None
+    assert skip_elements(("h1", "class:caption", "time")) == ["h1", css_of("class:caption"), "time"]
+    assert skip_elements(()) is None
+    classes = ("wp-caption", "caption-image", "post-author x", "author", "entry_share", "sharebar", "plain")
+    body = "".join(f'<div class="{c}">{c}</div>' for c in classes) + "<div>no class</div><h1>h</h1>"
+    body += '<div id="respond">r</div><p class="sharedaddy">s</p>'
+    doc = HTMLTree.parse(f"<html><body>{body}</body></html>").document
+
+    def matched(selectors):
+        return {(e.tag, e.getattr("class"), e.text) for s in selectors for e in doc.query_selector_all(s)}
+
+    separate = [css_of(n) for n in names]
+    assert matched(grouped) == matched(separate)
+    assert {c for _, c, _ in matched(grouped) if c} == {
+        "wp-caption",
+        "post-author x",
+        "author",
+        "entry_share",
+        "sharedaddy",
+    }
 
 
 def test_article_container_replaces_main_content_around_it():

@@ -19,7 +19,12 @@ import torch
 from oreline.config import ModelConfig, TrainConfig
 from oreline.errors import ConfigError
 from oreline.model.llama import Llama
-from oreline.model.presets import check_training_memory, resolve_model_args, training_memory
+from oreline.model.presets import (
+    check_training_memory,
+    largest_fsdp_unit,
+    resolve_model_args,
+    training_memory,
+)
 from oreline.train import dist
 from oreline.train.session import build_model, say_tf32
 
@@ -68,11 +73,43 @@ def test_memory_estimate_counts_unsharded_gradients_kept_between_micro_batches()
     assert per_step["total"] - per_micro["total"] == 4 * params
     assert 0 < per_micro["gathered"] < per_micro["state"]  # the gathered units come on top of the shards
     assert training_memory(args, 1, 8192, "bf16", True, shards=1)["gathered"] == 0
+    # two blocks and the head in bf16, and the largest unit's (the head's) gradient twice: bf16, and
+    # FSDP2's reduce-scatter copy of it in the reduce dtype (fp32 unless train.reduce_dtype=bf16)
+    block, head = 218_112_000, 128_256 * 4096 + 4096
+    assert largest_fsdp_unit(args) == head
+    assert per_micro["gathered"] == 2 * (2 * block + head) + (2 + 4) * head
+    low = training_memory(args, 1, 8192, "bf16", True, shards=8, reduce_dtype="bf16")
+    assert per_micro["total"] - low["total"] == 2 * head
+    fp32 = training_memory(args, 1, 8192, "fp32", True, shards=8)
+    assert fp32["gathered"] == 4 * (2 * block + head) + 2 * 4 * head  # 2U, U = the fp32 gradient
     with pytest.raises(ConfigError, match=r"train.fsdp_grad_sync=step") as err:
         check_training_memory(
             args, 1, 8192, "bf16", True, 8, torch.device("cpu"), local_ranks=8, grad_sync_per_step=True
         )
     assert "set train.fsdp_grad_sync=micro_batch" in str(err.value)
+
+
+def unit_sizes(model: Llama) -> list[int]:
+    """Parameters of every FSDP2 unit of `dist.fsdp_units`' layout, the root (the rest) last."""
+    sizes, seen = [], set()
+    for unit, _ in dist.fsdp_units(model):
+        params = [p for m in (unit if isinstance(unit, list) else [unit]) for p in m.parameters()]
+        sizes.append(sum(p.numel() for p in params))
+        seen.update(id(p) for p in params)
+    sizes.append(sum(p.numel() for p in model.parameters() if id(p) not in seen))
+    return sizes
+
+
+@pytest.mark.parametrize("preset", ["debug", "125m", "llama3-8b"])
+def test_the_memory_floors_largest_unit_is_the_largest_real_fsdp_unit(preset):
+    """training_memory counts the largest unit's gradient (twice) from the shapes alone; the real
+    units (tied: the root holds the table; untied: the embedding and the head are units of their
+    own) must agree, or the floor and benchmarks/rank_memory.py's bound would count another unit."""
+    for tied in (True, False):
+        args = resolve_model_args(ModelConfig(preset=preset, tie_embeddings=tied))
+        with torch.device("meta"):
+            model = Llama(args)
+        assert largest_fsdp_unit(args) == max(unit_sizes(model)), (preset, tied)
 
 
 def test_hsdp_mesh_shape_and_shard_count(monkeypatch):

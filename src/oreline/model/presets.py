@@ -45,6 +45,7 @@ __all__ = [
     "memory_estimate",
     "training_memory",
     "check_training_memory",
+    "largest_fsdp_unit",
     "check_model_memory",
     "model_memory",
     "rope_bytes",
@@ -258,14 +259,17 @@ def training_memory(
     grad_sync_per_step: bool = False,
     checkpoint_every: int = 1,
     loss_chunk_tokens: int | None = None,
+    reduce_dtype: str = "fp32",
 ) -> dict[str, int]:
     """Bytes one rank needs to train, estimated from the shapes alone (nothing is allocated).
 
     state: weights + grads + AdamW (memory_estimate), divided by `shards` under FSDP.
     gathered (FSDP, shards > 1): what FSDP2 holds unsharded on top of the shards — two transformer
     blocks' parameters (the one computing and the one prefetched) and the output head's (kept
-    gathered from forward to backward), in the compute dtype, plus the unsharded fp32 gradient of
-    the largest unit before its reduce-scatter.
+    gathered from forward to backward), in the compute dtype, plus the largest unit's
+    (largest_fsdp_unit) unsharded gradient twice at its reduce-scatter: the gradient itself, in the
+    compute dtype, and FSDP2's copy of it, the reduce-scatter input, in `reduce_dtype`
+    (train.reduce_dtype).
     accum_grads (FSDP with `grad_sync_per_step`, train.fsdp_grad_sync="step" and grad_accum > 1):
     the whole model's unsharded fp32 gradients, kept between micro-batches (32 GB at 8B).
     activations: what autograd keeps per token and layer — the two norm inputs and outputs, the
@@ -294,11 +298,16 @@ def training_memory(
     per_token = checkpointed * kept + (args.n_layers - checkpointed) * per_layer + recomputed
     activations = per_token * tokens * act_bytes
     n = count_params(args)["total"]
-    block = sum(math.prod(v) for k, v in expected_shapes(args).items() if k.startswith("model.layers.0."))
-    head = args.vocab_size * args.dim + args.dim
+    block, head = _block_params(args), _head_params(args)
     gathered, accum_grads = 0, 0
     if shards > 1:
-        gathered = act_bytes * (2 * block + head) + 4 * max(block, head)
+        # FSDP2 (torch 2.13, foreach_reduce) copies a unit's unsharded gradients into its
+        # reduce-scatter input (torch._chunk_cat, which refuses an output that overlaps its
+        # inputs) and frees them only after the copy: the largest unit's gradient exists twice at
+        # that moment, once in the compute dtype and once in the reduction's (docs/measurements.md,
+        # "the input released by the op": the tied table's gradient and its copy, 2 × 98 MB at 125m).
+        reduce_bytes = 2 if reduce_dtype == "bf16" else 4
+        gathered = act_bytes * (2 * block + head) + (act_bytes + reduce_bytes) * largest_fsdp_unit(args)
         if grad_sync_per_step:
             accum_grads = 4 * n
     out = {
@@ -324,6 +333,21 @@ def training_memory(
         + out["rope"]
     )
     return out
+
+
+def _block_params(args: ModelArgs) -> int:
+    return sum(math.prod(v) for k, v in expected_shapes(args).items() if k.startswith("model.layers.0."))
+
+
+def _head_params(args: ModelArgs) -> int:
+    return args.vocab_size * args.dim + args.dim  # the output projection and the final norm
+
+
+def largest_fsdp_unit(args: ModelArgs) -> int:
+    """Parameters of the largest FSDP2 unit of oreline.train.dist.fsdp_units' layout: a
+    transformer block, or the output head with the final norm (with tied embeddings the root unit,
+    the table and the final norm; untied, the embedding's own unit is one norm smaller)."""
+    return max(_block_params(args), _head_params(args))
 
 
 def checkpointing_mode(value: bool | str) -> str:
@@ -397,6 +421,7 @@ def check_training_memory(
     grad_sync_per_step: bool = False,
     checkpoint_every: int = 1,
     loss_chunk_tokens: int | None = None,
+    reduce_dtype: str = "fp32",
 ) -> dict[str, int]:
     """Refuse (ConfigError, with the arithmetic) a run whose memory floor exceeds what is free,
     before anything is allocated: a typo like model.dim=10**6 or train.micro_batch=10**9 would
@@ -414,6 +439,7 @@ def check_training_memory(
         grad_sync_per_step,
         checkpoint_every=checkpoint_every,
         loss_chunk_tokens=loss_chunk_tokens,
+        reduce_dtype=reduce_dtype,
     )
     have, where = available_memory(device, local_ranks)
     if need["total"] <= have:
@@ -437,7 +463,11 @@ def check_training_memory(
         f"logits {rows:,} tokens × {args.vocab_size:,} vocabulary × 4 bytes = {_gib(need['logits'])}; "
         f"batch {_gib(need['batch'])}; RoPE tables 2 × model.max_seq_len={args.max_seq_len:,} × head_dim "
         f"{args.head_dim} × 4 bytes = {_gib(need['rope'])}"
-        + (f"; FSDP gathered units {_gib(need['gathered'])}" if need["gathered"] else "")
+        + (
+            f"; FSDP2's gathered units and the largest unit's gradient with its reduce-scatter copy {_gib(need['gathered'])}"
+            if need["gathered"]
+            else ""
+        )
         + (
             f"; unsharded fp32 gradients kept between micro-batches (train.fsdp_grad_sync=step) "
             f"{n:,} × 4 bytes = {_gib(need['accum_grads'])}"

@@ -249,6 +249,7 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         grad_sync_per_step=tc.fsdp_grad_sync == "step" and tc.grad_accum > 1,
         checkpoint_every=tc.activation_checkpointing_every,
         loss_chunk_tokens=tc.loss_chunk_tokens if loss_choice(tc, device) == "chunked" else None,
+        reduce_dtype=tc.reduce_dtype,
     )
     say_tf32(tc, device, say)
 

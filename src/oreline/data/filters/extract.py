@@ -63,9 +63,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import lru_cache
 
-from oreline.data.filters.boilerplate import ALWAYS_SKIP, css_of, load_selectors
+from oreline.data.filters.boilerplate import ALWAYS_SKIP, load_selectors, skip_elements
 from oreline.errors import ConfigError
 
 MAX_MAIN_CONTENT_DEPTH = 1500
@@ -118,22 +117,9 @@ def too_deep_for_main_content(tree) -> bool:
     return doc.query_selector(_DEEP_SELECTOR) is not None
 
 
-_CLASS_TOKEN = re.compile(r'\[class\*="([^"]+)"\]:is\(')
-
-
-@lru_cache(maxsize=64)
-def _grouped(skip: tuple[str, ...]) -> list[str] | None:
-    """`skip` for resiliparse, its class-token selectors (`boilerplate.css_of`) as one
-    `[class]:is(…)`: the same elements, but an element without a class attribute fails one test
-    instead of one per name (the default's main-content pass ~0.1-0.2 ms a page faster on the
-    four development benchmarks, the same text on all 1,912 of their pages)."""
-    tokens = [s for s in skip if (m := _CLASS_TOKEN.match(s)) and s == css_of(f"class:{m.group(1)}")]
-    if len(tokens) < 2:
-        return list(skip) or None
-    return [*(s for s in skip if s not in tokens), f"[class]:is({', '.join(tokens)})"]
-
-
 def _resiliparse_text(tree, main_content: bool, skip: Sequence[str] = ()) -> str:
+    """resiliparse's text of `tree`, skipping the elements of `skip` (boilerplate selectors:
+    `class:NAME` or CSS, made resiliparse's list by `boilerplate.skip_elements`)."""
     from resiliparse.extract.html2text import extract_plain_text
 
     return extract_plain_text(
@@ -146,7 +132,7 @@ def _resiliparse_text(tree, main_content: bool, skip: Sequence[str] = ()) -> str
         noscript=False,
         comments=False,
         post_meta=False,
-        skip_elements=_grouped(tuple(skip)),
+        skip_elements=skip_elements(tuple(skip)),
     )
 
 
@@ -191,10 +177,10 @@ LIST_KEEP = 0.3
 PAGE_SKIP = (
     "nav, footer, aside, form, select, ul, ol, table",
     *(
-        css_of(f"class:{n}")
+        f"class:{n}"
         for n in ("sidebar", "menu", "nav", "navigation", "footer", "comments", "comment", "widget")
     ),
-    *(css_of(f"class:{n}") for n in ("related", "share", "social", "ads", "banner", "breadcrumbs")),
+    *(f"class:{n}" for n in ("related", "share", "social", "ads", "banner", "breadcrumbs")),
     "[id*=sidebar], [id*=footer], [id*=nav], [id*=menu], [id*=comment]",
     '[hidden], [style*="display:none"], [style*="display: none"]',
 )
@@ -320,7 +306,8 @@ def _prefer_container(main: str, container: str) -> bool:
 
 
 def pruned_text(html: str, selectors: Sequence[str], second_opinion: bool = True) -> tuple[str, str]:
-    """(text, path) of the "pruned" extractor with the given boilerplate selectors.
+    """(text, path) of the "pruned" extractor with the given boilerplate selectors (as
+    `boilerplate.CANDIDATES` writes them: `class:NAME` or CSS).
 
     Paths beyond "pruned": "pruned:too_deep" (depth guard), "pruned:unpruned" (MIN_PRUNED_CHARS),
     "pruned:second_opinion" (low confidence, the page's text less PAGE_SKIP kept: see
