@@ -209,7 +209,7 @@ def test_a_job_at_its_time_limit_stops_on_slurms_own_usr1_requeues_and_finishes(
     # on after a requeue; a later USR1 may land on the last step (a loaded machine: 6 s + per step),
     # and then the requeued job only finishes the final evaluation
     assert [r["step"] for r in resumes] == [e["step"] for e in stops] and stops[0]["step"] < kr.STEPS
-    assert logs[0].read_text().count("written on USR1; requeueing job") == len(stops)
+    assert logs[0].read_text().count("written before the time limit; requeueing job") == len(stops)
     kr.assert_identical(reference.run, run)
     print(
         f"Slurm's time limit stopped the job after steps {[e['step'] for e in stops]} "
