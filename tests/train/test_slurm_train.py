@@ -54,6 +54,18 @@ def submit(cfg: Path, folder: Path, time_limit: str = "15", signal_lead: int = 1
     return job, script
 
 
+def sbatch(script: Path, folder: Path, *options: str) -> str:
+    """`sbatch --parsable [options] script` from `folder`; the job id."""
+    return subprocess.run(
+        ["sbatch", "--parsable", *options, str(script)],
+        cwd=folder,
+        env=kr.env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
 def job_info(job: str) -> dict[str, str]:
     proc = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
     return dict(kv.split("=", 1) for kv in proc.stdout.split() if "=" in kv)
@@ -150,14 +162,7 @@ def test_requeued_then_cancelled_and_resubmitted_job_equals_an_uninterrupted_one
     assert stop2["values"]["signal"] == "SIGTERM" and stop2["step"] > at1, stop2
     assert job_info(job)["JobState"] == "CANCELLED"
     assert f"resume with: sbatch {script}" in logs[0].read_text()
-    again = subprocess.run(
-        ["sbatch", "--parsable", str(script)],
-        cwd=tmp_path,
-        env=kr.env(),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    again = sbatch(script, tmp_path)
     logs.append(tmp_path / f"oreline-r-{again}.out")
     wait(lambda: gone(again) and reference.ended(), "the resubmitted and the reference jobs to end", logs)
     assert job_info(again)["JobState"] == reference.state == "COMPLETED", logs[-1].read_text()[-3000:]
@@ -366,14 +371,7 @@ def test_rank_0_reads_the_jobs_end_time_and_stops_at_end_less_the_lead_without_u
     script.write_text(
         f"#!/bin/bash\n#SBATCH --time=3\nexport ORELINE_SIGNAL_LEAD_S=50\n{sys.executable} {probe}\n"
     )
-    job = subprocess.run(
-        ["sbatch", "--parsable", "-o", str(tmp_path / "probe.out"), str(script)],
-        cwd=tmp_path,
-        env=kr.env(),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    job = sbatch(script, tmp_path, "-o", str(tmp_path / "probe.out"))
     wait(lambda: gone(job), "the probe job to end", [tmp_path / "probe.out"], timeout=120)
     got = json.loads((tmp_path / "probe.out").read_text().strip().splitlines()[-1])
     # the job started at most a few seconds before the probe read the clock (Slurm's times are whole seconds)
