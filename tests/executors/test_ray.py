@@ -355,3 +355,32 @@ def test_a_task_that_raises_leaves_no_progress_actor_on_the_cluster(ray_override
         time.sleep(0.2)  # ray.kill is asynchronous (and ends the actors of earlier maps too)
     assert live_sinks() == 0
     del raised
+
+
+def test_the_maps_of_one_executor_share_one_progress_actor_until_it_is_dropped(ray_overrides):
+    """An actor starts a worker process of its own (seconds per map on 2 cores): the executor keeps
+    one for its maps in turn, and Ray ends it once the executor is gone."""
+    import gc
+
+    from ray._private.state import actors
+
+    def live_sinks() -> set[str]:
+        table = actors(actor_state_name="ALIVE")
+        return {k for k, a in table.items() if a["ActorClassName"].endswith("_Sink")}
+
+    executor = make_executor("ray", ray=load_config(overrides=ray_overrides).data.ray)
+    executor.connect()
+    deadline = time.monotonic() + 30
+    while live_sinks() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the actors of earlier tests' executors, ended asynchronously
+    assert executor.map(os.getpid, [(), ()], label="first")[0] > 0
+    first = live_sinks()
+    assert len(first) == 1
+    assert executor.map(os.getpid, [(), ()], label="second")[0] > 0
+    assert live_sinks() == first
+    del executor
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while live_sinks() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not live_sinks()
