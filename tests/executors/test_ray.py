@@ -336,22 +336,52 @@ def test_a_task_that_kills_its_worker_every_time_comes_back_as_a_crash_result(ra
 
 
 def test_a_task_that_raises_leaves_no_progress_actor_on_the_cluster(ray_overrides):
-    """The map's progress actor is killed when a task raises too, not only when the map returns:
-    the driver lives on (it reports the error, a test goes on) and holds the exception, whose
-    traceback holds the map's frame and its handle of the actor, which Ray would keep alive."""
+    """The map's progress actor is killed when a task raises (a map that returns keeps it for the
+    executor's next map): the driver lives on (it reports the error, a test goes on) and holds the
+    exception, whose traceback holds the map's frame and its handle of the actor, which Ray would
+    keep alive."""
     import ray
     from ray._private.state import actors  # Ray's GCS actor table (no dashboard on the test cluster)
 
-    def live_sinks() -> int:
-        table = actors(actor_state_name="ALIVE").values()
-        return sum(1 for a in table if a["ActorClassName"].endswith("_Sink"))
+    def live_sinks() -> set[str]:
+        table = actors(actor_state_name="ALIVE")
+        return {k for k, a in table.items() if a["ActorClassName"].endswith("_Sink")}
 
     executor = make_executor("ray", ray=load_config(overrides=ray_overrides).data.ray)
+    executor.connect()
+    before = live_sinks()  # earlier tests' executors' actors, if not ended yet: not this map's
     with pytest.raises(ValueError, match="invalid literal") as raised:
         executor.map(int, [("12",), ("not a number",)], label="raise")
     assert ray.is_initialized() and raised.value  # the driver goes on, the error in hand
     deadline = time.monotonic() + 30
-    while live_sinks() and time.monotonic() < deadline:
-        time.sleep(0.2)  # ray.kill is asynchronous (and ends the actors of earlier maps too)
-    assert live_sinks() == 0
+    while live_sinks() - before and time.monotonic() < deadline:
+        time.sleep(0.2)  # ray.kill is asynchronous
+    assert not live_sinks() - before
     del raised
+
+
+def test_the_maps_of_one_executor_share_one_progress_actor_until_it_is_dropped(ray_overrides):
+    """An actor starts a worker process of its own (seconds per map on 2 cores): the executor keeps
+    one for its maps in turn, and Ray ends it once the executor is gone."""
+    import gc
+
+    from ray._private.state import actors
+
+    def live_sinks() -> set[str]:
+        table = actors(actor_state_name="ALIVE")
+        return {k for k, a in table.items() if a["ActorClassName"].endswith("_Sink")}
+
+    executor = make_executor("ray", ray=load_config(overrides=ray_overrides).data.ray)
+    executor.connect()
+    before = live_sinks()  # earlier tests' executors' actors, if not ended yet
+    assert executor.map(os.getpid, [(), ()], label="first")[0] > 0
+    mine = live_sinks() - before
+    assert len(mine) == 1
+    assert executor.map(os.getpid, [(), ()], label="second")[0] > 0
+    assert live_sinks() - before == mine
+    del executor
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while live_sinks() & mine and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not live_sinks() & mine

@@ -350,14 +350,11 @@ def test_killed_and_resumed_run_is_one_mlflow_run_and_one_wandb_group(
     kr = _kill_resume()
     steps = 48  # slower steps than the kill tests': the kill waits for both trackers to have started
     experiment = "killed-and-resumed"  # the server is the module's: this test's runs are its own
+    settings = dict(
+        train__trackers=["mlflow", "wandb"], train__mlflow__experiment=experiment, train__steps=steps
+    )
     config = kr.write_config(
-        tmp_path / "run.toml",
-        tmp_path / "runs",
-        prose_tokens,
-        train__trackers=["mlflow", "wandb"],
-        train__mlflow__experiment=experiment,
-        train__steps=steps,
-        train__debug__sleep_per_step_s=0.4,
+        tmp_path / "run.toml", tmp_path / "runs", prose_tokens, **settings, train__debug__sleep_per_step_s=0.4
     )
     run = tmp_path / "runs" / "r"
     uri, _server = mlflow_service()
@@ -382,6 +379,9 @@ def test_killed_and_resumed_run_is_one_mlflow_run_and_one_wandb_group(
     proc.wait()
     assert not kr.has(run, "end", steps)
     resume_at = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
+    # the resumed run needs no slow steps (nothing is killed in it); train.debug.* do not count as a
+    # config change on resume (checkpoint/resume.py NOT_COUNTED), so this is the same run resumed
+    kr.write_config(config, tmp_path / "runs", prose_tokens, **settings, train__debug__sleep_per_step_s=0.0)
     proc = launch(config, log, env)  # --resume auto is the default
     assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     resumed = [r for r in fixtures.read_metrics(run / "metrics.jsonl") if r.get("kind") == "resume"]
@@ -392,6 +392,9 @@ def test_killed_and_resumed_run_is_one_mlflow_run_and_one_wandb_group(
     assert metric_steps(uri, mrun.info.run_id, "train/loss") == list(range(1, steps + 1))
     evals = [s for s in range(1, steps + 1) if s % kr.EVAL_EVERY == 0]
     assert metric_steps(uri, mrun.info.run_id, "eval/val_loss") == evals
+    # the setting changed for the resumed run is a tag beside the kept param (a param cannot change)
+    key = "config.train.debug.sleep_per_step_s"
+    assert float(mrun.data.params[key]) == 0.4 and float(mrun.data.tags[f"changed_on_resume.{key}"]) == 0.0
     trains = {r["step"]: r for r in fixtures.read_metrics(run / "metrics.jsonl") if r["type"] == "train"}
     from mlflow.tracking import MlflowClient
 

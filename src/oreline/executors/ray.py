@@ -20,7 +20,13 @@ Failures, as in the local pool:
 Progress: tasks put `(records, bytes)` increments on a small actor, fire-and-forget, and wait for
 it once at their end (one round trip, so the driver's count is complete when the task is done);
 the driver drains it four times a second into the bar, next to the count of live nodes. A lost increment
-(the actor's node died) only makes the bar less precise.
+(the actor's node died) only makes the bar less precise. One actor serves the executor's maps one
+after another: an actor starts a worker process of its own, ~1-3 s per map on 2 cores against
+0.03 s for a map of trivial tasks with the actor kept (a data run makes a dozen maps, most of them
+the dedup stages'; docs/measurements.md). It is killed when a task raises (the driver lives on
+holding the exception, whose traceback holds the map's frame), when it died (its node), and when
+the executor is dropped (Ray ends an actor once no handle is left); a map that starts while another
+one holds it (threads) gets an actor of its own, killed at its end.
 
 Connection (`data.ray.address`): empty starts a Ray on this machine for the run; `auto` joins the
 cluster this machine is part of; `ray://host:10001` connects a Ray client. Every node must have
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -109,6 +116,8 @@ class RayExecutor:
         self.ray = import_ray()
         self._remote = None
         self._sink_cls = None
+        self._idle_sink = None  # the progress actor between maps (module docstring: Progress)
+        self._sink_lock = threading.Lock()
         self.rates = progress_mod.Rates()  # what the last map's tasks reported (records, bytes)
         self.nodes = 0  # live nodes the last map saw
 
@@ -136,6 +145,27 @@ class RayExecutor:
 
     def live_nodes(self) -> int:
         return sum(1 for n in self.ray.nodes() if n.get("Alive"))
+
+    def _take_sink(self):
+        """The executor's progress actor if no map holds it, else a new one; emptied of what a task
+        of an earlier map may have put after that map's last drain."""
+        with self._sink_lock:
+            sink, self._idle_sink = self._idle_sink, None
+        if sink is not None:
+            try:
+                self.ray.get(sink.drain.remote(), timeout=30)
+                return sink
+            except Exception:  # it died with its node, or does not answer: a new one
+                with contextlib.suppress(Exception):
+                    self.ray.kill(sink)
+        return self._sink()
+
+    def _give_back_sink(self, sink) -> None:
+        with self._sink_lock:
+            if self._idle_sink is None:
+                self._idle_sink = sink
+                return
+        self.ray.kill(sink)  # another map's actor is kept already
 
     def _sink(self):
         """The progress actor, placed on the driver's node when possible (it outlives worker nodes)."""
@@ -180,7 +210,7 @@ class RayExecutor:
         if memory_mb:
             options["memory"] = int(memory_mb) * 1024 * 1024
         remote = self._remote.options(**options)
-        sink = self._sink()
+        sink = self._take_sink()
         refs = [remote.remote(fn, tuple(job), sink) for job in jobs]
         index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
@@ -189,6 +219,7 @@ class RayExecutor:
         nodes, nodes_at = self.live_nodes(), time.monotonic()
 
         asked: list = []  # the drain call in flight: never dropped, so no increment is lost
+        sink_lost: list = []  # the actor died (its node): not kept for the next map
 
         def drain(wait: float = 0.0) -> None:
             if not asked:
@@ -200,7 +231,7 @@ class RayExecutor:
                     for item in ray.get(ref):
                         rates.add(item)
                 except Exception:  # the actor's node died: the bar goes on without rates
-                    pass
+                    sink_lost.append(True)
 
         with progress_bar(console) as bar:
             tid = bar.add_task(label, total=len(jobs), rate="")
@@ -229,5 +260,9 @@ class RayExecutor:
         drain(wait=30.0)  # what is still in flight, then what the last tasks put
         drain(wait=30.0)
         self.nodes = nodes
-        ray.kill(sink)
+        if sink_lost or asked:  # dead, or a drain still unanswered after 30 s
+            with contextlib.suppress(Exception):
+                ray.kill(sink)
+        else:
+            self._give_back_sink(sink)
         return results
