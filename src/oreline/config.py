@@ -86,7 +86,8 @@ class ExtractConfig(Section):
         5.0,
         gt=0,
         allow_inf_nan=False,
-        description="per-document time limit; slower pages are dropped (extract:timeout)",
+        description="per-document limit on the extraction's CPU time (wall time at most 4x; wall time "
+        "alone when isolate is off); slower pages are dropped (extract:timeout)",
     )
     min_chars: int = Field(1, description="documents with less extracted text are dropped (extract:empty)")
     isolate: bool = Field(

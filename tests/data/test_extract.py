@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from resiliparse.parse.html import HTMLTree
@@ -138,6 +141,48 @@ def test_timeout_becomes_drop_reason():
     assert reason == "extract:timeout" and text == ""
     with pytest.raises(ExtractTimeout), time_limit(0.01):
         sum(i for i in range(10**9))
+
+
+_PAGE = "<html><body><p>Hello there, world, in a page that takes a millisecond.</p></body></html>"
+
+
+def test_the_extraction_childs_start_up_is_not_the_pages_time(tmp_path, monkeypatch):
+    """A child whose start-up takes 2 s (a sitecustomize that sleeps: as a machine so busy that the
+    interpreter and the imports take that long) still extracts a 1 ms page under timeout_s=1. The
+    old limit counted the start-up with the page and dropped it as extract:timeout, so the rejects
+    of the same inputs depended on the machine's load (a CI run's Ray output differed from the
+    local run's)."""
+    from oreline.data.filters import extract_worker
+
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(2)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(extract_worker, "_child", None)
+    try:
+        text, reason, _ = extract_worker.extract_isolated(_PAGE, "default", True, 1.0, 1024)
+        assert reason is None and text.startswith("Hello there"), reason
+    finally:
+        extract_worker._shutdown()
+
+
+def test_a_starved_extraction_child_is_timed_by_the_cpu_it_spends(monkeypatch):
+    """A child stopped (SIGSTOP: no CPU, as on a starved machine) for 1.5 s while it holds a 1 ms
+    page still returns it under timeout_s=1: the limit is the child's CPU time. A page that needs
+    more CPU than timeout_s is still dropped (test_timeout_becomes_drop_reason)."""
+    from oreline.data.filters import extract_worker
+
+    monkeypatch.setattr(extract_worker, "_child", None)
+    try:
+        assert extract_worker.extract_isolated(_PAGE, "default", True, 1.0, 1024)[1] is None
+        pid = extract_worker._child.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        resume = threading.Timer(1.5, os.kill, (pid, signal.SIGCONT))
+        resume.start()
+        text, reason, _ = extract_worker.extract_isolated(_PAGE, "default", True, 1.0, 1024)
+        resume.join()
+        assert reason is None and text.startswith("Hello there"), reason
+        assert extract_worker._child.proc.pid == pid  # not killed and restarted
+    finally:
+        extract_worker._shutdown()
 
 
 def test_extract_text_reasons():

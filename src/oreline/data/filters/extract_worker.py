@@ -8,18 +8,27 @@ attribute names of one element (measured: 10,000 in a 59 KB page 0.8 s, 40,000 i
 with attribute names that may even start with `<`), so neither the page's bytes nor a count of
 its `<` tags bounds the time.
 
-How: one child per process (`python -m oreline.data.filters.extract_worker MAX_MEMORY_MB`), started on
+How: one child per process (`python -m oreline.data.filters.extract_worker MAX_MEMORY_MB EXTRACTOR`), started on
 first use and reused for every page. It sets RLIMIT_AS to `data.extract.max_memory_mb` on
 itself, so a page that needs more fails there (lexbor then raises, Python MemoryError) and is
-dropped as `extract:too_large`. The parent sends the page over a pipe and waits at most
-`timeout_s` for the text; past that it kills the child (SIGKILL), drops the page as
-`extract:timeout` and starts a new child for the next page (~0.3 s). A child that dies on a page
-drops that page as `extract:error`. Memory of the pipeline process stays the page itself; the
-child's is capped; time per page is bounded by timeout_s plus one restart.
+dropped as `extract:too_large`. The parent sends the page over a pipe and waits for the text
+until the child has spent `timeout_s` of CPU time on it; past that it kills the child (SIGKILL),
+drops the page as `extract:timeout` and starts a new child for the next page (~0.3 s). A child
+that dies on a page drops that page as `extract:error`. Memory of the pipeline process stays the
+page itself; the child's is capped.
 
-Protocol (native byte order is fine: both ends are this module on one machine): request =
-`<IQ` (meta length, html length) + JSON [extractor, main_content] + UTF-8 html; reply = `<BQ`
-(status, length) + the extraction path (ASCII), a NUL byte and the UTF-8 text, or an error message.
+Why CPU time, and why the child's start-up is not counted: a wall-clock limit made the output
+depend on the machine's load. A page of a few milliseconds was dropped as `extract:timeout` when
+the child started (Python, then the extractors' imports, timed with the page) on a machine so
+busy that it took seconds, or when the process was starved of CPU; the same inputs then gave
+other rejects on Ray than locally (a CI run showed it). Now the child says when it is ready, the
+page's time starts then, and what counts is the CPU time it spends (Linux `/proc`; elsewhere wall
+time). A wall-clock cap of WALL_FACTOR x timeout_s still bounds a page on a starved machine.
+
+Protocol (native byte order is fine: both ends are this module on one machine): the child writes
+READY once its imports are done; request = `<IQ` (meta length, html length) + JSON [extractor,
+main_content] + UTF-8 html; reply = `<BQ` (status, length) + the extraction path (ASCII), a NUL
+byte and the UTF-8 text, or an error message.
 """
 
 from __future__ import annotations
@@ -33,33 +42,55 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from oreline.errors import ConfigError
 
 _REQUEST = struct.Struct("<IQ")
+READY = b"R"
+WALL_FACTOR = 4  # a page on a starved machine still ends within WALL_FACTOR x timeout_s of wall time
+START_LIMIT_S = 300.0  # the child's start-up (interpreter and imports), however busy the machine
 _REPLY = struct.Struct("<BQ")
 OK, FAILED, TOO_LARGE, CONFIG = 0, 1, 2, 3
 # lexbor reports a failed allocation as a failed parse
 _OUT_OF_MEMORY = ("MemoryError", "HTMLParserException")
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a live process (Linux /proc), None where it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may hold spaces and ")"
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime: fields 14 and 15
+
+
+class _TimedOut(Exception):
+    """The reply did not come within the time it was given."""
+
+
 class _Child:
     """One extraction child process and its pipes."""
 
-    def __init__(self, max_memory_mb: int):
+    def __init__(self, max_memory_mb: int, extractor: str):
         env = dict(os.environ)
         src = str(Path(__file__).resolve().parents[3])  # the oreline this process runs
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.max_memory_mb = max_memory_mb
         self.owner = os.getpid()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "oreline.data.filters.extract_worker", str(int(max_memory_mb))],
+            [sys.executable, "-m", "oreline.data.filters.extract_worker", str(int(max_memory_mb)), extractor],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
             close_fds=True,
         )
+        self.ready = False
 
     def alive(self) -> bool:
         return self.owner == os.getpid() and self.proc.poll() is None
@@ -74,15 +105,17 @@ class _Child:
                 stream.close()
         self.proc.wait()
 
-    def _read_exact(self, n: int, deadline: float | None) -> bytes | None:
-        """n bytes of the reply; None at the deadline or when the child is gone."""
+    def _read_exact(self, n: int, time_left: Callable[[], float | None]) -> bytes | None:
+        """n bytes of the reply; None when the child is gone. Raises _TimedOut once `time_left()`
+        (seconds; None: no limit) is spent."""
         fd = self.proc.stdout.fileno()
         parts, got = [], 0
         while got < n:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([fd], [], [], left)[0]:
-                    return None
+            while (left := time_left()) is not None:
+                if left <= 0:
+                    raise _TimedOut
+                if select.select([fd], [], [], max(left, 0.01))[0]:
+                    break
             piece = os.read(fd, min(n - got, 1 << 20))
             if not piece:
                 return None
@@ -90,11 +123,33 @@ class _Child:
             got += len(piece)
         return b"".join(parts)
 
+    def _page_clock(self, timeout_s: float | None) -> Callable[[], float | None]:
+        """Seconds left to the page from now: timeout_s of the child's CPU time (wall time where
+        that cannot be read), at most WALL_FACTOR x timeout_s of wall time; None: no limit."""
+        if not timeout_s or timeout_s <= 0:
+            return lambda: None
+        start, cpu0 = time.monotonic(), _cpu_seconds(self.proc.pid)
+        wall_end = start + WALL_FACTOR * timeout_s
+
+        def left() -> float:
+            now = time.monotonic()
+            cpu = _cpu_seconds(self.proc.pid) if cpu0 is not None else None
+            used = now - start if cpu is None else cpu - cpu0
+            return min(wall_end - now, timeout_s - used)
+
+        return left
+
     def extract(
         self, html: str, extractor: str, main_content: bool, timeout_s: float | None
     ) -> tuple[str, str | None, str]:
         """(text, None, path) or ("", reason, path); the child is killed on a timeout or a broken pipe."""
-        deadline = time.monotonic() + timeout_s if timeout_s and timeout_s > 0 else None
+        if not self.ready:  # its start-up is not the page's time (module docstring)
+            start_end = time.monotonic() + START_LIMIT_S
+            with contextlib.suppress(_TimedOut):
+                self.ready = self._read_exact(len(READY), lambda: start_end - time.monotonic()) == READY
+            if not self.ready:
+                self.kill()
+                return "", "extract:error", extractor
         data = html.encode("utf-8", "surrogatepass")
         meta = json.dumps([extractor, bool(main_content)]).encode()
         try:
@@ -105,15 +160,19 @@ class _Child:
             self.kill()
             return "", "extract:error", extractor
         del data
-        head = self._read_exact(_REPLY.size, deadline)
+        clock = self._page_clock(timeout_s)
         body = None
-        if head is not None:
-            status, length = _REPLY.unpack(head)
-            body = self._read_exact(length, deadline)
-        if body is None:
-            timed_out = deadline is not None and time.monotonic() >= deadline
+        try:
+            head = self._read_exact(_REPLY.size, clock)
+            if head is not None:
+                status, length = _REPLY.unpack(head)
+                body = self._read_exact(length, clock)
+        except _TimedOut:
             self.kill()
-            return "", "extract:timeout" if timed_out else "extract:error", extractor
+            return "", "extract:timeout", extractor
+        if body is None:
+            self.kill()
+            return "", "extract:error", extractor
         if status == OK:
             path, _, text = body.partition(b"\0")
             return text.decode("utf-8", "surrogatepass"), None, path.decode("ascii")
@@ -146,7 +205,7 @@ def extract_isolated(
     if _child is None or not _child.alive() or _child.max_memory_mb != max_memory_mb:
         if _child is not None:
             _child.kill()
-        _child = _Child(max_memory_mb)
+        _child = _Child(max_memory_mb, extractor)
     return _child.extract(html, extractor, main_content, timeout_s)
 
 
@@ -163,6 +222,7 @@ def main(argv: list[str]) -> None:
     import resource
 
     limit = int(argv[0]) << 20 if argv else 0
+    warm = argv[1] if len(argv) > 1 else "default"
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if limit > 0:  # never above a cap the parent already runs under (raising it is not allowed)
         limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
@@ -172,6 +232,11 @@ def main(argv: list[str]) -> None:
     os.dup2(2, 1)  # whatever a library prints must not reach the reply pipe
     from oreline.data.filters.extract import EXTRACTORS
 
+    # the extractor's lazy imports and selector files, before READY: not timed with a page
+    with contextlib.suppress(Exception):
+        EXTRACTORS[warm]("<html><body><p>ready</p></body></html>", True)
+    out.write(READY)
+    out.flush()
     while True:
         head = _read(inp, _REQUEST.size)
         if head is None:
