@@ -296,6 +296,49 @@ def test_sigusr1_stops_at_a_step_boundary_and_asks_the_script_to_requeue(prose_t
     assert [r["step"] for r in kr.records(run) if r["type"] == "train"] == list(range(1, kr.STEPS + 1))
 
 
+def test_a_usr1_during_the_final_evaluation_stops_before_what_is_left_and_the_relaunch_does_it(
+    prose_tokens, tmp_path
+):
+    """After the last step there is no step boundary: a USR1 (Slurm's time-limit notice, or rank 0's
+    own deadline) that came during the final evaluation waited for the downstream tasks and the
+    generations, and a job whose final evaluation is long ran into its limit (TIMEOUT, no requeue).
+    Now it stops after the part in progress (the validation here, made ~1 s long) for a requeue;
+    the relaunch does only what is left: the generations and the end record, once."""
+    import os
+    import signal
+
+    # 256 validation sequences: the final evaluation is a window the signal is sure to hit
+    cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens, train__eval_sequences=256)
+    run, log = tmp_path / "runs" / "r", tmp_path / "log"
+    flag = tmp_path / ".oreline-requeue-4244"
+    env = {**kr.env(), "ORELINE_REQUEUE_FILE": str(flag), "SLURM_JOB_ID": "4244"}
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "oreline", "train", "-c", str(cfg)], env=env, stdout=out, stderr=out
+        )
+    assert kr.wait_for(proc, lambda: kr.has(run, "train", kr.STEPS), timeout=300), log.read_text()[-3000:]
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert proc.wait(timeout=300) == 128 + signal.SIGUSR1, log.read_text()[-3000:]
+    at_last = [r for r in kr.records(run) if r.get("step") == kr.STEPS]
+    assert [r["type"] for r in at_last if r["type"] in ("eval", "generation", "end")] == ["eval"], at_last
+    [stop] = events(run, "stopped")
+    ckpt = run / "checkpoints" / f"step-{kr.STEPS:08d}"
+    assert stop["step"] == kr.STEPS and stop["values"]["signal"] == "SIGUSR1"
+    assert flag.read_text().strip() == str(ckpt)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "oreline", "train", "-c", str(cfg)],
+        env=kr.env(),
+        capture_output=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    at_last = [r["type"] for r in kr.records(run) if r.get("step") == kr.STEPS]
+    assert [t for t in at_last if t in ("eval", "generation", "end")] == ["eval", "generation", "end"], (
+        at_last
+    )
+    assert [r["step"] for r in kr.records(run) if r["type"] == "train"] == list(range(1, kr.STEPS + 1))
+
+
 def _caught(pid: int, sig: int) -> bool:
     """Whether process `pid` has a handler for `sig` (the SigCgt mask of /proc/PID/status)."""
     try:

@@ -100,6 +100,7 @@ import functools
 import math
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,7 +231,9 @@ def _train(
                 stop_after_step(
                     cfg, s, state, stability, log, info, stops, last_ckpt if due.full_checkpoint else None
                 )
-            v = evals_after_step(cfg, s, info, state, log, schedule, n, {})
+            saved = last_ckpt if due.full_checkpoint else None
+            asked = functools.partial(stop_if_asked, cfg, s, state, stability, log, info, stops, saved)
+            v = evals_after_step(cfg, s, info, state, log, schedule, n, {}, asked)
             final_val = v if v is not None else final_val
             reads.stop(n, due.why)
     finally:
@@ -500,8 +503,10 @@ def evals_after_step(
     schedule: Schedule,
     n: int,
     done: dict[str, Any],
+    between: Callable[[], None] = lambda: None,
 ) -> float | None:
-    """Validation loss and greedy generations due after step n, less what `done` says was logged.
+    """Validation loss and greedy generations due after step n, less what `done` says was logged;
+    `between` runs after each part that ran (it may end the run: a stop request).
 
     Returns the validation loss when an evaluation ran. The train loss of the eval record is the
     mean since the previous evaluation; its running sum is part of the checkpoint, so an
@@ -533,8 +538,10 @@ def evals_after_step(
             }
         )
         state.loss_sum, state.loss_count = 0.0, 0
+        between()
     if schedule.tasks(n) and not done.get("tasks"):
         log.log(downstream_record(s, info, cfg, n, state.tokens_seen))
+        between()
     prompts = [p for p in cfg.eval.prompts if p not in done.get("generations", ())]
     if (
         schedule.generate(n) and (info.is_main or info.sharded) and prompts
@@ -544,6 +551,25 @@ def evals_after_step(
                 {"type": "generation", "step": n, "prompt": g["prompt"], "text": g["text"], "mode": g["mode"]}
             )
     return val
+
+
+def stop_if_asked(
+    cfg: Config,
+    s: Setup,
+    state: TrainState,
+    stability: Any,
+    log: MetricsLogger,
+    info: dist.DistInfo,
+    stops: StopRequests,
+    saved: Path | None,
+) -> None:
+    """Between the parts of a step's evaluation: a stop asked for meanwhile ends the run before the
+    next part (the final step's evaluation, downstream tasks and generations can take minutes, and
+    there is no step boundary after them: Slurm's time-limit notice waited for all of them and the
+    job ran into its limit). The resumed run does what is left (`begin`, from the metrics' record).
+    A collective: every rank calls it at the same points."""
+    if dist.any_rank(stops.requested):
+        stop_after_step(cfg, s, state, stability, log, info, stops, saved)
 
 
 def stop_after_step(
