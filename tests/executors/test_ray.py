@@ -396,3 +396,34 @@ def test_the_maps_of_one_executor_share_one_progress_actor_until_it_is_dropped(r
     while live_sinks() & mine and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not live_sinks() & mine
+
+
+_OWN_RAY_DRIVER = """
+import ray
+
+from oreline.config import RayConfig
+from oreline.executors.ray import RayExecutor
+
+
+def where(_):
+    return ray.get_runtime_context().gcs_address
+
+
+(gcs,) = RayExecutor(RayConfig()).map(where, [(0,)], label="where")
+print("GCS", gcs, flush=True)
+"""
+
+
+def test_an_empty_address_starts_a_ray_of_its_own_beside_a_running_cluster(ray_cluster, tmp_path):
+    """`data.ray.address = ""` starts a Ray for the run, as documented, also when another cluster
+    runs on this machine: named by RAY_ADDRESS here (a user's shell may export it; Ray finds the
+    last cluster started on the machine the same way). ray.init() without an address joined that
+    cluster and then refused oreline's own settings ("_system_config must not be provided"): a
+    user's Ray, or the test cluster beside the OOM test in CI, failed the run."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(_OWN_RAY_DRIVER)
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.address, "RAY_USAGE_STATS_ENABLED": "0"}
+    done = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (gcs,) = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("GCS ")]
+    assert gcs != ray_cluster.address  # its own Ray, not the one RAY_ADDRESS names

@@ -28,8 +28,9 @@ holding the exception, whose traceback holds the map's frame), when it died (its
 the executor is dropped (Ray ends an actor once no handle is left); a map that starts while another
 one holds it (threads) gets an actor of its own, killed at its end.
 
-Connection (`data.ray.address`): empty starts a Ray on this machine for the run; `auto` joins the
-cluster this machine is part of; `ray://host:10001` connects a Ray client. Every node must have
+Connection (`data.ray.address`): empty starts a Ray on this machine for the run (also where another
+one runs here or RAY_ADDRESS names one); `auto` joins the cluster this machine is part of;
+`ray://host:10001` connects a Ray client. Every node must have
 oreline and its data extras installed (the tasks import oreline by module name) and see the
 inputs and the output folder under the same paths (a shared filesystem).
 """
@@ -132,6 +133,11 @@ class RayExecutor:
         if address:
             kwargs["address"] = address
         else:  # a Ray of our own: its settings are ours to choose
+            # "local": ray.init() without an address joins the cluster in RAY_ADDRESS or the last
+            # one started on this machine (/tmp/ray/ray_current_cluster), and then refuses the
+            # settings below ("_system_config must not be provided"): a user's own Ray, or a test
+            # cluster beside this run, made `oreline data` fail
+            kwargs["address"] = "local"
             kwargs["include_dashboard"] = False
             kwargs["_system_config"] = {"task_oom_retries": self.config.max_oom_retries}
         try:
