@@ -22,7 +22,6 @@ thread too. The independent runs start together (module fixture) to keep the fil
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -40,7 +39,7 @@ import torch
 
 from oreline.train.checkpoint.load import load_model_state
 
-from .conftest import write_config
+from .conftest import kill_resume_module, write_config
 
 STEPS, EVERY, TOL = 20, 10, 1e-5
 pytestmark = pytest.mark.slow  # every test here runs real multi-process training (tens of seconds)
@@ -118,13 +117,9 @@ class Job:
         assert self.wait() == 0, self.log.read_text(errors="replace")[-4000:]
 
 
-def records(run: Path) -> list[dict]:
-    out = []
-    path = run / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        with contextlib.suppress(json.JSONDecodeError):
-            out.append(json.loads(line))
-    return out
+# metrics.jsonl's records (a line a kill cut short left out), read incrementally: the killer thread
+# polls the killed run's file every 10 ms, and a full parse each time took CPU from the runs
+records = kill_resume_module().records
 
 
 def losses(run: Path) -> dict[int, float]:
