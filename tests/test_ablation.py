@@ -178,7 +178,7 @@ vocab_size = 320
 [validation]
 recipe = "all"
 fraction = 0.2
-sequences = 50
+sequences = 16
 [proxy]
 preset = "debug"
 seeds = [1, 2]
