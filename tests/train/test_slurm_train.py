@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -262,29 +264,24 @@ def test_cpu_job_script_fits_the_allocation(prose_tokens, tmp_path):
         subprocess.run(["bash", "-n", str(path)], check=True)
 
 
-@pytest.mark.slow
-def test_sigusr1_stops_at_a_step_boundary_and_asks_the_script_to_requeue(prose_tokens, tmp_path):
-    """The training loop's own part, without Slurm: USR1 → checkpoint at the next step boundary, exit
-    128 + 10, the requeue file for the batch script; the relaunch resumes from that checkpoint."""
-    import os
-    import signal
-
-    cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens)
-    run, log = tmp_path / "runs" / "r", tmp_path / "log"
-    flag = tmp_path / ".oreline-requeue-4242"
-    env = {**kr.env(), "ORELINE_REQUEUE_FILE": str(flag), "SLURM_JOB_ID": "4242"}
+def _usr1_after_step(cfg: Path, run: Path, tmp_path: Path, job: str, step: int) -> tuple[str, Path]:
+    """`oreline train` as a Slurm job's rank runs it (SLURM_JOB_ID, the batch script's requeue
+    file), sent USR1 once step `step`'s train record is written; checks that it stopped for a
+    requeue (exit 128 + USR1). Returns (its output, the requeue file)."""
+    flag, log = tmp_path / f".oreline-requeue-{job}", tmp_path / f"log-{job}"
+    env = {**kr.env(), "ORELINE_REQUEUE_FILE": str(flag), "SLURM_JOB_ID": job}
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "oreline", "train", "-c", str(cfg)], env=env, stdout=out, stderr=out
         )
-    assert kr.wait_for(proc, lambda: kr.has(run, "train", 5), timeout=300), log.read_text()[-3000:]
+    assert kr.wait_for(proc, lambda: kr.has(run, "train", step), timeout=300), log.read_text()[-3000:]
     os.kill(proc.pid, signal.SIGUSR1)
     assert proc.wait(timeout=300) == 128 + signal.SIGUSR1, log.read_text()[-3000:]
-    [stop] = events(run, "stopped")
-    ckpt = run / "checkpoints" / f"step-{stop['step']:08d}"
-    assert stop["values"]["signal"] == "SIGUSR1" and ckpt.is_dir()
-    assert flag.read_text().strip() == str(ckpt)
-    assert "the batch script requeues Slurm job 4242" in log.read_text()
+    return log.read_text(), flag
+
+
+def _relaunch(cfg: Path) -> None:
+    """The requeued job's launch: it resumes and finishes."""
     resumed = subprocess.run(
         [sys.executable, "-m", "oreline", "train", "-c", str(cfg)],
         env=kr.env(),
@@ -292,6 +289,21 @@ def test_sigusr1_stops_at_a_step_boundary_and_asks_the_script_to_requeue(prose_t
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_sigusr1_stops_at_a_step_boundary_and_asks_the_script_to_requeue(prose_tokens, tmp_path):
+    """The training loop's own part, without Slurm: USR1 → checkpoint at the next step boundary, exit
+    128 + 10, the requeue file for the batch script; the relaunch resumes from that checkpoint."""
+    cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens)
+    run = tmp_path / "runs" / "r"
+    log, flag = _usr1_after_step(cfg, run, tmp_path, "4242", 5)
+    [stop] = events(run, "stopped")
+    ckpt = run / "checkpoints" / f"step-{stop['step']:08d}"
+    assert stop["values"]["signal"] == "SIGUSR1" and ckpt.is_dir()
+    assert flag.read_text().strip() == str(ckpt)
+    assert "the batch script requeues Slurm job 4242" in log
+    _relaunch(cfg)
     assert [r["step"] for r in events(run, "resume")] == [stop["step"]]
     assert [r["step"] for r in kr.records(run) if r["type"] == "train"] == list(range(1, kr.STEPS + 1))
 
@@ -304,38 +316,19 @@ def test_a_usr1_during_the_final_evaluation_stops_before_what_is_left_and_the_re
     generations, and a job whose final evaluation is long ran into its limit (TIMEOUT, no requeue).
     Now it stops after the part in progress (the validation here, made ~1 s long) for a requeue;
     the relaunch does only what is left: the generations and the end record, once."""
-    import os
-    import signal
-
     # 256 validation sequences: the final evaluation is a window the signal is sure to hit
     cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens, train__eval_sequences=256)
-    run, log = tmp_path / "runs" / "r", tmp_path / "log"
-    flag = tmp_path / ".oreline-requeue-4244"
-    env = {**kr.env(), "ORELINE_REQUEUE_FILE": str(flag), "SLURM_JOB_ID": "4244"}
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "oreline", "train", "-c", str(cfg)], env=env, stdout=out, stderr=out
-        )
-    assert kr.wait_for(proc, lambda: kr.has(run, "train", kr.STEPS), timeout=300), log.read_text()[-3000:]
-    os.kill(proc.pid, signal.SIGUSR1)
-    assert proc.wait(timeout=300) == 128 + signal.SIGUSR1, log.read_text()[-3000:]
-    at_last = [r for r in kr.records(run) if r.get("step") == kr.STEPS]
-    assert [r["type"] for r in at_last if r["type"] in ("eval", "generation", "end")] == ["eval"], at_last
-    [stop] = events(run, "stopped")
-    ckpt = run / "checkpoints" / f"step-{kr.STEPS:08d}"
-    assert stop["step"] == kr.STEPS and stop["values"]["signal"] == "SIGUSR1"
-    assert flag.read_text().strip() == str(ckpt)
-    resumed = subprocess.run(
-        [sys.executable, "-m", "oreline", "train", "-c", str(cfg)],
-        env=kr.env(),
-        capture_output=True,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run = tmp_path / "runs" / "r"
+    _, flag = _usr1_after_step(cfg, run, tmp_path, "4244", kr.STEPS)
+    last = ("eval", "generation", "end")
     at_last = [r["type"] for r in kr.records(run) if r.get("step") == kr.STEPS]
-    assert [t for t in at_last if t in ("eval", "generation", "end")] == ["eval", "generation", "end"], (
-        at_last
-    )
+    assert [t for t in at_last if t in last] == ["eval"], at_last
+    [stop] = events(run, "stopped")
+    assert stop["step"] == kr.STEPS and stop["values"]["signal"] == "SIGUSR1"
+    assert flag.read_text().strip() == str(run / "checkpoints" / f"step-{kr.STEPS:08d}")
+    _relaunch(cfg)
+    at_last = [r["type"] for r in kr.records(run) if r.get("step") == kr.STEPS]
+    assert [t for t in at_last if t in last] == list(last), at_last
     assert [r["step"] for r in kr.records(run) if r["type"] == "train"] == list(range(1, kr.STEPS + 1))
 
 
@@ -361,9 +354,6 @@ def test_a_usr1_while_a_rank_starts_is_kept_and_stops_the_run_after_its_first_st
     time-limit USR1 (sent up to 60 s early) that came while a rank was still starting was dropped,
     and the job ran into its time limit (TIMEOUT, not requeued). A rank now records USR1 from its
     first line on: sent before torch is even loaded, it stops the run after step 1 for a requeue."""
-    import os
-    import signal
-
     from oreline.train.torchrun import torchrun_command
 
     cfg = kr.write_config(tmp_path / "c.toml", tmp_path / "runs", prose_tokens)
@@ -401,8 +391,6 @@ def test_rank_0_reads_the_jobs_end_time_and_stops_at_end_less_the_lead_without_u
     """The stop that does not depend on the USR1 arriving: inside a real job with --time=3 and a
     lead of 50 s, rank 0's deadline is the job's start + 180 - 50 s; a StopRequests past its
     deadline asks for a requeue stop, named as the time limit."""
-    import signal
-
     from oreline.train.shutdown import StopRequests
 
     probe = tmp_path / "probe.py"

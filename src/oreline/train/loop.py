@@ -232,8 +232,10 @@ def _train(
                     cfg, s, state, stability, log, info, stops, last_ckpt if due.full_checkpoint else None
                 )
             saved = last_ckpt if due.full_checkpoint else None
-            asked = functools.partial(stop_if_asked, cfg, s, state, stability, log, info, stops, saved)
-            v = evals_after_step(cfg, s, info, state, log, schedule, n, {}, asked)
+            stop_here = functools.partial(stop_after_step, cfg, s, state, stability, log, info, stops, saved)
+            v = evals_after_step(
+                cfg, s, info, state, log, schedule, n, {}, functools.partial(stop_if_asked, stops, stop_here)
+            )
             final_val = v if v is not None else final_val
             reads.stop(n, due.why)
     finally:
@@ -553,23 +555,14 @@ def evals_after_step(
     return val
 
 
-def stop_if_asked(
-    cfg: Config,
-    s: Setup,
-    state: TrainState,
-    stability: Any,
-    log: MetricsLogger,
-    info: dist.DistInfo,
-    stops: StopRequests,
-    saved: Path | None,
-) -> None:
+def stop_if_asked(stops: StopRequests, stop: Callable[[], None]) -> None:
     """Between the parts of a step's evaluation: a stop asked for meanwhile ends the run before the
     next part (the final step's evaluation, downstream tasks and generations can take minutes, and
     there is no step boundary after them: Slurm's time-limit notice waited for all of them and the
     job ran into its limit). The resumed run does what is left (`begin`, from the metrics' record).
     A collective: every rank calls it at the same points."""
     if dist.any_rank(stops.requested):
-        stop_after_step(cfg, s, state, stability, log, info, stops, saved)
+        stop()  # stop_after_step: the step's checkpoint, the event record, TrainingStopped
 
 
 def stop_after_step(
