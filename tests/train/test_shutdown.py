@@ -244,7 +244,7 @@ def test_repeated_sigterm_is_one_request_and_a_second_ctrl_c_acts_at_once():
         try:
             os.kill(os.getpid(), signal.SIGTERM)  # a service manager signals every process of the job,
             os.kill(os.getpid(), signal.SIGTERM)  # and torchrun passes the signal on again
-            assert stops.requested and stops.signum == signal.SIGTERM  # ... and we are still here
+            assert stops.requested() and stops.signum == signal.SIGTERM  # ... and we are still here
             os.kill(os.getpid(), signal.SIGINT)
             assert stops.signum == signal.SIGTERM
         finally:

@@ -410,7 +410,7 @@ def test_rank_0_reads_the_jobs_end_time_and_stops_at_end_less_the_lead_without_u
     assert f"Slurm job {job} ends at" in got["line"] and "(50 s before)" in got["line"], got
 
     stops = StopRequests(deadline=time.time() + 3600)
-    assert not stops.requested
+    assert not stops.requested()
     stops.deadline = time.time() - 1
-    assert stops.requested and stops.requeue and stops.signum == signal.SIGUSR1
+    assert stops.requested() and stops.requeue and stops.signum == signal.SIGUSR1
     assert stops.cause.startswith("the time limit")

@@ -209,7 +209,7 @@ def _train(
                 time.sleep(tc.debug.sleep_per_step_s)
 
             # a stop request (SIGTERM/SIGINT on any rank) is a host flag ORed over ranks
-            due = schedule.at(n, stop=dist.any_rank(stops.requested))
+            due = schedule.at(n, stop=dist.any_rank(stops.requested()))
             if due.why:  # one transfer: every verdict and value since the last read
                 last = settle(pending, cfg, s, state, stability, log, last_ckpt)
                 if last is None:  # rolled back: the loop goes on from the checkpoint's step
@@ -561,7 +561,7 @@ def stop_if_asked(stops: StopRequests, stop: Callable[[], None]) -> None:
     there is no step boundary after them: Slurm's time-limit notice waited for all of them and the
     job ran into its limit). The resumed run does what is left (`begin`, from the metrics' record).
     A collective: every rank calls it at the same points."""
-    if dist.any_rank(stops.requested):
+    if dist.any_rank(stops.requested()):
         stop()  # stop_after_step: the step's checkpoint, the event record, TrainingStopped
 
 

@@ -218,8 +218,9 @@ class StopRequests:
         # every process of the job, and torchrun then passes the same signal on to the ranks again.
         self.signum = self.signum or signum
 
-    @property
     def requested(self) -> bool:
+        """Whether a stop was asked for. A method, not a property: past the deadline the call itself
+        records the stop (as if Slurm's USR1 had come), so each call is a look at the clock."""
         if self.signum is None and self.deadline is not None and time.time() >= self.deadline:
             self.signum, self.at_deadline = signal.SIGUSR1, True  # as if Slurm's USR1 had come
         return self.signum is not None
