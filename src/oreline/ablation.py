@@ -245,11 +245,18 @@ class AblationConfig(Section):
         return Path(expand(self.out_dir)) / self.name
 
 
-def load_ablation(path: str | Path, executor: str | None = None) -> AblationConfig:
-    """Read and check ABLATION.toml; every error says what to change."""
+def load_ablation(path: str | Path, executor: str | None = None, sha256: str | None = None) -> AblationConfig:
+    """Read and check ABLATION.toml; every error says what to change. `sha256`: the file must hold
+    exactly those bytes (an arm's or the report's job: `oreline.job_inputs`)."""
     path = resolve_config_path(path)
     try:
-        tree = tomllib.loads(path.read_text(encoding="utf-8"))
+        if sha256 is not None:
+            from oreline.job_inputs import read_pinned
+
+            text = read_pinned(path, sha256).decode("utf-8")
+        else:
+            text = path.read_text(encoding="utf-8")
+        tree = tomllib.loads(text)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path} cannot be read ({exc})", "pass an ablation TOML file with -c") from None
     except tomllib.TOMLDecodeError as exc:
@@ -880,17 +887,27 @@ def _finish(abl: AblationConfig, plan: dict, counts: dict, tok_fp: str, console:
 
 
 def submit_arm_jobs(abl: AblationConfig, pending: list[str], console: Console) -> list[dict]:
-    """One Slurm job per arm (`oreline ablate -c OUT/ablation.toml --arm ARM`), and a last job,
+    """One Slurm job per arm (`oreline ablate -c OUT/jobs/ablation.toml --arm ARM`), and a last job,
     after all of them succeed, that writes the summary and the report (every arm then skipped).
-    Job settings: the first recipe's data.slurm (partition, stage_time_limit, stage_cpus, sbatch_args)."""
+    Job settings: the first recipe's data.slurm (partition, stage_time_limit, stage_cpus, sbatch_args).
+
+    The jobs read the ablation as it is now and nothing else: OUT/jobs/ is private, the config there
+    holds every recipe's [data] keys inline (a recipe's own config file could be edited while the
+    jobs wait), and each job's command pins its sha256 (`oreline.job_inputs`)."""
     import sys
 
+    from oreline.config import to_toml
     from oreline.executors.slurm import submit
+    from oreline.job_inputs import submitted_config, write_private
     from oreline.slurm_script import job_name, job_script, write_script
 
-    jobs_dir = (abl.root / "jobs").resolve()
-    jobs_dir.mkdir(parents=True, exist_ok=True)
-    config = (abl.root / "ablation.toml").resolve()
+    inline = [
+        r.model_copy(update={"data": _raw_data(r)[0]}) if isinstance(r.data, str) else r for r in abl.recipes
+    ]
+    jobs_dir = abl.root.resolve() / "jobs"  # a link at jobs/ itself is refused, not followed
+    config, pin = submitted_config(
+        jobs_dir, "ablation.toml", to_toml(abl.model_copy(update={"recipes": inline}))
+    )
     s = (
         recipe_config(abl.recipes[0], abl).data.slurm
         if abl.recipes[0].data is not None
@@ -907,7 +924,7 @@ def submit_arm_jobs(abl: AblationConfig, pending: list[str], console: Console) -
             log_key="out_dir and name (the ablation folder)",
             cpus=cpus,
             cancels="a failed training cancels the report job",
-            command=[sys.executable, "-m", "oreline", "ablate", "-c", str(config), *extra],
+            command=[sys.executable, "-m", "oreline", "ablate", "-c", str(config), *pin, *extra],
             command_key="the ablation command (paths of the ablation)",
         )
         write_script(jobs_dir / f"{name}.sbatch", text)
@@ -921,7 +938,7 @@ def submit_arm_jobs(abl: AblationConfig, pending: list[str], console: Console) -
     after = ":".join(j["job"] for j in submitted)
     job = submit(script("report", ["--executor", "slurm"]), [f"--dependency=afterok:{after}"])
     submitted.append({"arm": None, "job": job})
-    (jobs_dir / "jobs.json").write_text(json.dumps(submitted, indent=2) + "\n", encoding="utf-8")
+    write_private(jobs_dir / "jobs.json", (json.dumps(submitted, indent=2) + "\n").encode())
     console.print(
         f"{len(submitted) - 1} training job(s) and the report job {job} (after they succeed) submitted; follow them "
         f"with `squeue -j {','.join(j['job'] for j in submitted)}`. If one fails, the report job is cancelled: fix "

@@ -80,10 +80,20 @@ IncompleteOpt = Annotated[
 ]
 
 
-def _load(config: Path | None, overrides: list[str] | None):
+PinOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--config-sha256",
+        hidden=True,  # written into the job scripts oreline submits (oreline.job_inputs), not typed
+        help="refuse the config unless its bytes have this sha256 (a queued job's submitted config)",
+    ),
+]
+
+
+def _load(config: Path | None, overrides: list[str] | None, sha256: str | None = None):
     from oreline.config import load_config
 
-    return load_config(config, overrides)
+    return load_config(config, overrides, sha256=sha256)
 
 
 def _split_inputs_and_overrides(items: list[str]) -> tuple[list[str], list[str]]:
@@ -236,6 +246,7 @@ def train(
     nproc: Annotated[
         Optional[int], typer.Option(help="launch torchrun with this many processes per node")
     ] = None,
+    config_sha256: PinOpt = None,
 ) -> None:
     """Train a Llama on token shards: one readable loop, metrics, checkpoints, recovery."""
     if nproc and nproc > 1:
@@ -244,7 +255,7 @@ def train(
         raise typer.Exit(launch_torchrun(nproc, sys.argv[1:]))
     from oreline.train.loop import train as train_fn
 
-    cfg = _load(config, overrides)
+    cfg = _load(config, overrides, config_sha256)
     train_fn(cfg, resume=resume, allow_config_change=allow_config_change or [])
 
 
@@ -623,6 +634,7 @@ def run(
         Optional[str],
         typer.Option("--only", help="run this stage alone, once the stages before it finished (a stage job)"),
     ] = None,
+    config_sha256: PinOpt = None,
 ) -> None:
     """Crawl to exported model: data, tokenizer, tokenize, train, eval, export, report."""
     from oreline.stages import run_all, submit_stage_jobs
@@ -630,7 +642,7 @@ def run(
     overrides = list(overrides or [])
     if executor is not None:
         overrides += [f"data.executor={executor}", f"tokenize.executor={executor}"]
-    cfg = _load(config, overrides)
+    cfg = _load(config, overrides, config_sha256)
     if executor == "slurm" and only is None:
         submit_stage_jobs(cfg, from_stage=from_stage, console=console)
         return
@@ -657,11 +669,13 @@ def ablate(
             "--arm", help="train this arm (RECIPE-seedS) alone, once the shared stages finished (a job)"
         ),
     ] = None,
+    config_sha256: PinOpt = None,
 ) -> None:
     """Train the same proxy model on competing data recipes and compare them on one held-out set."""
     from oreline.ablation import load_ablation, run_ablation
 
-    run_ablation(load_ablation(config, executor=executor), console=console, arm=arm)
+    abl = load_ablation(config, executor=executor, sha256=config_sha256)
+    run_ablation(abl, console=console, arm=arm)
 
 
 @config_app.command("show")

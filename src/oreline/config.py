@@ -1018,11 +1018,21 @@ def resolve_config_path(path: str | Path | None) -> Path:
     )
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load TOML (None: the embedded demo config), apply dotted overrides, validate."""
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, sha256: str | None = None
+) -> Config:
+    """Load TOML (None: the embedded demo config), apply dotted overrides, validate.
+
+    `sha256`: the file must hold exactly the bytes with that digest (a queued job's config, pinned
+    when it was submitted: `oreline.job_inputs`); they are read once, checked, then parsed."""
     path = resolve_config_path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        if sha256 is not None:
+            from oreline.job_inputs import read_pinned
+
+            text = read_pinned(path, sha256).decode("utf-8")
+        else:
+            text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); is it a binary file?",

@@ -574,15 +574,18 @@ def submit_stage_jobs(
     """Submit every stage `oreline run` would run now as its own Slurm job, each `afterok` the one
     before, and return [{stage, job, script}]; the driver does not wait (nor need to stay alive).
 
-    Each job runs `oreline run -c RUN/jobs/config.toml --only STAGE` (the resolved config, so every
-    job sees the same settings): it checks that the stages before it finished, runs its own, and
-    records it in lineage.json, as `oreline run` does. A failed job cancels the jobs after it
-    (--kill-on-invalid-dep); `oreline run --executor slurm` again submits from the first stage that
-    did not finish. Job settings come from data.slurm (partition, stage_time_limit, sbatch_args)."""
+    Each job runs `oreline run -c RUN/jobs/config.toml --config-sha256 HEX --only STAGE` (the resolved
+    config, so every job sees the same settings): it checks that the stages before it finished, runs
+    its own, and records it in lineage.json, as `oreline run` does. RUN/jobs/ is private and the
+    digest pins the config as submitted: a job that starts after someone changed it refuses to run
+    (`oreline.job_inputs`). A failed job cancels the jobs after it (--kill-on-invalid-dep);
+    `oreline run --executor slurm` again submits from the first stage that did not finish. Job
+    settings come from data.slurm (partition, stage_time_limit, sbatch_args)."""
     import sys
 
     from oreline.config import to_toml
     from oreline.executors.slurm import submit
+    from oreline.job_inputs import submitted_config, write_private
     from oreline.slurm_script import job_name, job_script, write_script
 
     console = console or Console(stderr=True)
@@ -593,15 +596,13 @@ def submit_stage_jobs(
         console.print("every stage is finished and unchanged: nothing to submit")
         return []
     rd.claim("oreline run")
-    jobs_dir = (rd.root / "jobs").resolve()
-    jobs_dir.mkdir(parents=True, exist_ok=True)
-    config = jobs_dir / "config.toml"
-    config.write_text(to_toml(cfg), encoding="utf-8")
+    jobs_dir = rd.root.resolve() / "jobs"  # a link at jobs/ itself is refused, not followed
+    config, pin = submitted_config(jobs_dir, "config.toml", to_toml(cfg))
     s = cfg.data.slurm
     cpus = s.stage_cpus or max(cfg.data.workers, cfg.tokenize.workers, 1)
     submitted: list[dict] = []
     for i, (stage, _action) in enumerate(todo):
-        command = [sys.executable, "-m", "oreline", "run", "-c", str(config), "--only", stage]
+        command = [sys.executable, "-m", "oreline", "run", "-c", str(config), *pin, "--only", stage]
         if i == 0 and from_stage is not None:
             command += ["--from", from_stage]
         # every value is checked: a plain token in an #SBATCH line, a quoted word in the command
@@ -626,7 +627,7 @@ def submit_stage_jobs(
             + (f" (after {submitted[-2]['job']} succeeds)" if len(submitted) > 1 else "")
             + f"; log {jobs_dir}/{stage}-{job}.out"
         )
-    (jobs_dir / "chain.json").write_text(json.dumps(submitted, indent=2) + "\n", encoding="utf-8")
+    write_private(jobs_dir / "chain.json", (json.dumps(submitted, indent=2) + "\n").encode())
     console.print(
         f"{len(submitted)} stage job(s) submitted; follow them with `squeue -j {','.join(j['job'] for j in submitted)}`. "
         "If one fails, the jobs after it are cancelled: fix the cause and run `oreline run --executor slurm` "

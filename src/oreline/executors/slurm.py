@@ -58,7 +58,6 @@ import re
 import secrets
 import shlex
 import shutil
-import stat
 import subprocess
 import sys
 import time
@@ -73,6 +72,7 @@ from rich.console import Console
 import oreline.executors.wire as wire
 from oreline.errors import ClusterError
 from oreline.executors.interface import Resources, TaskCrashed
+from oreline.job_inputs import private_folder, write_private
 from oreline.slurm_script import shell_word
 
 JOBS_FILE = "jobs.json"
@@ -98,37 +98,11 @@ def unseal(blob: bytes, key: str, path: Path) -> bytes:
     return data
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Write `data` to `path` atomically (a unique temporary name, then a rename), readable by us only."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    tmp.replace(path)
-
-
 def _append_record(path: Path, text: str) -> None:
     """Append to a record file of ours (never through a link planted in its place)."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     with os.fdopen(os.open(path, flags, 0o600), "a", encoding="utf-8") as f:
         f.write(text)
-
-
-def private_folder(path: Path) -> Path:
-    """`path` as a folder only its owner (this user) can read, write or enter: created 0700, or
-    made 0700 when it is ours; ClusterError when someone else owns it or it is a link."""
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise ClusterError(
-            f"{path} is {'not a folder' if not stat.S_ISDIR(st.st_mode) else 'owned by another user'}: "
-            "Slurm job files there could be read or replaced by someone else",
-            f"remove {path} (or choose another output folder) and re-run the command",
-        )
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700)
-    return path
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oreline.config import Config, load_config
+from oreline.config import Config, load_config, resolve_config_path
 from oreline.errors import ConfigError
+from oreline.job_inputs import pin_args
 from oreline.slurm_script import check_partition, check_time, checked, directive, shell_word, write_script
 from oreline.slurm_script import job_name as job_name_of
 
@@ -153,7 +154,8 @@ def slurm_script(
     output: str = "%x-%j.out",
     script_path: Path | None = None,
 ) -> str:
-    """The text of an sbatch script running `oreline train -c CONFIG` on nodes × processes.
+    """The text of an sbatch script running `oreline train -c CONFIG` on nodes × processes, pinned to
+    CONFIG's bytes as they are now (`--config-sha256`: a job that starts after the file changed stops).
 
     gpus_per_node = 0 is a CPU job: gloo, `nproc_per_node` processes per node (default 1). The
     allocation is checked against the config first (`check_allocation`)."""
@@ -173,7 +175,10 @@ def slurm_script(
             f"ask for at least {nproc} CPUs (or leave it out: the job then takes whole nodes)",
         )
     config = Path(config).resolve()  # the job may start in another folder
-    cfg = load_config(config)
+    # the job trains on the config as it is now: every rank's `oreline train` is pinned to the sha256
+    # of these bytes and refuses the file once it changed (oreline.job_inputs)
+    pin = pin_args(resolve_config_path(config).read_bytes())
+    cfg = load_config(config, sha256=pin[1])
     batch = check_allocation(cfg, nodes, nproc)
     # every value reaching the script is checked: #SBATCH values are plain tokens, shell words quoted
     name = job_name or job_name_of("oreline", cfg.run.name)
@@ -282,7 +287,7 @@ def slurm_script(
         '  "$PYTHON" -m torch.distributed.run \\',
         f"  --nnodes={nodes} --nproc_per_node={nproc} \\",
         '  --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" \\',
-        f"  -m oreline train -c {shell_word(config, '--config')}"
+        f"  -m oreline train -c {shell_word(config, '--config')} {shlex.join(pin)}"
         # several processes and parallel = none: DDP, as `oreline train --nproc N` does
         + (" train.parallel=ddp" if nodes * nproc > 1 and cfg.train.parallel == "none" else ""),
         "rc=$?",

@@ -296,8 +296,9 @@ def ask_for_requeue(checkpoint: Any, env: dict[str, str] | None = None) -> str |
         return None
     from pathlib import Path
 
-    path = Path(target)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(f"{checkpoint}\n")
-    tmp.replace(path)
+    from oreline.job_inputs import write_private
+
+    # the submit folder may be writable by others: a new file of a random name, never through a
+    # link planted at a name known in advance
+    write_private(Path(target), f"{checkpoint}\n".encode())
     return env.get("SLURM_JOB_ID", "?")
