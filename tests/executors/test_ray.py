@@ -427,3 +427,49 @@ def test_an_empty_address_starts_a_ray_of_its_own_beside_a_running_cluster(ray_c
     assert done.returncode == 0, done.stderr[-3000:]
     (gcs,) = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("GCS ")]
     assert gcs != ray_cluster.address  # its own Ray, not the one RAY_ADDRESS names
+
+
+_PRIVATE_RAY_DRIVER = """
+import json
+import os
+
+os.umask(0o022)  # the usual umask: a file written without a mode of its own is world-readable
+
+import ray
+
+from oreline.config import RayConfig
+from oreline.executors.ray import RayExecutor
+
+RayExecutor(RayConfig()).connect()
+print("SESSION", ray._private.worker._global_node.get_session_dir_path(), flush=True)
+ray.shutdown()
+"""
+
+
+@pytest.mark.hostile
+def test_a_ray_oreline_starts_keeps_its_auth_token_and_session_from_other_users(tmp_path):
+    """Issue 45 item 8: Ray 2.60 turns token authentication on for a Ray that ray.init() starts and
+    wrote the token to ~/.ray/auth_token with the umask (0644): every user of the machine could read
+    it and run tasks as this user. Its session folder (logs, sockets) sat in /tmp/ray, open to all."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'oreline[ray]'")
+    driver, home = tmp_path / "driver.py", tmp_path / "home"
+    driver.write_text(_PRIVATE_RAY_DRIVER)
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+    env |= {"HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0"}
+    done = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    token = home / ".ray" / "auth_token"
+    assert token.is_file() and len(token.read_text().strip()) == 64, done.stderr[-2000:]
+    assert token.stat().st_mode & 0o077 == 0, oct(token.stat().st_mode)
+    assert home.joinpath(".ray").stat().st_mode & 0o077 == 0
+    (session,) = [
+        Path(line.split(None, 1)[1]) for line in done.stdout.splitlines() if line.startswith("SESSION ")
+    ]
+    # some folder above the session's files is this user's alone
+    closed = [
+        p
+        for p in [session, *session.parents]
+        if p.stat().st_uid == os.getuid() and p.stat().st_mode & 0o077 == 0
+    ]
+    assert closed, f"{session}: every folder above it is open to other users"

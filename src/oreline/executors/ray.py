@@ -42,6 +42,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -106,6 +107,47 @@ def _call(fn: Callable[..., Any], job: tuple, sink) -> Any:
                 ray.get(sink.put.remote((0, 0)), timeout=5)
 
 
+def private_session_root() -> Path:
+    """Where a Ray that oreline starts keeps its sessions (logs, sockets, the files its processes
+    share): `ray/` inside a folder of this user's, 0700 (`oreline.job_inputs.private_folder`),
+    instead of /tmp/ray, which every user can enter. Ray makes its own folder 0777 whatever it
+    finds, so the closed folder is the one above it. RAY_TMPDIR, when set, is where it goes."""
+    from oreline.job_inputs import private_folder
+
+    root = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / f"oreline-ray-{os.getuid()}"
+    return private_folder(root) / "ray"
+
+
+def private_auth_token() -> Path | None:
+    """The token of a Ray that oreline starts, readable by this user only; None where there is no file.
+
+    Ray 2.60 turns token authentication on for a Ray that `ray.init()` starts and, when no token
+    exists, writes a new one to ~/.ray/auth_token with the process's umask: 0644 (or 0664), so any
+    user of the machine could read it and submit tasks that run as this user. So the token file
+    (RAY_AUTH_TOKEN_PATH, or Ray's default path) is written here first, 0600 in a 0700 folder,
+    and Ray finds it; one that exists is made 0600 when it is ours. A token passed in RAY_AUTH_TOKEN,
+    or authentication turned off (RAY_AUTH_MODE=disabled), leaves nothing to write."""
+    import secrets
+    import stat
+
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return None
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True)
+    try:
+        # Ray's own token: 32 random bytes in hex (ray._private.authentication)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(path, 0o600)
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
+
+
 class RayExecutor:
     """Ray core tasks on the cluster `config.address` names (a local Ray when empty)."""
 
@@ -140,6 +182,8 @@ class RayExecutor:
             kwargs["address"] = "local"
             kwargs["include_dashboard"] = False
             kwargs["_system_config"] = {"task_oom_retries": self.config.max_oom_retries}
+            kwargs["_temp_dir"] = str(private_session_root())
+            private_auth_token()
         try:
             ray.init(**kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
