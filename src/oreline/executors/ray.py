@@ -127,10 +127,13 @@ def private_auth_token() -> Path | None:
     (RAY_AUTH_TOKEN_PATH, or Ray's default path) is written here first, 0600 in a 0700 folder,
     and Ray finds it; one that exists is made 0600 when it is ours. A token passed in RAY_AUTH_TOKEN,
     or authentication turned off (RAY_AUTH_MODE=disabled), leaves nothing to write."""
+    import importlib.util
     import secrets
     import stat
 
     if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return None
+    if importlib.util.find_spec("ray._private.authentication") is None:  # a Ray without token auth
         return None
     path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
     if not path.parent.exists():
