@@ -210,3 +210,41 @@ def test_the_requeue_notice_is_never_written_through_a_planted_link(tmp_path):
     assert victim.read_text() == "the user's file\n"
     assert target.read_text() == "checkpoints/step-4\n" and not target.is_symlink()
     assert target.stat().st_mode & 0o077 == 0
+
+
+def test_an_ablation_jobs_folder_planted_as_a_link_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch
+):
+    from oreline.ablation import load_ablation, submit_arm_jobs
+    from oreline.errors import ClusterError
+
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE.format(inputs=tmp_path / "corpus"))
+    path = tmp_path / "ablation.toml"
+    path.write_text(ABLATION.format(out=tmp_path / "out", recipe=recipe, docs=tmp_path / "docs"))
+    abl = load_ablation(path, executor="slurm")
+    abl.root.mkdir(parents=True)
+    project = tmp_path / "project"  # a folder of the user's, which the jobs would have gone into
+    project.mkdir(mode=0o755)
+    project.chmod(0o755)
+    (abl.root / "jobs").symlink_to(project)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))  # nothing may reach sbatch either way
+    with pytest.raises(ClusterError, match="is a link"):
+        submit_arm_jobs(abl, ["a-seed1234"], Console(file=io.StringIO()))
+    assert list(project.iterdir()) == [] and project.stat().st_mode & 0o777 == 0o755
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's takes root (CI runs as root)")
+def test_a_jobs_folder_of_another_user_is_refused_and_one_of_ours_left_open_is_closed(tmp_path):
+    from oreline.errors import ClusterError
+    from oreline.job_inputs import private_folder
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 54321, 54321)
+    with pytest.raises(ClusterError, match="owned by another user"):
+        private_folder(theirs)
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    ours.chmod(0o775)  # what umask 002 made of RUN/jobs before
+    assert private_folder(ours).stat().st_mode & 0o777 == 0o700

@@ -64,7 +64,7 @@ NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 HELDOUT = "heldout"  # the validation set's source name in every arm's mixture
 # every top-level name `oreline ablate` writes in its folder
 ABLATION_NAMES = re.compile(
-    r"ablation\.toml|lineage\.json|tokenizer|summary\.json|report\.html|references|classifiers|recipes|arms|"
+    r"ablation\.toml|lineage\.json|tokenizer|summary\.json|report\.html|references|classifiers|recipes|arms|jobs|"
     r"\.oreline-owner|\.oreline-lock.*"
 )
 
