@@ -129,7 +129,7 @@ def tasks_table(summary: dict[str, Any]) -> str | None:
     rows.append(["chance", *[fmt(first[n].get("chance")) for n in names], fmt(0.0)])
     p = summary["proxy"]
     return table([*header, "CORE (mean centred)"], rows, numeric=set(range(1, len(names) + 2))) + (
-        f'<p class="small">The final model of every arm on the first {fmt(p.get("tasks_max_items"))} items of '
+        f'<p class="small">The final model of every arm on the first {esc(fmt(p.get("tasks_max_items")))} items of '
         "each task (the same items for every arm), scored as <code>oreline eval --tasks</code> scores them; "
         "± is the standard deviation over seeds. Centred accuracy is (acc − chance) / (1 − chance). A proxy "
         "model this small is close to chance on these tasks, and the binomial spread of a few hundred items "
