@@ -20,11 +20,13 @@ import resource
 import subprocess
 import sys
 import threading
+import tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import import_module
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from oreline.config import load_config, to_toml
 from oreline.errors import ConfigError
@@ -276,3 +278,31 @@ def test_an_endless_response_is_refused_in_bounded_memory(tmp_path, child_env):
     assert "ERROR" in out and "sent a response over 64 MiB" in out, out[-3000:]
     peak = int(out.split("PEAK_RSS_MB", 1)[1].split()[0])
     assert peak < 600, f"peak RSS {peak} MB"
+
+
+@pytest.mark.hostile
+def test_an_ablation_file_cannot_name_a_tracker_server(tmp_path, monkeypatch):
+    """`oreline ablate` takes no overrides: its proxy trainings' tracking URI comes from the
+    ablation file or MLFLOW_TRACKING_URI. A server only the file names is refused before the
+    ablation folder is made, not when the first arm starts training after the data stages."""
+    from oreline.ablation import load_ablation, run_ablation
+    from oreline.config import resolve_config_path
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tree = tomllib.loads(resolve_config_path("ablation-demo").read_text(encoding="utf-8"))
+    tree["proxy"]["train"] |= {
+        "trackers": ["mlflow"],
+        "mlflow": {"tracking_uri": "https://mlflow.attacker.example"},
+    }
+    tree["out_dir"] = str(tmp_path / "ablations")
+    path = tmp_path / "shared-ablation.toml"
+    path.write_text(tomli_w.dumps(tree), encoding="utf-8")
+    abl = load_ablation(path)
+    with pytest.raises(ConfigError, match="comes from the config file"):
+        run_ablation(abl)
+    assert not abl.root.exists()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.attacker.example")  # the user's own word
+    from oreline.ablation import arm_config
+    from oreline.train.trackers import check_destinations
+
+    check_destinations(arm_config(abl, abl.recipes[0].name, 1, tmp_path, tmp_path))
