@@ -105,6 +105,7 @@ def shared_config(tmp_path: Path, prose: dict[str, Path], uri: str) -> Path:
         train__eval_every=0,
         train__trackers=["mlflow"],
         train__mlflow__tracking_uri=uri,
+        train__mlflow__experiment="[/]shared",  # a config string in the printed line: text, not rich markup
         train__tracker_flush_s=1.0,
     )
 
@@ -136,7 +137,7 @@ def test_the_same_server_named_on_the_command_line_is_used_and_printed(tmp_path,
         override = f"train.mlflow.tracking_uri={url}"
         code, out = oreline_cli("train", "-c", str(config), override, env=cli_env(tmp_path), timeout=300)
         assert code == 0, out[-3000:]
-        assert f"tracker mlflow: {url} (from the command line)" in out, out[-3000:]
+        assert f"tracker mlflow: {url} (from the command line), experiment '[/]shared'" in out, out[-3000:]
         assert seen, "the server the user named got no request"
         basic = base64.b64encode(b"alice:s3cret-of-alice").decode()
         assert seen[0]["headers"].get("Authorization") == f"Basic {basic}"

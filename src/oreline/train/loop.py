@@ -332,6 +332,8 @@ def open_run_trackers(
 ) -> Any:
     """The run's experiment trackers (train.trackers), continuing the runs the checkpoint names;
     `say` gets one line per tracker: where it sends the run."""
+    from rich.markup import escape as rich_escape
+
     from oreline.config import command_line_keys, to_dict
     from oreline.train.checkpoint.format import read_meta
     from oreline.train.trackers import destinations, open_trackers
@@ -340,8 +342,8 @@ def open_run_trackers(
     for name, where in destinations(
         cfg.train.trackers, s.run.root, cfg.train, command_line, s.run.tensorboard
     ).items():
-        if say is not None:
-            say(f"tracker {name}: {where}")
+        if say is not None:  # (the line holds config strings: printed as text, never as rich markup)
+            say(f"tracker {name}: {rich_escape(where)}")
     saved = (read_meta(resumed) or {}).get("trackers") if resumed is not None else None
     return open_trackers(
         cfg.train.trackers,
