@@ -218,3 +218,24 @@ def test_the_ablation_report_escapes_every_summary_field():
     summary = ablation_summary()
     summary["proxy"] = plant(summary["proxy"], "proxy", numbers=True)
     assert_escaped(render(summary), "proxy")
+
+
+MATH = r"$\frac{x$"  # not valid mathtext: matplotlib raised ValueError drawing it
+
+
+@pytest.mark.hostile
+def test_a_dollar_in_an_artifact_name_does_not_cost_the_chart():
+    """Names from artifacts are chart labels: a language, a step's reject reason, a source, a
+    recipe. One holding `$...$` was parsed as mathtext, and the chart (its section) failed."""
+    from oreline.report import plots
+    from oreline.report.ablation import curve_chart
+
+    steps = [{"name": f"extract {MATH}", "docs_in": 10, "docs_out": 8, "dropped": {MATH: 2}}]
+    uris = [
+        plots.funnel_chart(steps),
+        plots.bar_chart(["en", MATH], [3, 1], f"languages {MATH}", "documents"),
+        plots.line_chart({MATH: ([1, 2], [1.0, 0.5])}, "loss", "nats", points={f"val {MATH}": ([2], [0.6])}),
+        plots.stacked_chart([1, 2], {MATH: [1.0, 2.0]}, "tokens by source", "tokens"),
+        curve_chart(plant(ablation_summary(), MATH, numbers=False), "val_loss", "held-out loss", "loss"),
+    ]
+    assert all(u and u.startswith("data:image/png;base64,") for u in uris)

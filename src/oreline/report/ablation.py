@@ -23,6 +23,7 @@ def _pm(s: dict[str, Any]) -> str:
     return fmt(s["mean"]) + (f" ± {fmt(s['std'])}" if s.get("std") is not None else "")
 
 
+@plots.plain_text
 def curve_chart(summary: dict[str, Any], key: str, title: str, ylabel: str) -> str | None:
     """The held-out metric over steps: one color per recipe, a thin line per seed and, with more
     than one seed, their mean as a thick line (the seeds of one recipe evaluate at the same steps)."""
