@@ -3,10 +3,11 @@
 The tracking URI is `train.mlflow.tracking_uri`, else MLFLOW_TRACKING_URI, else a SQLite file in
 the run folder (`sqlite:///<run>/mlflow/mlflow.db`, no server; `mlflow ui --backend-store-uri`
 the same URI shows it). A server named only by a config file is refused (`destination`): the
-user's MLflow credentials go to the server the URI names. MLflow's own HTTP client retries a failed request up to 7 times with
-exponential backoff and waits 120 s per request; unless the user set them, oreline lowers these to
-no retries and 10 s (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT): the retries are
-oreline's own (oreline.train.trackers.Guarded), on the tracker's thread, with calls buffered.
+user's MLflow credentials go to the server the URI names. MLflow's own HTTP client retries a
+failed request up to 7 times with exponential backoff and waits 120 s per request; unless the
+user set them, oreline lowers these to no retries and 10 s (MLFLOW_HTTP_REQUEST_MAX_RETRIES,
+MLFLOW_HTTP_REQUEST_TIMEOUT): the retries are oreline's own (oreline.train.trackers.Guarded), on
+the tracker's thread, with calls buffered.
 No response body over MAX_RESPONSE_BYTES is read (`bound_responses`).
 """
 
