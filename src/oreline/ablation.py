@@ -803,9 +803,12 @@ def run_ablation(
     `arm`: train that arm alone, once every shared stage is finished and unchanged (what a job does)."""
     from oreline.config import to_toml
     from oreline.outdir import FolderLock, claim_folder
+    from oreline.train.trackers import check_destinations
 
     console = console or Console(stderr=True)
     root = abl.root
+    # a tracker server that only the ablation file names is refused now, not after the data stages
+    check_destinations(arm_config(abl, abl.recipes[0].name, abl.proxy.seeds[0], root, root))
     frozen = arm is not None  # an arm's job reads the shared stages; it never rebuilds them
     if not frozen:
         claim_folder(

@@ -24,7 +24,15 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from oreline.errors import ConfigError, InputError
 
@@ -860,6 +868,24 @@ class Config(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     eval: EvalConfig = EvalConfig()
     export: ExportConfig = ExportConfig()
+    # The dotted keys the user's command line set (load_config's overrides), kept beside the
+    # values and never read from a file: a config file may be somebody else's, what the user
+    # typed is their own choice. Only where that matters is it asked (a tracker's server,
+    # oreline.train.trackers.destinations); everything else treats both alike.
+    _command_line: frozenset[str] = PrivateAttr(default_factory=frozenset)
+
+
+def command_line_keys(cfg: Config) -> frozenset[str]:
+    """The dotted leaf keys the command line set on `cfg` (empty for a config made from a dict or
+    a file alone, e.g. a Slurm job's resolved config)."""
+    return cfg._command_line
+
+
+def _leaf_keys(key: str, value: Any) -> list[str]:
+    """`train.mlflow={tracking_uri="x"}` sets train.mlflow.tracking_uri: an override's leaves."""
+    if isinstance(value, dict) and value:
+        return [leaf for k, v in value.items() for leaf in _leaf_keys(f"{key}.{k}", v)]
+    return [key]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1056,9 +1082,12 @@ def load_config(
             "thousands of levels deep)",
             "pass a TOML config file, e.g. configs/demo.toml",
         ) from None
-    for key, value in parse_overrides(overrides).items():
+    parsed = parse_overrides(overrides)
+    for key, value in parsed.items():
         _set_dotted(tree, key, value)
-    return config_from_dict(tree, source=f"{path}" + (" + command-line overrides" if overrides else ""))
+    cfg = config_from_dict(tree, source=f"{path}" + (" + command-line overrides" if overrides else ""))
+    cfg._command_line = frozenset(leaf for key, value in parsed.items() for leaf in _leaf_keys(key, value))
+    return cfg
 
 
 def to_dict(cfg: BaseModel) -> dict:

@@ -296,6 +296,7 @@ def stage_export(cfg: Config, rd: RunDir, console: Console) -> str:
 
 def _tell_trackers(cfg: Config, rd: RunDir, values: dict[str, Any], console: Console) -> None:
     """The experiment trackers' runs of the training (named in its last checkpoint) get `values`."""
+    from oreline.config import command_line_keys
     from oreline.train.checkpoint.format import read_latest, read_meta
     from oreline.train.trackers import log_after_training
 
@@ -303,7 +304,7 @@ def _tell_trackers(cfg: Config, rd: RunDir, values: dict[str, Any], console: Con
     if name is None:
         return
     saved = (read_meta(rd.checkpoints / name) or {}).get("trackers") or {}
-    for name, rep in log_after_training(rd.root, cfg.train, saved, values).items():
+    for name, rep in log_after_training(rd.root, cfg.train, saved, values, command_line_keys(cfg)).items():
         if rep["failures"] or rep["dropped"]:
             console.print(
                 f"[yellow]warning[/]: tracker {name} did not get {sorted(values)}: {rep['first_error']}"
@@ -385,8 +386,11 @@ def run_all(
 
     `only`: run that stage alone (if its plan says so) after checking that every stage before it
     is finished and unchanged — what each job of a Slurm stage chain does (`submit_stage_jobs`)."""
+    from oreline.train.trackers import check_destinations
+
     console = console or Console(stderr=True)
     _check_samples(cfg)
+    check_destinations(cfg)  # a tracker server only the config names: refused before the first stage
     rd = RunDir.for_config(cfg)
     from oreline.outdir import FolderLock
 
@@ -587,9 +591,11 @@ def submit_stage_jobs(
     from oreline.executors.slurm import submit
     from oreline.job_inputs import submitted_config, write_private
     from oreline.slurm_script import job_name, job_script, write_script
+    from oreline.train.trackers import check_destinations, command_line_endpoints
 
     console = console or Console(stderr=True)
     _check_samples(cfg)
+    check_destinations(cfg)
     rd = RunDir.for_config(cfg)
     todo = [(stage, action) for stage, action in stage_plan(cfg, from_stage) if action != "skip"]
     if not todo:
@@ -603,6 +609,9 @@ def submit_stage_jobs(
     submitted: list[dict] = []
     for i, (stage, _action) in enumerate(todo):
         command = [sys.executable, "-m", "oreline", "run", "-c", str(config), *pin, "--only", stage]
+        # a tracker server the user named on the command line stays the user's choice in the job
+        # (the job reads the resolved config from a file, where a server alone is refused)
+        command += command_line_endpoints(cfg)
         if i == 0 and from_stage is not None:
             command += ["--from", from_stage]
         # every value is checked: a plain token in an #SBATCH line, a quoted word in the command

@@ -276,16 +276,19 @@ def test_rollback_never_sends_a_step_backwards(tmp_path, train_config, one_threa
     assert mrun.data.metrics["rollback/to_step"] == 3 and mrun.data.metrics["rollback/failed_step"] == 5
 
 
-def test_unreachable_mlflow_never_stops_training(tmp_path, train_config, one_thread, offline_env):
+def test_unreachable_mlflow_never_stops_training(
+    tmp_path, train_config, one_thread, offline_env, monkeypatch
+):
     """A tracking server that is not there: one `tracker_failed` event, the run finishes with every
     record in metrics.jsonl, and trackers.json counts what was dropped."""
     port = free_port()  # nothing listens on it
+    # the user's own server, named in the environment (a config file alone may not name a server)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
     cfg = train_config(
         train__steps=6,
         train__log_every=1,
         train__eval_every=0,
         train__trackers=["tensorboard", "mlflow"],
-        train__mlflow__tracking_uri=f"http://127.0.0.1:{port}",
         train__tracker_flush_s=1.0,
     )
     t0 = time.monotonic()

@@ -23,6 +23,7 @@ def _pm(s: dict[str, Any]) -> str:
     return fmt(s["mean"]) + (f" ± {fmt(s['std'])}" if s.get("std") is not None else "")
 
 
+@plots.plain_text
 def curve_chart(summary: dict[str, Any], key: str, title: str, ylabel: str) -> str | None:
     """The held-out metric over steps: one color per recipe, a thin line per seed and, with more
     than one seed, their mean as a thick line (the seeds of one recipe evaluate at the same steps)."""
@@ -129,7 +130,7 @@ def tasks_table(summary: dict[str, Any]) -> str | None:
     rows.append(["chance", *[fmt(first[n].get("chance")) for n in names], fmt(0.0)])
     p = summary["proxy"]
     return table([*header, "CORE (mean centred)"], rows, numeric=set(range(1, len(names) + 2))) + (
-        f'<p class="small">The final model of every arm on the first {fmt(p.get("tasks_max_items"))} items of '
+        f'<p class="small">The final model of every arm on the first {esc(fmt(p.get("tasks_max_items")))} items of '
         "each task (the same items for every arm), scored as <code>oreline eval --tasks</code> scores them; "
         "± is the standard deviation over seeds. Centred accuracy is (acc − chance) / (1 − chance). A proxy "
         "model this small is close to chance on these tasks, and the binomial spread of a few hundred items "

@@ -9,8 +9,10 @@ find it (`<section id="funnel">`):
   throughput · memory · checkpoints · events · generations · downstream · eval · export · fingerprints
 
 A section whose artifact is absent or unreadable still appears and says "not available: <why>";
-one bad artifact never stops the report. Every string that comes from an artifact is escaped
-with html.escape (documents, generations and error messages are untrusted text). Every number
+one bad artifact never stops the report. Every value that comes from an artifact is escaped
+with html.escape where it enters the page (`esc`, which `table` and `kv_table` apply to every
+cell), numbers included: a field the schema says is a number may hold a string in a colleague's
+folder, and documents, generations and error messages are untrusted text. Every number
 shown is read from an artifact or computed from one; nothing is estimated.
 
 Document lengths and languages come from the data layer's Parquet shards, reading only the
@@ -463,7 +465,10 @@ def section_tokens(run: RunArtifacts) -> str:
     )
     rate = m.get("tokens_per_second")
     if is_finite(rate):
-        out += f"<p>tokenized at {fmt(rate)} tokens/s with {fmt(m.get('workers'))} worker(s) in {fmt(m.get('seconds'))} s.</p>"
+        out += (
+            f"<p>tokenized at {esc(fmt(rate))} tokens/s with {esc(fmt(m.get('workers')))} worker(s) in "
+            f"{esc(fmt(m.get('seconds')))} s.</p>"
+        )  # (workers and seconds are the manifest's word, numbers or not: escaped like every value)
     return out
 
 

@@ -3,12 +3,14 @@
 Figures are built with `matplotlib.figure.Figure` and saved through the Agg canvas, never with
 pyplot: no global state, no GUI backend, safe to call from any thread or process. Each function
 takes plain Python data (already read from the run's artifacts) and returns a `data:image/png`
-URI that the HTML embeds, so the report works offline as one file.
+URI that the HTML embeds, so the report works offline as one file. Text is drawn as written
+(`plain_text`): labels come from artifacts, and matplotlib would parse a `$...$` in one as math.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import math
 from collections.abc import Sequence
@@ -41,6 +43,22 @@ def thin(x: Sequence[float], y: Sequence[float], max_points: int = MAX_POINTS) -
     return xs, ys
 
 
+def plain_text(draw):
+    """Draw a chart with matplotlib's math parsing off: a language, source, reason or recipe name
+    holding `$` (a colleague's artifact) would be read as mathtext, and one that does not parse
+    (`$\\frac{x$`) made the whole chart fail. rcParams is global: set only while the chart is built
+    and saved (tick labels are made at save time), and the report draws on one thread."""
+
+    @functools.wraps(draw)
+    def plain(*args: Any, **kwargs: Any) -> Any:
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return plain
+
+
 def to_data_uri(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)  # the constrained layout already fits the labels
@@ -53,6 +71,7 @@ def _figure(height: float = HEIGHT) -> Figure:
     return fig
 
 
+@plain_text
 def funnel_chart(steps: list[dict]) -> str:
     """Left: documents after each step. Right: documents dropped per reason, colored by step."""
     fig = _figure(max(HEIGHT, 0.45 * len(steps) + 1.2))
@@ -92,6 +111,7 @@ def funnel_chart(steps: list[dict]) -> str:
     return to_data_uri(fig)
 
 
+@plain_text
 def bar_chart(labels: list[str], values: list[float], title: str, xlabel: str) -> str:
     fig = _figure(max(2.2, 0.28 * len(labels) + 1.0))
     ax = fig.subplots()
@@ -107,6 +127,7 @@ def bar_chart(labels: list[str], values: list[float], title: str, xlabel: str) -
     return to_data_uri(fig)
 
 
+@plain_text
 def histogram(values, title: str, xlabel: str, log_x: bool = True) -> str:
     """Histogram of a numpy array (or sequence); log_x uses 40 log-spaced bins over the positive values."""
     import numpy as np
@@ -127,6 +148,7 @@ def histogram(values, title: str, xlabel: str, log_x: bool = True) -> str:
     return to_data_uri(fig)
 
 
+@plain_text
 def line_chart(
     series: dict[str, Series],
     title: str,
@@ -188,6 +210,7 @@ def line_chart(
     return to_data_uri(fig)
 
 
+@plain_text
 def stacked_chart(x: Sequence[float], layers: dict[str, Sequence[float]], title: str, ylabel: str) -> str:
     """Areas stacked over training steps (tokens by source): each layer's y at the same x."""
     fig = _figure()

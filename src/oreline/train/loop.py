@@ -171,8 +171,11 @@ def train(
 def _train(
     cfg: Config, resume: str, allow: list[str], info: dist.DistInfo, console: Console, stops: StopRequests
 ) -> dict[str, Any]:
+    from oreline.train.trackers import check_destinations
+
     tc = cfg.train
     say = console.print if info.is_main else (lambda *a, **k: None)
+    check_destinations(cfg)  # tracker servers, on every rank (same config, same environment): before any work
     s = setup_run(cfg, info, say)
     state, stability, schedule = TrainState(), StabilityMonitor(tc.stability), Schedule(cfg)
     if tc.eval_tasks:  # a task name that does not resolve fails now, not at the first evaluation
@@ -300,7 +303,7 @@ def begin(
         console if info.is_main else None,
         enabled=info.is_main,
         purge_after_step=purge,
-        trackers=open_run_trackers(cfg, s, resumed, state.step, purge) if info.is_main else None,
+        trackers=open_run_trackers(cfg, s, resumed, state.step, purge, say) if info.is_main else None,
         flush_s=tc.tracker_flush_s,
     )
     log.log(start_record(cfg, s, info, state, resumed))
@@ -324,12 +327,23 @@ def begin(
     return resumed, log, final_val
 
 
-def open_run_trackers(cfg: Config, s: Setup, resumed: Path | None, step: int, purge: int) -> Any:
-    """The run's experiment trackers (train.trackers), continuing the runs the checkpoint names."""
-    from oreline.config import to_dict
-    from oreline.train.checkpoint.format import read_meta
-    from oreline.train.trackers import open_trackers
+def open_run_trackers(
+    cfg: Config, s: Setup, resumed: Path | None, step: int, purge: int, say: Any = None
+) -> Any:
+    """The run's experiment trackers (train.trackers), continuing the runs the checkpoint names;
+    `say` gets one line per tracker: where it sends the run."""
+    from rich.markup import escape as rich_escape
 
+    from oreline.config import command_line_keys, to_dict
+    from oreline.train.checkpoint.format import read_meta
+    from oreline.train.trackers import destinations, open_trackers
+
+    command_line = command_line_keys(cfg)
+    for name, where in destinations(
+        cfg.train.trackers, s.run.root, cfg.train, command_line, s.run.tensorboard
+    ).items():
+        if say is not None:  # (the line holds config strings: printed as text, never as rich markup)
+            say(f"tracker {name}: {rich_escape(where)}")
     saved = (read_meta(resumed) or {}).get("trackers") if resumed is not None else None
     return open_trackers(
         cfg.train.trackers,
@@ -340,6 +354,7 @@ def open_run_trackers(cfg: Config, s: Setup, resumed: Path | None, step: int, pu
         config=to_dict(cfg),
         tensorboard_dir=s.run.tensorboard,
         purge_after_step=purge,
+        command_line=command_line,
     )
 
 

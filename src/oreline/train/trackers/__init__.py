@@ -37,6 +37,7 @@ Rules every tracker follows (enforced here, not in the tracker modules):
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -44,6 +45,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Protocol
 
+# The config keys that choose a server a tracker sends the run (and credentials) to
+ENDPOINT_KEYS = ("train.mlflow.tracking_uri",)
 MAX_QUEUE = 10_000  # calls buffered per tracker while it fails (a call is one record's values)
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.5, 30.0
 MAX_ATTEMPTS = 8  # failures of one call before it is dropped (~90 s of backoff)
@@ -386,6 +389,56 @@ class Trackers:
         return {g.name: g.report() for g in self.guarded}
 
 
+def destinations(
+    names: list[str],
+    run_root: Path,
+    tracker_cfg: Any,
+    command_line: frozenset[str] = frozenset(),
+    tensorboard_dir: Path | None = None,
+) -> dict[str, str]:
+    """Where each tracker of `names` sends the run, one line each, as printed at the start of
+    training; raises ConfigError for a destination the config file may not choose.
+
+    The rule (docs/security.md, "Tracker destinations and credentials"): a remote destination
+    comes from the user, not from a config file, because the credentials in the environment go
+    wherever it points. MLflow's tracking URI from a config file may be a local store or the
+    server of MLFLOW_TRACKING_URI (`mlflow_tracker.destination`); W&B's server has no config key
+    at all (WANDB_BASE_URL, or W&B's own login settings); TensorBoard writes files only."""
+    out: dict[str, str] = {}
+    for name in names:
+        if name == "tensorboard":
+            out[name] = f"event files in {tensorboard_dir or Path(run_root) / 'tensorboard'}"
+        elif name == "mlflow":
+            from oreline.train.trackers.mlflow_tracker import destination, redact
+
+            uri, source = destination(
+                run_root, tracker_cfg.mlflow.tracking_uri, "train.mlflow.tracking_uri" in command_line
+            )
+            out[name] = f"{redact(uri)} (from {source}), experiment {tracker_cfg.mlflow.experiment!r}"
+        elif name == "wandb":
+            from oreline.train.trackers.wandb_tracker import destination
+
+            out[name] = destination(run_root, tracker_cfg.wandb)
+    return out
+
+
+def check_destinations(cfg: Any) -> None:
+    """Refuse a tracker server that only the config file names (`destinations`), before any work:
+    `oreline train` before it builds anything, `oreline run` before its first stage."""
+    from oreline.config import command_line_keys
+
+    destinations(cfg.train.trackers, Path(cfg.run.runs_dir) / cfg.run.name, cfg.train, command_line_keys(cfg))
+
+
+def command_line_endpoints(cfg: Any) -> list[str]:
+    """The tracker servers the user's command line named, as overrides (`key="value"`): a job that
+    reads the resolved config from a file gets them on its own command line again."""
+    from oreline.config import command_line_keys
+
+    keys = command_line_keys(cfg)
+    return [f"{key}={json.dumps(cfg.train.mlflow.tracking_uri)}" for key in ENDPOINT_KEYS if key in keys]
+
+
 def open_trackers(
     names: list[str],
     run_root: Path,
@@ -395,16 +448,18 @@ def open_trackers(
     config: dict[str, Any] | None = None,
     tensorboard_dir: Path | None = None,
     purge_after_step: int | None = None,
+    command_line: frozenset[str] = frozenset(),
 ) -> Trackers:
     """The trackers `names` for the run in `run_root`, continuing the runs `saved` (a checkpoint's
     `trackers`) when resuming at `resumed_step` (None: a fresh start). Nothing here touches the network: each tracker opens
-    its run on its own thread, so a tracker that cannot start never delays or stops training."""
+    its run on its own thread, so a tracker that cannot start never delays or stops training.
+    `command_line`: the config keys the user set on the command line (`command_line_keys`), which
+    may name a tracker server that a config file may not (`destinations`)."""
     saved = saved or {}
     made: list[Tracker] = []
     for name in names:
-        made.append(
-            _make(name, run_root, tracker_cfg, saved.get(name) or {}, tensorboard_dir, purge_after_step)
-        )
+        cfg = saved.get(name) or {}
+        made.append(_make(name, run_root, tracker_cfg, cfg, tensorboard_dir, purge_after_step, command_line))
     replay = None if resumed_step is None else Path(run_root) / "metrics.jsonl"
     return Trackers([Guarded(t, replay, resumed_step or 0) for t in made], config)
 
@@ -416,6 +471,7 @@ def _make(
     saved: dict[str, Any],
     tensorboard_dir: Path | None,
     purge_after_step: int | None,
+    command_line: frozenset[str] = frozenset(),
 ) -> Tracker:
     if name == "tensorboard":
         from oreline.train.trackers.tensorboard import TensorBoardTracker
@@ -429,11 +485,17 @@ def _make(
     if name == "mlflow":
         from oreline.train.trackers.mlflow_tracker import MlflowTracker
 
-        return MlflowTracker(run_root, tc.mlflow, saved)
+        return MlflowTracker(run_root, tc.mlflow, saved, "train.mlflow.tracking_uri" in command_line)
     raise ValueError(f"unknown tracker {name!r}: train.trackers takes tensorboard, wandb, mlflow")
 
 
-def log_after_training(run_root: Path, train_cfg: Any, saved: dict[str, Any], values: dict[str, Any]) -> dict:
+def log_after_training(
+    run_root: Path,
+    train_cfg: Any,
+    saved: dict[str, Any],
+    values: dict[str, Any],
+    command_line: frozenset[str] = frozenset(),
+) -> dict:
     """Add `values` (the export path, ...) to the summary of the runs a finished training logged to
     (`saved`: its last checkpoint's `trackers`). MLflow and online W&B runs are reopened by id; an
     offline W&B run cannot be (wandb #2423) and TensorBoard needs no copy, so both are left as they
@@ -448,7 +510,7 @@ def log_after_training(run_root: Path, train_cfg: Any, saved: dict[str, Any], va
             continue
         if name == "tensorboard":  # the path is in the run folder beside it; no extra event file
             continue
-        g = Guarded(_make(name, Path(run_root), train_cfg, state, None, None))
+        g = Guarded(_make(name, Path(run_root), train_cfg, state, None, None, command_line))
         g.submit("summary", values, 0)
         g.close(train_cfg.tracker_flush_s)
         reports[name] = g.report()

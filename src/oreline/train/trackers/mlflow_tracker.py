@@ -2,10 +2,13 @@
 
 The tracking URI is `train.mlflow.tracking_uri`, else MLFLOW_TRACKING_URI, else a SQLite file in
 the run folder (`sqlite:///<run>/mlflow/mlflow.db`, no server; `mlflow ui --backend-store-uri`
-the same URI shows it). MLflow's own HTTP client retries a failed request up to 7 times with
-exponential backoff and waits 120 s per request; unless the user set them, oreline lowers these to
-no retries and 10 s (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT): the retries are
-oreline's own (oreline.train.trackers.Guarded), on the tracker's thread, with calls buffered.
+the same URI shows it). A server named only by a config file is refused (`destination`): the
+user's MLflow credentials go to the server the URI names. MLflow's own HTTP client retries a
+failed request up to 7 times with exponential backoff and waits 120 s per request; unless the
+user set them, oreline lowers these to no retries and 10 s (MLFLOW_HTTP_REQUEST_MAX_RETRIES,
+MLFLOW_HTTP_REQUEST_TIMEOUT): the retries are oreline's own (oreline.train.trackers.Guarded), on
+the tracker's thread, with calls buffered.
+No response body over MAX_RESPONSE_BYTES is read (`bound_responses`).
 """
 
 from __future__ import annotations
@@ -16,17 +19,91 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from oreline.errors import ConfigError, OrelineError
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
+# The largest response body read from a tracking server: a page of metric history or a run with
+# every param is a few MB; a server that sends more is refused, not held in memory whole
+MAX_RESPONSE_BYTES = 64 << 20
 BATCH = 100  # MLflow's limit on params per log_batch
 
 
-def tracking_uri(run_root: Path, configured: str | None) -> str:
-    return (
-        configured
-        or os.environ.get("MLFLOW_TRACKING_URI")
-        or f"sqlite:///{Path(run_root) / 'mlflow' / 'mlflow.db'}"
+# What MLflow's HTTP client sends to whatever server the tracking URI names, on every request
+CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def is_local(uri: str) -> bool:
+    """A store on this machine's file system: a path, `file:` or `sqlite:///FILE`. Anything else
+    (http(s), a database server, databricks, a plugin's scheme) is a destination over the network."""
+    if uri.strip() in ("databricks", "databricks-uc", "uc"):  # MLflow's names for Databricks servers
+        return False
+    parts = urlsplit(uri)
+    if len(parts.scheme) <= 1:  # a path (or a Windows drive letter)
+        return True
+    if parts.scheme == "file":
+        return parts.netloc in ("", "localhost")
+    return parts.scheme == "sqlite" and parts.netloc == ""
+
+
+def origin(uri: str) -> tuple[str, str, int | None] | None:
+    """(scheme, host, port) of a URI: what decides which server receives a request (None: no port
+    can be read from it, so it matches nothing)."""
+    parts = urlsplit(uri)
+    try:
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower())
+    except ValueError:
+        return None
+    return parts.scheme.lower(), (parts.hostname or parts.netloc).lower(), port
+
+
+def redact(uri: str) -> str:
+    """The URI without a password in it (user:password@host), for what oreline prints."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def destination(run_root: Path, configured: str | None, from_command_line: bool = False) -> tuple[str, str]:
+    """(tracking URI, where it came from). Raises ConfigError for a network destination that only
+    a config file names.
+
+    A config file is often somebody else's (a colleague's, one copied from the web), while the
+    MLflow credentials in the environment are meant for the user's own server, and MLflow sends
+    them, with every param and the run's path, to whatever host the URI names. So a config file
+    may name a local store, or a server with the same scheme, host and port as MLFLOW_TRACKING_URI
+    (where the credentials are meant to go); any other server must come from the user: the
+    command line (a dotted override) or MLFLOW_TRACKING_URI itself."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if not configured:
+        if env:
+            return env, "MLFLOW_TRACKING_URI"
+        return f"sqlite:///{Path(run_root) / 'mlflow' / 'mlflow.db'}", "the default, a SQLite file in the run"
+    if from_command_line:
+        return configured, "the command line"
+    if is_local(configured):
+        return configured, "the config file (a local store)"
+    if env and origin(env) is not None and origin(env) == origin(configured):
+        return configured, "the config file, on the server of MLFLOW_TRACKING_URI"
+    shown = redact(configured)
+    host = urlsplit(configured).hostname or shown
+    raise ConfigError(
+        f"train.mlflow.tracking_uri = {shown!r} comes from the config file: it would send the run "
+        f"(every config value, the run's path) and the MLflow credentials of this environment "
+        f"({', '.join(CREDENTIALS)}) to {host}, and a config file may name only a local store "
+        "(a path, file:, sqlite:///FILE) or the server of MLFLOW_TRACKING_URI",
+        f"if {host} is your own server, say so yourself: pass train.mlflow.tracking_uri={shown} on the "
+        f"command line or set MLFLOW_TRACKING_URI={shown}; otherwise remove the key from the config "
+        "(MLflow then logs to MLFLOW_TRACKING_URI, else to a SQLite file in the run folder)",
     )
+
+
+def tracking_uri(run_root: Path, configured: str | None, from_command_line: bool = False) -> str:
+    return destination(run_root, configured, from_command_line)[0]
 
 
 def _text(value: Any) -> str:
@@ -34,12 +111,68 @@ def _text(value: Any) -> str:
     return text[:MAX_PARAM_CHARS]
 
 
+class ResponseTooLarge(OrelineError):
+    """A tracking server sent a response body over MAX_RESPONSE_BYTES."""
+
+
+def _read_bounded(response: Any, *args: Any, **kwargs: Any) -> Any:
+    """A `requests` response hook: read the body here, at most MAX_RESPONSE_BYTES (decoded), before
+    requests would read all of it. Hooks run before a non-streamed body is read, and a body that
+    is set here is what `response.content` / `.text` / `.json()` return."""
+    limit = MAX_RESPONSE_BYTES
+    declared = response.headers.get("Content-Length", "")
+    too_large = declared.isdigit() and int(declared) > limit
+    chunks, total = [], 0
+    while not too_large:
+        chunk = response.raw.read(1 << 20, decode_content=True)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        too_large = total > limit
+    if too_large:
+        response.close()
+        raise ResponseTooLarge(
+            f"the MLflow server at {redact(response.url)} sent a response over {limit >> 20} MiB "
+            f"({'Content-Length ' + declared if declared.isdigit() else 'more than that read'}); "
+            "no MLflow response is that large",
+            "check that the tracking URI names an MLflow server (training goes on; the call is retried)",
+        )
+    response._content = b"".join(chunks)
+    response._content_consumed = True
+    response.raw.release_conn()  # read to its end: the connection can serve the next request
+    return response
+
+
+def bound_responses() -> None:
+    """Bound every response body MLflow's HTTP client reads in this process (`_read_bounded`).
+
+    MLflow reads responses itself (requests, without a size limit) from sessions it makes and
+    caches; it offers no way to pass a session or a hook, so the function it gets them from is
+    wrapped to add the hook to each session it returns. The only MLflow client in an oreline
+    process is this tracker's. An MLflow without that function is left unbounded."""
+    from mlflow.utils import request_utils
+
+    get = getattr(request_utils, "_get_request_session", None)
+    if get is None or getattr(get, "oreline_bounded", False):
+        return
+
+    def bounded_session(*args: Any, **kwargs: Any) -> Any:
+        session = get(*args, **kwargs)
+        if _read_bounded not in session.hooks["response"]:
+            session.hooks["response"].append(_read_bounded)
+        return session
+
+    bounded_session.oreline_bounded = True  # type: ignore[attr-defined]
+    request_utils._get_request_session = bounded_session
+
+
 class MlflowTracker:
     name = "mlflow"
 
-    def __init__(self, run_root: Path, cfg: Any, saved: dict[str, Any]):
+    def __init__(self, run_root: Path, cfg: Any, saved: dict[str, Any], from_command_line: bool = False):
         self.run_root = Path(run_root)
-        self.uri = tracking_uri(run_root, cfg.tracking_uri)
+        self.uri = tracking_uri(run_root, cfg.tracking_uri, from_command_line)
         self.experiment = cfg.experiment
         # a saved run is continued only on the tracking server that holds it
         same_server = saved.get("tracking_uri") == self.uri
@@ -57,6 +190,7 @@ class MlflowTracker:
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
+        bound_responses()
         if self.uri.startswith("sqlite:///"):
             Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=self.uri)

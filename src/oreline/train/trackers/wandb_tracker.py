@@ -32,6 +32,23 @@ def resolve_mode(configured: str) -> str:
     return "online" if online else "offline"
 
 
+def destination(run_root: Path, cfg: Any) -> str:
+    """Where the run goes, in words: the folder of an offline run, the server of an online one.
+
+    The server is never the config's to choose (there is no config key for it): WANDB_BASE_URL,
+    else what `wandb login --host` saved, else W&B's cloud."""
+    where = f"project {cfg.project!r}" + (f", entity {cfg.entity!r}" if cfg.entity else "")
+    if resolve_mode(cfg.mode) == "offline":
+        return f"offline, files in {Path(run_root) / 'wandb'} ({where}; `wandb sync` uploads them)"
+    server = os.environ.get("WANDB_BASE_URL")
+    server = (
+        f"{server} (WANDB_BASE_URL)"
+        if server
+        else "W&B's login host (https://api.wandb.ai unless `wandb login --host` chose another)"
+    )
+    return f"online, {server}, {where}"
+
+
 def new_id() -> str:
     return "".join(secrets.choice(_ID_CHARS) for _ in range(8))  # W&B's own id alphabet and length
 
