@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,7 +24,7 @@ from oreline.train.loop import train
 
 
 @pytest.mark.slow
-def test_a_second_train_on_a_run_in_use_is_refused(train_config, tmp_path, one_thread):
+def test_a_second_train_on_a_run_in_use_is_refused(train_config, tmp_path, one_thread, capfd):
     cfg = train_config(train__steps=400, train__debug__sleep_per_step_s=0.2)
     run = tmp_path / "t"
     (tmp_path / "cfg.toml").write_text(to_toml(cfg))
@@ -49,14 +50,17 @@ def test_a_second_train_on_a_run_in_use_is_refused(train_config, tmp_path, one_t
         proc.wait()
         proc.stderr.close()
     assert (run / LOCK).exists()  # the killed run could not release it
-    with pytest.warns(UserWarning, match=f"pid {proc.pid}.*no longer running"):
-        summary = train(train_config(train__steps=6, train__eval_every=0), resume="none")
+    capfd.readouterr()
+    summary = train(train_config(train__steps=6, train__eval_every=0), resume="none")
+    assert re.search(
+        f"^warning: .*taking over the lock .*pid {proc.pid}.*no longer running", capfd.readouterr().err, re.M
+    )
     assert summary["step"] == 6 and not (run / LOCK).exists()
 
 
 @pytest.mark.slow
 def test_a_killed_run_on_another_node_is_taken_over_once_its_lease_ran_out(
-    train_config, tmp_path, one_thread
+    train_config, tmp_path, one_thread, capfd
 ):
     """Slurm requeues a job killed on one node onto another: the lock names a host this node cannot
     check. While its holder lives (renewing the lease) it is refused; once the holder is SIGKILLed
@@ -96,6 +100,12 @@ def test_a_killed_run_on_another_node_is_taken_over_once_its_lease_ran_out(
     saved = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step-"))
     more = train_config(train__steps=saved + 2, train__eval_every=0, checkpoint__every=2)
     changed = ["train.steps", "train.eval_every", "train.debug.sleep_per_step_s"]
-    with pytest.warns(UserWarning, match=f"pid {proc.pid} on host elsewhere-node-7.*its process is gone"):
-        summary = train(more, resume="auto", allow_config_change=changed)
+    capfd.readouterr()
+    summary = train(more, resume="auto", allow_config_change=changed)
+    err = capfd.readouterr().err
+    assert re.search(
+        f"^warning: .*taking over the lock .*pid {proc.pid} on host elsewhere-node-7.*its process is gone",
+        err,
+        re.M,
+    )
     assert summary["resumed_from"] is not None and summary["step"] == saved + 2 and not (run / LOCK).exists()
