@@ -57,7 +57,7 @@ from oreline.config import (
     to_dict,
 )
 from oreline.errors import InputError
-from oreline.io import files_fingerprint, write_json_atomic
+from oreline.io import files_fingerprint, real_folder, write_atomic, write_json_atomic
 from oreline.runs import RunDir
 
 NAME = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -810,7 +810,7 @@ def run_ablation(
         )
     with FolderLock(root, "oreline ablate") if not frozen else _no_lock():
         if not frozen:
-            (root / "ablation.toml").write_text(to_toml(abl), encoding="utf-8")
+            write_atomic(root / "ablation.toml", to_toml(abl))
         build_references(abl, console, frozen)
         specs = {spec.name: spec for spec in abl.recipes}
         classifiers = {c.name: c for c in abl.classifiers}
@@ -888,8 +888,8 @@ def submit_arm_jobs(abl: AblationConfig, pending: list[str], console: Console) -
     from oreline.executors.slurm import submit
     from oreline.slurm_script import job_name, job_script, write_script
 
-    jobs_dir = (abl.root / "jobs").resolve()
-    jobs_dir.mkdir(parents=True, exist_ok=True)
+    # Slurm writes its logs here itself, following any link it meets: checked before resolve() would
+    jobs_dir = real_folder(abl.root / "jobs").resolve()
     config = (abl.root / "ablation.toml").resolve()
     s = (
         recipe_config(abl.recipes[0], abl).data.slurm
@@ -921,7 +921,7 @@ def submit_arm_jobs(abl: AblationConfig, pending: list[str], console: Console) -
     after = ":".join(j["job"] for j in submitted)
     job = submit(script("report", ["--executor", "slurm"]), [f"--dependency=afterok:{after}"])
     submitted.append({"arm": None, "job": job})
-    (jobs_dir / "jobs.json").write_text(json.dumps(submitted, indent=2) + "\n", encoding="utf-8")
+    write_atomic(jobs_dir / "jobs.json", json.dumps(submitted, indent=2) + "\n")
     console.print(
         f"{len(submitted) - 1} training job(s) and the report job {job} (after they succeed) submitted; follow them "
         f"with `squeue -j {','.join(j['job'] for j in submitted)}`. If one fails, the report job is cancelled: fix "

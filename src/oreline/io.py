@@ -37,6 +37,8 @@ from typing import IO, Any
 from oreline.errors import InputError
 
 OWNER = ".oreline-owner"  # the ownership marker of an oreline folder (oreline.outdir)
+_UMASK = os.umask(0o022)  # read once (umask can only be read by setting it), then put back
+os.umask(_UMASK)
 HASH_BLOCK = 1 << 22  # 4 MiB reads: large enough that hashing runs at memory speed
 
 
@@ -44,15 +46,17 @@ class PlantedLink(InputError):
     """A write would go through a symbolic link, or a folder of another user, inside an oreline folder."""
 
 
-def planted_link(path: str | Path) -> tuple[Path, Path] | None:
+def planted_link(path: str | Path, root: str | Path | None = None) -> tuple[Path, Path] | None:
     """(the link or foreign folder, the oreline folder it sits in) a write to `path` would go
-    through, or None. `path` itself counts (a link at the final name); folders that do not exist
-    yet are not links. One lstat and one stat per folder up to the file system's root."""
+    through, or None. `path` itself counts; folders that do not exist yet are not links. `root`:
+    a folder to treat as oreline's even without its marker (a run folder an older oreline wrote).
+    One lstat and one stat per folder up to the file system's root."""
     p = Path(os.path.abspath(path))
+    top = os.path.abspath(root) if root is not None else None
     uid = os.geteuid()
     found: Path | None = None  # the highest link (or foreign folder) seen so far, below `here`
     for here in (p, *p.parents):
-        if found is not None and here != found and os.path.isfile(here / OWNER):
+        if found is not None and (str(here) == top or os.path.isfile(here / OWNER)):
             return found, here
         try:
             st = os.lstat(here)
@@ -63,9 +67,9 @@ def planted_link(path: str | Path) -> tuple[Path, Path] | None:
     return None
 
 
-def refuse_planted(path: str | Path) -> None:
+def refuse_planted(path: str | Path, root: str | Path | None = None) -> None:
     """Raise PlantedLink when a write to `path` would go through a planted link (`planted_link`)."""
-    hit = planted_link(path)
+    hit = planted_link(path, root)
     if hit is None:
         return
     bad, owned = hit
@@ -102,15 +106,15 @@ def check_guards(path: str | Path) -> None:
             check()
 
 
-def real_folder(path: str | Path, mode: int = 0o777) -> Path:
+def real_folder(path: str | Path, mode: int = 0o777, root: str | Path | None = None) -> Path:
     """`path` as a real folder of this user (created if missing), for a library that writes into it
     itself (a tracker, Slurm's log files) and follows whatever links it meets: a link at it or
-    between it and the oreline folder above it, or a folder of another user, is refused."""
+    between it and the oreline folder above it (or `root`), or a folder of another user, is refused."""
     path = Path(path)
-    refuse_planted(path)
+    refuse_planted(path, root)
     check_guards(path)
     path.mkdir(mode=mode, parents=True, exist_ok=True)
-    refuse_planted(path)  # (a link made between the check and mkdir: mkdir accepts it, this does not)
+    refuse_planted(path, root)  # (a link made between the check and mkdir: mkdir accepts it, this does not)
     if not path.is_dir():
         raise PlantedLink(f"{path} is not a folder", f"move {path} away, then run the same command again")
     return path
@@ -125,12 +129,16 @@ def atomic_path(path: str | Path):
     (`refuse_planted`) before anything is created; the rename replaces a name, never follows it.
     """
     path = Path(path)
+    _refuse_link_at(path)
     refuse_planted(path)
     check_guards(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # mkstemp opens with O_CREAT|O_EXCL|O_NOFOLLOW: the temporary is a new file, never a link's target
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # the mode open() would give it (mkstemp's is 0600)
+    finally:
+        os.close(fd)
     try:
         yield Path(tmp)
         with open(tmp, "rb+") as fh:
@@ -165,12 +173,23 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     write_atomic(path, text)
 
 
+def _refuse_link_at(path: Path) -> None:
+    """A link at the name of a file oreline writes is refused wherever it is: the rename would
+    replace the link (its target is safe), but someone made it, and the user should hear of it."""
+    if path.is_symlink():
+        raise PlantedLink(
+            f"not writing {path}: it is a symbolic link (-> {os.readlink(path)}); oreline writes files, never links",
+            f"remove {path} (what it points at is left as it is), then run the same command again",
+        )
+
+
 def open_nofollow(path: str | Path, *, exclusive: bool = False) -> IO[bytes]:
     """`path` opened for writing in binary (created, or emptied) with O_NOFOLLOW: for files that
     are written in place under a temporary name of oreline's own, then renamed (a shard, a tensor
     file inside a `.tmp-` folder). A link there, or on the way inside an oreline folder, is refused;
     `exclusive`: the file must not exist yet (O_EXCL)."""
     path = Path(path)
+    _refuse_link_at(path)
     refuse_planted(path)
     check_guards(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
@@ -200,6 +219,7 @@ def open_append(path: str | Path, encoding: str = "utf-8") -> IO[str]:
     """`path` opened for appending text (created if missing) with O_NOFOLLOW: a link there, or on the
     way to it inside an oreline folder, is refused (PlantedLink) instead of appended to."""
     path = Path(path)
+    _refuse_link_at(path)
     refuse_planted(path)
     check_guards(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from oreline.config import EXECUTION_KEYS, Config, expand, fingerprint, samples_dir, to_dict, write_resolved
 from oreline.errors import InputError, OrelineError
-from oreline.io import files_fingerprint
+from oreline.io import files_fingerprint, real_folder, write_atomic
 from oreline.runs import RunDir
 
 STAGES = ["data", "tokenizer", "tokenize", "train", "eval", "export", "report"]
@@ -593,10 +593,10 @@ def submit_stage_jobs(
         console.print("every stage is finished and unchanged: nothing to submit")
         return []
     rd.claim("oreline run")
-    jobs_dir = (rd.root / "jobs").resolve()
-    jobs_dir.mkdir(parents=True, exist_ok=True)
+    # Slurm writes its logs here itself, following any link it meets: checked before resolve() would
+    jobs_dir = real_folder(rd.root / "jobs").resolve()
     config = jobs_dir / "config.toml"
-    config.write_text(to_toml(cfg), encoding="utf-8")
+    write_atomic(config, to_toml(cfg))
     s = cfg.data.slurm
     cpus = s.stage_cpus or max(cfg.data.workers, cfg.tokenize.workers, 1)
     submitted: list[dict] = []
@@ -626,7 +626,7 @@ def submit_stage_jobs(
             + (f" (after {submitted[-2]['job']} succeeds)" if len(submitted) > 1 else "")
             + f"; log {jobs_dir}/{stage}-{job}.out"
         )
-    (jobs_dir / "chain.json").write_text(json.dumps(submitted, indent=2) + "\n", encoding="utf-8")
+    write_atomic(jobs_dir / "chain.json", json.dumps(submitted, indent=2) + "\n")
     console.print(
         f"{len(submitted)} stage job(s) submitted; follow them with `squeue -j {','.join(j['job'] for j in submitted)}`. "
         "If one fails, the jobs after it are cancelled: fix the cause and run `oreline run --executor slurm` "

@@ -296,8 +296,7 @@ def ask_for_requeue(checkpoint: Any, env: dict[str, str] | None = None) -> str |
         return None
     from pathlib import Path
 
-    path = Path(target)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(f"{checkpoint}\n")
-    tmp.replace(path)
+    from oreline.io import write_atomic
+
+    write_atomic(Path(target), f"{checkpoint}\n")
     return env.get("SLURM_JOB_ID", "?")
