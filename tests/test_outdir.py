@@ -273,3 +273,30 @@ def test_a_lease_is_renewed_by_the_folders_clock(tmp_path, monkeypatch):
             FolderLock(tmp_path / "out", "t", lease_s=0.4).acquire()
     finally:
         holder.release()
+
+
+@pytest.mark.hostile
+def test_a_holder_whose_lock_was_taken_over_writes_nothing_more(tmp_path):
+    """Issue 45 item 7 at the lock's level: once the lock names another holder, every write through
+    oreline.io below the folder and every clean-up stops with LockLost naming that holder."""
+    from oreline.io import write_json_atomic
+    from oreline.outdir import LockLost, remove_listed
+
+    holder = FolderLock(tmp_path / "out", "oreline data", lease_s=60).acquire()
+    try:
+        write_json_atomic(tmp_path / "out" / "a.json", {"n": 1})  # still ours
+        lock = tmp_path / "out" / LOCK
+        taker = {**json.loads(lock.read_text()), "token": "t1", "pid": 4321, "host": "elsewhere-node-7"}
+        lock.write_text(json.dumps({**taker, "command": "oreline data (the second)"}))
+        with pytest.raises(
+            LockLost,
+            match=r"no longer holds .*oreline data \(the second\) \(pid 4321 on host elsewhere-node-7",
+        ):
+            write_json_atomic(tmp_path / "out" / "a.json", {"n": 2})
+        with pytest.raises(LockLost):
+            remove_listed(tmp_path / "out", ["a.json"])
+        assert json.loads((tmp_path / "out" / "a.json").read_text()) == {"n": 1}
+    finally:
+        holder.release()
+    assert lock.exists()  # the new holder's lock is not released by the old one
+    write_json_atomic(tmp_path / "out" / "b.json", {})  # released: no guard any more

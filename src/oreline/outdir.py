@@ -684,7 +684,7 @@ class FolderLock:
                     "the lock %s was taken over: %s; this process no longer holds it", self.path, lost
                 )
                 return
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, LockLost):  # (lost meanwhile: seen at the next beat)
                 now = self._folder_now()
                 os.utime(self.path, (now, now))
 
