@@ -516,8 +516,7 @@ def build_recipe_data(
         # write over a run with another fingerprint, so the old documents move to previous/ (an
         # interrupted build with the same key stays, and resumes)
         if before not in (None, key) and rd.data.exists():
-            dest = rd.root / "previous" / time.strftime("%Y%m%d-%H%M%S")
-            dest.mkdir(parents=True, exist_ok=True)
+            dest = real_folder(rd.root / "previous" / time.strftime("%Y%m%d-%H%M%S"))
             shutil.move(str(rd.data), dest / rd.data.name)
         return stage_data(cfg, rd, console)
 

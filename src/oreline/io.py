@@ -7,8 +7,8 @@ atomic), flushed and fsynced, then renamed over the final name. A reader therefo
 file or the new one, never a torn one; a kill leaves at most a dot-prefixed temporary that the next
 run ignores. Appends (metrics.jsonl, logs) open with O_NOFOLLOW|O_APPEND (`open_append`).
 
-oreline creates no symbolic links, so a link between a folder oreline owns (one holding
-`.oreline-owner`, at any level above the file) and the file, the file's own name included, was
+oreline creates no symbolic links, so a link at the name of a file it writes, or between a folder
+oreline owns (one holding `.oreline-owner`, at any level above the file) and the file, was
 planted: writing through it would overwrite a file elsewhere (`eval/ -> ~/notes`,
 `items.jsonl -> ~/.bashrc`). Every writer here refuses such a write with `PlantedLink`, naming
 the link, before it creates anything; so does `real_folder`, which a library that writes into a
@@ -84,25 +84,27 @@ def refuse_planted(path: str | Path, root: str | Path | None = None) -> None:
     )
 
 
-_GUARDS: dict[str, Callable[[], None]] = {}  # folder (absolute) -> its lock's check
+# folder (absolute) -> (the pid that registered it, its lock's check)
+_GUARDS: dict[str, tuple[int, Callable[[], None]]] = {}
 
 
 def guard_folder(folder: str | Path, check: Callable[[], None] | None) -> None:
-    """Run `check` before every write below `folder` (None: stop). `check` raises to refuse it."""
+    """Run `check` before every write below `folder` (None: stop). `check` raises to refuse it.
+    Only in this process: a forked worker inherits the table, not the lock (its parent checks)."""
     key = os.path.abspath(folder)
     if check is None:
         _GUARDS.pop(key, None)
     else:
-        _GUARDS[key] = check
+        _GUARDS[key] = (os.getpid(), check)
 
 
 def check_guards(path: str | Path) -> None:
     """Run the guards of the folders `path` lies in (a lock this process must still hold)."""
     if not _GUARDS:
         return
-    p = os.path.abspath(path)
-    for folder, check in list(_GUARDS.items()):
-        if p == folder or p.startswith(folder.rstrip(os.sep) + os.sep):
+    p, me = os.path.abspath(path), os.getpid()
+    for folder, (pid, check) in list(_GUARDS.items()):
+        if pid == me and (p == folder or p.startswith(folder.rstrip(os.sep) + os.sep)):
             check()
 
 

@@ -33,11 +33,16 @@ everywhere:
   refused with the holder named, unless the lock is stale: a holder on this host whose pid is gone
   (or reused by another process, told apart by its start time) at once; a lock on another host
   once it has not been renewed for longer than the lease the holder recorded (a job killed on a
-  node and requeued onto another). A stale lock is taken over with a warning naming the old holder.
-  Its age is measured against the modification time of the taker's own temporary lock file in the
-  same folder, so clocks of different nodes need not agree (on NFS both are the server's). The same
-  process may take a lock it already holds (`oreline run` holds the run folder and then trains in
-  it).
+  node and requeued onto another), at most MAX_LEASE_S; a lock on this host whose pid cannot be
+  checked (pid 1, no integer, no start time) is judged by its lease too, and a renewal stamped in
+  the future is stale. A stale lock is taken over with one `warning:` line naming the old holder.
+  Its age is measured by the folder's own clock: the holder stamps each renewal with the time the
+  file system gives a new probe file, and the taker compares with its own temporary lock file's,
+  so clocks of different nodes need not agree (not even where `utime(now)` takes the client's
+  clock). The same process may take a lock it already holds (`oreline run` holds the run folder and
+  then trains in it). A holder checks that the lock still names it (`check`, also run by every
+  write of `oreline.io` below the folder and by the clean-up here) and stops with LockLost when
+  another process has taken it over: a holder suspended past its lease never writes on.
 - **Names from files stay inside their folder.** `safe_child` refuses absolute names, `..`
   components and empty names read from manifests and indexes, and never echoes file contents.
 """

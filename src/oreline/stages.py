@@ -341,8 +341,7 @@ def _move_training_aside(rd: RunDir) -> None:
     old = [p for p in (rd.checkpoints, rd.metrics, rd.tensorboard) if p.exists()]
     if not old:
         return
-    dest = rd.root / "previous" / time.strftime("%Y%m%d-%H%M%S")
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = real_folder(rd.root / "previous" / time.strftime("%Y%m%d-%H%M%S"))
     for path in old:
         shutil.move(str(path), dest / path.name)
 
