@@ -57,7 +57,7 @@ from oreline.config import (
     to_dict,
 )
 from oreline.errors import InputError
-from oreline.io import files_fingerprint, write_json_atomic
+from oreline.io import files_fingerprint, real_folder, write_atomic, write_json_atomic
 from oreline.runs import RunDir
 
 NAME = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -523,8 +523,7 @@ def build_recipe_data(
         # write over a run with another fingerprint, so the old documents move to previous/ (an
         # interrupted build with the same key stays, and resumes)
         if before not in (None, key) and rd.data.exists():
-            dest = rd.root / "previous" / time.strftime("%Y%m%d-%H%M%S")
-            dest.mkdir(parents=True, exist_ok=True)
+            dest = real_folder(rd.root / "previous" / time.strftime("%Y%m%d-%H%M%S"))
             shutil.move(str(rd.data), dest / rd.data.name)
         return stage_data(cfg, rd, console)
 
@@ -820,7 +819,7 @@ def run_ablation(
         )
     with FolderLock(root, "oreline ablate") if not frozen else _no_lock():
         if not frozen:
-            (root / "ablation.toml").write_text(to_toml(abl), encoding="utf-8")
+            write_atomic(root / "ablation.toml", to_toml(abl))
         build_references(abl, console, frozen)
         specs = {spec.name: spec for spec in abl.recipes}
         classifiers = {c.name: c for c in abl.classifiers}

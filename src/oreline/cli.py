@@ -530,9 +530,10 @@ def score_cli(
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(
-            pa.table({"id": ids, "source_file": sources, "words": words, "perplexity": ppls}), str(out)
-        )
+        from oreline.io import write_with
+
+        table = pa.table({"id": ids, "source_file": sources, "words": words, "perplexity": ppls})
+        write_with(out, lambda tmp: pq.write_table(table, str(tmp)))
     if console is not None:
         console.print(
             f"{len(ppls)} documents scored with the {scorer.kind} reference in {seconds:.1f} s; perplexity per word "

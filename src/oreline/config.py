@@ -1138,7 +1138,9 @@ def write_resolved(cfg: BaseModel, out_dir: str | Path, section: str | None = No
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     fp = fingerprint(cfg)
-    (out / "config.toml").write_text(to_toml(cfg), encoding="utf-8")
+    from oreline.io import write_atomic
+
+    write_atomic(out / "config.toml", to_toml(cfg))
     payload = {"config": fp, "section": section}
-    (out / "fingerprint.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    write_atomic(out / "fingerprint.json", json.dumps(payload, indent=2) + "\n")
     return fp

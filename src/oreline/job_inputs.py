@@ -32,11 +32,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import secrets
 import stat
 from pathlib import Path
 
 from oreline.errors import ClusterError, ConfigError
+from oreline.io import write_atomic
 
 PIN_OPTION = "--config-sha256"
 
@@ -106,12 +106,10 @@ def private_folder(path: Path) -> Path:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write `data` to `path` atomically (a unique temporary name, then a rename), readable by us only."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    tmp.replace(path)
+    """Write `data` to `path` through oreline's one no-follow writer (`oreline.io.write_atomic`),
+    then readable by us only."""
+    write_atomic(path, data)
+    os.chmod(path, 0o600, follow_symlinks=False)
 
 
 def submitted_config(folder: Path, name: str, text: str) -> tuple[Path, list[str]]:

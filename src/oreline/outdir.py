@@ -33,11 +33,16 @@ everywhere:
   refused with the holder named, unless the lock is stale: a holder on this host whose pid is gone
   (or reused by another process, told apart by its start time) at once; a lock on another host
   once it has not been renewed for longer than the lease the holder recorded (a job killed on a
-  node and requeued onto another). A stale lock is taken over with a warning naming the old holder.
-  Its age is measured against the modification time of the taker's own temporary lock file in the
-  same folder, so clocks of different nodes need not agree (on NFS both are the server's). The same
-  process may take a lock it already holds (`oreline run` holds the run folder and then trains in
-  it).
+  node and requeued onto another), at most MAX_LEASE_S; a lock on this host whose pid cannot be
+  checked (pid 1, no integer, no start time) is judged by its lease too, and a renewal stamped in
+  the future is stale. A stale lock is taken over with one `warning:` line naming the old holder.
+  Its age is measured by the folder's own clock: the holder stamps each renewal with the time the
+  file system gives a new probe file, and the taker compares with its own temporary lock file's,
+  so clocks of different nodes need not agree (not even where `utime(now)` takes the client's
+  clock). The same process may take a lock it already holds (`oreline run` holds the run folder and
+  then trains in it). A holder checks that the lock still names it (`check`, also run by every
+  write of `oreline.io` below the folder and by the clean-up here) and stops with LockLost when
+  another process has taken it over: a holder suspended past its lease never writes on.
 - **Names from files stay inside their folder.** `safe_child` refuses absolute names, `..`
   components and empty names read from manifests and indexes, and never echoes file contents.
 """
@@ -50,17 +55,17 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from oreline.errors import ConfigError, DataIntegrityError, InputError, OrelineError
+from oreline.io import OWNER, check_guards, guard_folder, write_new
 
-OWNER = ".oreline-owner"
 LOCK = ".oreline-lock"
 _MKSTEMP_TAIL = re.compile(r"[a-z0-9_]{8}")  # tempfile.mkstemp's random part
 _ATTEMPT_TAIL = re.compile(r"[0-9a-f]{16}")  # an attempt-unique shard temporary (data/read/shards.py)
@@ -68,6 +73,10 @@ _ATTEMPT_TAIL = re.compile(r"[0-9a-f]{16}")  # an attempt-unique shard temporary
 
 class FolderInUse(OrelineError):
     """Another oreline process writes this folder (it holds the folder's lock)."""
+
+
+class LockLost(FolderInUse):
+    """This process held the folder's lock, and another process has taken it over since."""
 
 
 class NotOurFolder(InputError):
@@ -262,6 +271,7 @@ def remove_listed(folder: Path, names: Iterable[str]) -> list[str]:
     """Delete exactly these names (files or oreline's own temporary folders) in `folder`."""
     import shutil
 
+    check_guards(folder)  # a lock this process lost is never acted on
     removed = []
     for name in names:
         p = safe_child(folder, name, f"clean-up of {folder}")
@@ -283,6 +293,7 @@ def remove_tree(root: Path, path: Path) -> bool:
     import shutil
 
     root, path = Path(root), Path(path)
+    check_guards(path)
     rel = path.relative_to(root)
     step = root
     for part in rel.parts:
@@ -333,6 +344,7 @@ def publish_folder(
     """
     import shutil
 
+    check_guards(out)
     _write_owner(tmp, kind, files=_listing(tmp))
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         shutil.rmtree(tmp)
@@ -428,6 +440,9 @@ def _alive(pid: int, start: str | None) -> bool:
 
 LEASE_ENV = "ORELINE_LOCK_LEASE_S"
 DEFAULT_LEASE_S = 120.0
+# The longest lease a lock may claim: a holder renews every quarter lease, so an hour covers any
+# pause worth waiting out, and a lock that records a year (or 1e300 s) still goes stale.
+MAX_LEASE_S = 3600.0
 
 
 def lock_lease_s() -> float:
@@ -439,18 +454,36 @@ def lock_lease_s() -> float:
         lease = float(raw)
     except ValueError:
         lease = -1.0
-    if not (0 < lease < float("inf")):
+    if not (0 < lease <= MAX_LEASE_S):
         raise ConfigError(
-            f"{LEASE_ENV}={raw[:40]!r} is not a positive number of seconds",
+            f"{LEASE_ENV}={raw[:40]!r} is not a number of seconds between 0 and {MAX_LEASE_S:.0f}",
             f"set {LEASE_ENV} to the lock lease in seconds (default {DEFAULT_LEASE_S:.0f}), or unset it",
         )
     return lease
 
 
 def _lease_of(rec: dict[str, Any], default: float) -> float:
-    """The lease the holder recorded (a lock of an oreline without leases: `default`)."""
+    """The lease the holder recorded, at most MAX_LEASE_S (a lock of an oreline without leases, or
+    with a lease that is no positive number: `default`)."""
     lease = rec.get("lease_s")
-    return float(lease) if isinstance(lease, (int, float)) and 0 < lease < float("inf") else default
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease < float("inf"):
+        return default
+    return min(float(lease), MAX_LEASE_S)
+
+
+def _checkable_pid(rec: dict[str, Any]) -> int | None:
+    """The holder's pid when this host can tell whether it still runs: an integer above 1 recorded
+    with its start time. pid 1 (init, always alive), a pid that is no integer or a lock without
+    the start time (nothing tells a reused pid apart) is judged by its lease, like a remote one."""
+    pid = rec.get("pid")
+    if (
+        isinstance(pid, bool)
+        or not isinstance(pid, int)
+        or pid <= 1
+        or not isinstance(rec.get("proc_start"), str)
+    ):
+        return None
+    return pid
 
 
 class FolderLock:
@@ -494,7 +527,7 @@ class FolderLock:
         """Link our lock into place. None when it is ours now; else the folder's clock now (the
         modification time of our temporary lock file), against which the holder's age is measured."""
         tmp = self.folder / f".{LOCK}.{self.token}"
-        tmp.write_text(json.dumps(self._record(), indent=2) + "\n", encoding="utf-8")
+        write_new(tmp, (json.dumps(self._record(), indent=2) + "\n").encode("utf-8"))
         try:
             os.link(tmp, self.path)  # atomic, and fails if a lock exists: never two holders
             return None
@@ -502,6 +535,17 @@ class FolderLock:
             return tmp.stat().st_mtime
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _folder_now(self) -> float:
+        """The folder's own clock: the modification time the file system gives a new file there.
+        On file systems that stamp a file's times with the writing client's clock when asked for
+        "now" (utime without times), hosts whose clocks disagree would misjudge each other's age."""
+        probe = self.folder / f".{LOCK}.{self.token}.now"
+        write_new(probe, b"")
+        try:
+            return probe.stat().st_mtime
+        finally:
+            probe.unlink(missing_ok=True)
 
     def _age(self, now: float) -> float | None:
         """Seconds since the lock was last renewed, by the folder's clock; None if it is gone."""
@@ -526,16 +570,20 @@ class FolderLock:
                 self.held, self._reentrant = True, True  # this process holds it already (and renews it)
                 return self
             lease = _lease_of(rec, self.lease_s)
-            if local and isinstance(pid, int) and not _alive(pid, rec.get("proc_start")):
+            checkable = _checkable_pid(rec) if local else None
+            if checkable is not None and not _alive(checkable, rec.get("proc_start")):
                 self._take_over(rec, "which is no longer running")
                 continue
-            if not local and age > lease:
-                # Another host: its pid cannot be checked from here, but a live holder renews its
-                # lease every lease/4; one silent for longer than the lease was killed or cut off.
+            # A holder whose pid cannot be checked from here (another host, or a lock that names no
+            # usable pid) renews its lease every lease/4: one silent for longer than the lease was
+            # killed or cut off. A renewal stamped in the future (age < 0) is no lease at all: the
+            # folder's clock never runs backwards, so a live holder cannot have written it.
+            if checkable is None and (age > lease or age < 0):
+                when = f"{-age:.0f} s in the future" if age < 0 else f"{age:.0f} s ago"
                 self._take_over(
                     rec,
-                    f"whose lease was last renewed {age:.0f} s ago (lease {lease:.0f} s): its process is gone",
-                    renewed_after=now - lease,
+                    f"whose lease was last renewed {when} (lease {lease:.0f} s): its process is gone",
+                    judged_mtime=now - age,
                 )
                 continue
             who = (
@@ -543,7 +591,7 @@ class FolderLock:
                 if rec
                 else "an unreadable lock"
             )
-            if local:
+            if checkable is not None:
                 hint = "wait for that process to finish, or stop it"
                 if age > lease:
                     hint += f" (it has not renewed its lock for {age:.0f} s: it may hang)"
@@ -552,12 +600,14 @@ class FolderLock:
                     f"wait for that process to finish, or stop it; its lock is renewed while it runs (last "
                     f"{max(age, 0):.0f} s ago) and is taken over once it has not been for {lease:.0f} s"
                 )
+            hint += f"; if no oreline process writes {self.folder} any more, delete {self.path}"
             raise FolderInUse(f"{self.folder} is being written by {who}: lock {self.path}", hint)
         raise FolderInUse(f"could not take the lock {self.path} (it changed hands three times)", "run again")
 
-    def _take_over(self, rec: dict[str, Any], why: str, renewed_after: float | None = None) -> None:
+    def _take_over(self, rec: dict[str, Any], why: str, judged_mtime: float | None = None) -> None:
         """Remove a stale holder's lock; only that lock, even when another process races us to it or
-        the holder renews it meanwhile (`renewed_after`: a renewal after that time gives it back)."""
+        the holder renews it meanwhile (`judged_mtime`: the renewal time it was judged by; a lock
+        renewed since, its modification time changed, is given back)."""
         aside = self.folder / f".{LOCK}.stale-{self.token}"
         try:
             os.rename(self.path, aside)
@@ -569,39 +619,79 @@ class FolderLock:
             now = {}
         if not isinstance(now, dict):
             now = {}
-        renewed = renewed_after is not None and aside.stat().st_mtime > renewed_after
+        renewed = judged_mtime is not None and aside.stat().st_mtime != judged_mtime
         if now.get("token") != rec.get("token") or renewed:  # not the lock we judged stale: give it back
             with contextlib.suppress(FileExistsError):
                 os.link(aside, self.path)
         else:
             host = rec.get("host")
             where = "this host" if host == socket.gethostname() else f"host {host}"
-            warnings.warn(
-                f"{self.path}: taking over the lock of {rec.get('command', '?')} (pid {rec.get('pid')} on "
-                f"{where}, since {rec.get('started', '?')}), {why}",
-                stacklevel=3,
+            # one plain line on stderr (a warnings.warn would print a UserWarning and a source line)
+            print(
+                f"warning: {self.path}: taking over the lock of {rec.get('command', '?')} (pid {rec.get('pid')} "
+                f"on {where}, since {rec.get('started', '?')}), {why}",
+                file=sys.stderr,
+                flush=True,
             )
         aside.unlink(missing_ok=True)
 
     def _hold(self) -> None:
         self.held, self.lost = True, None
         self._stop.clear()
+        guard_folder(self.folder, self.check)  # every write below the folder checks the lock first
         self._renewer = threading.Thread(target=self._renew, name="oreline-lock-lease", daemon=True)
         self._renewer.start()
 
+    def _lost_to(self) -> str | None:
+        """Who holds the lock now when it is no longer ours (None while it is)."""
+        rec = self.holder()
+        if rec is not None and rec.get("token") == self.token:
+            return None
+        if rec is None:
+            return f"{self.path} is gone (deleted, or taken over and released)"
+        if rec == {}:
+            return f"{self.path} is unreadable"
+        return (
+            f"{self.path} now names {rec.get('command', '?')} (pid {rec.get('pid')} on host {rec.get('host')}, "
+            f"since {rec.get('started', '?')})"
+        )
+
+    def check(self) -> None:
+        """Raise LockLost unless this process still holds the lock: called before every checkpoint
+        save, publish and clean-up (and by every write of oreline.io below the folder). A holder
+        suspended or cut off for longer than its lease may have been taken over meanwhile; going on
+        would write the same files as the new holder."""
+        if not self.held or self._reentrant:
+            return
+        lost = self._lost_to()
+        if lost is not None and self.holder() is None:  # a taker that found it fresh puts it back at once
+            time.sleep(0.05)
+            lost = self._lost_to()
+        if lost is None:
+            return
+        self.lost = lost
+        raise LockLost(
+            f"{self.folder}: this process ({self.command}, pid {os.getpid()}) no longer holds the folder's lock: "
+            f"{lost}. It was taken over after this process had not renewed it for its lease of {self.lease_s:.0f} s "
+            "(suspended, or cut off from the file system); this process stopped before writing anything more",
+            "let the process that holds the lock now finish, or stop it; then run the same command again to "
+            "continue from what was saved",
+        )
+
     def _renew(self) -> None:
-        """The heartbeat: touch the lock while it is still ours (a transient error is retried at the
-        next beat; a lock that names another holder is not touched again)."""
+        """The heartbeat: stamp the lock with the folder's clock while it is still ours (a transient
+        error is retried at the next beat; a lock that names another holder is not touched again)."""
         while not self._stop.wait(self.lease_s / 4):
             rec = self.holder()
-            if rec is not None and rec.get("token") != self.token and rec != {}:
-                self.lost = f"{self.path} now names {rec.get('command', '?')} (pid {rec.get('pid')} on host {rec.get('host')})"
+            if rec and rec.get("token") != self.token:
+                self.lost = lost = self._lost_to() or "?"
                 logging.getLogger("oreline").error(
-                    "the lock %s was taken over: %s; this process no longer holds it", self.path, self.lost
+                    "the lock %s was taken over: %s; this process no longer holds it", self.path, lost
                 )
                 return
-            with contextlib.suppress(OSError):
-                os.utime(self.path)
+            with contextlib.suppress(OSError, LockLost):  # (lost meanwhile: seen at the next beat)
+                now = self._folder_now()
+                os.utime(self.path, (now, now))
 
     def release(self) -> None:
         if not self.held:
@@ -609,6 +699,7 @@ class FolderLock:
         self.held = False
         if self._reentrant:
             return
+        guard_folder(self.folder, None)
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join(timeout=10)

@@ -129,6 +129,9 @@ def write_script(path: Path, text: str) -> None:
     import os
     import secrets
 
+    from oreline.io import refuse_planted
+
+    refuse_planted(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o755)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

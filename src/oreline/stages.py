@@ -28,7 +28,7 @@ from rich.table import Table
 
 from oreline.config import EXECUTION_KEYS, Config, expand, fingerprint, samples_dir, to_dict, write_resolved
 from oreline.errors import InputError, OrelineError
-from oreline.io import files_fingerprint
+from oreline.io import files_fingerprint, real_folder
 from oreline.runs import RunDir
 
 STAGES = ["data", "tokenizer", "tokenize", "train", "eval", "export", "report"]
@@ -342,8 +342,7 @@ def _move_training_aside(rd: RunDir) -> None:
     old = [p for p in (rd.checkpoints, rd.metrics, rd.tensorboard) if p.exists()]
     if not old:
         return
-    dest = rd.root / "previous" / time.strftime("%Y%m%d-%H%M%S")
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = real_folder(rd.root / "previous" / time.strftime("%Y%m%d-%H%M%S"))
     for path in old:
         shutil.move(str(path), dest / path.name)
 

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from oreline.io import json_bytes, write_bytes_atomic
+from oreline.io import check_guards, json_bytes, refuse_planted, write_bytes_atomic
 
 COPY_BLOCK = 8 << 20  # streamed copies of remote inputs: 8 MiB at a time
 
@@ -133,6 +133,8 @@ def remove(path: str | os.PathLike) -> None:
 
 
 def _local_tmp(path: Path, data: bytes) -> Path:
+    refuse_planted(path)
+    check_guards(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     with os.fdopen(fd, "wb") as fh:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -75,7 +76,7 @@ def test_force_writes_next_to_user_files_and_keeps_them(samples, tmp_path):
     assert not (out / LOCK).exists()
 
 
-def test_a_second_data_run_on_a_held_folder_is_refused(samples, tmp_path, lock_holder, dead_lock):
+def test_a_second_data_run_on_a_held_folder_is_refused(samples, tmp_path, lock_holder, dead_lock, capfd):
     out = tmp_path / "out"
     holder = lock_holder(out, "oreline data")  # a live `oreline data` process stand-in on this host
     with pytest.raises(FolderInUse, match=f"oreline data \\(pid {holder.pid} on host"):
@@ -85,8 +86,9 @@ def test_a_second_data_run_on_a_held_folder_is_refused(samples, tmp_path, lock_h
     holder.wait()
     out2 = tmp_path / "stale"
     pid = dead_lock(out2)  # a run that was killed: its lock names a pid that is gone
-    with pytest.warns(UserWarning, match=f"pid {pid}"):
-        stats = run_data([samples / WARC], out2, load_config(), workers=1)
+    capfd.readouterr()
+    stats = run_data([samples / WARC], out2, load_config(), workers=1)
+    assert re.search(f"^warning: .*taking over the lock .*pid {pid}", capfd.readouterr().err, re.M)
     assert (out2 / "_SUCCESS").is_file() and stats["output"]["docs"] > 0 and not (out2 / LOCK).exists()
 
 

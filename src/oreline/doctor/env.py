@@ -45,6 +45,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from oreline.io import write_new
+
 STATUSES = ("ok", "warn", "fail", "skip")
 DISK_WARN_GB = 10.0
 DISK_FAIL_GB = 1.0
@@ -524,10 +526,7 @@ def check_shared_fs(run_dir: Path) -> Finding:
     try:
         probe.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
-        with open(probe, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_new(probe, payload, sync=True)
         back = probe.read_bytes()
         probe.unlink()
         ms = (time.perf_counter() - start) * 1000

@@ -119,7 +119,7 @@ def downstream_cli(
     seq_len: int | None = None,
     tokenizer_dir: Path | None = None,
 ) -> dict[str, Any]:
-    from oreline.io import write_json_atomic
+    from oreline.io import real_folder, write_atomic, write_json_atomic
 
     loaded = load_scoring_model(Path(checkpoint), tokenizer_dir, seq_len)
     result, rows = run_tasks(loaded["model"], loaded["tokenizer"], tasks, loaded["context_len"], max_items)
@@ -140,10 +140,11 @@ def downstream_cli(
         else:
             run_dir = base.parent.parent if base.parent.name == "checkpoints" else base.parent
             out = run_dir / "eval" / f"tasks-step-{loaded['step'] or 0}.json"
+            real_folder(out.parent, root=run_dir)  # eval/ of the run, marked or not, is never a link
     out = Path(out)
     write_json_atomic(out, result)
     items_path = out.with_name(out.stem + ".items.jsonl")
-    items_path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    write_atomic(items_path, "".join(json.dumps(r) + "\n" for r in rows))
     if console is not None:
         print_table(result, console)
         console.print(f"written to {out} (per item: {items_path.name})", highlight=False)

@@ -42,6 +42,7 @@ import torch
 
 from oreline.errors import ConfigError, DataIntegrityError, InputError
 from oreline.export.hf import checkpoint_context, tokenizer_special_ids, trained_context
+from oreline.io import open_nofollow, refuse_planted
 from oreline.model.llama import ModelArgs, apply_rope_scaling, check_shapes
 from oreline.tokens.format import BOS_TOKEN, EOS_TOKEN, convention
 
@@ -195,6 +196,8 @@ def export_state_dict_gguf(
 
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_name(f".tmp-{out_file.name}-{os.getpid()}")
+    refuse_planted(out_file)
+    open_nofollow(tmp).close()  # a file of ours at the temporary name (never a link) that the writer fills
     writer = gguf.GGUFWriter(str(tmp), "llama")
     writer.add_name(name)
     writer.add_file_type(int(ftype))

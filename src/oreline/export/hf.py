@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from oreline.errors import ConfigError, DataIntegrityError, InputError
+from oreline.io import open_regular, write_atomic
 from oreline.model.hf_format import (  # noqa: F401  (read_hf_weights, args_from_hf_config: this module's API too)
     args_from_hf_config,
     hf_rename,
@@ -142,13 +143,19 @@ def checkpoint_context(meta: dict) -> int | None:
     return int(seq_len) if isinstance(seq_len, int) and seq_len > 0 else None
 
 
+def _copy(src: Path, dst: Path) -> None:
+    """A small tokenizer file (checked to be a regular file) copied through the no-follow writer."""
+    with open_regular(src) as fh:
+        write_atomic(dst, fh.read())
+
+
 def write_inference_tokenizer(
     tokenizer_dir: Path, out: Path, special: dict[str, int], context: int
 ) -> list[str]:
     """The training tokenizer, made to encode as the model was trained (oreline.tokens.format): BOS
     prepended by a post-processor, EOS not appended, the trained context, left padding."""
     text = (tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8")
-    (out / "tokenizer.json").write_text(inference_tokenizer_json(text, special["bos"]), encoding="utf-8")
+    write_atomic(out / "tokenizer.json", inference_tokenizer_json(text, special["bos"]))
     cfg_path = tokenizer_dir / "tokenizer_config.json"
     cfg = (
         json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -162,12 +169,10 @@ def write_inference_tokenizer(
         }
     )
     cfg = inference_tokenizer_config(cfg, context)
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8"
-    )
+    write_atomic(out / "tokenizer_config.json", json.dumps(cfg, indent=2, ensure_ascii=False))
     written = ["tokenizer.json", "tokenizer_config.json"]
     if model_file(tokenizer_dir / "special_tokens_map.json"):
-        shutil.copy2(tokenizer_dir / "special_tokens_map.json", out / "special_tokens_map.json")
+        _copy(tokenizer_dir / "special_tokens_map.json", out / "special_tokens_map.json")
         written.append("special_tokens_map.json")
     return written
 
@@ -299,11 +304,11 @@ def export_state_dict_hf(
             save_file(shard, str(tmp / name), metadata=meta)
             weight_map |= {k: name for k in shard}
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
+        write_atomic(tmp / "model.safetensors.index.json", json.dumps(index, indent=2))
     config = hf_config(args, special, dtype) | {"max_position_embeddings": context}
-    (tmp / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    write_atomic(tmp / "config.json", json.dumps(config, indent=2))
     gen = {"bos_token_id": special["bos"], "eos_token_id": special["eos"], "pad_token_id": special["pad"]}
-    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2), encoding="utf-8")
+    write_atomic(tmp / "generation_config.json", json.dumps(gen, indent=2))
 
     copied = []
     if tokenizer_dir is not None:
@@ -328,7 +333,7 @@ def export_state_dict_hf(
         "files": files,
         **(provenance or {}),
     }
-    (tmp / "oreline_export.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
+    write_atomic(tmp / "oreline_export.json", json.dumps(record, indent=2))
     _publish(tmp, out_dir, "export-hf", "oreline export")
     return {
         "out_dir": str(out_dir),
@@ -443,12 +448,12 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     if "tokenizer.json" in present:
         (tmp / "tokenizer").mkdir()
         for name in present:
-            shutil.copy2(hf_dir / name, tmp / "tokenizer" / name)
+            _copy(hf_dir / name, tmp / "tokenizer" / name)
         # oreline encodes without specials and adds BOS/EOS itself: back to the training tokenizer
         # (and its fingerprint) by dropping the BOS post-processor an oreline export carries.
         text = (hf_dir / "tokenizer.json").read_text(encoding="utf-8")
         training = training_tokenizer_json(text)
-        (tmp / "tokenizer" / "tokenizer.json").write_text(training, encoding="utf-8")
+        write_atomic(tmp / "tokenizer" / "tokenizer.json", training)
         tokenizer_fingerprint = canonical_fingerprint(training)  # what a run tokenized with it records
         tokenizer_dir = str((out / "tokenizer").resolve())
     meta = {
@@ -463,7 +468,7 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "torch_version": torch.__version__,
     }
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    write_atomic(tmp / "meta.json", json.dumps(meta, indent=2))
     write_checksums(tmp)
     _publish(tmp, out, "import-hf", "oreline import-hf")
     if console is not None:

@@ -168,7 +168,9 @@ def _fit(train_file: str, model_file: str, seed: int, settings: dict[str, Any]) 
         model = fasttext.train_supervised(train_file, thread=1, seed=seed, verbose=0, **settings)
     except RuntimeError as exc:  # "Encountered NaN."
         return str(exc)
-    model.save_model(model_file)
+    from oreline.io import write_with
+
+    write_with(model_file, lambda tmp: model.save_model(str(tmp)))  # fastText writes by name
     return None
 
 

@@ -288,7 +288,10 @@ def train_llama_reference(
     from oreline.data.filters.llama_scorer import LlamaScorer
 
     sd, args, _meta = load_model_state(work / "train" / "checkpoints")
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"))
+    from oreline.io import write_with
+
+    tensors = {k: v.contiguous() for k, v in sd.items()}
+    write_with(out / "model.safetensors", lambda tmp: save_file(tensors, str(tmp)))
 
     scorer = LlamaScorer(out, args=args)
     scores = scorer.score_texts([r["text"] for r in held_rows]) if held_rows else []

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from oreline.errors import DataIntegrityError, FingerprintMismatch
-from oreline.io import file_sha256
+from oreline.io import file_sha256, open_nofollow, refuse_planted
 
 MAGIC = b"ORETOK\0\0"
 VERSION = 1
@@ -140,7 +140,8 @@ class ShardWriter:
         self.tokens = 0
         self.starts: list[int] = []
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(self.tmp, "wb")  # noqa: SIM115 (closed in close()/abort())
+        refuse_planted(self.path)
+        self.fh = open_nofollow(self.tmp)  # (closed in close()/abort()); never through a planted link
         self.fh.write(bytes(HEADER_SIZE))
 
     def add_documents(self, docs: list[list[int]]) -> None:

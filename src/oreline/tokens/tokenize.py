@@ -49,7 +49,7 @@ from oreline.config import RayConfig, SlurmConfig, TokenizeConfig
 from oreline.errors import DataIntegrityError, InputError
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
-from oreline.io import file_sha256, write_json_atomic
+from oreline.io import file_sha256, write_atomic, write_json_atomic
 from oreline.outdir import LOCK, OWNER, FolderLock, claim_folder, is_temp_of, remove_listed
 from oreline.tokens import shards as fmt
 from oreline.tokens.inputs import Rejects, expand_inputs, iter_batches, parquet_row_groups
@@ -404,10 +404,9 @@ def _tokenize(
         rejected.update(r["rejected"])
         reject_rows.extend(r["reject_rows"])
     if reject_rows:
-        (out / "rejects.jsonl").write_text(
-            "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in reject_rows),
-            encoding="utf-8",
-            errors="backslashreplace",
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in reject_rows)
+        write_atomic(
+            out / "rejects.jsonl", text.encode("utf-8", "backslashreplace")
         )  # lone surrogates stay visible
     splits = {
         s: {

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from oreline.io import write_atomic
+
 aten = torch.ops.aten
 SCALAR_READS = {aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default}
 COPIES = {aten._to_copy.default, aten.copy_.default}
@@ -97,6 +99,5 @@ class StepReads:
         if not self.enabled:
             return None
         path = Path(run_root) / "debug" / f"host-reads-rank{rank:05d}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.steps, indent=1) + "\n", encoding="utf-8")
+        write_atomic(path, json.dumps(self.steps, indent=1) + "\n")
         return path

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from oreline.io import write_lines_atomic
+from oreline.io import open_append, write_lines_atomic
 from oreline.train import comm_timing, dist
 
 # ---------------------------------------------------------------------------------------------
@@ -359,7 +359,7 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if purge_after_step is not None:
             truncate_metrics(self.path, purge_after_step)
-        self.fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self.fh = open_append(self.path)  # (closed in close()); never through a planted link
         if self.trackers is None:
             from oreline.train.trackers import open_trackers
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from oreline.io import write_atomic
+
 
 def param_digest(model: nn.Module) -> str:
     """sha256 of every parameter's full value (FSDP shards gathered), by name; every rank must call it."""
@@ -30,6 +32,5 @@ def write_param_digest(model: nn.Module, run_root: Path, rank: int) -> Path:
     """`<run>/debug/params-rankNNNNN.sha256` (train.debug.param_digest: ranks compared by tests)."""
     digest = param_digest(model)
     path = Path(run_root) / "debug" / f"params-rank{rank:05d}.sha256"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(digest + "\n", encoding="utf-8")
+    write_atomic(path, digest + "\n")
     return path

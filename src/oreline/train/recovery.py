@@ -102,7 +102,9 @@ def move_previous_training(run: RunDir) -> Path | None:
     while dest.exists():
         n += 1
         dest = dest.with_name(f"{dest.name.split('.')[0]}.{n}")
-    dest.mkdir(parents=True)
+    from oreline.io import real_folder
+
+    real_folder(dest)  # the moves are renames: never into a folder a planted previous/ link names
     for path in old:
         shutil.move(str(path), str(dest / path.name))
     return dest

@@ -28,7 +28,7 @@ import torch
 
 from oreline.config import Config, canonical_json, expand, fingerprint, to_toml
 from oreline.errors import ConfigError, InputError
-from oreline.io import write_json_atomic
+from oreline.io import write_atomic, write_json_atomic
 from oreline.model.kernels.matmul import resolve_backend
 from oreline.model.kernels.select import kernels_for, resolve_attention, resolve_choice
 from oreline.runs import RunDir
@@ -295,7 +295,7 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     fps = _fingerprints(cfg, tokenizer.fingerprint, loader.data_fingerprint)
     if info.is_main:
         run.root.mkdir(parents=True, exist_ok=True)
-        (run.root / "config.toml").write_text(to_toml(cfg), encoding="utf-8")
+        write_atomic(run.root / "config.toml", to_toml(cfg))
         fp_path = run.root / "fingerprint.json"
         try:  # the run's own file (RunDir.claim); one cut short by a kill is rewritten
             existing = json.loads(fp_path.read_text())

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from oreline.document import Document
 from oreline.errors import InputError
+from oreline.io import refuse_planted, write_new
 
 # metadata key -> arrow type of its flat column; every other key goes into the JSON column
 FLAT_COLUMNS: dict[str, pa.DataType] = {
@@ -238,6 +239,8 @@ class ShardWriter:
             # attempt-unique: two attempts of a task (a zombie and its retry, maybe on two nodes
             # with the same PID) may write the same shard at once; each renames its own whole file
             self._tmp = self.out_dir / f".{self._final.name}.tmp-{uuid.uuid4().hex[:16]}"
+            refuse_planted(self._final)
+            write_new(self._tmp, b"")  # a new file of ours (O_EXCL|O_NOFOLLOW) that the writer then fills
             self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd")
         table = pa.Table.from_pylist(self._buffer, schema=self.schema)
         self._writer.write_table(table)

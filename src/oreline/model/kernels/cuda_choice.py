@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from oreline.io import write_atomic
 from oreline.model import llama
 from oreline.model.kernels import rmsnorm, rope
 from oreline.model.kernels.matmul import cache_dir
@@ -116,10 +116,7 @@ def record(
         "ms": measured,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(entry, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(entry, indent=1) + "\n")
     return entry["choice"], path
 
 

@@ -58,6 +58,7 @@ import torch.nn.functional as F
 
 from oreline import compat
 from oreline.errors import ConfigError
+from oreline.io import write_new
 
 BACKENDS = ("auto", "onednn", "blas")
 
@@ -225,8 +226,8 @@ def _read_entry(path: Path, key: dict) -> dict | None:
 
 def _publish_entry(path: Path, entry: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(entry, indent=1) + "\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    write_new(tmp, (json.dumps(entry, indent=1) + "\n").encode())
     try:
         os.link(tmp, path)  # publish only if no other run did first
     except FileExistsError:

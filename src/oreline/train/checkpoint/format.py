@@ -27,6 +27,7 @@ from typing import Any
 import xxhash
 
 from oreline.errors import CheckpointError
+from oreline.io import open_nofollow
 from oreline.train.checkpoint.signature import (
     CRYPTOGRAPHIC,
     SIGNATURE,
@@ -64,7 +65,9 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_file_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
+    """Write `data` in place (inside a `.tmp-` folder, or a temporary name then renamed), fsynced;
+    never through a link planted at the name."""
+    with open_nofollow(path) as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())

@@ -149,7 +149,9 @@ class RawTensorWriter(FileSystemWriter):
         digest = xxhash.xxh3_128() if self.digest_algo == HASH_ALGO else hashlib.new(self.digest_algo)
         # one worker: updates run in submission order, overlapping the write of the same bytes
         hasher = ThreadPoolExecutor(1)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644
+        )  # never a planted link
         try:
             offset = 0
             for item in items:

@@ -45,6 +45,8 @@ import oreline.train.checkpoint.async_save as async_save
 from oreline import compat
 from oreline.config import CheckpointConfig, fingerprint
 from oreline.errors import CheckpointError
+from oreline.io import check_guards
+from oreline.outdir import LockLost
 from oreline.train.checkpoint.dcp_calls import (
     async_save_group,
     no_process_group,
@@ -214,9 +216,18 @@ def _problem(exc: BaseException | None) -> tuple[str, int | None] | None:
     return f"{type(exc).__name__}: {str(exc)[:300]}", None
 
 
-def _failed(root: Path, name: str, problem: tuple[str, int | None], need: int | None) -> CheckpointError:
+def _lock_lost(exc: LockLost) -> tuple[str, int]:
+    """A lost lock as a save's problem, for every rank: its text, and ENOLCK to tell it apart."""
+    return str(exc), errno.ENOLCK
+
+
+def _failed(
+    root: Path, name: str, problem: tuple[str, int | None], need: int | None
+) -> CheckpointError | LockLost:
     """The error a failed save ends the run with: the folder, the bytes it needs, what to do."""
     text, errno_ = problem
+    if errno_ == errno.ENOLCK:  # this process lost the run folder's lock (`_lock_lost`)
+        return LockLost(text)
     latest = read_latest(root)
     resume = (
         f"--resume auto continues from {latest}"
@@ -290,11 +301,16 @@ def save_checkpoint(
     problem = None
     if me == 0:
         try:
+            # a process whose lock was taken over (it was suspended past its lease) must not save,
+            # publish or clean up in the folder the new holder writes: checked before each of them
+            check_guards(root)
             root.mkdir(parents=True, exist_ok=True)
             _clean_leftovers(root)
             tmp.mkdir()
         except OSError as exc:
             problem = _problem(exc)
+        except LockLost as exc:
+            problem = _lock_lost(exc)
     problem = _agree(problem)  # (the barrier before every rank writes into tmp)
     if problem:
         raise fail(problem)
@@ -346,6 +362,7 @@ def save_checkpoint(
             reported.update(entries)
         if problem is None and me == 0:
             try:
+                check_guards(root)
                 meta_bytes = json_bytes(full_meta)
                 write_file_synced(tmp / META, meta_bytes)
                 reported[META] = digest_entry(meta_bytes)
@@ -357,6 +374,8 @@ def save_checkpoint(
                 write_latest(root, name)
                 apply_retention(root, cfg)
                 _LAST_SAVE["bytes"] = float(dir_bytes(final))
+            except LockLost as exc:
+                problem = _lock_lost(exc)
             except (OSError, CheckpointError) as exc:
                 problem = _problem(exc) if isinstance(exc, OSError) else (exc.message, None)
         problem = _agree(problem, group)  # (the barrier after the publish)
@@ -429,11 +448,14 @@ def _save_model_only(
                 os.fsync(fh.fileno())
             write_json_synced(tmp / META, meta)
             write_checksums(tmp, names=["model.safetensors", META])  # the two files written here
+            check_guards(final.parent)
             _publish(tmp, final)
             _LAST_SAVE.clear()
             _LAST_SAVE["bytes"] = float(dir_bytes(final))
         except OSError as exc:
             problem = _problem(exc)
+        except LockLost as exc:
+            problem = _lock_lost(exc)
         except Exception as exc:  # safetensors reports a full disk as its own error type
             problem = (f"{type(exc).__name__}: {str(exc)[:300]}", _errno_in(exc))
     problem = _agree(problem)  # (the barrier: rank 0 has published, or failed)

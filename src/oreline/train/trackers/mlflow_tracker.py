@@ -192,7 +192,12 @@ class MlflowTracker:
 
         bound_responses()
         if self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            from oreline.io import real_folder, refuse_planted
+
+            # SQLite opens the database by name, through whatever link sits at it or above it
+            db = Path(self.uri.removeprefix("sqlite:///"))
+            real_folder(db.parent)
+            refuse_planted(db)
         self.client = MlflowClient(tracking_uri=self.uri)
         if self.run_id is None and self.resuming:
             found = self.client.search_runs(

@@ -21,6 +21,9 @@ class TensorBoardTracker:
     def open(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        from oreline.io import real_folder
+
+        real_folder(self.folder)  # the writer follows links: a planted tensorboard/ link is refused first
         self.writer = SummaryWriter(str(self.folder), purge_step=self.purge_step)
 
     def held_step(self) -> tuple[int, set[str]] | None:

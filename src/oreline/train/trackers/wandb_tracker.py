@@ -81,6 +81,10 @@ class WandbTracker:
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
+        from oreline.io import real_folder
+
+        # W&B writes <run>/wandb/ itself (with links of its own inside it): the folder must be a real one
+        real_folder(Path(self.run_root) / "wandb")
         name = self.name_ if self.resume or not self.extra else f"{self.name_}-resume-{self.resumes}"
         self.run = wandb.init(
             project=self.cfg.project,
