@@ -185,18 +185,19 @@ def _refuse_link_at(path: Path) -> None:
         )
 
 
-def open_nofollow(path: str | Path, *, exclusive: bool = False) -> IO[bytes]:
+def open_nofollow(path: str | Path, *, exclusive: bool = False, mode: int = 0o644) -> IO[bytes]:
     """`path` opened for writing in binary (created, or emptied) with O_NOFOLLOW: for files that
     are written in place under a temporary name of oreline's own, then renamed (a shard, a tensor
     file inside a `.tmp-` folder). A link there, or on the way inside an oreline folder, is refused;
-    `exclusive`: the file must not exist yet (O_EXCL)."""
+    `exclusive`: the file must not exist yet (O_EXCL); `mode`: a new file's mode before the umask
+    (0o600 for a secret, so that it is never readable by others, not even for a moment)."""
     path = Path(path)
     _refuse_link_at(path)
     refuse_planted(path)
     check_guards(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
     try:
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             refuse_planted(path)
@@ -208,9 +209,9 @@ def open_nofollow(path: str | Path, *, exclusive: bool = False) -> IO[bytes]:
     return os.fdopen(fd, "wb")
 
 
-def write_new(path: str | Path, data: bytes, *, sync: bool = False) -> None:
+def write_new(path: str | Path, data: bytes, *, sync: bool = False, mode: int = 0o644) -> None:
     """Create `path`, which must not exist (O_EXCL|O_NOFOLLOW), holding `data` (fsynced if `sync`)."""
-    with open_nofollow(path, exclusive=True) as fh:
+    with open_nofollow(path, exclusive=True, mode=mode) as fh:
         fh.write(data)
         if sync:
             fh.flush()

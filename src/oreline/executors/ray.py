@@ -52,6 +52,7 @@ from oreline.config import RayConfig
 from oreline.errors import ConfigError
 from oreline.executors.interface import Resources, TaskCrashed
 from oreline.executors.local import progress_bar
+from oreline.io import write_new
 
 INSTALL = "pip install 'oreline[ray]'"
 NODES_EVERY_S = 2.0  # how often the bar asks Ray for the live nodes (a GCS round trip)
@@ -139,15 +140,12 @@ def private_auth_token() -> Path | None:
     if not path.parent.exists():
         path.parent.mkdir(mode=0o700, parents=True)
     try:
-        # Ray's own token: 32 random bytes in hex (ray._private.authentication)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        # Ray's own token: 32 random bytes in hex (ray._private.authentication), 0600 from creation
+        write_new(path, secrets.token_hex(32).encode(), mode=0o600)
     except FileExistsError:
         st = os.lstat(path)
         if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
             os.chmod(path, 0o600)
-        return path
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
     return path
 
 
