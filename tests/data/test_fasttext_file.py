@@ -69,6 +69,7 @@ def test_a_real_model_cut_short_is_refused_naming_the_file(lid, tmp_path, cut):
         (4, "<i", 99, "version 99"),
         (8, "<i", 0, "dim 0"),
         (40, "<i", 0, "bucket 0 with maxn"),  # the n-gram hash modulo 0: SIGFPE in fastText
+        (48, "<i", 1 << 20, "subwords"),  # maxn 2^20: ~10^10 n-grams computed at load
         (64, "<i", 1 << 30, "entries"),  # the dictionary's size
         (68, "<i", 7000, "entries, 7000 words"),
         (-1, "<B", 7, "bytes follow the output matrix"),  # one byte more at the end

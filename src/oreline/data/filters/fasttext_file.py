@@ -47,7 +47,7 @@ LOSSES = {1: "hs", 2: "ns", 3: "softmax", 4: "ova"}
 MODELS = {1: "cbow", 2: "sg", 3: "sup"}
 # Subword ids fastText computes and keeps while loading (Dictionary::initNgrams): a word of L
 # bytes yields at most (L + 2)·(maxn - minn + 1) n-grams. 100M of them (400 MB of int32) is far
-# beyond any real model (a supervised one has maxn 0, lid.176 has ~1M) and keeps the load bounded.
+# beyond any real model (a supervised one has maxn 0: none) and keeps the load bounded.
 MAX_SUBWORDS = 100_000_000
 ARGS = struct.Struct("<12id")
 DICT_HEAD = struct.Struct("<3i2q")
