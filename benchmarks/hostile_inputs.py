@@ -1036,6 +1036,201 @@ CASES.update(
 )
 
 # ---------------------------------------------------------------------------------------------
+# issue 45 items 3, 6 and 8: a quality classifier's model.bin whose counts are the attacker's word,
+# `eval --tasks` of a forged max_seq_len, a loader state's mixture weight that Fraction() would
+# compute forever, and a task folder with one huge line.
+
+FASTTEXT_MATRIX_ROWS = 1 << 26  # × dim 64 float32: the 16 GiB input matrix the 151-byte file states
+TASK_LINE_BYTES = 2 * GiB  # the one line of task-long-line (the tests use 1 GiB)
+FORGED_WEIGHT = "1e999999999"  # Fraction() of it computes 10^999999999
+
+
+def fasttext_header(size: int, nwords: int, nlabels: int, bucket: int = 100_000, dim: int = 64) -> bytes:
+    """A fastText 0.9 model's header: magic, version 12, the args of a supervised softmax model
+    (oreline's defaults), and a dictionary header stating `size` entries."""
+    args = struct.pack("<12id", dim, 5, 5, 1, 5, 2, 3, 3, bucket, 0, 0, 100, 1e-4)
+    return struct.pack("<2i", 793712314, 12) + args + struct.pack("<3i2q", size, nwords, nlabels, 0, -1)
+
+
+def _labels(*names: str) -> bytes:
+    return b"".join(name.encode() + b"\0" + struct.pack("<qb", 1, 1) for name in names)
+
+
+def fasttext_short_dictionary() -> bytes:
+    """92 bytes: a dictionary that states two labels and ends there (fastText reads on at EOF)."""
+    return fasttext_header(2, 0, 2)
+
+
+def fasttext_matrix_bomb() -> bytes:
+    """151 bytes: two labels, then a dense input matrix stated as 2^26 × 64 float32 (16 GiB), no data."""
+    return (
+        fasttext_header(2, 0, 2, bucket=FASTTEXT_MATRIX_ROWS)
+        + _labels("__label__hq", "__label__lq")
+        + b"\0"
+        + struct.pack("<2q", FASTTEXT_MATRIX_ROWS, 64)
+    )
+
+
+def _classifier_folder(model: Callable[[], bytes]) -> Callable[[Path], list[Path]]:
+    def make(d: Path) -> list[Path]:
+        folder = d / "classifier"
+        folder.mkdir()
+        (folder / "model.bin").write_bytes(model())
+        return [write_warc(d / "pages.warc.gz", good_records(2, "clf")), folder]
+
+    return make
+
+
+def data_with_classifier(inputs: list[str], out: str) -> dict:
+    """(child) `oreline data WARC` with data.quality.classifier = the planted folder."""
+    from oreline.config import Config
+    from oreline.data.pipeline.run import run_data
+    from oreline.errors import OrelineError
+
+    cfg = Config.model_validate(
+        {"data": {"quality": {"classifier": inputs[1]}, "langid": {"languages": ["en"]}}}
+    )
+    try:
+        with open(os.devnull, "w") as quiet:
+            from rich.console import Console
+
+            run_data([inputs[0]], out, cfg, workers=1, console=Console(file=quiet))
+    except OrelineError as exc:
+        ok = "model.bin" in str(exc) and "fastText" in str(exc)
+        message = " ".join(str(exc).split())[:300]
+        return {"dropped": {"refused": 1} if ok else {}, "docs": 0, "errors": [] if ok else [message]}
+    return {"dropped": {}, "docs": 0, "errors": ["the data run loaded the model"]}
+
+
+def _forged_loader_state(d: Path) -> list[Path]:
+    """A trained run whose checkpoint's loader state gives its one source the weight FORGED_WEIGHT."""
+    from oreline.train.checkpoint.format import write_checksums
+
+    root = trained_run(d)
+    (ckpt,) = [p for p in (root / "run" / "checkpoints").iterdir() if p.name.startswith("step-")]
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["loader"]["phases"][0]["weights"][0][1] = FORGED_WEIGHT
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    (ckpt / "checksums.json").unlink()
+    write_checksums(ckpt)
+    return [root]
+
+
+def resume_training(inputs: list[str], out: str) -> dict:
+    """(child) `oreline train --resume auto` of the run, two steps on: the loader state is refused."""
+    from oreline.errors import OrelineError
+    from oreline.train.loop import train
+
+    cfg = _run_config(Path(inputs[0]), **{"train.steps": 4})
+    try:
+        with open(os.devnull, "w") as quiet:
+            from rich.console import Console
+
+            # the copy moved the run: its paths, and two more steps, are the changes allowed
+            moved = ["run.runs_dir", "train.steps", "train.tokenizer", "train.tokens"]
+            train(cfg, resume="auto", allow_config_change=moved, console=Console(file=quiet))
+    except OrelineError as exc:
+        ok = "mixture weight" in str(exc)
+        message = " ".join(str(exc).split())[:300]
+        return {"dropped": {"refused": 1} if ok else {}, "docs": 0, "errors": [] if ok else [message]}
+    return {"dropped": {}, "docs": 0, "errors": ["resumed with the forged weight"]}
+
+
+def _task_long_line(d: Path) -> list[Path]:
+    """A trained run's checkpoint and a task folder: 20 COPA items with one TASK_LINE_BYTES line among them."""
+    root = trained_run(d)
+    (ckpt,) = [p for p in (root / "run" / "checkpoints").iterdir() if p.name.startswith("step-")]
+    from oreline.model.tasks import SHIPPED_DIR
+
+    task = d / "long-task"
+    task.mkdir()
+    (task / "task.json").write_text(json.dumps({"name": "long", "kind": "multiple_choice"}))
+    items = (SHIPPED_DIR / "copa" / "items.jsonl").read_bytes().splitlines(keepends=True)[:20]
+    with open(task / "items.jsonl", "wb") as fh:
+        fh.writelines(items[:10])
+        fh.write(b'{"context": "')
+        block = b"x" * (16 * MiB)
+        for _ in range(TASK_LINE_BYTES // len(block)):
+            fh.write(block)
+        fh.write(b'", "choices": ["a", "b"], "gold": 0}\n')
+        fh.writelines(items[10:])
+    return [ckpt, task]
+
+
+def eval_tasks(inputs: list[str], out: str) -> dict:
+    """(child) `oreline eval CHECKPOINT --tasks FOLDER` (or copa): scored, or refused with an OrelineError."""
+    from oreline.errors import OrelineError
+    from oreline.eval.downstream import downstream_cli
+
+    spec = inputs[1] if len(inputs) > 1 else "copa"
+    try:
+        result = downstream_cli(Path(inputs[0]), spec, out=Path(out) / "tasks.json", max_items=20)
+    except OrelineError as exc:
+        ok = "RoPE tables" in str(exc)  # the memory check's arithmetic
+        message = " ".join(str(exc).split())[:300]
+        return {"dropped": {"refused": 1} if ok else {}, "docs": 0, "errors": [] if ok else [message]}
+    (name,) = result["tasks"]
+    skipped = result["task_info"][name]["skipped"]
+    return {
+        "dropped": {"item_skipped": skipped} if skipped else {},
+        "docs": result["tasks"][name]["items"],
+        "errors": [],
+    }
+
+
+CASES.update(
+    {
+        c.name: c
+        for c in [
+            Case(
+                "fasttext-short-dictionary",
+                "oreline data with a 92-byte classifier model.bin whose dictionary ends early",
+                _classifier_folder(fasttext_short_dictionary),
+                "refused",
+                kind="call",
+                call="data_with_classifier",
+            ),
+            Case(
+                "fasttext-matrix-16GiB",
+                "oreline data with a 151-byte classifier model.bin stating a 2^26 × 64 input matrix",
+                _classifier_folder(fasttext_matrix_bomb),
+                "refused",
+                kind="call",
+                call="data_with_classifier",
+            ),
+            Case(
+                "loader-state-fraction",
+                f"oreline train --resume of a checkpoint whose loader state weighs its source {FORGED_WEIGHT!r}",
+                _forged_loader_state,
+                "refused",
+                kind="call",
+                call="resume_training",
+                max_seconds=60.0,  # a resume's start-up (torch, the checkpoint): ~2 s warm, 43 s at load 27
+            ),
+            Case(
+                "task-long-line",
+                f"oreline eval --tasks FOLDER whose items.jsonl holds one {TASK_LINE_BYTES // GiB} GiB line among 20",
+                _task_long_line,
+                "item_skipped",
+                20,
+                kind="call",
+                call="eval_tasks",
+                max_seconds=60.0,
+            ),
+            Case(
+                "eval-tasks-forged-max-seq-len",
+                "oreline eval --tasks copa of a checkpoint whose meta.json says max_seq_len 10^12",
+                _forge_meta(lambda a: a.update(max_seq_len=FORGED_MAX_SEQ_LEN)),
+                "refused",
+                kind="call",
+                call="eval_tasks",
+            ),
+        ]
+    }
+)
+
+
+# ---------------------------------------------------------------------------------------------
 # running one case in a capped child
 
 

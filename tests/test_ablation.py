@@ -99,6 +99,34 @@ def test_schema_errors_name_the_fix(tmp_path, edit, says):
     assert "configs/ablation-demo.toml" in message  # and where a complete example is
 
 
+@pytest.mark.hostile
+@pytest.mark.parametrize("name", [".", "..", "...", "a" * 65])
+@pytest.mark.parametrize(
+    ("where", "edit"),
+    [
+        ("name", lambda t, n: t.replace('name = "t"', f'name = "{n}"', 1)),
+        ("recipes.1.name", lambda t, n: t.replace('name = "b"', f'name = "{n}"', 1)),
+        (
+            "classifiers.0.name",
+            lambda t, n: t + CLASSIFIER.format(neg="recipe:a", ft="").replace('name = "c"', f'name = "{n}"'),
+        ),
+        ("references.0.name", lambda t, n: t + f'[[references]]\nname = "{n}"\ndocs = ["x.txt"]\n'),
+    ],
+)
+def test_names_that_are_not_folder_names_are_refused(tmp_path, where, edit, name):
+    """Every name becomes a folder (out_dir/NAME, arms/NAME, classifiers/NAME, references/NAME):
+    "." would be the folder above it and ".." its parent, where the ablation would then write."""
+    with pytest.raises(ConfigError) as err:
+        load_ablation(_write(tmp_path, edit(MINIMAL, name)))
+    assert f"{where} = {name!r:.80}" in str(err.value) and "not dots alone" in str(err.value)
+
+
+def test_names_with_dots_among_other_characters_load(tmp_path):
+    text = MINIMAL.replace('name = "t"', 'name = "v1.2"', 1).replace('name = "b"', 'name = ".b"', 1)
+    abl = load_ablation(_write(tmp_path, text))
+    assert abl.name == "v1.2" and [r.name for r in abl.recipes] == ["a", ".b"]
+
+
 def test_shipped_demo_loads():
     from oreline.ablation import build_order
 

@@ -23,6 +23,18 @@ entry). Before this change each of these failed the cap, the time bound or both:
   the cap); all three now refuse the index before reading any data file;
 - `oreline tokenize` ended with a Rust panic on the one document that makes the tokenizer's regex
   exhaust Oniguruma's retry limit; that document is now an `encode_error` reject.
+
+Issue 45's cases (items 3, 6, 8), the same way:
+
+- `oreline data` with a quality classifier whose 92-byte model.bin states a dictionary it does not
+  hold (fastText read on at end of file until MemoryError) or whose 151-byte model.bin states a
+  16 GiB input matrix (bad_alloc): refused before fastText reads it, naming the file;
+- `oreline train --resume` of a checkpoint whose loader state weighs its source "1e999999999"
+  (Fraction() computed 10^999999999: killed at the time bound); refused;
+- `oreline eval --tasks FOLDER` with one 1 GiB line among 20 items (read whole: MemoryError under
+  the cap); that line is now skipped and counted, the 20 items scored;
+- `oreline eval --tasks copa` of a checkpoint whose meta.json says max_seq_len 10^12 (the 4 TB
+  RoPE tables' allocation traceback); refused by plain eval's memory check.
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ WORD_CHARS = 1 << 20  # the tokenizer case's word: more than 120 s before, ~5 s 
 CAP = int(1.5 * (1 << 30))
 CASES = [name for name, case in hostile.CASES.items() if case.kind == "call"]
 CKPT_BOMB_BYTES = 1 << 30  # decoded size of the zstd checkpoint item: past the cap for the old code
+TASK_LINE_BYTES = 1 << 30  # the task folder's one line: read whole, past the cap for the old code
 SECONDS = {"tokenizer-long-word": 30.0}  # the bound for the 1 MiB word (the table's 10 MB: 120 s)
 
 
@@ -54,6 +67,7 @@ SECONDS = {"tokenizer-long-word": 30.0}  # the bound for the 1 MiB word (the tab
 def test_hostile_size_or_file_is_refused_in_bounded_memory_and_time(name, tmp_path, child_env, monkeypatch):
     monkeypatch.setattr(hostile, "WORD_CHARS", WORD_CHARS)
     monkeypatch.setattr(hostile, "CKPT_BOMB_BYTES", CKPT_BOMB_BYTES)
+    monkeypatch.setattr(hostile, "TASK_LINE_BYTES", TASK_LINE_BYTES)
     case = hostile.CASES[name]
     bound = SECONDS.get(name, case.max_seconds)
     result = hostile.run_case(case, tmp_path, CAP, timeout_s=3 * bound, env=child_env)

@@ -60,7 +60,10 @@ from oreline.errors import InputError
 from oreline.io import files_fingerprint, real_folder, write_atomic, write_json_atomic
 from oreline.runs import RunDir
 
-NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+# a folder name (arms/NAME, references/NAME, out_dir/NAME): at least one character that is not a
+# dot, since "." and ".." name the folder above it or the parent's (out_dir/.. is out_dir's parent)
+NAME = r"^[A-Za-z0-9_.-]*[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
+NAME_LENGTH = 64
 HELDOUT = "heldout"  # the validation set's source name in every arm's mixture
 # every top-level name `oreline ablate` writes in its folder
 ABLATION_NAMES = re.compile(
@@ -77,7 +80,7 @@ class ReferenceSpec(Section):
     """A reference LM the ablation trains once (`oreline quality train-reference`), for recipes whose
     perplexity filter names it as `{ablation}/references/NAME`."""
 
-    name: str = Field(..., pattern=NAME)
+    name: str = Field(..., pattern=NAME, max_length=NAME_LENGTH)
     docs: list[str] = Field(..., min_length=1, description="trusted text: .txt/.txt.gz/.zip/JSONL/Parquet")
     kind: Literal["ngram", "llama"] = "ngram"
 
@@ -92,7 +95,7 @@ class ClassifierSpec(Section):
     folder (txt/zip/JSONL/Parquet, an `oreline data` output) or `recipe:NAME`: that recipe's
     documents without the ones held out as the validation set."""
 
-    name: str = Field(..., pattern=NAME)
+    name: str = Field(..., pattern=NAME, max_length=NAME_LENGTH)
     positive: list[str] = Field(
         ..., min_length=1, description="text wanted more of: files, folders or recipe:NAME"
     )
@@ -130,7 +133,7 @@ class RecipeSpec(Section):
     """One arm's documents: an `oreline data` config (a TOML file or an inline [recipes.data] table,
     the [data] section's keys) built with `oreline run`'s data stage, or an existing documents folder."""
 
-    name: str = Field(..., pattern=NAME)
+    name: str = Field(..., pattern=NAME, max_length=NAME_LENGTH)
     data: str | dict[str, Any] | None = Field(
         None, description="an oreline config file (its [data] section is used), or the [data] keys inline"
     )
@@ -192,7 +195,7 @@ class ProxySpec(Section):
 
 
 class AblationConfig(Section):
-    name: str = Field(..., pattern=NAME)
+    name: str = Field(..., pattern=NAME, max_length=NAME_LENGTH)
     out_dir: str = Field("runs", description="parent folder: the ablation writes out_dir/name")
     executor: Literal["local", "ray", "slurm"] = Field(
         "local",
@@ -275,6 +278,11 @@ def load_ablation(path: str | Path, executor: str | None = None, sha256: str | N
                 lines.append(f"{key} is missing")
             elif err["type"] == "extra_forbidden":
                 lines.append(f"unknown key {key!r}")
+            elif key.endswith("name") and err["type"] in ("string_pattern_mismatch", "string_too_long"):
+                lines.append(
+                    f"{key} = {err.get('input')!r:.80} is not a folder name: use 1-{NAME_LENGTH} letters, "
+                    "digits, '_', '-' or '.', not dots alone"
+                )
             else:
                 lines.append(f"{key}: {err['msg']}")
         raise ConfigError(

@@ -130,6 +130,17 @@ def test_trainings_in_one_process_give_one_model(trained, tmp_path):
 
 
 @pytest.mark.hostile
+def test_the_trained_model_passes_the_file_check_that_guards_loading(trained):
+    """The walk of oreline.data.filters.fasttext_file accepts what fastText itself writes, to the
+    byte: a model the classifier trains (dense, supervised, word bigrams) ends where its walk ends."""
+    from oreline.data.filters.fasttext_file import check_model_file
+
+    info = check_model_file(trained["model"] / "model.bin")
+    assert (info["model"], info["loss"], info["labels"], info["quantized"]) == ("sup", "softmax", 2, False)
+    assert info["input_rows"] == info["words"] + 100_000  # FASTTEXT_DEFAULTS' bucket
+    assert ClassifierScorer(trained["model"]).score("a page of prose") is not None
+
+
 def test_hostile_texts_are_scored_not_crashed_and_huge_ones_cut(trained):
     from oreline.data.filters.classifier import MAX_CHARS
 

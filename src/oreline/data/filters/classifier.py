@@ -23,6 +23,9 @@ with the same C++ binding; each `FastText.predict` wrapper breaks in its own way
 `np.array(probs, copy=False)`, which numpy 2 refuses; fasttext-predict's list form drops the
 scores), so scoring calls the binding itself, `model.f.predict(line, k, threshold, errors)`, which
 both packages have and which returns [(probability, label)].
+
+A model file is somebody else's file: `load_model` checks its layout against its size
+(`oreline.data.filters.fasttext_file`) before fastText's loader, which believes every count, reads it.
 """
 
 from __future__ import annotations
@@ -70,6 +73,11 @@ def load_model(folder: str | Path) -> Any:
         raise InputError(
             "the fasttext module is not installed", "pip install 'oreline[quality]' (or fasttext-predict)"
         ) from exc
+    # fastText's loader believes every size the file states (a short dictionary spins at end of
+    # file growing a string, a matrix header allocates what it says): the file is walked first
+    from oreline.data.filters.fasttext_file import check_model_file
+
+    check_model_file(path)
     return fasttext.load_model(str(path))
 
 
