@@ -168,6 +168,62 @@ def load_readability(root: Path | None, limit: int | None) -> list[Page]:
     return pages
 
 
+_L3S_SEL = re.compile(r"\bx-nc-sel(\d)\b")
+# L3S-GN1's labels (Kohlschütter et al. 2010): 1 headline, 2 full text, 3 supplemental, 4
+# related content, 5 user comments, 0 not content. Gold here: headline and full text.
+_L3S_GOLD = {"1", "2"}
+
+
+def _l3s_gold(annotated: str) -> str:
+    """The text of an L3S-GN1 annotated page whose nearest labelled ancestor is headline or full
+    text (labelled spans nest: an outer "not content" span may hold a "full text" one)."""
+    from resiliparse.parse.html import HTMLTree, NodeType
+
+    doc = HTMLTree.parse(annotated).document
+    out: list[str] = []
+    stack = [(doc, None)] if doc is not None else []
+    while stack:  # iterative: some pages nest deeper than Python's recursion limit
+        node, label = stack.pop()
+        if node.type == NodeType.TEXT:
+            if label in _L3S_GOLD:
+                out.append(node.text)
+            continue
+        if node.type == NodeType.ELEMENT:
+            if node.tag in ("script", "style", "noscript", "head"):
+                continue
+            m = _L3S_SEL.search(node.getattr("class") or "")
+            label = m.group(1) if m else label
+        stack.extend((child, label) for child in reversed(list(node.child_nodes)))
+    return " ".join(out)
+
+
+def load_l3s(root: Path | None, limit: int | None) -> list[Page]:
+    """L3S-GN1 (page-signal-master of the merged repository): 621 Google News pages of 2008;
+    the host is the input's first absolute link's host (pages of one site share templates)."""
+    root = _cleaneval_root(root)
+    pages = []
+    for key, path, gold_path in _subset(root, "page-signal-master")[:limit]:
+        html = _decode(path.read_bytes())
+        gold = _l3s_gold(gold_path.read_text(encoding="utf-8", errors="replace"))
+        pages.append((key, _host_of(key, html), html, gold))
+    return pages
+
+
+def load_cleanportaleval(root: Path | None, limit: int | None) -> list[Page]:
+    """CleanPortalEval (ppke-nlpg, 71 news and blog pages of five portals, CleanEval-style gold);
+    the host is the file name's site part (bbc.co.uk_news_01 -> bbc.co.uk)."""
+    root = _cleaneval_root(root)
+    pages = []
+    for key, path, gold_path in _subset(root, "CleanPortalEval-master")[:limit]:
+        html = _decode(path.read_bytes())
+        gold = gold_path.read_text(encoding="utf-8", errors="replace")
+        if gold.lstrip().startswith("URL:"):
+            gold = gold.lstrip().partition("\n")[2]
+        gold = html_lib.unescape(_CLEANEVAL_MARKS.sub(" ", gold))
+        pages.append((key, path.stem.split("_")[0], html, gold))
+    return pages
+
+
 def page_f1(pred: str, gold: str) -> float:
     p, g = tokens(pred), tokens(gold)
     if not p or not g:
@@ -293,7 +349,7 @@ def report(name: str, n: int, rows: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    benches = ["scrapinghub", "dragnet", "cleaneval", "readability"]
+    benches = ["scrapinghub", "dragnet", "cleaneval", "readability", "l3s-gn1", "cleanportaleval"]
     ap.add_argument("--bench", nargs="+", default=benches[:2], choices=benches)
     ap.add_argument(
         "--cleaneval", type=Path, default=None, help="DIR: unpacked html-cleaning-dataset-merged (see above)"
@@ -308,6 +364,8 @@ def main() -> None:
         "dragnet": lambda: load_dragnet(args.limit),
         "cleaneval": lambda: load_cleaneval(args.cleaneval, args.limit),
         "readability": lambda: load_readability(args.cleaneval, args.limit),
+        "l3s-gn1": lambda: load_l3s(args.cleaneval, args.limit),
+        "cleanportaleval": lambda: load_cleanportaleval(args.cleaneval, args.limit),
     }
     sets = {name: loaders[name]() for name in args.bench}
     dump = {}
