@@ -582,3 +582,19 @@ def test_menus_and_teaser_columns_without_names_are_dropped_line_by_line():
     assert "OTTAWA (AP)" in text and "full report for the figures" in text  # kept, no target
     assert "LINEUP" not in text and "Zoo heist" not in text
     assert "/report" not in text and "\ue000" not in text
+
+
+def test_comment_section_and_author_box_after_the_post_are_dropped():
+    # a blog's "Add a Comment" label, then its "About" box of long paragraphs: the teaser rule
+    # stops at a long line, the comment label ends the article whatever follows it
+    bio = (
+        "The blog is produced by the city bureau, headed since 2009 by a former correspondent "
+        "and editor, with regular posts by five reporters on the institutions and their work."
+    )
+    html = (
+        f"<html><body><div class='c1'><p>{_sentences(12, 'week ahead')}</p>"
+        f"<h3>Add a Comment</h3><h3>About Real Time Brussels</h3><p>{bio}</p></div></body></html>"
+    )
+    text, _ = extract(html)
+    assert "On day 11 of the week ahead" in text
+    assert "Add a Comment" not in text and "city bureau" not in text

@@ -335,10 +335,28 @@ def _label_key(line: str) -> str:
     return line.strip().lstrip("•*#-–0123456789. \t").rstrip(_LABEL_END).strip().lower()
 
 
+# Labels after which a page holds no more of the article, whatever follows: the comment
+# section and the author box. A line that is one of them, in the last TERMINAL_SHARE of the
+# text's characters, ends the text there (the comment form's or the blog's "About" box's
+# paragraphs are long, so the teaser rule above would not reach their label).
+TERMINAL_LABELS = frozenset(
+    """
+comments|add a comment|leave a comment|leave a reply|post a comment|about the author|
+kommentare|kommentar schreiben|kommentar hinzufügen|über den autor|commentaires|
+laisser un commentaire|ajouter un commentaire|à propos de l'auteur|comentarios|deja un comentario|
+sobre el autor|commenti|lascia un commento|aggiungi un commento|l'autore|comentários|
+deixe um comentário|sobre o autor|reacties|laat een reactie achter|over de auteur|komentarze|
+dodaj komentarz|o autorze|kommentarer|skriv en kommentar|om forfattaren|komentáře|o autorovi
+""".replace("\n", "").split("|")
+)
+TERMINAL_SHARE = 0.3
+
+
 def drop_trailing_labels(text: str) -> str:
     """The text less a trailing block that a TRAILING_LABELS line heads: what is left of a share,
     teaser, newsletter or comment block after the article (its label, and the short lines under
     it: see TEASER_LINES). The text unchanged when its tail holds no label."""
+    text = _drop_after_terminal_label(text)
     lines = text.rstrip().rsplit("\n", 4 * TEASER_LINES)  # the tail only: empty lines between
     k, seen, cut = len(lines), 0, None
     while k > 0 and seen <= TEASER_LINES:
@@ -353,3 +371,17 @@ def drop_trailing_labels(text: str) -> str:
         seen += 1
     kept = "\n".join(lines[:cut]).rstrip() if cut is not None else ""
     return kept if kept.strip() else text  # a page that is all label keeps it: never empty
+
+
+def _drop_after_terminal_label(text: str) -> str:
+    """The text up to its last TERMINAL_LABELS line in its last TERMINAL_SHARE (none: unchanged)."""
+    start = int(len(text) * (1 - TERMINAL_SHARE))
+    pos, cut = len(text), None
+    while (nl := text.rfind("\n", start, pos)) >= 0:
+        end = text.find("\n", nl + 1)
+        line = text[nl + 1 : end if end >= 0 else len(text)]
+        if len(line) <= TRAILING_LABEL_MAX_CHARS and _label_key(line) in TERMINAL_LABELS:
+            cut = nl  # the earliest such label in the window counts
+        pos = nl
+    kept = text[:cut].rstrip() if cut is not None else ""
+    return kept if kept.strip() else text
