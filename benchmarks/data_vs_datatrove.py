@@ -57,6 +57,14 @@ DEFAULT_INPUTS = [
 DATATROVE_SCRIPT = r"""
 import json, os, sys, time
 from collections import deque
+# datatrove's Trafilatura step imports trafilatura lazily and drops the documents it fails on,
+# so a broken environment (lxml_html_clean missing) kept nothing and the ratio looked huge.
+try:
+    import trafilatura
+    trafilatura.extract("<html><body><p>" + "A sentence of text to extract. " * 20 + "</p></body></html>")
+except Exception as exc:
+    print("EXTRACTOR_FAILED " + json.dumps(f"{type(exc).__name__}: {str(exc)[:300]}"))
+    sys.exit(3)
 from datatrove.pipeline.readers import WarcReader
 from datatrove.pipeline.extractors import Trafilatura
 from datatrove.pipeline.filters import GopherRepetitionFilter, GopherQualityFilter, C4QualityFilter, FineWebQualityFilter
@@ -168,10 +176,29 @@ def run_datatrove(mode: str, files: list[str], tmp: Path) -> tuple[list[dict], d
         tempfile.mkdtemp(prefix=f"dt-{mode}-", dir=tmp),
     ]
     res, mem, wall = run_measured(cmd, env)
+    failed = next((li for li in res.stdout.splitlines() if li.startswith("EXTRACTOR_FAILED ")), None)
+    if failed:
+        raise SystemExit(
+            f"datatrove's extractor (trafilatura) cannot run in {PEERS}: "
+            f"{json.loads(failed[len('EXTRACTOR_FAILED ') :])}; no ratio without a working peer "
+            f"(repair it, e.g. {PEER_PYTHON} -m pip install lxml_html_clean, or delete the folder to recreate it)"
+        )
     line = next((li for li in res.stdout.splitlines() if li.startswith("RESULTS ")), None)
     if line is None:
         raise SystemExit(f"datatrove run failed (rc {res.returncode}):\n{res.stderr[-3000:]}")
     return json.loads(line[len("RESULTS ") :]), mem, wall
+
+
+def refusal(rows: list[tuple]) -> str | None:
+    """Why no ratio may be printed for these rows (datatrove's first), or None: a run that read
+    or kept no document measured no extraction, and a ratio against it is meaningless."""
+    for name, docs, kept, secs, *_ in rows:
+        if docs <= 0 or kept <= 0 or secs <= 0:
+            return (
+                f"{name} read {docs} and kept {kept} documents in {secs:.2f} s: no ratio is printed; "
+                "check that run's environment (the peer's extractor must import and keep pages)"
+            )
+    return None
 
 
 def run_oreline(files: list[str], tmp: Path, extractor: str, attempt: int) -> tuple[dict, dict, float]:
@@ -250,13 +277,16 @@ def main() -> None:
     print(
         f"{'run':26s} {'docs in':>8s} {'kept':>6s} {'proc s':>8s} {'wall s':>8s} {'docs/s/core':>12s} {'peak RSS/proc':>14s}"
     )
-    base = rows[0][1] / rows[0][3]
+    problem = refusal(rows)
+    base = rows[0][1] / rows[0][3] if rows[0][3] > 0 else 0.0
     for name, docs, kept, secs, wall, mem in rows:
-        rate = docs / secs
+        rate = docs / secs if secs > 0 else 0.0
         print(
             f"{name:26s} {docs:8d} {kept:6d} {secs:8.2f} {wall:8.2f} {rate:12.1f} {mem['max_process_mb']:11.0f} MB"
-            + (f"   {rate / base:5.1f}× datatrove" if name != rows[0][0] else "")
+            + (f"   {rate / base:5.1f}× datatrove" if name != rows[0][0] and not problem else "")
         )
+    if problem:
+        raise SystemExit(problem)
     print(
         "docs in: HTML responses entering extraction. proc s: processing time measured inside each run "
         "(oreline: stats.json seconds; datatrove: per-file timers), wall s includes interpreter start-up."

@@ -25,8 +25,16 @@ Benchmarks (under ORELINE_SAMPLES, read in place, never copied into the reposito
     gold = readability's expected.html, tags removed here. Some are synthetic unit-test pages
     (base-url, hidden-nodes, …). Host = the page's name less a trailing "-<n>" (nytimes-1..5
     are one site).
-  The merged repository also holds dragnet_data, the whole Dragnet set *with its test split*,
-  and two other sets (CleanPortalEval, page-signal); none of them is loaded here.
+  - "l3s-gn1": page-signal-master, the L3S-GN1 set (Kohlschütter et al., "Boilerplate Detection
+    using Shallow Text Features", WSDM 2010): 621 Google News article pages of 2008 from 408
+    sites, each annotated in place; gold = the spans labelled headline or full text (comments,
+    related and supplemental content excluded). Research data with no licence stated.
+  - "cleanportaleval": CleanPortalEval-master (ppke-nlpg/CleanPortalEval): 71 news and blog
+    pages of five portals (bbc.co.uk, blogs.wsj.com, tv.msnbc.com, washingtonpost.com x2) with
+    CleanEval-style gold; host = the file name's site part. No licence stated.
+  (`git archive HEAD ... page-signal-master CleanPortalEval-master` adds them to DIR.) The
+  merged repository also holds dragnet_data, the whole Dragnet set *with its test split*; it
+  is never loaded here.
 
 Per benchmark and extractor (oreline's default, trafilatura as oreline calls it with
 include_comments=False, resiliparse's main content alone, oreline keeping headlines, bylines
@@ -36,9 +44,10 @@ and captions):
 - the Scrapinghub benchmark's own metric (its evaluate.py, re-implemented): 4-token shingles,
   case kept, each page's tp/fp/fn normalised to sum 1, precision and recall averaged over
   pages, F1 of those two means;
-- pages/s of the extraction call alone, in CPU seconds of this process (HTML already decoded;
-  best of `--rounds`; every extractor runs in this one thread): on a shared machine wall time
-  swung 3x between runs, CPU time ~10%; trafilatura and oreline are timed in the same run;
+- pages per CPU-second of the extraction call alone (HTML already decoded; best of `--rounds`;
+  every extractor runs in this one thread), interleaved page by page (`timed`): on a shared
+  machine wall time swung 3x between runs, CPU time ~10%; trafilatura and oreline are timed in
+  the same run;
 - empty outputs on pages whose gold is non-empty, and pages with per-page F1 < 0.5;
 - for oreline − trafilatura: the mean per-page F1 difference with a paired bootstrap 95%
   interval (pages resampled with replacement, 2,000 resamples, seed 0).
@@ -49,8 +58,8 @@ as `scripts/train_extract_model.py` does on all pages; without it the shipped se
 scored (which, on the Scrapinghub dev half they were chosen on, is in-sample).
 
     ORELINE_SAMPLES=../shared/data .venv/bin/python benchmarks/extraction_quality.py \
-        [--bench scrapinghub dragnet cleaneval readability] [--limit N] [--rounds 2] [--cv 5] \
-        [--cleaneval DIR]
+        [--bench scrapinghub dragnet cleaneval readability l3s-gn1 cleanportaleval] [--limit N] \
+        [--rounds 2] [--cv 5] [--cleaneval DIR] [--also [resiliparse pruned_headlines]]
 """
 
 from __future__ import annotations
@@ -168,6 +177,62 @@ def load_readability(root: Path | None, limit: int | None) -> list[Page]:
     return pages
 
 
+_L3S_SEL = re.compile(r"\bx-nc-sel(\d)\b")
+# L3S-GN1's labels (Kohlschütter et al. 2010): 1 headline, 2 full text, 3 supplemental, 4
+# related content, 5 user comments, 0 not content. Gold here: headline and full text.
+_L3S_GOLD = {"1", "2"}
+
+
+def _l3s_gold(annotated: str) -> str:
+    """The text of an L3S-GN1 annotated page whose nearest labelled ancestor is headline or full
+    text (labelled spans nest: an outer "not content" span may hold a "full text" one)."""
+    from resiliparse.parse.html import HTMLTree, NodeType
+
+    doc = HTMLTree.parse(annotated).document
+    out: list[str] = []
+    stack = [(doc, None)] if doc is not None else []
+    while stack:  # iterative: some pages nest deeper than Python's recursion limit
+        node, label = stack.pop()
+        if node.type == NodeType.TEXT:
+            if label in _L3S_GOLD:
+                out.append(node.text)
+            continue
+        if node.type == NodeType.ELEMENT:
+            if node.tag in ("script", "style", "noscript", "head"):
+                continue
+            m = _L3S_SEL.search(node.getattr("class") or "")
+            label = m.group(1) if m else label
+        stack.extend((child, label) for child in reversed(list(node.child_nodes)))
+    return " ".join(out)
+
+
+def load_l3s(root: Path | None, limit: int | None) -> list[Page]:
+    """L3S-GN1 (page-signal-master of the merged repository): 621 Google News pages of 2008;
+    the host is the input's first absolute link's host (pages of one site share templates)."""
+    root = _cleaneval_root(root)
+    pages = []
+    for key, path, gold_path in _subset(root, "page-signal-master")[:limit]:
+        html = _decode(path.read_bytes())
+        gold = _l3s_gold(gold_path.read_text(encoding="utf-8", errors="replace"))
+        pages.append((key, _host_of(key, html), html, gold))
+    return pages
+
+
+def load_cleanportaleval(root: Path | None, limit: int | None) -> list[Page]:
+    """CleanPortalEval (ppke-nlpg, 71 news and blog pages of five portals, CleanEval-style gold);
+    the host is the file name's site part (bbc.co.uk_news_01 -> bbc.co.uk)."""
+    root = _cleaneval_root(root)
+    pages = []
+    for key, path, gold_path in _subset(root, "CleanPortalEval-master")[:limit]:
+        html = _decode(path.read_bytes())
+        gold = gold_path.read_text(encoding="utf-8", errors="replace")
+        if gold.lstrip().startswith("URL:"):
+            gold = gold.lstrip().partition("\n")[2]
+        gold = html_lib.unescape(_CLEANEVAL_MARKS.sub(" ", gold))
+        pages.append((key, path.stem.split("_")[0], html, gold))
+    return pages
+
+
 def page_f1(pred: str, gold: str) -> float:
     p, g = tokens(pred), tokens(gold)
     if not p or not g:
@@ -220,17 +285,28 @@ def folds_by_host(pages: list[Page], k: int) -> list[int]:
 
 
 def timed(fns: dict[str, Callable[[int], str]], n: int, rounds: int) -> tuple[dict, dict]:
-    """Texts and best pages/s per extractor; each fn(i) extracts page i; turns alternate."""
-    texts, best = {}, {}
+    """Texts and pages per CPU-second per extractor; each fn(i) extracts page i. Interleaved: on
+    each page every extractor runs in turn (the order rotating from page to page), each call
+    timed by this process's CPU clock, so a machine whose load changes during the run moves
+    every extractor's time alike. The best of `rounds` per extractor."""
+    texts: dict[str, list[str]] = {}
+    best: dict[str, float] = {}
+    names = list(fns)
     for fn in fns.values():
         fn(0)  # imports and first-call setup are not extraction time
     for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.process_time()
-            out = [fn(i) for i in range(n)]
-            seconds = time.process_time() - start
-            texts[name] = out
-            best[name] = max(best.get(name, 0.0), n / seconds)
+        seconds = dict.fromkeys(names, 0.0)
+        out: dict[str, list[str]] = {name: [] for name in names}
+        for i in range(n):
+            for k in range(len(names)):
+                name = names[(i + k) % len(names)]
+                start = time.process_time()
+                text = fns[name](i)
+                seconds[name] += time.process_time() - start
+                out[name].append(text)
+        for name in names:
+            texts[name] = out[name]
+            best[name] = max(best.get(name, 0.0), n / max(seconds[name], 1e-9))
     return texts, best
 
 
@@ -247,7 +323,7 @@ def cv_selectors(pages: list[Page], k: int) -> list[tuple[str, ...]]:
     return [chosen[f] for f in fold]
 
 
-def run_benchmark(name: str, pages: list[Page], rounds: int, cv: int) -> dict:
+def run_benchmark(name: str, pages: list[Page], rounds: int, cv: int, extractors: list[str]) -> dict:
     golds = [p[3] for p in pages]
     fns: dict[str, Callable[[int], str]] = {
         "oreline": lambda i: extract(pages[i][2])[0],
@@ -255,6 +331,7 @@ def run_benchmark(name: str, pages: list[Page], rounds: int, cv: int) -> dict:
         "resiliparse": lambda i: extract(pages[i][2], "resiliparse")[0],
         "oreline pruned_headlines": lambda i: extract(pages[i][2], "pruned_headlines")[0],
     }
+    fns = {k: fn for k, fn in fns.items() if k in ("oreline", "trafilatura") or k.split()[-1] in extractors}
     if cv:
         per_page = cv_selectors(pages, cv)
         fns["oreline, selectors CV by host"] = lambda i: pruned_text(pages[i][2], per_page[i])[0]
@@ -293,7 +370,7 @@ def report(name: str, n: int, rows: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    benches = ["scrapinghub", "dragnet", "cleaneval", "readability"]
+    benches = ["scrapinghub", "dragnet", "cleaneval", "readability", "l3s-gn1", "cleanportaleval"]
     ap.add_argument("--bench", nargs="+", default=benches[:2], choices=benches)
     ap.add_argument(
         "--cleaneval", type=Path, default=None, help="DIR: unpacked html-cleaning-dataset-merged (see above)"
@@ -302,17 +379,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds (best kept)")
     ap.add_argument("--cv", type=int, default=0, help="also re-choose selectors in K host folds")
     ap.add_argument("--dump", type=Path, default=None, help="write per-page F1s as JSON here")
+    ap.add_argument(
+        "--also",
+        nargs="*",
+        default=["resiliparse", "pruned_headlines"],
+        choices=["resiliparse", "pruned_headlines"],
+        help="extractors beside oreline and trafilatura (none: `--also`)",
+    )
     args = ap.parse_args()
     loaders = {
         "scrapinghub": lambda: load_scrapinghub(args.limit),
         "dragnet": lambda: load_dragnet(args.limit),
         "cleaneval": lambda: load_cleaneval(args.cleaneval, args.limit),
         "readability": lambda: load_readability(args.cleaneval, args.limit),
+        "l3s-gn1": lambda: load_l3s(args.cleaneval, args.limit),
+        "cleanportaleval": lambda: load_cleanportaleval(args.cleaneval, args.limit),
     }
     sets = {name: loaders[name]() for name in args.bench}
     dump = {}
     for name, pages in sets.items():
-        rows = run_benchmark(name, pages, args.rounds, args.cv)
+        rows = run_benchmark(name, pages, args.rounds, args.cv, args.also)
         report(name, len(pages), rows)
         dump[name] = {ext: dict(zip([p[0] for p in pages], r["f1s"], strict=True)) for ext, r in rows.items()}
     if args.dump:

@@ -434,3 +434,167 @@ def test_no_empty_output_on_dragnet_pages_with_text(full_samples):
         if not html_to_text(html).strip() and html_to_text(html, "resiliparse", main_content=False).strip():
             empty.append(path.name)
     assert not empty
+
+
+def _sentences(n: int, topic: str) -> str:
+    """n distinct plain sentences (resiliparse's main-content pass prunes repeated text)."""
+    words = [
+        "wood",
+        "paint",
+        "mast",
+        "hull",
+        "keel",
+        "deck",
+        "sail",
+        "rope",
+        "varnish",
+        "plank",
+        "rudder",
+        "tiller",
+        "boom",
+        "cleat",
+        "bilge",
+        "stern",
+    ]
+    return " ".join(
+        f"On day {i} of the {topic} we checked the {words[i % 16]} and the {words[(i * 7) % 16]}, "
+        f"then gave the {words[(i * 3) % 16]} a coat of {words[(i * 5) % 16]}."
+        for i in range(n)
+    )
+
+
+def test_recipe_ingredient_list_kept_with_its_heading():
+    # resiliparse's main-content pass drops every <ul>: the recipe kept "Ingredients" and lost
+    # every ingredient; a list without links is content, a menu of links stays out
+    menu = "".join(f'<li><a href="/c{i}">zzmenu {i}</a></li>' for i in range(10))
+    items = ("200 g flour", "3 eggs", "150 g sugar", "4 apples", "1 tsp cinnamon")
+    html = (
+        f'<html><body><div class="menu-bar"><ul>{menu}</ul></div><div class="recipe">'
+        f"<p>{_sentences(6, 'apple cake')}</p><h2>Ingredients</h2>"
+        f"<ul>{''.join(f'<li>{i}</li>' for i in items)}</ul>"
+        "<h2>Method</h2><ol><li>Preheat the oven to 180 degrees and butter a round tin.</li>"
+        "<li>Beat the eggs with the sugar until pale, then fold in the flour.</li></ol>"
+        f"<p>{_sentences(4, 'baking')}</p></div></body></html>"
+    )
+    text, _ = extract(html)
+    assert "Ingredients" in text and all(i in text for i in items)
+    assert "zzmenu" not in text
+    assert "Preheat the oven" in text and "1. Preheat" not in text  # the number is no page text
+
+
+def test_unclosed_noscript_at_the_top_does_not_hide_the_page():
+    # the parser extends an unclosed <noscript> to the end of the page, and noscript content is
+    # skipped: the page came out empty
+    body = "".join(f"<p>{_sentences(3, f'regatta {k}')}</p>" for k in range(4))
+    html = (
+        '<html><head><title>Rowing club</title></head><body><noscript><img src="/pixel.gif">'
+        f"<div><h2>Club news</h2>{body}</div></body></html>"
+    )
+    text, path = extract(html)
+    assert path == "pruned:noscript" and "regatta 3" in text and len(text) > 1000
+    # a page whose noscript is a small fallback keeps skipping it
+    small = f"<html><body><noscript>zznoscript enable JavaScript</noscript><div>{body}</div></body></html>"
+    assert "zznoscript" not in extract(small)[0]
+
+
+def test_lead_paragraph_in_the_article_header_is_article_text():
+    lead = (
+        "The council approved the new cycle path along the canal on Tuesday, after two years "
+        "of debate among residents and shop owners."
+    )
+    html = (
+        "<html><body><article><header><h1>zzheadline Cycle path approved</h1>"
+        f'<p>{lead}</p><p class="byline">zzbyline By Ann Smith</p></header>'
+        f"<p>{_sentences(8, 'path')}</p></article></body></html>"
+    )
+    text, _ = extract(html)
+    assert lead in text and text.index(lead) < text.index("On day 0")
+    assert "zzheadline" not in text and "zzbyline" not in text
+
+
+def test_teaser_container_much_shorter_than_the_post_does_not_replace_it():
+    # an opt-in modal's body carries a container name (`entry-content`); it is no fragment of
+    # the post (the main content leaves the modal out), but a 220-character box is not a
+    # 4,800-character post
+    post = "".join(f"<p>{_sentences(4, f'restoration {k}')}</p>" for k in range(12))
+    box = (
+        '<div class="modal"><div class="entry-content"><h3>Get our newsletter</h3>'
+        "<p>Sign up and we send you the next story about how we restored the mast of a small "
+        "sailing dinghy last summer in the harbour, and more.</p>"
+        "<p>No spam, only boats, ropes, knots and how to splice a line properly.</p></div></div>"
+    )
+    html = f'<html><body><div class="wrap"><div class="col">{post}</div>{box}</div></body></html>'
+    assert _container_text(HTMLTree.parse(html), ()) is not None  # found, and then not taken
+    text, path = extract(html)
+    assert path != "pruned:container" and "restoration 11" in text
+    # ... unless the main content is mostly links: then the container is the better guess
+    links = "".join(f'<p><a href="/p{k}">{_sentences(4, f"teaser {k}")}</a></p>' for k in range(12))
+    html = f'<html><body><div class="wrap"><div class="col">{links}</div>{box}</div></body></html>'
+    assert extract(html) == (_container_text(HTMLTree.parse(html), ()), "pruned:container")
+
+
+@pytest.mark.parametrize(
+    ("label", "teasers", "share"),
+    [
+        ("Mehr zum Thema", ("Neue Radwege für die Innenstadt", "Was der Umbau kostet"), "Teilen"),
+        ("À lire aussi", ("Le nouveau pont ouvre en mai", "Les travaux du port"), "Partager"),
+        ("Related articles", ("The new bridge opens in May", "What the harbour works cost"), "Share"),
+    ],
+)
+def test_trailing_teaser_block_without_class_names_is_dropped(label, teasers, share):
+    # a club or company template: the teaser list after the post and the share prompt carry
+    # no generic class name, so the element pruning keeps them, and their heading survived
+    items = "".join(f'<div><a href="/t{k}">{t}</a></div>' for k, t in enumerate(teasers))
+    html = (
+        f'<html><body><div class="c1"><div class="c2"><p>{_sentences(10, "club")}</p></div>'
+        f'<div class="c3"><h3>{label}</h3>{items}</div><div class="c4"><span>{share}</span></div>'
+        "</div></body></html>"
+    )
+    text, _ = extract(html)
+    assert text.rstrip().endswith(".")
+    assert label not in text and share not in text and teasers[0] not in text
+    assert "On day 9 of the club" in text
+
+
+def test_a_label_inside_the_article_is_kept():
+    from oreline.data.filters.boilerplate import drop_trailing_labels
+
+    text = "First paragraph of the post.\n\nComments\n\nWe read every comment, and reply to most of them."
+    assert drop_trailing_labels(text) == text
+    assert drop_trailing_labels("Share") == "Share"  # a page that is only a label keeps it
+    assert drop_trailing_labels(text + "\n\nTeilen\n\n  • Facebook\n  • X") == text
+
+
+def test_menus_and_teaser_columns_without_names_are_dropped_line_by_line():
+    # an old table layout (L3S-GN1's kind of page): no tag or class name marks the menu or the
+    # column of teaser titles, and resiliparse's main content kept both around the story
+    menu = "<br>".join(f'<a href="/s{k}">SHOW {k} LINEUP</a>' for k in range(15))
+    teasers = "".join(f'<div><a href="/n{k}">Zoo heist {k} nets rare birds</a></div>' for k in range(12))
+    story = (
+        f"<p>OTTAWA (AP) {_sentences(3, 'summit')}</p><p>{_sentences(3, 'vote')} See the "
+        '<a href="/report">full report</a> for the figures of every riding.</p>'
+    )
+    html = (
+        f"<html><body><table><tr><td>{menu}</td><td><b>Dion on NATO</b>{story}</td>"
+        f"<td>{teasers}</td></tr></table></body></html>"
+    )
+    text, _ = extract(html)
+    assert "OTTAWA (AP)" in text and "full report for the figures" in text  # kept, no target
+    assert "LINEUP" not in text and "Zoo heist" not in text
+    assert "/report" not in text and "\ue000" not in text
+
+
+def test_comment_section_and_author_box_after_the_post_are_dropped():
+    # a blog's "Add a Comment" label, then its "About" box of long paragraphs: the teaser rule
+    # stops at a long line, the comment label ends the article whatever follows it
+    bio = (
+        "The blog is produced by the city bureau, headed since 2009 by a former correspondent "
+        "and editor, with regular posts by five reporters on the institutions and their work."
+    )
+    html = (
+        f"<html><body><div class='c1'><p>{_sentences(12, 'week ahead')}</p>"
+        f"<h3>Add a Comment</h3><h3>About Real Time Brussels</h3><p>{bio}</p></div></body></html>"
+    )
+    text, _ = extract(html)
+    assert "On day 11 of the week ahead" in text
+    assert "Add a Comment" not in text and "city bureau" not in text

@@ -274,3 +274,114 @@ def fit_selectors(
         pool = [c for c in pool if c != cand]
         best = f1
     return chosen, best
+
+
+# Labels of the blocks that follow an article — share prompts, related-article and teaser lists,
+# newsletter and rating boxes, comment sections — in the major European languages (English,
+# German, French, Spanish, Italian, Portuguese, Dutch, Polish, Swedish, Danish, Norwegian,
+# Czech). The element-level pruning removes such a block by its class name where it has a
+# generic English one; where it has none, its heading (often all that survives of it) ends the
+# text. Matched whole, as a line, lowercased, a trailing colon or ellipsis ignored: "Teilen" or
+# "Mehr zum Thema" alone on the last line is a label, never a sentence of the article.
+TRAILING_LABELS = frozenset(
+    """
+share|share this|share this article|share this post|share this story|share this page|share on facebook|
+share on twitter|tweet|related|related articles|related posts|related stories|related content|
+related news|more on this topic|more on this story|more from|read more|read next|read also|see also|
+you may also like|you might also like|recommended|recommended for you|more stories|more articles|
+popular|most read|most popular|trending|subscribe|subscribe now|subscribe to our newsletter|
+sign up for our newsletter|newsletter|tags|topics|comments|leave a comment|leave a reply|
+post a comment|rate this|rate this article|print|email|advertisement|follow us|about the author|
+teilen|diesen artikel teilen|artikel teilen|seite teilen|mehr zum thema|das könnte sie auch interessieren|
+das könnte dich auch interessieren|ähnliche artikel|verwandte artikel|weitere artikel|weitere themen|
+weiterlesen|mehr lesen|newsletter abonnieren|jetzt abonnieren|kommentare|kommentar schreiben|
+schlagworte|anzeige|werbung|drucken|bewerten|artikel bewerten|folgen sie uns|meistgelesen|
+partager|partager cet article|partager sur facebook|à lire aussi|a lire aussi|lire aussi|voir aussi|
+sur le même sujet|sur le meme sujet|articles similaires|articles liés|vous aimerez aussi|
+vous aimerez aussi lire|lire la suite|s'abonner|abonnez-vous|inscrivez-vous à notre newsletter|
+commentaires|laisser un commentaire|publicité|imprimer|noter cet article|suivez-nous|les plus lus|
+compartir|comparte|compartir en facebook|artículos relacionados|noticias relacionadas|relacionados|
+te puede interesar|también te puede interesar|leer más|lee también|suscríbete|suscribirse|
+comentarios|deja un comentario|publicidad|síguenos|lo más leído|
+condividi|condividi su facebook|articoli correlati|correlati|potrebbe interessarti|leggi anche|
+leggi tutto|iscriviti|iscriviti alla newsletter|commenti|lascia un commento|pubblicità|stampa|
+seguici|i più letti|
+compartilhar|partilhar|artigos relacionados|notícias relacionadas|leia também|leia mais|veja também|
+você também pode gostar|assine|inscreva-se|comentários|deixe um comentário|publicidade|siga-nos|
+mais lidas|
+delen|deel dit artikel|gerelateerde artikelen|gerelateerd|lees ook|lees meer|meer over dit onderwerp|
+abonneren|schrijf je in|reacties|laat een reactie achter|advertentie|printen|volg ons|meest gelezen|
+udostępnij|podziel się|powiązane artykuły|zobacz też|zobacz także|czytaj także|czytaj więcej|
+przeczytaj również|subskrybuj|zapisz się|komentarze|dodaj komentarz|reklama|drukuj|obserwuj nas|
+najczęściej czytane|
+dela|relaterade artiklar|läs också|läs mer|prenumerera|kommentarer|annons|skriv ut|
+del|relaterte artikler|les også|les mer|abonner|annonse|
+relaterede artikler|læs også|læs mere|annonce|
+sdílet|související články|mohlo by vás zajímat|čtěte také|komentáře|tisk
+""".replace("\n", "").split("|")
+)
+# A label line is at most this long; longer lines are text, whatever they say.
+TRAILING_LABEL_MAX_CHARS = 60
+# What may follow the label and go with it: up to TEASER_LINES short lines (teaser titles, list
+# items, button texts: at most TEASER_LINE_CHARS, none ending a sentence). A line of running
+# text ends the search, so a label inside the article is never a cut.
+TEASER_LINES = 12
+TEASER_LINE_CHARS = 150
+_LABEL_END = " \t:：….»›>|-–—"
+_SENTENCE_END = (".", "!", "?", '."', ".”", "?”", "!”", ".»")
+
+
+def _label_key(line: str) -> str:
+    return line.strip().lstrip("•*#-–0123456789. \t").rstrip(_LABEL_END).strip().lower()
+
+
+# Labels after which a page holds no more of the article, whatever follows: the comment
+# section and the author box. A line that is one of them, in the last TERMINAL_SHARE of the
+# text's characters, ends the text there (the comment form's or the blog's "About" box's
+# paragraphs are long, so the teaser rule above would not reach their label).
+TERMINAL_LABELS = frozenset(
+    """
+comments|add a comment|leave a comment|leave a reply|post a comment|about the author|
+kommentare|kommentar schreiben|kommentar hinzufügen|über den autor|commentaires|
+laisser un commentaire|ajouter un commentaire|à propos de l'auteur|comentarios|deja un comentario|
+sobre el autor|commenti|lascia un commento|aggiungi un commento|l'autore|comentários|
+deixe um comentário|sobre o autor|reacties|laat een reactie achter|over de auteur|komentarze|
+dodaj komentarz|o autorze|kommentarer|skriv en kommentar|om forfattaren|komentáře|o autorovi
+""".replace("\n", "").split("|")
+)
+TERMINAL_SHARE = 0.3
+
+
+def drop_trailing_labels(text: str) -> str:
+    """The text less a trailing block that a TRAILING_LABELS line heads: what is left of a share,
+    teaser, newsletter or comment block after the article (its label, and the short lines under
+    it: see TEASER_LINES). The text unchanged when its tail holds no label."""
+    text = _drop_after_terminal_label(text)
+    lines = text.rstrip().rsplit("\n", 4 * TEASER_LINES)  # the tail only: empty lines between
+    k, seen, cut = len(lines), 0, None
+    while k > 0 and seen <= TEASER_LINES:
+        line = lines[k - 1].strip()
+        k -= 1
+        if not line:
+            continue
+        if len(line) <= TRAILING_LABEL_MAX_CHARS and _label_key(line) in TRAILING_LABELS:
+            cut = k
+        elif len(line) > TEASER_LINE_CHARS or line.endswith(_SENTENCE_END):
+            break
+        seen += 1
+    kept = "\n".join(lines[:cut]).rstrip() if cut is not None else ""
+    return kept if kept.strip() else text  # a page that is all label keeps it: never empty
+
+
+def _drop_after_terminal_label(text: str) -> str:
+    """The text up to its last TERMINAL_LABELS line in its last TERMINAL_SHARE (none: unchanged)."""
+    start = int(len(text) * (1 - TERMINAL_SHARE))
+    pos, cut = len(text), None
+    while (nl := text.rfind("\n", start, pos)) >= 0:
+        end = text.find("\n", nl + 1)
+        line = text[nl + 1 : end if end >= 0 else len(text)]
+        if len(line) <= TRAILING_LABEL_MAX_CHARS and _label_key(line) in TERMINAL_LABELS:
+            cut = nl  # the earliest such label in the window counts
+        pos = nl
+    kept = text[:cut].rstrip() if cut is not None else ""
+    return kept if kept.strip() else text

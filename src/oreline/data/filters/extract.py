@@ -12,9 +12,15 @@ Extractors (`EXTRACTORS`); each returns (text, path), the path naming the way th
   (LOW_CONFIDENCE_CHARS); an empty main content on a page with text falls back to the page.
   Then the page's article container, found by the generic names CMS templates give an
   article body (CONTAINER_TIERS: `entry-content`, `post-body`, `itemprop=articleBody`, …),
-  replaces that text unless it is a fragment of it (CONTAINER_SHARE).
+  replaces that text unless it is a fragment of it (CONTAINER_SHARE) or much shorter than it
+  (CONTAINER_SHORT). Pages that are no article (issue 51): link-free `<ul>` kept as text
+  (`keep_content_lists`), link lines dropped (`drop_link_lines`), `<noscript>` read where it
+  holds the page (NOSCRIPT_GAIN), lead paragraphs of the article's `<header>` kept, and a
+  trailing block headed by a share/teaser/newsletter label dropped
+  (`boilerplate.drop_trailing_labels`, twelve European languages).
   Paths: "pruned", "pruned:unpruned" (MIN_PRUNED_CHARS), "pruned:too_deep" (depth guard),
-  "pruned:second_opinion", "pruned:full_page", "pruned:container". Measured per benchmark, beside trafilatura:
+  "pruned:second_opinion", "pruned:full_page", "pruned:container", "pruned:noscript".
+  Measured per benchmark, beside trafilatura:
   `benchmarks/extraction_quality.py` (docs/design.md, "Text extraction"). Pruning costs
   little time: resiliparse matches `skip_elements` in C during the extraction.
 - "pruned_headlines": the same, keeping headlines, bylines and captions (HEADLINE_SELECTORS
@@ -64,7 +70,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from oreline.data.filters.boilerplate import ALWAYS_SKIP, load_selectors, skip_elements
+from oreline.data.filters.boilerplate import ALWAYS_SKIP, drop_trailing_labels, load_selectors, skip_elements
 from oreline.errors import ConfigError
 
 MAX_MAIN_CONTENT_DEPTH = 1500
@@ -117,23 +123,105 @@ def too_deep_for_main_content(tree) -> bool:
     return doc.query_selector(_DEEP_SELECTOR) is not None
 
 
-def _resiliparse_text(tree, main_content: bool, skip: Sequence[str] = ()) -> str:
+def _resiliparse_text(
+    tree, main_content: bool, skip: Sequence[str] = (), noscript: bool = False, links: bool = False
+) -> str:
     """resiliparse's text of `tree`, skipping the elements of `skip` (boilerplate selectors:
-    `class:NAME` or CSS, made resiliparse's list by `boilerplate.skip_elements`)."""
+    `class:NAME` or CSS, made resiliparse's list by `boilerplate.skip_elements`). Numbered list
+    items are written with a bullet like the others: the number is no text of the page (the
+    browser draws it), and `keep_content_lists` makes lists numbered ones."""
     from resiliparse.extract.html2text import extract_plain_text
 
-    return extract_plain_text(
+    text = extract_plain_text(
         tree,
         preserve_formatting=True,
         main_content=main_content,
         alt_texts=False,
-        links=False,
+        links=links,
         form_fields=False,
-        noscript=False,
+        noscript=noscript,
         comments=False,
         post_meta=False,
         skip_elements=skip_elements(tuple(skip)),
     )
+    text = _LIST_NUMBER.sub(r"\1• ", text) if "." in text else text
+    return drop_link_lines(text) if links else text
+
+
+# Link lines: resiliparse keeps a menu, a column of teaser titles or a "More..." link wherever
+# no tag or class name marks it (table layouts, club and company templates), and the text alone
+# cannot tell a teaser title from a headline. With links=True resiliparse writes each link's
+# target after its text, "text (href)"; `mark_links` makes every href start with LINK_MARK
+# first, so a written target is told from a "(AP)" of the text. A line that ends in a link and
+# has at most LINK_LINE_WORDS words besides the targets is a link line, and goes; the targets
+# are removed from the lines that stay. Same pass, no second one.
+LINK_MARK = "\ue000"  # a private-use character: no page writes it in an href
+LINK_LINE_WORDS = 15
+LINK_LINES = True
+_HREF = re.compile(r"""(<a\b[^>]*?\bhref\s*=\s*["']?)""", re.I)
+_TARGET = re.compile(r" ?\(\ue000[^)\n]*\)")
+_ENDS_IN_LINK = re.compile(r"\(\ue000[^)\n]*\)\W*$")
+
+
+def mark_links(html: str) -> str:
+    """The HTML with LINK_MARK at the start of every `<a href>` value."""
+    return _HREF.sub(lambda m: m.group(1) + LINK_MARK, html) if "href" in html else html
+
+
+def drop_link_lines(text: str) -> str:
+    """The text less its link lines, and less the written targets of the links it keeps."""
+    if LINK_MARK not in text:
+        return _TARGET.sub("", text) if "(" in text else text
+    out = []
+    for line in text.split("\n"):
+        if LINK_MARK in line:
+            # Table cells share a line, "\t\t" apart: each cell is judged as a line.
+            cells = [_TARGET.sub("", c) for c in line.split("\t\t") if not (LINK_LINES and _link_line(c))]
+            if not cells:
+                continue
+            line = "\t\t".join(cells)
+        out.append(line)
+    return "\n".join(out)
+
+
+def _link_line(line: str) -> bool:
+    return bool(_ENDS_IN_LINK.search(line)) and len(_TARGET.sub("", line).split()) <= LINK_LINE_WORDS
+
+
+# resiliparse writes a numbered list item as "  <n>. " at a line's start (nested: more spaces).
+_LIST_NUMBER = re.compile(r"^( +)\d+\. ", re.M)
+# Unordered lists without a link: resiliparse's main-content pass drops every `<ul>` (a menu is
+# one), so an article lost its ingredient lists, summary bullets and FAQ items while their
+# headings stayed. A list of no link is no menu: it becomes an `<ol>`, which that pass keeps and
+# judges like any block. Rewritten in the HTML before the page's one parse, by string search
+# (a few microseconds a list): moving a list's children in the parsed tree costs a Python
+# object per node. Lists with a link anywhere inside (menus, teasers) stay `<ul>`.
+_UL_TAG = re.compile(r"<(/?)ul\b", re.I)
+_LINK_TAG = re.compile(r"<a\b", re.I)
+
+
+def keep_content_lists(html: str) -> str:
+    """The HTML with every `<ul>` that holds no `<a>` (nested lists included) written `<ol>`."""
+    if "<ul" not in html and "<UL" not in html:
+        return html
+    opened: list[int] = []
+    spans: list[tuple[int, int]] = []  # (start of "<ul", start of "</ul") of link-free lists
+    for m in _UL_TAG.finditer(html):
+        if not m.group(1):
+            opened.append(m.start())
+        elif opened:
+            start = opened.pop()
+            if not _LINK_TAG.search(html, start, m.start()):
+                spans.append((start, m.start()))
+    if not spans:
+        return html
+    cuts = sorted(i for start, end in spans for i in (start + 1, end + 2))  # the "u" of each tag
+    pieces, last = [], 0
+    for i in cuts:
+        pieces += (html[last:i], "o")
+        last = i + 1
+    pieces.append(html[last:])
+    return "".join(pieces)
 
 
 def _resiliparse(html: str, main_content: bool) -> tuple[str, str]:
@@ -269,8 +357,6 @@ _FURNITURE = ("nav, footer, aside, form, select", *PAGE_SKIP[1:])
 
 def _container_text(tree, skip: Sequence[str]) -> str | None:
     """Text of the page's article container (CONTAINER_TIERS), or None when there is none."""
-    from resiliparse.parse.html import HTMLTree
-
     doc = tree.document
     if doc is None:
         return None
@@ -278,17 +364,47 @@ def _container_text(tree, skip: Sequence[str]) -> str | None:
         node = doc.query_selector(tier)
         if node is None:
             continue
-        # The subtree is parsed on its own (~0.2 ms): resiliparse extracts from a whole tree.
-        sub = HTMLTree.parse(node.html)
-        text = _resiliparse_text(sub, True, skip)
-        if len(text) < CONTAINER_MIN_CHARS:  # the main-content heuristics can empty a small tree
-            text = _resiliparse_text(sub, False, [*skip, *_FURNITURE])
+        text = _region_text(tree, node, True, skip)
+        if len(text) < CONTAINER_MIN_CHARS:  # the main-content heuristics can empty a small block
+            text = _region_text(tree, node, False, [*skip, *_FURNITURE])
         if len(text) >= CONTAINER_MIN_CHARS:
             return text
     return None
 
 
-def _prefer_container(main: str, container: str) -> bool:
+def _region_text(tree, node, main_content: bool, skip: Sequence[str]) -> str:
+    """resiliparse's text of `node` and its subtree alone, from the subtree parsed on its own
+    (~0.2 ms: resiliparse extracts from a whole tree). Tried and measured slower: the region
+    taken from the page's own tree (the container and its ancestors marked, every other element
+    skipped), 1.26 against 0.95 ms a page for the container step on 300 development pages, the
+    same text on 254: resiliparse's main-content pass works over the whole tree whatever
+    `skip_elements` leaves out, so the page's tree costs a whole-page pass where the subtree
+    costs a parse of the container alone."""
+    from resiliparse.parse.html import HTMLTree
+
+    return _resiliparse_text(HTMLTree.parse(node.html), main_content, skip)
+
+
+# A container of under CONTAINER_SHORT of the main content's words never replaces it, unless the
+# main content is mostly links (over MAIN_LINK_SHARE of its words in the page's link texts): a
+# teaser, newsletter or opt-in box that matched a container name is not the 5,000-character post
+# beside it, though it "is no fragment" of it. Round values, not tuned.
+CONTAINER_SHORT = 0.2
+MAIN_LINK_SHARE = 0.5
+
+
+def _mostly_links(text: str, tree) -> bool:
+    """Whether over MAIN_LINK_SHARE of the text's words are link text: words the page's text
+    without its links lacks (one more C pass, only on the pages that ask)."""
+    if tree is None or tree.document is None:
+        return False
+    words = Counter(text.lower().split())
+    unlinked = Counter(_resiliparse_text(tree, False, ("a",)).lower().split())
+    total = sum(words.values())
+    return total > 0 and sum((words & unlinked).values()) < (1 - MAIN_LINK_SHARE) * total
+
+
+def _prefer_container(main: str, container: str, tree=None) -> bool:
     """Whether the container replaces the main content (CONTAINER_INSIDE, CONTAINER_SHARE), on
     bags of lowercased whitespace-separated words: both texts come from the same nodes by the
     same extraction, so a word keeps its punctuation in both, and splitting costs a third of the
@@ -296,6 +412,8 @@ def _prefer_container(main: str, container: str) -> bool:
     main content) was cheaper still but took teaser blocks that share a sentence with the
     article for a wrong main content (mozilla/readability's webmd-2 test page: F1 0.93 -> 0.09)."""
     main_words, container_words = main.lower().split(), container.lower().split()
+    if len(container_words) < CONTAINER_SHORT * len(main_words) and not _mostly_links(main, tree):
+        return False
     # A fragment needs CONTAINER_INSIDE * |c| <= shared < CONTAINER_SHARE * |m| with shared <= |c|:
     # a container that long is never one, decided without the bags.
     if CONTAINER_INSIDE * len(container_words) >= CONTAINER_SHARE * len(main_words):
@@ -317,28 +435,94 @@ def pruned_text(html: str, selectors: Sequence[str], second_opinion: bool = True
     of those won, or equal to it). second_opinion=False turns off the second opinion and the container."""
     from resiliparse.parse.html import HTMLTree
 
-    tree = HTMLTree.parse(html)
-    skip, always = [*selectors, *ALWAYS_SKIP], ALWAYS_SKIP
+    tree = HTMLTree.parse(mark_links(keep_content_lists(html)))
     if too_deep_for_main_content(tree):  # the depth guard holds for the pruned pass too
-        return _resiliparse_text(tree, False, skip), "pruned:too_deep"
+        return _resiliparse_text(tree, False, [*selectors, *ALWAYS_SKIP]), "pruned:too_deep"
+    text, path = _pruned_tree(tree, len(html), selectors, second_opinion)
+    if len(text) < MIN_PRUNED_CHARS and _NOSCRIPT_OPEN.search(html) and _noscript_holds_the_page(tree):
+        # Parsed again with <noscript> as <div>: the page's content is inside it (see NOSCRIPT_GAIN).
+        opened = HTMLTree.parse(mark_links(keep_content_lists(_NOSCRIPT_OPEN.sub(r"<\1div", html))))
+        if not too_deep_for_main_content(opened):
+            other, _ = _pruned_tree(opened, len(html), selectors, second_opinion)
+            if len(other.strip()) > len(text.strip()):
+                text, path = other, "pruned:noscript"
+    return drop_trailing_labels(text), path
+
+
+def _pruned_tree(tree, html_chars: int, selectors: Sequence[str], second_opinion: bool) -> tuple[str, str]:
+    """`pruned_text` on a parsed tree that passed the depth guard (changed in place: lists)."""
+    skip, always = [*selectors, *ALWAYS_SKIP], ALWAYS_SKIP
+    lead_paragraphs_out_of_header(tree)
     container = visible = None
     if second_opinion:
         container = _container_text(tree, skip)
-        if container is not None and len(container) >= CONTAINER_SURE_SHARE * len(html):
+        if container is not None and len(container) >= CONTAINER_SURE_SHARE * html_chars:
             visible = _resiliparse_text(tree, False, always)
             if _container_decided(container, visible):
                 return container, "pruned:container"
-    text, path = _resiliparse_text(tree, True, skip), "pruned"
+    text, path = _resiliparse_text(tree, True, skip, links=True), "pruned"
     if len(text) < MIN_PRUNED_CHARS and selectors:
-        unpruned = _resiliparse_text(tree, True, always)
+        unpruned = _resiliparse_text(tree, True, always, links=True)
         if len(unpruned) > len(text):
             text, path = unpruned, "pruned:unpruned"
     if not second_opinion:
         return text, path
     text, path = _second_opinion(tree, text, path, always, visible)
-    if container is not None and (container == text or _prefer_container(text, container)):
+    if container is not None and (container == text or _prefer_container(text, container, tree)):
         return container, "pruned:container"
     return text, path
+
+
+# `<noscript>`: its content is no visible text (a browser with scripts shows the script's work
+# instead), so every pass skips it, but some pages put all their content in one — a blog's posts
+# for crawlers, or an unclosed `<noscript>` near the top that the parser extends to the end of
+# the page. When the text came out short (MIN_PRUNED_CHARS) and the page's text with noscript
+# content is over NOSCRIPT_GAIN times its text without, the page is extracted again with its
+# `<noscript>` elements read as `<div>` (path "pruned:noscript"; rare, so the second parse costs
+# nothing on other pages).
+NOSCRIPT_GAIN = 3.0
+_NOSCRIPT_OPEN = re.compile(r"<(/?)noscript\b", re.I)
+
+
+def _noscript_holds_the_page(tree) -> bool:
+    """Whether the page's text is mostly inside `<noscript>` elements (NOSCRIPT_GAIN)."""
+    without = len(_resiliparse_text(tree, False, ALWAYS_SKIP).strip())
+    with_noscript = len(_resiliparse_text(tree, False, ALWAYS_SKIP, noscript=True).strip())
+    return with_noscript > NOSCRIPT_GAIN * max(without, 1)
+
+
+# A lead paragraph inside the article's `<header>` (the standfirst under the headline) is
+# article text, but the shipped selectors skip `header` whole (it holds the headline, byline and
+# date). Paragraphs of at least LEAD_MIN_CHARS there are moved to just after the header, out of
+# the skipped element; bylines and dates are shorter. One C query; most pages match nothing.
+LEAD_MIN_CHARS = 80
+_LEAD_IN_HEADER = "article header p"
+
+
+def lead_paragraphs_out_of_header(tree) -> int:
+    """Move the long `<p>` of an `<article>`'s `<header>` after that header, in place; returns
+    how many moved."""
+    doc = tree.document
+    if doc is None:
+        return 0
+    moved = 0
+    anchors: dict = {}  # header -> its next sibling before any move (resiliparse has no insert_after)
+    for p in doc.query_selector_all(_LEAD_IN_HEADER):
+        if len(p.text.strip()) < LEAD_MIN_CHARS:
+            continue
+        header = p.parent
+        while header is not None and header.tag != "header":
+            header = header.parent
+        if header is None or header.parent is None:
+            continue
+        anchor = anchors.setdefault(header, header.next_sibling)
+        p.parent.remove_child(p)
+        if anchor is None:
+            header.parent.append_child(p)
+        else:
+            header.parent.insert_before(p, anchor)
+        moved += 1
+    return moved
 
 
 # A container of over CONTAINER_SURE_SHARE of the page's HTML characters is tried against the
