@@ -11,12 +11,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oreline.config import QualityConfig
+from oreline.config import (
+    AsciiRatioStep,
+    C4Step,
+    EntropyStep,
+    FineWebStep,
+    GopherQualityStep,
+    GopherRepetitionStep,
+    QualityConfig,
+)
 from oreline.data.filters.quality import (
-    QUALITY_FILTERS,
+    RULES,
     LineRemovals,
+    ascii_ratio,
     c4,
     char_entropy,
+    entropy,
     fineweb,
     gopher_quality,
     gopher_repetition,
@@ -25,6 +35,13 @@ from oreline.data.filters.quality import (
 from oreline.document import Document
 
 CFG = QualityConfig()
+# each rule at its published defaults
+GQ = GopherQualityStep(kind="gopher_quality")
+GR = GopherRepetitionStep(kind="gopher_repetition")
+C4 = C4Step(kind="c4")
+FW = FineWebStep(kind="fineweb")
+EN = EntropyStep(kind="entropy")
+AR = AsciiRatioStep(kind="ascii_ratio")
 
 
 def gutenberg(samples: Path, name: str) -> str:
@@ -71,55 +88,55 @@ def test_real_prose_mostly_passes(samples, book):
 def test_gopher_quality_rules_fire(samples):
     words = paragraph_words(samples)
     prose = " ".join(words[:300])
-    assert gopher_quality(en(prose), CFG) is None
-    assert gopher_quality(en("The cat sat on the mat with the hat."), CFG) == "gopher:short_doc"
-    assert gopher_quality(en(" ".join(["x"] * 60 + ["the", "of"])), CFG) == "gopher:mean_word_length"
-    assert gopher_quality(en(prose + " #tag" * 40), CFG) == "gopher:symbol_ratio"
+    assert gopher_quality(en(prose), GQ) is None
+    assert gopher_quality(en("The cat sat on the mat with the hat."), GQ) == "gopher:short_doc"
+    assert gopher_quality(en(" ".join(["x"] * 60 + ["the", "of"])), GQ) == "gopher:mean_word_length"
+    assert gopher_quality(en(prose + " #tag" * 40), GQ) == "gopher:symbol_ratio"
     bullets = "\n".join(f"- {' '.join(words[i * 8 : (i + 1) * 8])}" for i in range(30))
-    assert gopher_quality(en(bullets), CFG) == "gopher:bullet_lines"
+    assert gopher_quality(en(bullets), GQ) == "gopher:bullet_lines"
     lines = [" ".join(words[i * 12 : (i + 1) * 12]) for i in range(10)]
     ellipsis = "\n".join(line + ("..." if i < 4 else ".") for i, line in enumerate(lines))
-    assert gopher_quality(en(ellipsis), CFG) == "gopher:ellipsis_lines"
+    assert gopher_quality(en(ellipsis), GQ) == "gopher:ellipsis_lines"
     numbers = prose + " " + " ".join(str(1000 + i) for i in range(100))
-    assert gopher_quality(en(numbers), CFG) == "gopher:alpha_words"
+    assert gopher_quality(en(numbers), GQ) == "gopher:alpha_words"
     no_stop = " ".join(
         w
         for w in words[:400]
         if w.lower().strip(".,;:!?\"'") not in {"the", "be", "to", "of", "and", "that", "have", "with"}
     )
-    assert gopher_quality(en(no_stop), CFG) == "gopher:stop_words"
+    assert gopher_quality(en(no_stop), GQ) == "gopher:stop_words"
     assert en(prose).metadata == {"language": "en"}  # a fresh doc; scores go into the filtered one
     doc = en(prose)
-    gopher_quality(doc, CFG)
+    gopher_quality(doc, GQ)
     assert doc.metadata["words"] > 250 and 3 < doc.metadata["mean_word_length"] < 10
 
 
 def test_gopher_repetition_rules_fire(samples):
     words = paragraph_words(samples)
     prose = " ".join(words[:400])
-    assert gopher_repetition(en(prose), CFG) is None
+    assert gopher_repetition(en(prose), GR) is None
     lines = [" ".join(words[i * 10 : (i + 1) * 10]) for i in range(10)]
-    assert gopher_repetition(en("\n".join(lines + lines[:5])), CFG) == "gopher_rep:dup_line_frac"
+    assert gopher_repetition(en("\n".join(lines + lines[:5])), GR) == "gopher_rep:dup_line_frac"
     paras = [" ".join(words[i * 30 : (i + 1) * 30]) for i in range(6)]
-    assert gopher_repetition(en("\n\n".join(paras + paras[:3])), CFG) == "gopher_rep:dup_para_frac"
+    assert gopher_repetition(en("\n\n".join(paras + paras[:3])), GR) == "gopher_rep:dup_para_frac"
     interleaved = " ".join(f"{w} hello world" for w in words[:100])
-    assert gopher_repetition(en(interleaved), CFG) == "gopher_rep:top_2gram"
+    assert gopher_repetition(en(interleaved), GR) == "gopher_rep:top_2gram"
     repeated = prose + " " + " ".join(words[:120])
-    assert gopher_repetition(en(repeated), CFG) == "gopher_rep:dup_5gram"
+    assert gopher_repetition(en(repeated), GR) == "gopher_rep:dup_5gram"
     # a short repeat stays below every n-gram threshold
-    assert gopher_repetition(en(prose + " " + " ".join(words[:20])), CFG) is None
+    assert gopher_repetition(en(prose + " " + " ".join(words[:20])), GR) is None
 
 
 def test_c4_rules(samples):
     words = paragraph_words(samples)
     lines = [" ".join(words[i * 12 : (i + 1) * 12]).rstrip(".,;:") + "." for i in range(8)]
     clean = "\n".join(lines)
-    assert c4(en(clean), CFG) is None
-    assert c4(en("Only one sentence lives in this document here."), CFG) == "c4:too_few_sentences"
+    assert c4(en(clean), C4) is None
+    assert c4(en("Only one sentence lives in this document here."), C4) == "c4:too_few_sentences"
     lorem = "\n".join(lines + ["Lorem ipsum dolor sit amet, consectetur adipiscing elit."])
-    assert c4(en(lorem), CFG) == "c4:lorem_ipsum"
+    assert c4(en(lorem), C4) == "c4:lorem_ipsum"
     code = "\n".join(lines + ["var config = { the: value, of: other, and: more };."])
-    assert c4(en(code), CFG) == "c4:curly_bracket"
+    assert c4(en(code), C4) == "c4:curly_bracket"
     doc = en(
         "\n".join(
             lines[:4]
@@ -131,10 +148,10 @@ def test_c4_rules(samples):
             + lines[4:]
         )
     )
-    assert c4(doc, CFG) is None
+    assert c4(doc, C4) is None
     assert doc.text == clean  # line rules removed exactly the three bad lines
     assert doc.metadata["c4_removed_lines"] == {"javascript": 1, "no_end_mark": 1, "policy": 1}
-    keep_lines = CFG.model_copy(update={"c4_filter_lines": False})
+    keep_lines = C4Step(kind="c4", filter_lines=False)
     doc = en("\n".join(lines[:4] + ["Menu"]))
     assert c4(doc, keep_lines) is None and doc.text.endswith("Menu")
 
@@ -177,14 +194,14 @@ def test_c4_line_removals_are_counted_by_rule_in_lines_and_bytes(samples):
 def test_fineweb_rules(samples):
     words = paragraph_words(samples)
     long_lines = [" ".join(words[i * 9 : (i + 1) * 9]).rstrip(".,;:!?") for i in range(20)]
-    assert fineweb(en("\n".join(line + "." for line in long_lines)), CFG) is None
-    assert fineweb(en("\n".join(long_lines)), CFG) == "fineweb:line_punct_ratio"
+    assert fineweb(en("\n".join(line + "." for line in long_lines)), FW) is None
+    assert fineweb(en("\n".join(long_lines)), FW) == "fineweb:line_punct_ratio"
     short = "\n".join(f"{words[i]} is line {i}." for i in range(20))
-    assert fineweb(en(short), CFG) == "fineweb:short_line_ratio"
+    assert fineweb(en(short), FW) == "fineweb:short_line_ratio"
     dup = "\n".join([line + "." for line in long_lines] + [long_lines[0] + "."])
-    assert fineweb(en(dup), CFG) == "fineweb:char_dup_ratio"
+    assert fineweb(en(dup), FW) == "fineweb:char_dup_ratio"
     two_words = "\n".join(f"{words[i]}ishnesses{i} extraordinarily{words[i + 1]}." for i in range(20))
-    assert fineweb(en(two_words), CFG) == "fineweb:list_ratio"
+    assert fineweb(en(two_words), FW) == "fineweb:list_ratio"
 
 
 @pytest.mark.extended("langid/lingua-testdata/sentences/ru.txt.gz")
@@ -192,16 +209,14 @@ def test_entropy_and_ascii(samples, full_samples):
     prose = " ".join(paragraph_words(samples)[:300])
     assert 4.0 < char_entropy(prose) < 4.6  # English letters: ~4.1-4.3 bits/char
     low = en("ab ab ab ab " * 100)
-    assert QUALITY_FILTERS["entropy"](low, CFG) == "entropy:<3.2"
+    assert entropy(low, EN) == "entropy:<3.2"
     assert low.metadata["entropy"] < 2
     russian = gzip.decompress(
         (full_samples / "langid/lingua-testdata/sentences/ru.txt.gz").read_bytes()
     ).decode()
-    assert QUALITY_FILTERS["ascii_ratio"](en(russian), CFG) == "ascii:<0.30"
-    assert QUALITY_FILTERS["ascii_ratio"](Document("r", russian, metadata={"language": "ru"}), CFG) is None
-    assert (
-        QUALITY_FILTERS["ascii_ratio"](Document("u", prose), CFG) is None
-    )  # unknown language: checked, passes
+    assert ascii_ratio(en(russian), AR) == "ascii:<0.30"
+    assert ascii_ratio(Document("r", russian, metadata={"language": "ru"}), AR) is None
+    assert ascii_ratio(Document("u", prose), AR) is None  # unknown language: checked, passes
 
 
 @pytest.mark.extended("langid/lingua-testdata/sentences/zh.txt.gz")
@@ -213,16 +228,16 @@ def test_chinese_is_not_dropped_by_word_rules(full_samples):
     )
     text = "\n".join(lines[:40])
     zh = Document("z", text, metadata={"language": "zh"})
-    assert gopher_quality(zh, CFG) is None
-    assert gopher_repetition(zh, CFG) is None
-    assert QUALITY_FILTERS["ascii_ratio"](zh, CFG) is None
-    assert QUALITY_FILTERS["entropy"](zh, CFG) is None
+    assert gopher_quality(zh, GQ) is None
+    assert gopher_repetition(zh, GR) is None
+    assert ascii_ratio(zh, AR) is None
+    assert entropy(zh, EN) is None
     # the same text labelled English fails the word rules: the skip above is what saves it
-    assert gopher_quality(Document("z", text, metadata={"language": "en"}), CFG) is not None
+    assert gopher_quality(Document("z", text, metadata={"language": "en"}), GQ) is not None
 
 
 def test_quality_filters_order_and_switches():
-    assert [n for n, _ in quality_filters(CFG)] == list(QUALITY_FILTERS)
+    assert [n for n, _ in quality_filters(CFG)] == list(RULES)
     cfg = CFG.model_copy(update={"c4": False, "entropy": False})
     assert [n for n, _ in quality_filters(cfg)] == [
         "gopher_quality",
