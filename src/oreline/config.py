@@ -343,8 +343,15 @@ class FineWebStep(StepSettings):
     line_punct_ratio: float = Field(
         0.12, ge=0, le=1, description=f"smallest share of lines ending in punctuation; {_FINEWEB}"
     )
+    # not : ; ) or an ellipsis, which end navigation ("Products:", "(2)") rather than sentences
+    stop_chars: list[str] = Field(
+        [".", "'", '"', "!", "?", "。", "！", "？", "؟", "।", "۔"],
+        description="what ends a line with punctuation: FineWeb's . ' \" ! ? (datatrove as it built FineWeb) and "
+        f"the full stops of CJK, Arabic and Devanagari; {_FINEWEB}",
+    )
     line_punct_exclude_zero: bool = Field(
-        False, description=f"also drop documents with no line ending in punctuation at all; {_FINEWEB}"
+        False,
+        description=f"keep documents with no line ending in punctuation at all (the rule skips them); {_FINEWEB}",
     )
     short_line_ratio: float = Field(
         0.67,

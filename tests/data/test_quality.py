@@ -260,3 +260,32 @@ def test_filters_never_crash(text, lang):
     for name, fn in quality_filters(CFG):
         reason = fn(doc)
         assert reason is None or (isinstance(reason, str) and ":" in reason), name
+
+
+# ---------------------------------------------------------------------------------------------
+# the rules as their papers and reference code define them
+
+
+def test_fineweb_line_punctuation_counts_sentence_ends_only():
+    """FineWeb counts lines ending in . ' " ! ? (datatrove as it built FineWeb): a navigation page
+    whose lines end in ':' ')' ';' or an ellipsis has no punctuated lines."""
+    nav = "\n".join(
+        line
+        for k in range(3)
+        for line in (
+            f"Our products and the services we offer in store {k}:",
+            f"Customer reviews of the kitchen range, page ({k + 12})",
+            f"Shipping from warehouse {k} to the United States; Canada; Mexico;",
+            f"Read the latest news {k} from the company blog…",
+        )
+    )
+    doc = en(nav + "\nAbout us.")  # one line in 13 ends a sentence: 7.7% < 12%
+    assert fineweb(doc, FW) == "fineweb:line_punct_ratio"
+    prose = "\n".join(line[:-1] + "." for line in nav.split("\n"))
+    assert fineweb(en(prose + "\nAbout us."), FW) is None
+    # the marks are a setting; with the zero exclusion a page without any is not this rule's drop
+    assert fineweb(doc, FineWebStep(kind="fineweb", stop_chars=[".", ":"])) is None
+    none = en("\n".join(line.rstrip(":;)…") for line in nav.split("\n")))
+    assert (
+        fineweb(none, FineWebStep(kind="fineweb", line_punct_exclude_zero=True)) != "fineweb:line_punct_ratio"
+    )

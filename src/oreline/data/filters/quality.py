@@ -93,28 +93,6 @@ C4_POLICY = (
     "use of cookies",
     "use cookies",
 )
-# FineWeb's "line ends with punctuation" (a subset of datatrove's TERMINAL_PUNCTUATION)
-TERMINAL_PUNCT = (
-    ".",
-    "!",
-    "?",
-    '"',
-    "'",
-    ":",
-    ";",
-    ")",
-    "…",
-    "。",
-    "！",
-    "？",
-    "」",
-    "』",
-    "”",
-    "’",
-    "؟",
-    "।",
-    "۔",
-)
 SENTENCE_END = re.compile(r"[.!?。！？]+(?:[\"'”’)\]]*)(?=\s|$)")
 _DELETE_PUNCT = str.maketrans("", "", PUNCT)
 _PUNCT_RUN = re.compile(f"[{re.escape(PUNCT)}]+")
@@ -401,7 +379,8 @@ def fineweb(doc: Document, p: FineWebStep) -> str | None:
     if not lines:
         return "fineweb:empty"
     n = len(lines)
-    ended = sum(line.endswith(TERMINAL_PUNCT) for line in lines)
+    stop = tuple(p.stop_chars)
+    ended = sum(line.endswith(stop) for line in lines)
     if ended / n < p.line_punct_ratio and not (ended == 0 and p.line_punct_exclude_zero):
         return "fineweb:line_punct_ratio"
     if sum(len(line) <= p.short_line_length for line in lines) / n >= p.short_line_ratio:
