@@ -210,7 +210,9 @@ def gopher_repetition(doc: Document, p: GopherRepetitionStep) -> str | None:
         return "gopher_rep:dup_line_char_frac"
     if not uses_spaces(doc):
         return None
-    words = text.split()
+    # words as the quality rule and the paper count them: punctuation is not part of a word, so
+    # "Frank," and "Frank." are the word "Frank" (as in datatrove, whose tokenizer splits it off)
+    words = _strip_punct(text).split()
     if len(words) < 2:
         return None
     # one integer per distinct word: setdefault keeps the first counter value seen for each word
@@ -236,12 +238,13 @@ def gopher_repetition(doc: Document, p: GopherRepetitionStep) -> str | None:
             break  # no repeated n-gram means no repeated longer n-gram either
         top_frac = top_fracs.get(n)
         if top_frac is not None:
-            # run lengths of equal hashes: the most frequent n-gram's count and first position
+            # run lengths of equal hashes: the most frequent n-gram's count and first position; of
+            # n-grams equally frequent, the one that occurs first (datatrove's Counter.most_common)
             starts = np.flatnonzero(np.concatenate(([True], ~same)))
             counts = np.diff(np.append(starts, len(sh)))
             top = counts.max()
-            best = order[starts[counts == top]]
-            chars = (csum[best + n] - csum[best]).max() + (n - 1)  # the n-gram joined with spaces
+            best = order[starts[counts == top]].min()
+            chars = csum[best + n] - csum[best] + (n - 1)  # the n-gram joined with spaces
             if top * chars / total > top_frac:
                 return f"gopher_rep:top_{n}gram"
         dup_frac = dup_fracs.get(n)
