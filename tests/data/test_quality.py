@@ -299,3 +299,11 @@ def test_gopher_repetition_ngrams_are_words_without_their_punctuation():
     assert gopher_repetition(doc, GR) == "gopher_rep:top_3gram"
     assert gopher_repetition(en("I am Frank, I am Frank, I am Frank"), GR) == "gopher_rep:top_2gram"
 
+
+def test_gopher_stop_words_are_counted_once_each(samples):
+    """Two *of* the stop words (Rae et al. 2021, A.1.1): "the" twice is one of them."""
+    words = [w for w in paragraph_words(samples) if w.lower().strip(",.;:!?\"'") not in _STOP_WORDS][:80]
+    one = en(" ".join(words[:40] + ["the", "THE", "The"] + words[40:]))
+    assert gopher_quality(one, GQ) == "gopher:stop_words"
+    two = en(" ".join(words[:40] + ["the", "of"] + words[40:]))
+    assert gopher_quality(two, GQ) is None

@@ -142,6 +142,13 @@ def _any_case(words: tuple[str, ...]) -> frozenset[str]:
     return frozenset(v for w in words for v in (w, w.capitalize(), w.upper()))
 
 
+def _distinct_stop_words(words: list[str], p: GopherQualityStep) -> int:
+    """How many of the stop words occur (in any case): the paper asks for two *of* the words, so
+    "the" twice is one."""
+    stop = _any_case(tuple(p.stop_words))
+    return len({w.lower() for w in filter(stop.__contains__, words)})
+
+
 def _above(value: float, limit: float) -> bool:
     """value > limit, with limit rounded to 12 digits (1 - 0.8 is 0.19999999999999996, not 0.2)."""
     return value > round(limit, 12)
@@ -178,8 +185,7 @@ def gopher_quality(doc: Document, p: GopherQualityStep) -> str | None:
         mixed = sum(1 for w in compress(words, map(operator.not_, alpha)) if any(map(str.isalpha, w)))
         if _above((n_raw - sum(alpha) - mixed) / n_raw, 1 - p.min_alpha_words_ratio):
             return "gopher:alpha_words"
-        stop = _any_case(tuple(p.stop_words))
-        if language(doc) in ("", "en") and sum(map(stop.__contains__, words)) < p.min_stop_words:
+        if language(doc) in ("", "en") and _distinct_stop_words(words, p) < p.min_stop_words:
             return "gopher:stop_words"
         return None
     if lines and sum(line.startswith(BULLETS) for line in lines) / len(lines) > p.max_bullet_lines_ratio:
