@@ -293,7 +293,7 @@ def test_fineweb_line_punctuation_counts_sentence_ends_only():
 
 
 def test_gopher_repetition_ngrams_are_words_without_their_punctuation():
-    """"Frank," and "Frank." are the word Frank: the top 3-gram "I am Frank" covers 48% of the
+    """ "Frank," and "Frank." are the word Frank: the top 3-gram "I am Frank" covers 48% of the
     characters (datatrove's top_3_gram case); of equally frequent 2-grams the first ("I am") counts."""
     doc = en("I am Frank, you are Jhon. I am Frank. I am Frank you are Jhon")
     assert gopher_repetition(doc, GR) == "gopher_rep:top_3gram"
@@ -307,3 +307,15 @@ def test_gopher_stop_words_are_counted_once_each(samples):
     assert gopher_quality(one, GQ) == "gopher:stop_words"
     two = en(" ".join(words[:40] + ["the", "of"] + words[40:]))
     assert gopher_quality(two, GQ) is None
+
+
+def test_c4_removes_edit_marks_as_tfds_does():
+    """ "[edit]" is one of tfds C4's citation marks: a Wikipedia section line keeps its sentence."""
+    lines = [
+        "The river floods every spring and every autumn.[edit]",
+        "Farmers along its banks have built dikes for centuries.[1]",
+        "The town council repaired the old bridge last year.[citation needed]",
+    ]
+    doc = en("\n".join(lines))
+    assert c4(doc, C4) is None
+    assert doc.text.split("\n")[0] == "The river floods every spring and every autumn."

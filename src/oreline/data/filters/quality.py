@@ -96,7 +96,7 @@ C4_POLICY = (
 SENTENCE_END = re.compile(r"[.!?。！？]+(?:[\"'”’)\]]*)(?=\s|$)")
 _DELETE_PUNCT = str.maketrans("", "", PUNCT)
 _PUNCT_RUN = re.compile(f"[{re.escape(PUNCT)}]+")
-CITATION = re.compile(r"\[\d*\]|\[citation needed\]", re.IGNORECASE)
+CITATION = re.compile(r"\[\d*\]|\[edit\]|\[citation needed\]", re.IGNORECASE)  # tfds c4_utils
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio constant; odd, so multiplication is a bijection
 _ROLL = np.uint64(0x100000001B3)  # FNV prime as the rolling-hash base
