@@ -319,3 +319,13 @@ def test_c4_removes_edit_marks_as_tfds_does():
     doc = en("\n".join(lines))
     assert c4(doc, C4) is None
     assert doc.text.split("\n")[0] == "The river floods every spring and every autumn."
+
+
+def test_c4_counts_sentences_not_end_marks():
+    """Three lines ending in a quotation mark are three sentences; abbreviations and initials do
+    not end one (tfds C4 counts NLTK Punkt sentences of the kept lines)."""
+    quoted = "\n".join(f'The sign on door {k} simply said "keep out"' for k in range(3))
+    assert c4(en(quoted), C4) is None
+    abbreviated = "Dr. Smith met Mr. J. Jones at 5 p.m. on the dock.\nThey talked about the U.S. economy."
+    assert c4(en(abbreviated), C4) == "c4:too_few_sentences"
+    assert c4(en(abbreviated + "\nThen the two of them went home."), C4) is None

@@ -93,7 +93,16 @@ C4_POLICY = (
     "use of cookies",
     "use cookies",
 )
-SENTENCE_END = re.compile(r"[.!?。！？]+(?:[\"'”’)\]]*)(?=\s|$)")
+# A sentence ends at an end mark (closing quotes or brackets may follow) before white space and
+# a capital, digit or opening quote, unless the word before the mark is an abbreviation or an
+# initial ("Dr.", "e.g.", "J."): the cases Punkt, the sentence splitter tfds C4 counts with,
+# decides on English. CJK full stops end a sentence wherever they stand.
+_SENTENCE_BREAK = re.compile(r"(?<!\S)(\S*?)[.!?]+[\"'”’)\]]*\s+(?=[\"'“‘(\[]*[A-Z0-9])|[。！？]+(?=\S)")
+_ABBREVIATED = (
+    "mr mrs ms dr prof sr jr st mt vs etc e.g i.e cf al inc ltd co corp no nos fig vol pp gen col lt sgt "
+    "capt rep sen gov rev jan feb mar apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m"
+)
+_ABBREVIATIONS = frozenset(_ABBREVIATED.split())
 _DELETE_PUNCT = str.maketrans("", "", PUNCT)
 _PUNCT_RUN = re.compile(f"[{re.escape(PUNCT)}]+")
 CITATION = re.compile(r"\[\d*\]|\[edit\]|\[citation needed\]", re.IGNORECASE)  # tfds c4_utils
@@ -274,6 +283,23 @@ def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
+def count_sentences(line: str) -> int:
+    """Sentences in one line of text (≥ 1 when it is not blank): C4 counts the sentences of the
+    lines it keeps (tfds: NLTK Punkt per line), not its end marks, so "Dr. Smith left at 5 p.m."
+    is one sentence and a line ending in a quotation mark is one too."""
+    if not line.strip():
+        return 0
+    n = 1
+    for m in _SENTENCE_BREAK.finditer(line):
+        word = m.group(1)
+        if word is not None:
+            word = word.lstrip("\"'“‘([").lower()
+            if word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
+                continue
+        n += 1
+    return n
+
+
 @dataclass
 class LineRemovals:
     """What the C4 line rules removed from the documents C4 kept (a dropped document's lines are
@@ -341,7 +367,7 @@ def c4(doc: Document, p: C4Step, lines: LineRemovals | None = None) -> str | Non
             return "c4:lorem_ipsum"
         if p.filter_curly_bracket and "{" in doc.text:
             return "c4:curly_bracket"
-        if len(SENTENCE_END.findall(doc.text)) < p.min_sentences:
+        if sum(map(count_sentences, doc.text.split("\n"))) < p.min_sentences:
             return "c4:too_few_sentences"
         return None
     kept: list[str] = []
@@ -360,7 +386,7 @@ def c4(doc: Document, p: C4Step, lines: LineRemovals | None = None) -> str | Non
         removed[rule] += 1
         removed_bytes[rule] += _utf8_len(raw_line)
     new_text = "\n".join(kept)
-    if len(SENTENCE_END.findall(new_text)) < p.min_sentences:
+    if sum(map(count_sentences, kept)) < p.min_sentences:
         return "c4:too_few_sentences"
     if any(removed.values()):
         doc.metadata["c4_removed_lines"] = {k: v for k, v in removed.items() if v}
