@@ -201,7 +201,8 @@ def test_fineweb_rules(samples):
     assert fineweb(en(short), FW) == "fineweb:short_line_ratio"
     dup = "\n".join([line + "." for line in long_lines] + [long_lines[0] + "."])
     assert fineweb(en(dup), FW) == "fineweb:char_dup_ratio"
-    two_words = "\n".join(f"{words[i]}ishnesses{i} extraordinarily{words[i + 1]}." for i in range(20))
+    letters = [re.sub("[^A-Za-z]", "", w) or "x" for w in words]  # one word token each, as FineWeb counts
+    two_words = "\n".join(f"{letters[i]}ishnesses{i} extraordinarily{letters[i + 1]}." for i in range(20))
     assert fineweb(en(two_words), FW) == "fineweb:list_ratio"
 
 
@@ -329,3 +330,12 @@ def test_c4_counts_sentences_not_end_marks():
     abbreviated = "Dr. Smith met Mr. J. Jones at 5 p.m. on the dock.\nThey talked about the U.S. economy."
     assert c4(en(abbreviated), C4) == "c4:too_few_sentences"
     assert c4(en(abbreviated + "\nThen the two of them went home."), C4) is None
+
+
+def test_fineweb_newlines_per_word_count_word_tokens():
+    """FineWeb's list ratio divides by its word tokenizer's tokens, punctuation included: ten
+    lines of three hyphenated words with commas are 6 tokens a line, 0.17 newlines per token."""
+    text = "".join(f"Case-{k}, long-standing, far-reaching.\n" for k in range(10))
+    assert len(text.split()) == 30 and text.count("\n") / 30 > 0.3  # per whitespace token: a list
+    assert fineweb(en(text), FW) is None
+    assert fineweb(en(text), FineWebStep(kind="fineweb", new_line_ratio=0.15)) == "fineweb:list_ratio"

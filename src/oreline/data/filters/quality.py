@@ -103,6 +103,10 @@ _ABBREVIATED = (
     "capt rep sen gov rev jan feb mar apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m"
 )
 _ABBREVIATIONS = frozenset(_ABBREVIATED.split())
+# the tokens of datatrove's default word tokenizer (NLTK's Treebank word_tokenize) for the counts
+# FineWeb takes from it: words with inner hyphens, periods and digits, clitics ("'s", "n't" as
+# "n" + "'t"), an ellipsis, and every other punctuation mark on its own
+_WORD_TOKEN = re.compile(r"\w+(?:[-.]\w+)*|'\w+|\.\.\.|[^\w\s]")
 _DELETE_PUNCT = str.maketrans("", "", PUNCT)
 _PUNCT_RUN = re.compile(f"[{re.escape(PUNCT)}]+")
 CITATION = re.compile(r"\[\d*\]|\[edit\]|\[citation needed\]", re.IGNORECASE)  # tfds c4_utils
@@ -424,7 +428,8 @@ def fineweb(doc: Document, p: FineWebStep) -> str | None:
     if dup_chars / max(1, len(doc.text) - doc.text.count("\n")) > p.char_dup_ratio:
         return "fineweb:char_dup_ratio"
     if uses_spaces(doc):
-        n_words = len(doc.text.split())
+        # per word token as datatrove counts them, punctuation included, not per whitespace token
+        n_words = sum(1 for _ in _WORD_TOKEN.finditer(doc.text))
         if n_words and doc.text.count("\n") / n_words > p.new_line_ratio:
             return "fineweb:list_ratio"
     return None
