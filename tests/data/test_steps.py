@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from oreline_test_helpers import user_step_config
 from typer.testing import CliRunner
 
 from oreline.cli import app
@@ -21,24 +22,6 @@ from oreline.document import Document
 from oreline.errors import ConfigError
 
 INPUTS = ["commoncrawl-samples", "warcio-edge-cases"]
-
-# the README's worked example, as a user writes it
-USER_STEPS = '''
-def drop_keyword(doc, words=("casino",)):
-    """A filter: the reason to drop, or None to keep."""
-    low = doc.text.lower()
-    hit = next((w for w in words if w in low), None)
-    if hit == "explode":
-        raise ValueError("this document breaks the filter")
-    return f"keyword:{hit}" if hit else None
-
-
-def shout_title(doc):
-    """A mapper: returns the document, changed."""
-    doc.metadata["shouted"] = True
-    doc.text = doc.text.upper()
-    return doc
-'''
 
 
 def _digest(out: Path) -> dict[str, bytes]:
@@ -140,12 +123,6 @@ def test_config_keys_lists_every_step_parameter_with_its_default_and_source():
     assert "data.steps[kind=python].function" in result.output
 
 
-def _user_file(tmp_path: Path) -> Path:
-    path = tmp_path / "user_steps.py"
-    path.write_text(USER_STEPS)
-    return path
-
-
 def _jsonl(tmp_path: Path) -> Path:
     rows = [
         {"id": "a", "text": "A fine page about gardens and the weather."},
@@ -159,21 +136,15 @@ def _jsonl(tmp_path: Path) -> Path:
     return path
 
 
-def user_step_config(path: Path, *overrides: str):
-    """The demo config with a step list of two user steps (and no built-in filters)."""
-    cfg = load_config(None, ["data.dedup.exact=false", "data.dedup.minhash=false", *overrides])
-    return _with_steps(
-        cfg,
-        [
-            {"kind": "python", "function": f"{path}:drop_keyword", "args": {"words": ["casino", "explode"]}},
-            {"kind": "python", "function": f"{path}:shout_title", "name": "shout"},
-        ],
-    )
+def _user_config(folder: Path):
+    """Two user steps only: no built-in filter, no dedup."""
+    cfg = user_step_config(folder, "data.dedup.exact=false", "data.dedup.minhash=false")
+    return _with_steps(cfg, [s for s in to_dict(cfg.data)["steps"] if s["kind"] == "python"])
 
 
 def test_a_python_step_filters_maps_and_is_counted_like_a_built_in_one(tmp_path):
     src = _jsonl(tmp_path)
-    cfg = user_step_config(_user_file(tmp_path))
+    cfg = _user_config(tmp_path)
     stats = run_data([str(src)], tmp_path / "out", cfg, workers=1)
     steps = {s["name"]: s for s in stats["steps"]}
     assert steps["drop_keyword"]["docs_in"] == 4 and steps["drop_keyword"]["docs_out"] == 2
@@ -198,12 +169,12 @@ def test_a_python_step_filters_maps_and_is_counted_like_a_built_in_one(tmp_path)
 
 def test_a_changed_user_step_or_parameter_is_another_data_run(tmp_path):
     src = _jsonl(tmp_path)
-    path = _user_file(tmp_path)
     files = [(src, "jsonl")]
-    before = data_fingerprint(user_step_config(path), files)
-    assert data_fingerprint(user_step_config(path), files) == before
-    path.write_text(USER_STEPS.replace("doc.text.upper()", "doc.text.title()"))
-    assert data_fingerprint(user_step_config(path), files) != before
+    before = data_fingerprint(_user_config(tmp_path), files)
+    assert data_fingerprint(_user_config(tmp_path), files) == before
+    path = tmp_path / "user_steps.py"
+    path.write_text(path.read_text().replace("doc.text.upper()", "doc.text.title()"))
+    assert data_fingerprint(_user_config(tmp_path), files) != before
     tuned = _with_steps(load_config(None), [{"kind": "gopher_quality", "min_words": 30}])
     assert data_fingerprint(tuned, files) != data_fingerprint(
         _with_steps(load_config(None), [{"kind": "gopher_quality"}]), files
