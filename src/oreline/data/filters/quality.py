@@ -213,7 +213,7 @@ def gopher_repetition(doc: Document, p: GopherRepetitionStep) -> str | None:
     text = doc.text
     total = len(text)
     if total == 0:
-        return None
+        return "gopher_rep:empty"  # nothing to measure repetition on (datatrove drops it as "empty")
     # splitting on "\n\n" then stripping equals splitting on \n{2,}, without a regex
     paragraphs = [p for p in (q.strip() for q in text.split("\n\n")) if p]
     dup_n, dup_chars = _duplicates(paragraphs)
