@@ -339,3 +339,14 @@ def test_fineweb_newlines_per_word_count_word_tokens():
     assert len(text.split()) == 30 and text.count("\n") / 30 > 0.3  # per whitespace token: a list
     assert fineweb(en(text), FW) is None
     assert fineweb(en(text), FineWebStep(kind="fineweb", new_line_ratio=0.15)) == "fineweb:list_ratio"
+
+
+def test_gopher_top_ngram_of_a_document_without_repetition_is_its_first():
+    """The most frequent n-gram of a text without repeats occurs once: the first one, which in a
+    few words covers more than the limit (the paper's definition, and datatrove's measure)."""
+    assert gopher_repetition(en("Almost There By Lim Hui Ying"), GR) == "gopher_rep:top_2gram"
+    assert gopher_repetition(en(" ".join(paragraph_words_fixed())), GR) is None
+
+
+def paragraph_words_fixed() -> list[str]:
+    return [f"word{k}" for k in range(60)]

@@ -254,7 +254,13 @@ def gopher_repetition(doc: Document, p: GopherRepetitionStep) -> str | None:
         sh = h[order]
         same = sh[1:] == sh[:-1]
         if not same.any():
-            break  # no repeated n-gram means no repeated longer n-gram either
+            # no repeated n-gram means no repeated longer n-gram either; the most frequent n-gram
+            # is then the first one (occurring once), as the paper's definition reads and datatrove
+            # measures it: in a document of a few words it alone covers a large share
+            for m, frac in sorted(top_fracs.items()):
+                if m >= n and m <= len(words) and (csum[m] + m - 1) / total > frac:
+                    return f"gopher_rep:top_{m}gram"
+            break
         top_frac = top_fracs.get(n)
         if top_frac is not None:
             # run lengths of equal hashes: the most frequent n-gram's count and first position; of
