@@ -159,7 +159,12 @@ def _distinct_stop_words(words: list[str], p: GopherQualityStep) -> int:
     """How many of the stop words occur (in any case): the paper asks for two *of* the words, so
     "the" twice is one."""
     stop = _any_case(tuple(p.stop_words))
-    return len({w.lower() for w in filter(stop.__contains__, words)})
+    found: set[str] = set()
+    for word in filter(stop.__contains__, words):
+        found.add(word.lower())
+        if len(found) >= p.min_stop_words:  # enough: the rest of the document does not matter
+            break
+    return len(found)
 
 
 def _above(value: float, limit: float) -> bool:
@@ -367,6 +372,12 @@ def _c4_line_rule(line: str, spaced: bool, p: C4Step) -> str | None:
     return None
 
 
+def _too_few_sentences(lines: list[str], least: int) -> bool:
+    """Fewer than `least` sentences in these non-empty lines; each holds one at least, so only a
+    document with fewer lines than that needs its sentences counted."""
+    return len(lines) < least and sum(map(count_sentences, lines)) < least
+
+
 def c4(doc: Document, p: C4Step, lines: LineRemovals | None = None) -> str | None:
     """C4 rules (Raffel et al. 2020; tfds c4_utils.clean_page). With filter_lines, removes lines,
     counted into `lines` when the document is kept."""
@@ -377,7 +388,7 @@ def c4(doc: Document, p: C4Step, lines: LineRemovals | None = None) -> str | Non
             return "c4:lorem_ipsum"
         if p.filter_curly_bracket and "{" in doc.text:
             return "c4:curly_bracket"
-        if sum(map(count_sentences, doc.text.split("\n"))) < p.min_sentences:
+        if _too_few_sentences(_nonempty_lines(doc.text), p.min_sentences):
             return "c4:too_few_sentences"
         return None
     kept: list[str] = []
@@ -396,7 +407,7 @@ def c4(doc: Document, p: C4Step, lines: LineRemovals | None = None) -> str | Non
         removed[rule] += 1
         removed_bytes[rule] += _utf8_len(raw_line)
     new_text = "\n".join(kept)
-    if sum(map(count_sentences, kept)) < p.min_sentences:
+    if _too_few_sentences(kept, p.min_sentences):
         return "c4:too_few_sentences"
     if any(removed.values()):
         doc.metadata["c4_removed_lines"] = {k: v for k, v in removed.items() if v}
@@ -434,10 +445,15 @@ def fineweb(doc: Document, p: FineWebStep) -> str | None:
     if dup_chars / max(1, len(doc.text) - doc.text.count("\n")) > p.char_dup_ratio:
         return "fineweb:char_dup_ratio"
     if uses_spaces(doc):
-        # per word token as datatrove counts them, punctuation included, not per whitespace token
-        n_words = sum(1 for _ in _WORD_TOKEN.finditer(doc.text))
-        if n_words and doc.text.count("\n") / n_words > p.new_line_ratio:
-            return "fineweb:list_ratio"
+        # per word token as datatrove counts them, punctuation included, not per whitespace token;
+        # every whitespace token holds at least one word token, so below the limit per whitespace
+        # token the text is below it per word token too, and the regex is not needed
+        newlines = doc.text.count("\n")
+        n_words = len(doc.text.split())
+        if n_words and newlines / n_words > p.new_line_ratio:
+            n_words = len(_WORD_TOKEN.findall(doc.text))
+            if newlines / n_words > p.new_line_ratio:
+                return "fineweb:list_ratio"
     return None
 
 
