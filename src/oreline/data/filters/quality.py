@@ -8,24 +8,27 @@ binds each to its settings as a step, which the runner counts and times. The run
 counts documents; what the C4 line rules cut from the documents they keep is counted by rule in
 a `LineRemovals` (`c4(doc, settings, lines)`), for stats.json "line_filters".
 
-Sources of the rules and thresholds:
+Sources of the rules and thresholds (each a parameter of its step, `oreline config keys`; where
+the papers and datatrove disagree oreline follows the paper, docs/design.md lists where):
 
 - Gopher quality (Rae et al. 2021, "Scaling Language Models: Methods, Analysis & Insights from
   Training Gopher", appendix A.1.1, Table A1; defaults as in datatrove's GopherQualityFilter):
   50 ≤ words ≤ 100,000; mean word length in [3, 10]; "#" and ellipsis to word ratios ≤ 0.1 each;
   ≤ 90% of lines start with a bullet; ≤ 30% of lines end with an ellipsis; ≥ 80% of words contain
-  an alphabetic character; ≥ 2 of the stop words {the, be, to, of, and, that, have, with}.
+  an alphabetic character; ≥ 2 distinct stop words of {the, be, to, of, and, that, have, with}.
 - Gopher repetition (same table): duplicate-line fraction ≤ 0.30 (by count) and ≤ 0.20 (by chars);
   duplicate-paragraph fraction ≤ 0.30 / ≤ 0.20; most frequent 2/3/4-gram covers ≤ 0.20/0.18/0.16
-  of the characters; duplicated 5..10-grams cover ≤ 0.15, 0.14, 0.13, 0.12, 0.11, 0.10.
+  of the characters; duplicated 5..10-grams cover ≤ 0.15, 0.14, 0.13, 0.12, 0.11, 0.10. Words
+  are those of the quality rule (whitespace-separated, punctuation stripped).
 - C4 (Raffel et al. 2020, §2.2, and tensorflow-datasets `c4_utils.clean_page`): keep lines that
   end in terminal punctuation (not an ellipsis) with ≥ 5 words and no word over 1,000 characters;
   drop lines mentioning "javascript" or cookie/privacy/terms policies; drop the document on
-  "lorem ipsum" or a "{" in a kept line; drop documents with fewer than 3 sentences. The bad-words
+  "lorem ipsum" or a "{" in a kept line; drop documents whose kept lines hold fewer than 3
+  sentences (`count_sentences`; "[1]", "[edit]", "[citation needed]" removed first). The bad-words
   list is not applied (it would need a download).
 - FineWeb (Penedo et al. 2024, "The FineWeb Datasets", §3.4; datatrove FineWebQualityFilter
-  defaults): ≥ 12% of lines end in punctuation; < 67% of lines are ≤ 30 characters; characters in
-  duplicated lines ≤ 1% of the text; newlines per word ≤ 0.3.
+  defaults): ≥ 12% of lines end in . ' " ! ? (FineWeb's marks); < 67% of lines are ≤ 30
+  characters; characters in duplicated lines ≤ 1% of the text; newlines per word token ≤ 0.3.
 - Entropy and ASCII ratio (the seed recipe): Shannon entropy of the character distribution in bits
   per character must be ≥ `min_entropy`; the ASCII share must be ≥ `min_ascii_ratio`.
 
