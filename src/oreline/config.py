@@ -629,6 +629,26 @@ class SlurmConfig(Section):
         return [check_sbatch_arg(a) for a in value]
 
 
+# The switches and thresholds that data.steps replaces when given (see steps_from_sections).
+SHORTHAND_KEYS = {
+    "protocol": ("enabled",),
+    "extract": ("enabled",),
+    "normalize": ("enabled",),
+    "langid": ("enabled",),
+    "quality": (
+        "enabled",
+        "gopher_quality",
+        "gopher_repetition",
+        "c4",
+        "c4_filter_lines",
+        "fineweb",
+        "entropy",
+        "min_entropy",
+        "ascii_ratio",
+        "min_ascii_ratio",
+    ),
+}
+
 # Settings of the data and tokenize sections that say where and on how many workers tasks run,
 # never what they produce: left out of the data fingerprint and of the stages' keys.
 EXECUTION_KEYS = ("workers", "executor", "ray", "slurm")
@@ -671,6 +691,19 @@ class DataConfig(Section):
     def _steps_consistent(self) -> DataConfig:
         if self.steps is None:
             return self
+        # the switches the list replaces: one set away from its default would silently do nothing
+        ignored = [
+            f"data.{section}.{key}"
+            for section, keys in SHORTHAND_KEYS.items()
+            for key in keys
+            if getattr(getattr(self, section), key) != type(getattr(self, section)).model_fields[key].default
+        ]
+        if ignored:
+            raise ValueError(
+                f"data.steps is given, so {', '.join(ignored)} would be ignored: list the steps you want "
+                'in data.steps with their parameters (e.g. { kind = "entropy", min_entropy = 3.0 }) and '
+                "leave these switches out"
+            )
         names = [s.step_name() for s in self.steps]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:

@@ -14,7 +14,7 @@ from oreline_test_helpers import user_step_config
 from typer.testing import CliRunner
 
 from oreline.cli import app
-from oreline.config import config_from_dict, load_config, to_dict
+from oreline.config import SHORTHAND_KEYS, config_from_dict, load_config, to_dict
 from oreline.data.pipeline.run import data_fingerprint, run_data
 from oreline.data.pipeline.runner import StepStats, run_steps
 from oreline.data.pipeline.steps import filter_steps
@@ -33,7 +33,12 @@ def _digest(out: Path) -> dict[str, bytes]:
 
 
 def _with_steps(cfg, steps: list[dict]):
+    """cfg with this step list, and without the section switches the list replaces (as a user
+    converting a config writes it)."""
     tree = to_dict(cfg)
+    for section, keys in SHORTHAND_KEYS.items():
+        for key in keys:
+            tree["data"][section].pop(key, None)
     tree["data"]["steps"] = steps
     return config_from_dict(tree)
 
@@ -187,3 +192,16 @@ def test_a_python_step_that_cannot_be_imported_fails_the_run_before_any_task(tmp
         run_data([str(_jsonl(tmp_path))], tmp_path / "out", cfg, workers=1)
     with pytest.raises(ConfigError, match="module:function"):
         _with_steps(load_config(None), [{"kind": "python", "function": "nocolon"}])
+
+
+def test_a_switch_the_step_list_replaces_is_refused_rather_than_ignored():
+    """With data.steps given, data.quality.fineweb = false (or a threshold there) would do nothing:
+    the config is refused, naming the key."""
+    tree = to_dict(load_config(None, ["data.quality.min_entropy=3.0"]))
+    tree["data"]["steps"] = [{"kind": "entropy"}]
+    with pytest.raises(ConfigError, match=r"data\.quality\.min_entropy would be ignored"):
+        config_from_dict(tree)
+    tree = to_dict(load_config(None, ["data.langid.enabled=false"]))
+    tree["data"]["steps"] = [{"kind": "fineweb"}]
+    with pytest.raises(ConfigError, match=r"data\.langid\.enabled"):
+        config_from_dict(tree)
