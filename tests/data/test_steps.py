@@ -205,3 +205,28 @@ def test_a_switch_the_step_list_replaces_is_refused_rather_than_ignored():
     tree["data"]["steps"] = [{"kind": "fineweb"}]
     with pytest.raises(ConfigError, match=r"data\.langid\.enabled"):
         config_from_dict(tree)
+
+
+def test_a_one_to_many_python_step_from_an_importable_module(tmp_path, monkeypatch):
+    """`function = "module:function"` on the workers' import path; with many = true the function's
+    documents replace the one it was given, counted out one by one."""
+    pkg = tmp_path / "lib"
+    pkg.mkdir()
+    (pkg / "my_splitter.py").write_text(
+        "def halves(doc):\n"
+        "    from oreline.document import Document\n"
+        "    w = doc.text.split()\n"
+        "    parts = [' '.join(w[: len(w) // 2]), ' '.join(w[len(w) // 2 :])]\n"
+        "    return [Document(f'{doc.id}#{k}', p, doc.url, dict(doc.metadata)) for k, p in enumerate(parts)]\n"
+    )
+    monkeypatch.syspath_prepend(str(pkg))
+    monkeypatch.setenv("PYTHONPATH", str(pkg))  # the worker processes import it too
+    cfg = load_config(None, ["data.dedup.exact=false", "data.dedup.minhash=false"])
+    cfg = _with_steps(cfg, [{"kind": "python", "function": "my_splitter:halves", "many": True}])
+    stats = run_data([str(_jsonl(tmp_path))], tmp_path / "out", cfg, workers=1)
+    step = next(s for s in stats["steps"] if s["name"] == "halves")
+    assert (step["docs_in"], step["docs_out"]) == (4, 8)
+    docs = [
+        r for p in sorted((tmp_path / "out" / "docs").glob("*.parquet")) for r in pq.read_table(p).to_pylist()
+    ]
+    assert "b#1" in {d["id"] for d in docs} and len(docs) == 8
