@@ -433,4 +433,41 @@ def fill_disk(folder: Path, leave: int) -> Path:
     return filler
 
 
+# A user's own steps in a Python file, as the README's worked example writes them: a keyword
+# filter (which raises on one word, to show an exception is that document's reject) and a mapper.
+USER_STEPS = '''
+def drop_keyword(doc, words=("casino",)):
+    """A filter: the reason to drop the document, or None to keep it."""
+    low = doc.text.lower()
+    hit = next((w for w in words if w in low), None)
+    if hit == "explode":
+        raise ValueError("this document breaks the filter")
+    return f"keyword:{hit}" if hit else None
+
+
+def shout(doc):
+    """A mapper: returns the document, changed."""
+    doc.metadata["shouted"] = True
+    doc.text = doc.text.upper()
+    return doc
+'''
+
+
+def user_step_config(folder: Path, *overrides: str, words=("casino", "explode")):
+    """The default config (plus `overrides`) with its step list and two user steps from a Python
+    file written into `folder` (user_steps.py): drop_keyword(words), then shout."""
+    from oreline.config import config_from_dict, load_config, to_dict
+
+    path = Path(folder) / "user_steps.py"
+    if not path.is_file():
+        path.write_text(USER_STEPS)
+    cfg = load_config(None, list(overrides))
+    tree = to_dict(cfg)
+    tree["data"]["steps"] = [to_dict(s) for s in cfg.data.step_list()] + [
+        {"kind": "python", "function": f"{path}:drop_keyword", "args": {"words": list(words)}},
+        {"kind": "python", "function": f"{path}:shout", "name": "shout"},
+    ]
+    return config_from_dict(tree)
+
+
 sys.modules.setdefault("oreline_test_helpers", sys.modules[__name__])

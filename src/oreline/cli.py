@@ -691,8 +691,8 @@ def config_show(overrides: Overrides = None, config: ConfigOpt = None) -> None:
 
 @config_app.command("keys")
 def config_keys() -> None:
-    """List every valid dotted config key with its description."""
-    from oreline.config import Config, valid_keys
+    """List every valid dotted config key with its description, and every step kind's parameters."""
+    from oreline.config import Config, step_keys, valid_keys
 
     def describe(model, prefix=""):
         for name, field in model.model_fields.items():
@@ -704,6 +704,9 @@ def config_keys() -> None:
                 typer.echo(f"{key:45s} {field.description or ''}")
 
     describe(Config)
+    # the parameters of each [[data.steps]] kind, with the published default and its source
+    for key, default, description in step_keys():
+        typer.echo(f"{key:45s} {default + '  ' if default else ''}{description}")
     assert valid_keys()
 
 

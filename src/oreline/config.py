@@ -22,7 +22,7 @@ import os
 import tomllib
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -31,6 +31,7 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -185,6 +186,335 @@ class QualityConfig(Section):
         return self
 
 
+# ---------------------------------------------------------------------------------------------
+# the document steps of phase 1 as data: [[data.steps]]
+#
+# Each kind is one class below, and that class is its whole registration: `kind` names it in
+# TOML, its fields are the step's parameters (default = the published value, the description
+# says where it is published), and `impl` names its implementation as "module:function",
+# resolved when the pipeline is built (`oreline.data.pipeline.steps`), so this core module
+# imports no data code. With `rule = True` the implementation is a filter `(doc, settings) ->
+# reason | None` wrapped into the step "quality:<kind>"; otherwise it builds its own step
+# `(settings, cfg, context) -> Step`.
+
+
+class StepSettings(Section):
+    """One entry of [[data.steps]]."""
+
+    impl: ClassVar[str]
+    rule: ClassVar[bool] = False
+    default_name: ClassVar[str | None] = None  # else quality:<kind> for a rule, the kind otherwise
+    kind: str
+    name: str | None = Field(
+        None,
+        description="the step's name in stats.json and rejects/ (default: quality:<kind> for a rule, the kind "
+        "otherwise); needed when a kind is listed twice",
+    )
+
+    def step_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.default_name:
+            return self.default_name
+        return f"quality:{self.kind}" if self.rule else self.kind
+
+
+class ProtocolStep(StepSettings):
+    """HTTP status and content type of WARC records; its settings are data.protocol's."""
+
+    impl: ClassVar[str] = "oreline.data.pipeline.steps:protocol_step"
+    kind: Literal["protocol"]
+
+
+class ExtractStep(StepSettings):
+    """Main-text extraction of HTML documents; its settings are data.extract's."""
+
+    impl: ClassVar[str] = "oreline.data.pipeline.steps:extract_step"
+    kind: Literal["extract"]
+
+
+class NormalizeStep(StepSettings):
+    """Unicode normalization and mojibake drop; its settings are data.normalize's."""
+
+    impl: ClassVar[str] = "oreline.data.pipeline.steps:normalize_step"
+    kind: Literal["normalize"]
+
+
+class LangidStep(StepSettings):
+    """lid.176 language identification; its settings are data.langid's."""
+
+    impl: ClassVar[str] = "oreline.data.pipeline.steps:langid_step"
+    kind: Literal["langid"]
+
+
+_GOPHER = "Rae et al. 2021 (Gopher), appendix A.1.1"
+_GOPHER_STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]
+
+
+class GopherQualityStep(StepSettings):
+    """Gopher's quality rules (oreline.data.filters.quality.gopher_quality)."""
+
+    impl: ClassVar[str] = "oreline.data.filters.quality:gopher_quality"
+    rule: ClassVar[bool] = True
+    kind: Literal["gopher_quality"]
+    min_words: int = Field(50, ge=0, description=f"fewest words (punctuation stripped); {_GOPHER}")
+    max_words: int = Field(100_000, ge=0, description=f"most words; {_GOPHER}")
+    min_avg_word_length: float = Field(3, ge=0, description=f"smallest mean word length; {_GOPHER}")
+    max_avg_word_length: float = Field(10, ge=0, description=f"largest mean word length; {_GOPHER}")
+    max_symbol_word_ratio: float = Field(
+        0.1, ge=0, description=f"most '#' and most ellipses per word, each; {_GOPHER}"
+    )
+    max_bullet_lines_ratio: float = Field(
+        0.9, ge=0, le=1, description=f"largest share of lines starting with a bullet; {_GOPHER}"
+    )
+    max_ellipsis_lines_ratio: float = Field(
+        0.3, ge=0, le=1, description=f"largest share of lines ending in an ellipsis; {_GOPHER}"
+    )
+    min_alpha_words_ratio: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description=f"smallest share of words with a letter (datatrove: max_non_alpha_words_ratio); {_GOPHER}",
+    )
+    min_stop_words: int = Field(
+        2, ge=0, description=f"fewest distinct stop words (English documents only); {_GOPHER}"
+    )
+    stop_words: list[str] = Field(_GOPHER_STOP_WORDS, description=f"the stop words; {_GOPHER}")
+
+
+class GopherRepetitionStep(StepSettings):
+    """Gopher's repetition rules (oreline.data.filters.quality.gopher_repetition)."""
+
+    impl: ClassVar[str] = "oreline.data.filters.quality:gopher_repetition"
+    rule: ClassVar[bool] = True
+    kind: Literal["gopher_repetition"]
+    dup_para_frac: float = Field(
+        0.3, ge=0, description=f"largest share of duplicate paragraphs; {_GOPHER}, Table A1"
+    )
+    dup_para_char_frac: float = Field(
+        0.2, ge=0, description=f"largest share of characters in duplicate paragraphs; {_GOPHER}, Table A1"
+    )
+    dup_line_frac: float = Field(
+        0.3, ge=0, description=f"largest share of duplicate lines; {_GOPHER}, Table A1"
+    )
+    dup_line_char_frac: float = Field(
+        0.2, ge=0, description=f"largest share of characters in duplicate lines; {_GOPHER}, Table A1"
+    )
+    top_n_grams: list[tuple[int, float]] = Field(
+        [(2, 0.20), (3, 0.18), (4, 0.16)],
+        description=f"[n, fraction]: the most frequent n-gram covers at most this share of characters; {_GOPHER}, Table A1",
+    )
+    dup_n_grams: list[tuple[int, float]] = Field(
+        [(5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10)],
+        description=f"[n, fraction]: duplicated n-grams cover at most this share of characters; {_GOPHER}, Table A1",
+    )
+
+
+_C4 = "Raffel et al. 2020 (T5), §2.2; tensorflow-datasets c4_utils.clean_page"
+
+
+class C4Step(StepSettings):
+    """C4's rules (oreline.data.filters.quality.c4)."""
+
+    impl: ClassVar[str] = "oreline.data.pipeline.steps:c4_step"
+    default_name: ClassVar[str | None] = "quality:c4"
+    kind: Literal["c4"]
+    filter_lines: bool = Field(
+        True, description=f"remove the lines the line rules reject (off: document rules only); {_C4}"
+    )
+    min_words_per_line: int = Field(5, ge=0, description=f"fewest words of a kept line; {_C4}")
+    min_sentences: int = Field(3, ge=0, description=f"fewest sentences of a kept document; {_C4}")
+    max_word_length: int = Field(1000, ge=1, description=f"longest word of a kept line; {_C4}")
+    remove_citations: bool = Field(True, description=f"remove [1], [edit], [citation needed]; {_C4}")
+    filter_javascript: bool = Field(True, description=f"remove lines mentioning javascript; {_C4}")
+    filter_policy: bool = Field(True, description=f"remove cookie, privacy and terms-of-use lines; {_C4}")
+    filter_lorem_ipsum: bool = Field(True, description=f"drop documents with 'lorem ipsum'; {_C4}")
+    filter_curly_bracket: bool = Field(True, description=f"drop documents with a '{{' in a kept line; {_C4}")
+
+
+_FINEWEB = "Penedo et al. 2024 (FineWeb), §3.4; datatrove FineWebQualityFilter"
+
+
+class FineWebStep(StepSettings):
+    """FineWeb's quality rules (oreline.data.filters.quality.fineweb)."""
+
+    impl: ClassVar[str] = "oreline.data.filters.quality:fineweb"
+    rule: ClassVar[bool] = True
+    kind: Literal["fineweb"]
+    line_punct_ratio: float = Field(
+        0.12, ge=0, le=1, description=f"smallest share of lines ending in punctuation; {_FINEWEB}"
+    )
+    # not : ; ) or an ellipsis, which end navigation ("Products:", "(2)") rather than sentences
+    stop_chars: list[str] = Field(
+        [".", "'", '"', "!", "?", "。", "！", "？", "؟", "।", "۔"],
+        description="what ends a line with punctuation: FineWeb's . ' \" ! ? (datatrove as it built FineWeb) and "
+        f"the full stops of CJK, Arabic and Devanagari; {_FINEWEB}",
+    )
+    line_punct_exclude_zero: bool = Field(
+        False,
+        description=f"keep documents with no line ending in punctuation at all (the rule skips them); {_FINEWEB}",
+    )
+    short_line_ratio: float = Field(
+        0.67,
+        ge=0,
+        le=1,
+        description=f"documents with this share of short lines or more are dropped; {_FINEWEB}",
+    )
+    short_line_length: int = Field(30, ge=0, description=f"characters of a short line, at most; {_FINEWEB}")
+    char_dup_ratio: float = Field(
+        0.01, ge=0, description=f"largest share of characters in duplicate lines; {_FINEWEB}"
+    )
+    new_line_ratio: float = Field(0.3, ge=0, description=f"most newlines per word; {_FINEWEB}")
+
+
+class EntropyStep(StepSettings):
+    """Character entropy (oreline.data.filters.quality.entropy)."""
+
+    impl: ClassVar[str] = "oreline.data.filters.quality:entropy"
+    rule: ClassVar[bool] = True
+    kind: Literal["entropy"]
+    min_entropy: float = Field(
+        3.2, description="minimum character entropy in bits per character (seed recipe)"
+    )
+
+
+class AsciiRatioStep(StepSettings):
+    """ASCII share of Latin-script documents (oreline.data.filters.quality.ascii_ratio)."""
+
+    impl: ClassVar[str] = "oreline.data.filters.quality:ascii_ratio"
+    rule: ClassVar[bool] = True
+    kind: Literal["ascii_ratio"]
+    min_ascii_ratio: float = Field(
+        0.30, description="minimum ASCII share, Latin-script languages only (seed recipe)"
+    )
+
+
+class PerplexityStep(StepSettings):
+    """Reference-LM perplexity scoring; its settings are data.quality.perplexity_*."""
+
+    impl: ClassVar[str] = "oreline.data.pipeline.steps:perplexity_step"
+    default_name: ClassVar[str | None] = "quality:perplexity"
+    kind: Literal["perplexity"]
+
+
+class ClassifierStep(StepSettings):
+    """fastText quality-classifier scoring; its settings are data.quality.classifier*."""
+
+    impl: ClassVar[str] = "oreline.data.pipeline.steps:classifier_step"
+    default_name: ClassVar[str | None] = "quality:classifier"
+    kind: Literal["classifier"]
+
+
+class PythonStep(StepSettings):
+    """A user's own step: a function importable on the workers (oreline.data.pipeline.user_step)."""
+
+    impl: ClassVar[str] = "oreline.data.pipeline.user_step:python_step"
+    kind: Literal["python"]
+    function: str = Field(
+        ...,
+        description="'module:function' (importable on the workers) or '/path/file.py:function'; the function "
+        "takes a Document and returns None (keep), a reason (drop), a Document (replace), or with many = true a "
+        "list of Documents",
+    )
+    many: bool = Field(False, description="the function returns the list of documents that replace one")
+    args: dict[str, Any] = Field(
+        {}, description="keyword arguments passed to the function after the document"
+    )
+
+    @field_validator("function")
+    @classmethod
+    def _module_colon_function(cls, value: str) -> str:
+        module, _, fn = value.rpartition(":")
+        if not module or not fn.isidentifier():
+            raise ValueError(f"function {value!r} is not 'module:function' or '/path/file.py:function'")
+        return value
+
+    def step_name(self) -> str:
+        return self.name or self.function.rpartition(":")[2]
+
+
+STEP_KINDS: tuple[type[StepSettings], ...] = (
+    ProtocolStep,
+    ExtractStep,
+    NormalizeStep,
+    LangidStep,
+    GopherQualityStep,
+    GopherRepetitionStep,
+    C4Step,
+    FineWebStep,
+    EntropyStep,
+    AsciiRatioStep,
+    PerplexityStep,
+    ClassifierStep,
+    PythonStep,
+)
+AnyStep = Annotated[
+    ProtocolStep
+    | ExtractStep
+    | NormalizeStep
+    | LangidStep
+    | GopherQualityStep
+    | GopherRepetitionStep
+    | C4Step
+    | FineWebStep
+    | EntropyStep
+    | AsciiRatioStep
+    | PerplexityStep
+    | ClassifierStep
+    | PythonStep,
+    Field(discriminator="kind"),
+]
+
+
+def steps_from_sections(data: DataConfig) -> list[StepSettings]:
+    """The step list the data.protocol/extract/normalize/langid/quality switches stand for (the
+    shorthand used when data.steps is not given): the sections' order, each rule at the
+    thresholds of data.quality."""
+    out: list[StepSettings] = []
+    for section, cls in (
+        ("protocol", ProtocolStep),
+        ("extract", ExtractStep),
+        ("normalize", NormalizeStep),
+        ("langid", LangidStep),
+    ):
+        if getattr(data, section).enabled:
+            out.append(cls(kind=section))
+    q = data.quality
+    if not q.enabled:
+        return out
+    if q.gopher_quality:
+        out.append(GopherQualityStep(kind="gopher_quality"))
+    if q.gopher_repetition:
+        out.append(GopherRepetitionStep(kind="gopher_repetition"))
+    if q.c4:
+        out.append(C4Step(kind="c4", filter_lines=q.c4_filter_lines))
+    if q.fineweb:
+        out.append(FineWebStep(kind="fineweb"))
+    if q.entropy:
+        out.append(EntropyStep(kind="entropy", min_entropy=q.min_entropy))
+    if q.ascii_ratio:
+        out.append(AsciiRatioStep(kind="ascii_ratio", min_ascii_ratio=q.min_ascii_ratio))
+    if q.perplexity_model:
+        out.append(PerplexityStep(kind="perplexity"))
+    if q.classifier:
+        out.append(ClassifierStep(kind="classifier"))
+    return out
+
+
+def step_keys() -> list[tuple[str, str, str]]:
+    """(key, default, description) of every step kind's parameters, for `oreline config keys`."""
+    rows = []
+    for cls in STEP_KINDS:
+        kind = cls.model_fields["kind"].annotation.__args__[0]
+        rows.append((f"data.steps[kind={kind}]", "", cls.__doc__ or ""))
+        for name, field in cls.model_fields.items():
+            if name == "kind":
+                continue
+            default = "(required)" if field.is_required() else json.dumps(field.default, default=str)
+            rows.append((f"data.steps[kind={kind}].{name}", default, field.description or ""))
+    return rows
+
+
 class DedupConfig(Section):
     exact: bool = True
     minhash: bool = True
@@ -300,6 +630,26 @@ class SlurmConfig(Section):
         return [check_sbatch_arg(a) for a in value]
 
 
+# The switches and thresholds that data.steps replaces when given (see steps_from_sections).
+SHORTHAND_KEYS = {
+    "protocol": ("enabled",),
+    "extract": ("enabled",),
+    "normalize": ("enabled",),
+    "langid": ("enabled",),
+    "quality": (
+        "enabled",
+        "gopher_quality",
+        "gopher_repetition",
+        "c4",
+        "c4_filter_lines",
+        "fineweb",
+        "entropy",
+        "min_entropy",
+        "ascii_ratio",
+        "min_ascii_ratio",
+    ),
+}
+
 # Settings of the data and tokenize sections that say where and on how many workers tasks run,
 # never what they produce: left out of the data fingerprint and of the stages' keys.
 EXECUTION_KEYS = ("workers", "executor", "ray", "slurm")
@@ -325,8 +675,61 @@ class DataConfig(Section):
     normalize: NormalizeConfig = NormalizeConfig()
     langid: LangIdConfig = LangIdConfig()
     quality: QualityConfig = QualityConfig()
+    steps: list[AnyStep] | None = Field(
+        None,
+        description="[[data.steps]]: the document steps of phase 1 in order, each { kind = ..., parameters }; "
+        "not given: the data.protocol/extract/normalize/langid/quality switches expand to it "
+        "(`oreline config keys` lists every kind's parameters)",
+    )
     dedup: DedupConfig = DedupConfig()
     chunk: ChunkConfig = ChunkConfig()
+
+    def step_list(self) -> list[StepSettings]:
+        """The phase-1 document steps in order: data.steps, or what the section switches expand to."""
+        return list(self.steps) if self.steps is not None else steps_from_sections(self)
+
+    @model_validator(mode="after")
+    def _steps_consistent(self) -> DataConfig:
+        if self.steps is None:
+            return self
+        # the switches the list replaces: one set away from its default would silently do nothing
+        ignored = [
+            f"data.{section}.{key}"
+            for section, keys in SHORTHAND_KEYS.items()
+            for key in keys
+            if getattr(getattr(self, section), key) != type(getattr(self, section)).model_fields[key].default
+        ]
+        if ignored:
+            raise ValueError(
+                f"data.steps is given, so {', '.join(ignored)} would be ignored: list the steps you want "
+                'in data.steps with their parameters (e.g. { kind = "entropy", min_entropy = 3.0 }) and '
+                "leave these switches out"
+            )
+        names = [s.step_name() for s in self.steps]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                f"data.steps names the step(s) {', '.join(twice)} more than once: give each such entry its own name"
+            )
+        kinds = {s.kind for s in self.steps}
+        for kind, setting in (("perplexity", "perplexity_model"), ("classifier", "classifier")):
+            if getattr(self.quality, setting) and kind not in kinds:
+                raise ValueError(
+                    f'data.quality.{setting} is set but data.steps has no {{ kind = "{kind}" }} entry: add one '
+                    "where the documents should be scored"
+                )
+            if kind in kinds and not getattr(self.quality, setting):
+                raise ValueError(f"data.steps has a {kind} step but data.quality.{setting} is not set")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_default_steps(self, handler):
+        # without data.steps the switches decide, as before: the resolved config, its fingerprint
+        # and the data stage's key stay those of the same config without the step list
+        out = handler(self)
+        if self.steps is None and isinstance(out, dict):
+            out.pop("steps", None)
+        return out
 
 
 # ---------------------------------------------------------------------------------------------

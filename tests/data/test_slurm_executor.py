@@ -86,6 +86,22 @@ def test_slurm_executor_output_is_byte_identical_to_local(slurm_cluster, local_r
             assert folder.stat().st_mode & 0o777 == 0o700, folder
 
 
+def test_a_python_user_step_on_slurm_equals_the_local_run(slurm_cluster, samples, tmp_path):
+    """A user's step from a Python file runs in the Slurm array tasks with the local run's output."""
+    from oreline_test_helpers import user_step_config
+
+    inputs = [str(samples / "web-archives" / p) for p in INPUTS]
+    words = ("privacy", "search", "explode")
+    run_data(inputs, tmp_path / "local", user_step_config(tmp_path, words=words), workers=1)
+    stats = run_data(
+        inputs, tmp_path / "slurm", user_step_config(tmp_path, "data.executor=slurm", *FAST, words=words)
+    )
+    _same_as_local(tmp_path / "slurm", tmp_path / "local")
+    steps = {s["name"]: s for s in stats["steps"]}
+    assert any(r.startswith("drop_keyword:keyword:") for r in steps["drop_keyword"]["dropped"])
+    assert steps["shout"]["docs_out"] > 0
+
+
 @pytest.mark.slow
 def test_quality_classifier_top_fraction_on_slurm_equals_the_local_run(
     slurm_cluster, samples, local_ref, tmp_path

@@ -17,6 +17,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 from oreline_test_helpers import drop_timings as untimed
+from oreline_test_helpers import user_step_config
 
 from oreline.config import TokenizerConfig, load_config
 from oreline.data.pipeline.run import run_data
@@ -84,6 +85,20 @@ def test_data_on_ray_equals_the_local_run(samples, local_run, ray_overrides, tmp
     stats = run_data(_inputs(samples), out, load_config(overrides=ray_overrides))
     assert stats["output"]["docs"] > 0
     assert_same_data_output(local_run, out)
+
+
+def test_a_python_user_step_on_ray_equals_the_local_run(samples, ray_overrides, tmp_path):
+    """A user's step from a Python file (module:function by path) imports on the Ray workers and
+    filters, maps, counts and rejects there as in the local pool, byte for byte."""
+    inputs = _inputs(samples)
+    words = ("privacy", "search", "explode")
+    local = run_data(inputs, tmp_path / "local", user_step_config(tmp_path, words=words), workers=2)
+    on_ray = run_data(inputs, tmp_path / "ray", user_step_config(tmp_path, *ray_overrides, words=words))
+    assert_same_data_output(tmp_path / "local", tmp_path / "ray")
+    steps = {s["name"]: s for s in on_ray["steps"]}
+    assert any(r.startswith("drop_keyword:keyword:") for r in steps["drop_keyword"]["dropped"])
+    assert steps["shout"]["docs_out"] == steps["shout"]["docs_in"] > 0
+    assert untimed(on_ray["steps"]) == untimed(local["steps"])
 
 
 def test_tokenize_on_ray_equals_the_local_run(local_run, ray_overrides, tmp_path):

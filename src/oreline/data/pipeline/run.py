@@ -113,9 +113,10 @@ def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
 
 
 def model_fingerprints(cfg: Config) -> dict[str, str | None]:
-    """The fingerprints of the models the data settings name: a retrained reference LM or quality
-    classifier in the same folder is another run (of `oreline data`, and of `oreline run`'s data
-    stage). Empty without models, so such runs keep the fingerprint they had before."""
+    """The fingerprints of the models and user code the data settings name: a retrained reference
+    LM or quality classifier in the same folder, or an edited python step, is another run (of
+    `oreline data`, and of `oreline run`'s data stage). Empty without them, so such runs keep the
+    fingerprint they had before."""
     out: dict[str, str | None] = {}
     if cfg.data.quality.perplexity_model:
         from oreline.data.filters.ngram_scorer import reference_fingerprint
@@ -125,6 +126,11 @@ def model_fingerprints(cfg: Config) -> dict[str, str | None]:
         from oreline.data.filters.classifier import classifier_fingerprint
 
         out["classifier_fingerprint"] = classifier_fingerprint(expand(cfg.data.quality.classifier))
+    user = [s for s in cfg.data.step_list() if s.kind == "python"]
+    if user:  # an edited user step is another run, as a retrained model is
+        from oreline.data.pipeline.user_step import source_sha256
+
+        out["python_step_sources"] = {s.step_name(): source_sha256(s.function) for s in user}
     return out
 
 

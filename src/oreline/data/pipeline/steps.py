@@ -1,12 +1,22 @@
-"""The data pipeline's filter steps, in order: protocol, extract, normalize, langid, quality
-(heuristics, then model perplexity when a reference model is set). Each is a `Step` for the
-runner in `oreline.data.pipeline.runner`; the filters themselves are pure functions in their modules.
+"""The data pipeline's phase-1 steps, built from the step list `cfg.data.step_list()`: the
+[[data.steps]] entries in the user's order, or what the data.protocol/extract/normalize/langid/
+quality switches expand to (protocol, extract, normalize, langid, the quality rules, then model
+perplexity and the classifier). Each entry becomes a `Step` for the runner in
+`oreline.data.pipeline.runner`, which alone counts, times and rejects; the filters themselves are
+pure functions in their modules.
+
+An entry's class in `oreline.config` names its implementation ("module:function", `impl`): a rule
+(`rule = True`) is a filter `(doc, settings) -> reason`, wrapped here; any other kind is a builder
+`(settings, cfg, context) -> Step`. So a new kind is one class in `oreline.config` plus its
+function, and nothing here changes.
 """
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 
 from oreline.data.filters.extract import EXTRACTORS, ExtractTimeout, extract
 from oreline.data.filters.extract_worker import extract_isolated
@@ -23,11 +33,22 @@ def _is_html(doc: Document) -> bool:
     return bool(doc.metadata.get("is_html"))
 
 
-def protocol_step(cfg) -> Step:
+@dataclass
+class StepContext:
+    """What steps count beside the runner's funnel, for the task's stats.json: the characters
+    normalization changed, the extraction paths (see `extract_text`) and what the C4 line rules
+    removed (a quality.LineRemovals)."""
+
+    normalize_removed: Counter = field(default_factory=Counter)
+    extract_paths: dict[str, dict] | None = None
+    lines: object = None
+
+
+def protocol_step(settings, cfg, ctx: StepContext | None = None) -> Step:
     from oreline.data.filters.protocol import protocol_reason
 
     pcfg = cfg.data.protocol
-    return Step("protocol", lambda doc: protocol_reason(doc.metadata, pcfg), applies=_is_warc)
+    return Step(settings.step_name(), lambda doc: protocol_reason(doc.metadata, pcfg), applies=_is_warc)
 
 
 def extract_text(html: str, cfg, paths: dict[str, dict] | None = None) -> tuple[str, str | None]:
@@ -69,8 +90,9 @@ def extract_text(html: str, cfg, paths: dict[str, dict] | None = None) -> tuple[
     return text, None
 
 
-def extract_step(cfg, paths: dict[str, dict] | None = None) -> Step:
+def extract_step(settings, cfg, ctx: StepContext | None = None) -> Step:
     ecfg = cfg.data.extract
+    paths = ctx.extract_paths if ctx is not None else None
 
     def extract_one(doc: Document) -> str | None:
         text, reason = extract_text(doc.text, ecfg, paths)  # enforces data.extract.timeout_s per page
@@ -79,13 +101,14 @@ def extract_step(cfg, paths: dict[str, dict] | None = None) -> Step:
         doc.text = text
         return reason
 
-    return Step("extract", extract_one, applies=_is_html)
+    return Step(settings.step_name(), extract_one, applies=_is_html)
 
 
-def normalize_step(cfg, removed: Counter) -> Step:
+def normalize_step(settings, cfg, ctx: StepContext | None = None) -> Step:
     from oreline.data.filters.normalize import normalize_reason, normalize_with_counts
 
     ncfg = cfg.data.normalize
+    removed = ctx.normalize_removed if ctx is not None else Counter()
 
     def normalize(doc: Document) -> str | None:
         text, counts = normalize_with_counts(doc.text, ncfg.form, ncfg.ftfy)
@@ -93,10 +116,10 @@ def normalize_step(cfg, removed: Counter) -> Step:
         doc.text = text
         return normalize_reason(text, ncfg)
 
-    return Step("normalize", normalize)
+    return Step(settings.step_name(), normalize)
 
 
-def langid_step(cfg) -> Step:
+def langid_step(settings, cfg, ctx: StepContext | None = None) -> Step:
     from oreline.data.filters.langid import detect, langid_reason
 
     lcfg = cfg.data.langid
@@ -107,42 +130,52 @@ def langid_step(cfg) -> Step:
         doc.metadata["language_score"] = round(float(score), 4)
         return langid_reason(lang, score, lcfg)
 
-    return Step("langid", langid)
+    return Step(settings.step_name(), langid)
 
 
-def quality_steps(cfg, lines=None) -> list[Step]:
-    """The quality steps; `lines` (a quality.LineRemovals) counts what the C4 line rules remove."""
-    from oreline.data.filters.quality import quality_filters
+def c4_step(settings, cfg, ctx: StepContext | None = None) -> Step:
+    """C4's rules, counting what its line rules remove into the context's `lines`."""
+    from oreline.data.filters.quality import c4
 
-    qcfg = cfg.data.quality
-    steps = [Step(f"quality:{name}", fn) for name, fn in quality_filters(qcfg, lines)]
-    if qcfg.perplexity_model:
-        from oreline.data.filters.perplexity import perplexity_filter_factory
+    lines = ctx.lines if ctx is not None else None
+    return Step(settings.step_name(), lambda doc: c4(doc, settings, lines))
 
-        steps.append(perplexity_filter_factory(qcfg))  # the batched Step "quality:perplexity"
-    if qcfg.classifier:
-        from oreline.data.filters.classifier import classifier_step
 
-        steps.append(classifier_step(qcfg))  # the batched Step "quality:classifier"
-    return steps
+def perplexity_step(settings, cfg, ctx: StepContext | None = None) -> Step:
+    from oreline.data.filters.perplexity import perplexity_filter_factory
+
+    step = perplexity_filter_factory(cfg.data.quality)  # the batched Step "quality:perplexity"
+    step.name = settings.step_name()
+    return step
+
+
+def classifier_step(settings, cfg, ctx: StepContext | None = None) -> Step:
+    from oreline.data.filters.classifier import classifier_step as build
+
+    step = build(cfg.data.quality)  # the batched Step "quality:classifier"
+    step.name = settings.step_name()
+    return step
+
+
+def resolve(impl: str):
+    """The function an "module:function" string names."""
+    module, _, name = impl.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_step(settings, cfg, ctx: StepContext | None = None) -> Step:
+    """The Step of one step-list entry (see the module docstring)."""
+    fn = resolve(settings.impl)
+    if settings.rule:
+        return Step(settings.step_name(), lambda doc: fn(doc, settings))
+    return fn(settings, cfg, ctx)
 
 
 def filter_steps(
     cfg, normalize_removed: Counter, extract_paths: dict[str, dict] | None = None, lines=None
 ) -> list[Step]:
-    """Phase-1 steps in order, each present only when its config section is enabled;
-    `extract_paths` collects the extraction paths (see `extract_text`), `lines` (a
+    """Phase-1 steps in the order of `cfg.data.step_list()`; `normalize_removed` counts what
+    normalization changed, `extract_paths` the extraction paths (see `extract_text`), `lines` (a
     quality.LineRemovals) what the C4 line rules remove from the documents they keep."""
-    d = cfg.data
-    steps: list[Step] = []
-    if d.protocol.enabled:
-        steps.append(protocol_step(cfg))
-    if d.extract.enabled:
-        steps.append(extract_step(cfg, extract_paths))
-    if d.normalize.enabled:
-        steps.append(normalize_step(cfg, normalize_removed))
-    if d.langid.enabled:
-        steps.append(langid_step(cfg))
-    if d.quality.enabled:
-        steps.extend(quality_steps(cfg, lines))
-    return steps
+    ctx = StepContext(normalize_removed, extract_paths, lines)
+    return [build_step(s, cfg, ctx) for s in cfg.data.step_list()]
