@@ -448,3 +448,26 @@ def test_a_crashed_write_task_is_reported_with_its_input_file(samples, tmp_path)
     ]
     stats = merge_stats(work, tasks, tasks, [], crashes, {}, 2, "fp")
     assert [e["file"] for e in stats["errors"] if e["offset"] is None] == [str(paths[0]), str(paths[1])]
+
+
+def test_a_change_to_the_data_code_is_another_data_run(tmp_path, monkeypatch):
+    """The rules and the extractor decide the documents as much as the settings do: a run resumed
+    after an upgrade that changed them must not mix the old code's shards with the new code's."""
+    import oreline.data.pipeline.run as run_mod
+
+    package = Path(run_mod.__file__).resolve().parents[1]
+    copy = tmp_path / "data"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = run_mod.data_code_sha256(copy)
+    assert run_mod.data_code_sha256(copy) == before
+    quality = copy / "filters" / "quality.py"
+    quality.write_text(quality.read_text(encoding="utf-8") + "\n# a changed rule\n", encoding="utf-8")
+    assert run_mod.data_code_sha256(copy) != before
+
+    cfg = load_config("demo")
+    files = [
+        (p, "warc") for p in sorted(Path(oreline.config.samples_dir(), "web-archives").rglob("*.warc.gz"))[:1]
+    ]
+    fp = run_mod.data_fingerprint(cfg, files)
+    monkeypatch.setattr(run_mod, "data_code_sha256", lambda: "0" * 64)
+    assert run_mod.data_fingerprint(cfg, files) != fp

@@ -56,6 +56,7 @@ which most records lacked it succeeds with a line in `warnings`, printed under t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -109,7 +110,24 @@ def data_fingerprint(cfg: Config, files: list[tuple[Path, str]]) -> str:
 
         data["extract"]["selectors_sha256"] = selectors_sha256()
     data["quality"].update(model_fingerprints(cfg))
-    return fingerprint({"data": data, "inputs": listed})
+    return fingerprint({"data": data, "inputs": listed, "code": data_code_sha256()})
+
+
+def data_code_sha256(data_root: Path | None = None) -> str:
+    """The sha256 of the code that decides a data run's documents (the readers, the filters and
+    the pipeline: every module under oreline/data, and the Document record). A data run resumed
+    after an upgrade that changed a rule or the extractor would otherwise mix documents of the
+    old code and the new under one fingerprint; with this, it is another run."""
+    import oreline.document as document_mod
+
+    data_root = data_root or Path(__file__).resolve().parents[1]
+    document = Path(document_mod.__file__).resolve()
+    sources = [(p.relative_to(data_root).as_posix(), p) for p in sorted(data_root.rglob("*.py"))]
+    h = hashlib.sha256()
+    for name, path in [*sources, ("../document.py", document)]:
+        h.update(name.encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def model_fingerprints(cfg: Config) -> dict[str, str | None]:
