@@ -290,6 +290,15 @@ def begin(
             f"nothing to do: the run finished at step {state.step} (its end record is in {s.run.metrics}); "
             f"to train on, raise train.steps (now {tc.steps}) and pass --allow-config-change train.steps"
         )
+        if info.is_main:  # a tracker that missed the end is not something a relaunch can finish
+            from oreline.train.trackers import incomplete, read_reports
+
+            for name in incomplete(read_reports(s.run.root)):
+                say(
+                    f"[yellow]warning[/]: tracker {name}'s run lacks records or was not finished (see "
+                    f"{s.run.root / 'trackers.json'}): `oreline trackers sync {s.run.root}` sends it "
+                    "what metrics.jsonl holds and finishes it"
+                )
         return resumed, None, done.get("val_loss")
     # A fresh start drops every step record an earlier, unresumable attempt left (-1); a resume
     # drops only the records after its checkpoint, so the file reads as one clean run.

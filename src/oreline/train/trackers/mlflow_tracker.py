@@ -2,7 +2,9 @@
 
 The tracking URI is `train.mlflow.tracking_uri`, else MLFLOW_TRACKING_URI, else a SQLite file in
 the run folder (`sqlite:///<run>/mlflow/mlflow.db`, no server; `mlflow ui --backend-store-uri`
-the same URI shows it). MLflow's own HTTP client retries a failed request up to 7 times with
+the same URI shows it). A run's steps are known per record kind (`held_steps`: the steps of one
+metric every record of that kind has), so a resume or `oreline trackers sync` sends it every
+step it lacks, below its highest too (MLflow keeps a metric's points by step). MLflow's own HTTP client retries a failed request up to 7 times with
 exponential backoff and waits 120 s per request; unless the user set them, oreline lowers these to
 no retries and 10 s (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT): the retries are
 oreline's own (oreline.train.trackers.Guarded), on the tracker's thread, with calls buffered.
@@ -34,8 +36,14 @@ def _text(value: Any) -> str:
     return text[:MAX_PARAM_CHARS]
 
 
+# per record kind, a metric every record of that kind carries (an integer, never NaN): the steps
+# it holds are the steps of that kind the run holds
+HELD_KEYS = {"train": "train/tokens_seen", "eval": "eval/val_tokens", "tasks": "tasks/tokens_seen"}
+
+
 class MlflowTracker:
     name = "mlflow"
+    backfills = True  # a metric's history is keyed by step: a lower step is simply added
 
     def __init__(self, run_root: Path, cfg: Any, saved: dict[str, Any]):
         self.run_root = Path(run_root)
@@ -94,14 +102,17 @@ class MlflowTracker:
         self.run_id = run.info.run_id
 
     def held_step(self) -> tuple[int, set[str]] | None:
+        held = self.held_steps()
+        top = max((max(v) for v in held.values() if v), default=0)
+        return (top, {k for k, v in held.items() if top in v}) if top else None
+
+    def held_steps(self) -> dict[str, set[int]]:
         if not self.continued:
-            return None
-        train = [m.step for m in self.client.get_metric_history(self.run_id, "train/lr")]
-        if not train:
-            return None
-        high = max(train)
-        evals = {m.step for m in self.client.get_metric_history(self.run_id, "eval/val_loss")}
-        return high, {"train", "eval"} if high in evals else {"train"}
+            return {}
+        return {
+            kind: {m.step for m in self.client.get_metric_history(self.run_id, key)}
+            for kind, key in HELD_KEYS.items()
+        }
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param, RunTag
