@@ -298,7 +298,7 @@ def trackers_sync(
     ] = None,
 ) -> None:
     """Send a run's trackers every step of metrics.jsonl they lack, then finish their runs; exit 1
-    if a tracker still lacks some."""
+    if a tracker still lacks some (each gets train.tracker_flush_s seconds: raise it for a long run)."""
     from rich.markup import escape
 
     from oreline.train.trackers import sync_run

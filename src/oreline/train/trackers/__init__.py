@@ -56,6 +56,7 @@ from typing import Any, Protocol
 MAX_QUEUE = 10_000  # calls buffered per tracker while it fails (a call is one record's values)
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.5, 30.0
 MAX_ATTEMPTS = 8  # failures of one call before it is dropped (~90 s of backoff)
+CATCH_UP_BATCH = 50  # lost records sent again in one call (MLflow: ~20 metrics a record, 1,000 a request)
 
 
 class Tracker(Protocol):
@@ -131,8 +132,8 @@ class Guarded:
         self.dropped = 0
         self.not_resent = 0  # metric calls at steps the tracker already held (resume, rollback)
         self.resent = 0  # records sent again from metrics.jsonl after they were lost
-        self._attempted: tuple[str, int] | None = (
-            None  # the lost record being sent (given up after MAX_ATTEMPTS)
+        self._attempted: list[tuple[str, int]] | None = (
+            None  # lost records being sent (MAX_ATTEMPTS: given up)
         )
         self.finished = False
         self.deadline: float | None = None
@@ -158,8 +159,7 @@ class Guarded:
 
     def _open(self) -> None:
         t = self.tracker
-        t.open()
-        self.opened = True
+        t.open()  # (again after a failure below: MLflow continues the run it made, by its id)
         steps = getattr(t, "held_steps", None)
         held_sets = steps() if steps is not None else None
         if held_sets:
@@ -169,6 +169,7 @@ class Guarded:
             held = t.held_step()
         if held is not None and held[0] >= self.high:
             self.high, self.high_kinds = held[0], set(held[1])
+        self.opened = True
         if self.resumed_step is None or self.metrics is None:
             return
         for rec in _records(self.metrics, self.resumed_step):
@@ -181,28 +182,28 @@ class Guarded:
 
     def _catch_up(self) -> None:
         """Send the lost records from metrics.jsonl (the first record of each step and kind), in
-        file order; each one sent leaves `lost` at once, so a failure midway sends none twice."""
+        file order, `CATCH_UP_BATCH` records a call where the tracker takes several steps at once
+        (`log_rows`: one request, not one per step); the records of a call that succeeded leave
+        `lost` at once, so a failure midway sends none twice."""
         backfills = getattr(self.tracker, "backfills", True)
+        many = getattr(self.tracker, "log_rows", None)
         todo = set(self.lost)  # (an overflow may add to `lost` meanwhile: those wait for the next round)
+        rows: list[tuple[tuple[str, int], dict[str, float]]] = []
         for rec in _records(self.metrics, max((step for _, step in todo), default=-1)) if todo else ():
             key = (rec["type"], rec["step"])
-            if key not in todo or key not in self.lost:
+            if key not in todo or key not in self.lost or any(k == key for k, _ in rows):
                 continue
             below = rec["step"] < self.high or (rec["step"] == self.high and key[0] in self.high_kinds)
             if not backfills and below:
                 self.lost.discard(key)  # (W&B drops a step below the highest it holds)
                 self.given_up.add(key)
                 continue
-            self._attempted = key
-            metrics = record_metrics(rec)
-            if metrics:
-                self.tracker.log_metrics(metrics, rec["step"])
-                self.resent += 1
-            self.lost.discard(key)
-            if rec["step"] > self.high:
-                self.high, self.high_kinds = rec["step"], set()
-            if rec["step"] == self.high:
-                self.high_kinds.add(key[0])
+            rows.append((key, record_metrics(rec)))
+            if many is None or len(rows) >= CATCH_UP_BATCH:
+                self._send_rows(rows, many)
+                rows = []
+        if rows:
+            self._send_rows(rows, many)
         self._attempted = None
         while self.lost_calls:  # the run's params and summary, after its metrics
             self._apply_call(*self.lost_calls[0])
@@ -211,6 +212,22 @@ class Guarded:
         # what metrics.jsonl does not hold (lines a resume truncated) cannot be sent
         self.given_up |= todo & self.lost
         self.lost -= todo
+
+    def _send_rows(self, rows: list[tuple[tuple[str, int], dict[str, float]]], many: Any) -> None:
+        self._attempted = [key for key, _ in rows]
+        sendable = [(metrics, key[1]) for key, metrics in rows if metrics]
+        if many is not None:
+            many(sendable)
+        else:
+            for metrics, step in sendable:
+                self.tracker.log_metrics(metrics, step)
+        for key, _ in rows:
+            self.lost.discard(key)
+            self.resent += 1
+            if key[1] > self.high:
+                self.high, self.high_kinds = key[1], set()
+            if key[1] == self.high:
+                self.high_kinds.add(key[0])
 
     def _apply(self, op: str, args: tuple) -> None:
         if not self.opened:
@@ -277,9 +294,9 @@ class Guarded:
                     if attempts >= MAX_ATTEMPTS:
                         # a call the tracker refuses every time (a value its client rejects) must
                         # not hold back every call behind it: counted as dropped, the next one goes
-                        if self._attempted is not None:  # a lost record it refuses: given up, not the call
-                            self.lost.discard(self._attempted)
-                            self.given_up.add(self._attempted)
+                        if self._attempted is not None:  # lost records it refuses: given up, not the call
+                            self.lost.difference_update(self._attempted)
+                            self.given_up.update(self._attempted)
                         elif item is not CATCH_UP and self.queue and self.queue[0] is item:
                             self._drop(self.queue.popleft())
                         delay, attempts = BACKOFF_FIRST_S, 0
@@ -624,10 +641,6 @@ def sync_run(run_root: Path, train_cfg: Any, config: dict[str, Any] | None = Non
     drops lower ones); an offline W&B run cannot be continued (`wandb sync` uploads it) and
     TensorBoard's event files are in the run folder: both are left as they are. Rewrites
     `<run>/trackers.json`; returns {tracker: its report, or {"skipped": why}}."""
-    import json
-
-    from oreline.io import write_json_atomic
-
     run_root = Path(run_root)
     metrics = run_root / "metrics.jsonl"
     if not metrics.is_file():
@@ -637,6 +650,18 @@ def sync_run(run_root: Path, train_cfg: Any, config: dict[str, Any] | None = Non
             f"{run_root} has no metrics.jsonl: it is not a training run folder (or no training started in it)",
             "name the run folder that `oreline train` wrote (the one with metrics.jsonl and checkpoints/)",
         )
+    from oreline.outdir import FolderLock
+
+    # one writer of the run's trackers: never beside a training that is still sending to them
+    with FolderLock(run_root, "oreline trackers sync"):
+        return _sync(run_root, metrics, train_cfg, config)
+
+
+def _sync(run_root: Path, metrics: Path, train_cfg: Any, config: dict[str, Any] | None) -> dict[str, Any]:
+    import json
+
+    from oreline.io import write_json_atomic
+
     reports = read_reports(run_root)
     saved = {name: rep.get("state") or {} for name, rep in reports.items()}
     if not all(saved.get(n) for n in train_cfg.trackers):
