@@ -109,7 +109,7 @@ import torch
 from rich.console import Console
 
 from oreline.config import Config
-from oreline.errors import TrainingError
+from oreline.errors import ShardDamaged, TrainingError
 from oreline.model.scoring import breakdown_means
 from oreline.train import dist
 from oreline.train.batch import GlobalBatch, next_global_batch
@@ -238,6 +238,10 @@ def _train(
             )
             final_val = v if v is not None else final_val
             reads.stop(n, due.why)
+    except ShardDamaged as exc:  # a token shard changed under the run: which checkpoints it concerns
+        from oreline.train.shard_damage import damage_error
+
+        raise damage_error(exc, s.run.checkpoints, state.step + 1) from None
     finally:
         reads.abandon()  # a stop or an error inside a step leaves its counter active
 
