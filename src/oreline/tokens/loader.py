@@ -46,7 +46,7 @@ with `os.preadv` from an open descriptor, not memory-mapped: a mapping of a file
 kills the process with SIGBUS on the next read of a lost page (no exception, no message, and a
 Python signal handler cannot help: the faulting copy would fault again), while a short read is
 an ordinary, named error. Each shard's identity (device, inode, size, mtime) is taken at start-up,
-and every read of a shard checks it first with one `os.stat` (~1-2 µs): a shard replaced, cut,
+and every read of a shard checks it first with one `os.stat`: a shard replaced, cut,
 grown or rewritten in place since launch stops the run before a byte of the new file is trained on
 (`ShardDamaged`, kind "changed"); a descriptor opened later must show that identity and header
 too. Damage that keeps the identity (bytes flipped with the mtime put back, a disk fault) shows
