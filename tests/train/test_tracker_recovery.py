@@ -263,3 +263,32 @@ def test_an_outage_then_a_kill_then_a_resume_ends_in_one_complete_run_with_every
     report = json.loads((run / "trackers.json").read_text())["mlflow"]
     assert report["launches"] == 2 and report["failures"] >= killed["failures"] >= 1, report
     assert report["missing"] == 0 and report["finished"], report
+
+
+def test_trackers_sync_of_a_run_without_checkpoints_finds_its_trackers_in_trackers_json(
+    tmp_path, train_config, one_thread, offline_env, oreline_cli
+):
+    """No checkpoint records the run's config (checkpoint.every = 0), and the default config lists
+    only TensorBoard: the tracker trackers.json names is synced all the same, on its own server."""
+    from oreline.train.loop import train
+
+    port = tt.free_port()
+    cfg = train_config(
+        train__steps=4,
+        train__optim__warmup_steps=2,
+        train__log_every=1,
+        train__eval_every=2,
+        train__trackers=["mlflow"],
+        train__mlflow__tracking_uri=f"http://127.0.0.1:{port}",
+        train__tracker_flush_s=1.0,
+    )
+    train(cfg, resume="none")
+    run = tmp_path / "t"
+    assert not list(run.glob("checkpoints/step-*"))
+    with tt.mlflow_server(tmp_path / "server", port) as (uri, _proc):
+        code, out = oreline_cli("trackers", "sync", str(run), env={**offline_env})
+        assert code == 0 and "tensorboard: left as it is" in out, out
+        (mrun,) = tt.mlflow_runs(uri)
+        assert mrun.info.status == "FINISHED"
+        assert sorted(tt.metric_steps(uri, mrun.info.run_id, "train/loss")) == [1, 2, 3, 4]
+        assert sorted(tt.metric_steps(uri, mrun.info.run_id, "eval/val_loss")) == [2, 4]

@@ -681,7 +681,9 @@ def _sync(run_root: Path, metrics: Path, train_cfg: Any, config: dict[str, Any] 
         if isinstance(rec.get("step"), int):
             last = max(last, rec["step"])
     out: dict[str, Any] = {}
-    for name in train_cfg.trackers:
+    # the config's trackers and those trackers.json names (a run without a checkpoint has no
+    # recorded config: the default one may not list the trackers it logged to)
+    for name in dict.fromkeys([*train_cfg.trackers, *(n for n in reports if n in FAILED_HINT)]):
         state = saved.get(name) or {}
         if name == "tensorboard":
             out[name] = {"skipped": f"its event files are in {run_root / 'tensorboard'}"}
