@@ -33,6 +33,9 @@ quality_app = typer.Typer(
 )
 launch_app = typer.Typer(help="Write launch scripts for clusters (Slurm, torchrun).", no_args_is_help=True)
 config_app = typer.Typer(help="Show resolved configs and valid keys.", no_args_is_help=True)
+trackers_app = typer.Typer(
+    help="Experiment trackers of a run (MLflow, W&B): send them what they lack.", no_args_is_help=True
+)
 app.add_typer(tokenizer_app, name="tokenizer")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(model_app, name="model")
@@ -41,6 +44,7 @@ app.add_typer(doctor_app, name="doctor")
 app.add_typer(quality_app, name="quality")
 app.add_typer(launch_app, name="launch")
 app.add_typer(config_app, name="config")
+app.add_typer(trackers_app, name="trackers")
 
 console = Console(stderr=True)
 
@@ -291,6 +295,77 @@ def checkpoint_inspect(
     from oreline.train.checkpoint.commands import inspect_cli
 
     raise typer.Exit(inspect_cli(path, Console()))
+
+
+@trackers_app.command("sync")
+def trackers_sync(
+    run_dir: Annotated[Path, typer.Argument(help="run directory (with metrics.jsonl)")],
+    overrides: Overrides = None,
+    config: Annotated[
+        Optional[Path],
+        typer.Option(
+            "-c", "--config", help="the run's config (default: the one its newest checkpoint recorded)"
+        ),
+    ] = None,
+) -> None:
+    """Send a run's trackers every step of metrics.jsonl they lack, then finish their runs; exit 1
+    if a tracker still lacks some (each gets train.tracker_flush_s seconds: raise it for a long run)."""
+    from rich.markup import escape
+
+    from oreline.config import command_line_keys
+    from oreline.train.trackers import sync_run
+
+    cfg = _run_config(run_dir, config, overrides)
+    reports = sync_run(run_dir, cfg.train, _config_dict(cfg), command_line_keys(cfg))
+    code = 0
+    for name, rep in reports.items():
+        if "skipped" in rep:
+            console.print(f"{name}: left as it is ({escape(rep['skipped'])})", highlight=False)
+        elif rep["finished"] and not rep["missing"]:
+            sent = rep["this_launch"]["resent"]
+            console.print(
+                f"{name}: {sent} records sent from metrics.jsonl; its run {rep['state'].get('run_id') or ''} "
+                "holds every step and is finished",
+                highlight=False,
+            )
+        else:
+            code = 1
+            console.print(
+                f"[red]error[/]: {name}: its run still lacks {rep['missing']} records"
+                + ("" if rep["finished"] else " and is not finished")
+                + f" ({escape(str(rep['first_error']))}): check that the tracker is reachable and run "
+                f"`oreline trackers sync {run_dir}` again",
+                highlight=False,
+            )
+    raise typer.Exit(code)
+
+
+def _run_config(run_dir: Path, config: Path | None, overrides: list[str] | None):
+    """`-c CONFIG` when given, else the config the run's newest checkpoint recorded, else the default."""
+    if config is not None:
+        return _load(config, overrides)
+    from oreline.config import _leaf_keys, _set_dotted, config_from_dict, parse_overrides
+    from oreline.train.checkpoint.format import list_checkpoints, read_meta
+
+    for entry in reversed(list_checkpoints(run_dir)):
+        recorded = (read_meta(entry.path) or {}).get("config") if entry.kind != "incomplete" else None
+        if isinstance(recorded, dict):
+            parsed = parse_overrides(overrides)
+            for key, value in parsed.items():
+                _set_dotted(recorded, key, value)
+            cfg = config_from_dict(recorded, source=f"{entry.path} (the config the run recorded)")
+            # what the user typed stays theirs (a tracker's server: config.command_line_keys)
+            cfg._command_line = frozenset(
+                leaf for key, value in parsed.items() for leaf in _leaf_keys(key, value)
+            )
+            return cfg
+    return _load(None, overrides)
+
+
+def _config_dict(cfg: Any) -> dict[str, Any]:
+    from oreline.config import to_dict
+
+    return to_dict(cfg)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -64,3 +64,15 @@ def disk_full_cause(exc: BaseException | None) -> OSError | None:
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+class ShardDamaged(DataIntegrityError):
+    """A token shard a running job reads was changed, cut or holds ids it cannot have. `path` is the
+    shard; `kind` is "changed" (its identity — inode, size, mtime, header — differs from launch:
+    nothing of the new file was read) or "content" (its bytes are wrong while its identity is the
+    one verified: training may have read them before); `verified_at` is the time (Unix seconds)
+    its content was last verified, None when unknown. The training loop adds the checkpoints."""
+
+    def __init__(self, message: str, hint: str, path: str, kind: str, verified_at: float | None = None):
+        super().__init__(message, hint)
+        self.path, self.kind, self.verified_at = path, kind, verified_at

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from oreline.errors import ConfigError, DataIntegrityError, FingerprintMismatch, InputError
+from oreline.errors import ConfigError, DataIntegrityError, FingerprintMismatch, InputError, ShardDamaged
 from oreline.tokens import shards as fmt
 from oreline.tokens.loader import IGNORE_INDEX, MAX_OPEN_SHARDS, TokenLoader
 from oreline.tokens.order import FeistelOrder
@@ -353,3 +353,70 @@ def test_a_shard_rewritten_after_start_up_is_refused_when_mapped(damaged):
         for _ in range(loader.num_sequences // B + 1):
             loader.next_batch()
     assert shard.name in str(err.value)
+
+
+def _one_epoch(loader):
+    for _ in range(loader.num_sequences // B + 1):
+        loader.next_batch()
+
+
+def test_a_shard_rewritten_in_place_under_a_running_loader_stops_it_before_the_new_bytes(damaged):
+    """64 bytes of the token area XORed with 1 (ids still inside the vocabulary, so no id check
+    can see it) after the loader has read the shard: the next read of that shard stops it."""
+    copy, shard = damaged
+    loader = TokenLoader(copy, seq_len=T, micro_batch=B)
+    _one_epoch(loader)  # every shard read and open
+    with open(shard, "r+b") as fh:
+        fh.seek(fmt.HEADER_SIZE + 1000)
+        flipped = bytes(b ^ 1 for b in fh.read(64))
+        fh.seek(fmt.HEADER_SIZE + 1000)
+        fh.write(flipped)
+    with pytest.raises(ShardDamaged, match="changed after it was opened .rewritten in place") as err:
+        _one_epoch(loader)
+    assert err.value.kind == "changed" and err.value.path == str(shard)
+
+
+def test_a_shard_replaced_by_another_of_the_same_size_stops_the_loader(damaged, tmp_path):
+    """Another file of the same size and header renamed over the shard (a colleague re-tokenizing
+    into the folder): the open descriptor still reads the old file, the path names a new one."""
+    copy, shard = damaged
+    loader = TokenLoader(copy, seq_len=T, micro_batch=B)
+    loader.next_batch()
+    other = tmp_path / "other.tok"
+    data = bytearray(shard.read_bytes())
+    data[fmt.HEADER_SIZE : fmt.HEADER_SIZE + 64] = bytes(64)  # other tokens, same size
+    other.write_bytes(bytes(data))
+    os.replace(other, shard)
+    with pytest.raises(ShardDamaged, match="replaced by another file"):
+        _one_epoch(loader)
+
+
+CUT = """
+import os, sys
+from oreline.errors import ShardDamaged
+from oreline.tokens import shards as fmt
+from oreline.tokens.loader import TokenLoader
+loader = TokenLoader(sys.argv[1], seq_len=32, micro_batch=4)
+for _ in range(loader.num_sequences // 4 + 1):
+    loader.next_batch()
+os.truncate(sys.argv[2], fmt.HEADER_SIZE + 64)
+try:
+    for _ in range(loader.num_sequences // 4 + 1):
+        loader.next_batch()
+except ShardDamaged as exc:
+    print("error:", exc)
+"""
+
+
+def test_a_shard_cut_under_a_running_loader_is_a_named_error_not_a_crash(damaged):
+    """A mapping of a file that shrank kills the process with SIGBUS (exit -7, no message) at the
+    next read of a lost page; the loader reads with pread after a size check: an error naming the
+    shard. (In a child process: a SIGBUS must not take the test run with it.)"""
+    import subprocess
+    import sys
+
+    copy, shard = damaged
+    proc = subprocess.run([sys.executable, "-c", CUT, str(copy), str(shard)], capture_output=True, text=True)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert f"token shard {shard} changed after it was opened" in proc.stdout, proc.stdout
+    assert "bytes at start-up, 192 now" in proc.stdout, proc.stdout

@@ -52,12 +52,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def mlflow_server(folder: Path):
-    """`mlflow server` on a free 127.0.0.1 port with a SQLite store in `folder`; yields (uri, process).
-    Stopped (its process group, by id) at the end."""
-    port = free_port()
+def mlflow_server(folder: Path, port: int | None = None):
+    """`mlflow server` on `port` (default: a free one) of 127.0.0.1 with a SQLite store in `folder`
+    (started again on the same port and folder: the same server after an outage); yields (uri,
+    process). Stopped (its process group, by id) at the end."""
+    port = port or free_port()
     folder.mkdir(parents=True, exist_ok=True)
-    log = open(folder / "server.log", "wb")  # noqa: SIM115 (closed below)
+    log = open(folder / "server.log", "ab")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [
             sys.executable,

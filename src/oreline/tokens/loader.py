@@ -33,19 +33,35 @@ masks (tokens attend only within their document).
 Integrity, and what start-up costs: the start-up cost must not grow with the corpus, so opening a
 loader reads the manifest and each shard's 128-byte header only (~50 µs a shard): header
 checksum, file size, tokenizer fingerprint and the manifest's token and document counts. No shard
-is hashed, mapped or has its document index read. A shard's sha256 is checked once, not per
+is hashed, opened or has its document index read. A shard's sha256 is checked once, not per
 launch: `oreline tokenize` hashes each shard from the finished file into the manifest, and
 `oreline tokens verify` re-checks every shard (sha256, index, every id) after a copy or a transfer
 (verify="full" does the same here, for small corpora and tests). Every batch's ids are checked
 against the vocabulary (~5 µs a batch; an id past the embedding is an IndexError on CPU, a device
-assert on CUDA) and the error names the shard. Shards are mapped when a batch first reads them
-and kept in an LRU of at most `max_open_shards` mappings (one file descriptor each), so a corpus
-of any number of shards runs under `ulimit -n 1024`; a shard whose header or size changed since
-start-up is refused when it is mapped.
+assert on CUDA) and the error names the shard.
+
+Reading under a running job. Shards live on shared filesystems where a colleague re-tokenizes into
+the folder or a copy fails half-way, so the file a job reads can change under it. Shards are read
+with `os.preadv` from an open descriptor, not memory-mapped: a mapping of a file that shrank
+kills the process with SIGBUS on the next read of a lost page (no exception, no message, and a
+Python signal handler cannot help: the faulting copy would fault again), while a short read is
+an ordinary, named error. Each shard's identity (device, inode, size, mtime) is taken at start-up,
+and every read of a shard checks it first with one `os.stat`: a shard replaced, cut,
+grown or rewritten in place since launch stops the run before a byte of the new file is trained on
+(`ShardDamaged`, kind "changed"); a descriptor opened later must show that identity and header
+too. Damage that keeps the identity (bytes flipped with the mtime put back, a disk fault) shows
+only as an id outside the vocabulary: `ShardDamaged` of kind "content", with the time the shard
+was last verified (when tokenize hashed it into the manifest, or this launch with
+verify="full"), from which the training loop names the checkpoints written since
+(oreline.train.shard_damage). Descriptors are kept in an LRU of at most `max_open_shards`, so a
+corpus of any number of shards runs under `ulimit -n 1024`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,7 +71,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from oreline.errors import ConfigError, DataIntegrityError, FingerprintMismatch, InputError
+from oreline.errors import ConfigError, DataIntegrityError, FingerprintMismatch, InputError, ShardDamaged
 from oreline.tokens import shards as fmt
 from oreline.tokens.order import FeistelOrder
 from oreline.tokens.tokenize import read_manifest
@@ -70,6 +86,11 @@ class Batch:
     input_ids: torch.Tensor  # (B, T) int64
     labels: torch.Tensor  # (B, T) int64, -100 where the target is BOS
     doc_ids: torch.Tensor | None = None  # (B, T) int32 when doc_mask=True
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What makes a shard the file the run opened: device, inode, size, modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class TokenLoader:
@@ -122,6 +143,9 @@ class TokenLoader:
         expected_fp = m["tokenizer_fingerprint"]
         self._paths = [self.dir / s["name"] for s in entries]
         self._headers = []
+        self._ids: list[tuple[int, int, int, int]] = []  # each shard's identity at start-up
+        self.verify = verify
+        self.opened_at = time.time()
         for path, s in zip(self._paths, entries, strict=True):
             if verify == "full":  # reads every byte: sha256, document index, ids, BOS/EOS of each document
                 header = fmt.verify_shard(path, expected_fp, s, m["bos_id"], m["eos_id"])
@@ -134,9 +158,10 @@ class TokenLoader:
                     fmt.FIX,
                 )
             self._headers.append(header)
+            self._ids.append(_identity(os.stat(path)))
         self._vocab_limit = min(h.vocab_size for h in self._headers)
         self.max_open_shards = max_open_shards
-        self._open: OrderedDict[int, np.ndarray] = OrderedDict()  # shard number → its mapped tokens
+        self._open: OrderedDict[int, int] = OrderedDict()  # shard number → its open descriptor
         self.bos_id, self.eos_id = m["bos_id"], m["eos_id"]
         self._starts = np.cumsum([0] + [h.tokens for h in self._headers])  # global token offset of each shard
         self.total_tokens = int(self._starts[-1])
@@ -202,20 +227,86 @@ class TokenLoader:
 
     @property
     def open_shards(self) -> int:
-        """Shards mapped now (each holds one file descriptor); at most max_open_shards."""
+        """Shards open now (one file descriptor each); at most max_open_shards."""
         return len(self._open)
 
-    def _tokens(self, k: int) -> np.ndarray:
-        """Shard k's tokens, mapped on first use; the least recently used mapping goes first."""
-        tokens = self._open.get(k)
-        if tokens is not None:
+    def _fd(self, k: int) -> int:
+        """Shard k's descriptor, opened on first use and checked (identity and header as at start-up);
+        the least recently used one is closed first."""
+        fd = self._open.get(k)
+        if fd is not None:
             self._open.move_to_end(k)
-            return tokens
+            return fd
         if len(self._open) >= self.max_open_shards:
-            self._open.popitem(last=False)  # its array is dropped: munmap, and its descriptor closed
-        tokens = fmt.map_tokens(self._paths[k], self._headers[k])
-        self._open[k] = tokens
-        return tokens
+            os.close(self._open.popitem(last=False)[1])
+        path, header = self._paths[k], self._headers[k]
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise self._changed(k, f"cannot be opened now ({exc.strerror})") from None
+        checked = fmt.HEADER_CHECKED
+        if _identity(os.fstat(fd)) != self._ids[k] or os.pread(fd, checked, 0) != header.pack()[:checked]:
+            os.close(fd)
+            raise self._changed(k, "its header or size differ now")
+        self._open[k] = fd
+        return fd
+
+    def _changed(self, k: int, what: str) -> ShardDamaged:
+        return ShardDamaged(
+            f"token shard {self._paths[k]} changed after it was opened ({what}): the run stopped before "
+            "reading any of the changed file",
+            "do not rewrite token shards while a run reads them; put the shard back as it was (or re-run "
+            "oreline tokenize into a new folder and start a new run)",
+            str(self._paths[k]),
+            "changed",
+        )
+
+    def _check_identity(self, k: int) -> None:
+        """ShardDamaged unless shard k is the file that was opened at start-up (one stat)."""
+        try:
+            st = os.stat(self._paths[k])
+        except OSError as exc:
+            raise self._changed(k, f"it is gone: {exc.strerror}") from None
+        now, then = _identity(st), self._ids[k]
+        if now != then:
+            dev, ino, size, mtime = then
+            what = (
+                "replaced by another file"
+                if now[:2] != (dev, ino)
+                else f"{size:,} bytes at start-up, {now[2]:,} now"
+                if now[2] != size
+                else "rewritten in place: its modification time changed"
+            )
+            raise self._changed(k, what)
+
+    def _read(self, k: int, local: int, out: np.ndarray) -> None:
+        """Tokens [local, local + len(out)) of shard k into `out`, after checking the shard's identity."""
+        self._check_identity(k)
+        header = self._headers[k]
+        buf = np.empty(len(out), dtype=header.dtype)
+        got = os.preadv(self._fd(k), [buf], fmt.HEADER_SIZE + local * header.dtype.itemsize)
+        if got != buf.nbytes:  # cut between the check and the read
+            raise self._changed(k, f"it ended {buf.nbytes - got:,} bytes early while being read")
+        out[:] = buf
+
+    def close(self) -> None:
+        """Close every shard descriptor (also done when the loader is dropped)."""
+        while self._open:
+            os.close(self._open.popitem()[1])
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # (at interpreter shutdown os may be gone)
+            self.close()
+
+    def content_verified_at(self, k: int) -> float | None:
+        """When shard k's content was last verified in full: this launch (verify="full"), else when
+        tokenize hashed it into the manifest (None when unknown)."""
+        if self.verify == "full":
+            return self.opened_at
+        try:
+            return (self.dir / "manifest.json").stat().st_mtime
+        except OSError:
+            return None
 
     def _pieces(self, start: int, length: int) -> Iterator[tuple[int, int, int]]:
         """(shard, offset in the shard, length) of stream[start : start + length], in order."""
@@ -233,7 +324,7 @@ class TokenLoader:
         """Copy stream[start : start + len(out)] into `out` (int64), stitched across shard boundaries."""
         done = 0
         for k, local, take in self._pieces(start, len(out)):
-            out[done : done + take] = self._tokens(k)[local : local + take]
+            self._read(k, local, out[done : done + take])
             done += take
 
     def _name_bad_id(self, seq_indices: list[int]) -> None:
@@ -242,8 +333,16 @@ class TokenLoader:
         T = self.seq_len
         for i in seq_indices:
             for k, local, take in self._pieces(i * T, T + 1):
-                piece = self._tokens(k)[local : local + take]
-                fmt.check_ids(self._paths[k], self._headers[k], int(piece.max()))
+                piece = np.empty(take, dtype=np.int64)
+                self._read(k, local, piece)
+                try:
+                    fmt.check_ids(self._paths[k], self._headers[k], int(piece.max()))
+                except DataIntegrityError as exc:
+                    # its identity is the one opened: the bytes changed without it (the mtime put
+                    # back, a disk fault), or were wrong at start-up, when only headers are read
+                    raise ShardDamaged(
+                        exc.message, exc.hint, str(self._paths[k]), "content", self.content_verified_at(k)
+                    ) from None
 
     def _make_batch(self, seq_indices: list[int]) -> Batch:
         T = self.seq_len

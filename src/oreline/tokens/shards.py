@@ -27,7 +27,6 @@ ids (Llama-2 style 32k); larger vocabularies (Llama-3's 128k) use uint32.
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from oreline.io import file_sha256, open_nofollow, refuse_planted
 MAGIC = b"ORETOK\0\0"
 VERSION = 1
 HEADER_SIZE = 128
+HEADER_CHECKED = 88  # the header's fields and their checksum (the reserved bytes are not checked)
 _FIELDS = struct.Struct("<8sIIQQQQ32s")  # 80 bytes, then the 8-byte checksum
 DTYPES = {1: np.dtype("<u2"), 2: np.dtype("<u4")}
 FIX = "re-run oreline tokenize to rebuild the shards"
@@ -286,24 +286,6 @@ def check_boundaries(shard: Shard, bos_id: int, eos_id: int) -> None:
                 "the document index or the manifest's special ids do not fit the tokens",
                 FIX,
             )
-
-
-def map_tokens(path: Path, header: ShardHeader) -> np.ndarray:
-    """The token section of a shard whose header was read before, mapped read-only (one mapping,
-    one file descriptor, released when the returned array is dropped); the document index is not
-    read. A file replaced or cut since `header` was read is a DataIntegrityError."""
-    if header.tokens == 0:
-        return np.empty(0, header.dtype)
-    with open(path, "rb") as fh:
-        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    checked = _FIELDS.size + 8  # the fields and their checksum (the reserved bytes are not checked)
-    if len(mm) != header.file_size or mm[:checked] != header.pack()[:checked]:
-        mm.close()
-        raise DataIntegrityError(
-            f"token shard {path} changed after it was opened (its header or size differ now)",
-            "do not rewrite token shards while a run reads them; " + FIX,
-        )
-    return np.frombuffer(mm, dtype=header.dtype, count=header.tokens, offset=HEADER_SIZE)
 
 
 def verify_shard(

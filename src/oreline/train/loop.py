@@ -109,7 +109,7 @@ import torch
 from rich.console import Console
 
 from oreline.config import Config
-from oreline.errors import TrainingError
+from oreline.errors import ShardDamaged, TrainingError
 from oreline.model.scoring import breakdown_means
 from oreline.train import dist
 from oreline.train.batch import GlobalBatch, next_global_batch
@@ -241,6 +241,10 @@ def _train(
             )
             final_val = v if v is not None else final_val
             reads.stop(n, due.why)
+    except ShardDamaged as exc:  # a token shard changed under the run: which checkpoints it concerns
+        from oreline.train.shard_damage import damage_error
+
+        raise damage_error(exc, s.run.checkpoints, state.step + 1) from None
     finally:
         reads.abandon()  # a stop or an error inside a step leaves its counter active
 
@@ -293,6 +297,15 @@ def begin(
             f"nothing to do: the run finished at step {state.step} (its end record is in {s.run.metrics}); "
             f"to train on, raise train.steps (now {tc.steps}) and pass --allow-config-change train.steps"
         )
+        if info.is_main:  # a tracker that missed the end is not something a relaunch can finish
+            from oreline.train.trackers import incomplete, read_reports
+
+            for name in incomplete(read_reports(s.run.root)):
+                say(
+                    f"[yellow]warning[/]: tracker {name}'s run lacks records or was not finished (see "
+                    f"{s.run.root / 'trackers.json'}): `oreline trackers sync {s.run.root}` sends it "
+                    "what metrics.jsonl holds and finishes it"
+                )
         return resumed, None, done.get("val_loss")
     # A fresh start drops every step record an earlier, unresumable attempt left (-1); a resume
     # drops only the records after its checkpoint, so the file reads as one clean run.

@@ -382,6 +382,15 @@ class MetricsLogger:
         self.trackers.log(record)
         for warning in self.trackers.new_failures():
             self._write({"type": "event", "time": round(time.time(), 3), **warning})
+        changed = self.trackers.changed_report() if self.trackers else None
+        if changed:  # kept as they change: a killed process's failures are still counted on resume
+            import contextlib
+
+            from oreline.io import write_json_atomic
+
+            # (a full disk: the end writes it again; metrics.jsonl, written first, is the record)
+            with contextlib.suppress(OSError):
+                write_json_atomic(self.path.parent / "trackers.json", changed)
 
     def _write(self, record: dict[str, Any]) -> None:
         self.fh.write(json.dumps(json_safe(record), ensure_ascii=False) + "\n")
@@ -466,11 +475,22 @@ class MetricsLogger:
 
         write_json_atomic(self.path.parent / "trackers.json", self.tracker_report)
         for name, rep in self.tracker_report.items():
-            if rep["failures"] or rep["dropped"] or not rep["finished"]:
+            if rep["this_launch"]["failures"] or rep["missing"] or not rep["finished"]:
+                lacks = (
+                    f"its run lacks {rep['missing']} records" if rep["missing"] else "it holds every record"
+                )
                 msg = (
-                    f"tracker {name}: {rep['failures']} failed calls, {rep['dropped']} dropped "
-                    f"(first error: {rep['first_error']}); metrics.jsonl holds every record "
+                    f"tracker {name}: {rep['failures']} failed calls, {rep['dropped']} dropped and "
+                    f"{rep['resent']} sent again from metrics.jsonl; {lacks}"
+                    + ("" if rep["finished"] else " and was not finished")
+                    + f" (first error: {rep['first_error']}); metrics.jsonl holds every record "
                     f"(details in {self.path.parent / 'trackers.json'})"
+                    + (
+                        f"; once the tracker is reachable, `oreline trackers sync {self.path.parent}` sends "
+                        "what it lacks and finishes its run"
+                        if rep["missing"] or not rep["finished"]
+                        else ""
+                    )
                 )
                 if self.console is not None:
                     from rich.markup import escape

@@ -173,6 +173,10 @@ def resume_if_asked(
                 return None, events
         else:
             path = Path(resume)
+        if resume == "auto":  # never on from a checkpoint a damaged token shard may have reached
+            from oreline.train.shard_damage import refuse_damaged
+
+            refuse_damaged(s.run.checkpoints, path)
         saved = read_meta(path) or {}  # read once per candidate: every check below is from it
         if resume != "auto":
             kind = saved.get("kind")

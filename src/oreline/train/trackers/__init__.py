@@ -24,15 +24,24 @@ Rules every tracker follows (enforced here, not in the tracker modules):
 - **One run across restarts.** `state()` goes into the checkpoint's meta (`trackers`); a resume
   passes it back, and the tracker continues the same MLflow run (by run id, or by the
   `oreline.run_key` tag when the checkpoint was written before the run existed) and the same
-  online W&B run (`id` + `resume="allow"`). After opening, a tracker is sent the train and eval
-  records of metrics.jsonl up to the checkpoint's step that it does not hold (MLflow reports the
-  highest step it holds; a killed process's unsent calls are lost with it), then the resumed
-  run's records: the run ends with every step once. W&B offline cannot continue a run (wandb
+  online W&B run (`id` + `resume="allow"`). W&B offline cannot continue a run (wandb
   issue #2423): a resumed offline run is a NEW offline run in the same group (the first run's
   id), named `<name>-resume-<k>`, with `wandb_resumed_from` = the first run's id in its config; it
   holds every step 1..N (those up to the checkpoint sent again from metrics.jsonl), so the last
   offline run of a group is the complete one (`wandb sync <run>/wandb/offline-run-*` uploads them
   all; the earlier ones end where their process was killed).
+- **Nothing lost for good.** metrics.jsonl holds every train, eval and tasks record, so a record a
+  tracker did not take (a call dropped after `MAX_ATTEMPTS`, past `MAX_QUEUE`, at the end, or lost
+  with a killed process) is *lost* only until the tracker works again: the tracker's thread sends
+  every lost record again from metrics.jsonl as soon as a call succeeds (a server that came up late
+  or came back after an outage), the first value of each step (a rollback's repeat is not sent). A
+  tracker that reports which steps its run holds (MLflow: `held_steps`) is, on a resume, sent every
+  record up to the checkpoint it lacks, below its highest step too; one that cannot take a step
+  below its highest (`backfills = False`: W&B, which drops such steps) gets only those above it.
+  `<run>/trackers.json` is written whenever a count changes, so a killed process's failures are
+  kept, and a resume adds its counts to the earlier launches' (`launches`); `missing` is what the
+  tracker still lacks. `oreline trackers sync RUN` (`sync_run`) sends a finished or stopped run's
+  trackers what they lack and finishes their runs, after the fact.
 """
 
 from __future__ import annotations
@@ -50,12 +59,14 @@ ENDPOINT_KEYS = ("train.mlflow.tracking_uri",)
 MAX_QUEUE = 10_000  # calls buffered per tracker while it fails (a call is one record's values)
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.5, 30.0
 MAX_ATTEMPTS = 8  # failures of one call before it is dropped (~90 s of backoff)
+CATCH_UP_BATCH = 50  # lost records sent again in one call (MLflow: ~20 metrics a record, 1,000 a request)
 
 
 class Tracker(Protocol):
     """What one tracker module implements; every call may raise (the caller isolates it)."""
 
     name: str
+    backfills: bool  # takes a metric step below the highest it holds (MLflow, TensorBoard; not W&B)
 
     def open(self) -> None:
         """Create the run, or continue the one `state` named at construction."""
@@ -63,6 +74,10 @@ class Tracker(Protocol):
     def held_step(self) -> tuple[int, set[str]] | None:
         """After open: the highest metric step the tracker's run already holds and the record kinds
         ("train", "eval") it holds at that step (None: nothing known)."""
+
+    # optional: `held_steps() -> dict[str, set[int]]`, every step the run holds per record kind
+    # ("train", "eval", "tasks"), for a tracker that can tell (MLflow): a resume sends it every
+    # record it lacks, not only those above its highest step
 
     def log_params(self, params: dict[str, Any]) -> None: ...
 
@@ -78,32 +93,51 @@ class Tracker(Protocol):
         """What the checkpoint keeps to continue the same run after a restart (the run id)."""
 
 
+COUNTS = ("failures", "dropped", "not_resent", "resent")  # added up over a run's launches in trackers.json
+
+
 class Guarded:
-    """One tracker on its own thread: a bounded queue, retries with backoff, failures counted."""
+    """One tracker on its own thread: a bounded queue, retries with backoff, failures counted, and
+    every record it lost sent again from metrics.jsonl once it works (see the module docstring)."""
 
     def __init__(
         self,
         tracker: Tracker,
-        replay: Path | None = None,
-        replay_upto: int = 0,
+        metrics: Path | None = None,
+        resumed_step: int | None = None,
         max_queue: int = MAX_QUEUE,
+        prior: dict[str, Any] | None = None,
     ):
         self.tracker = tracker
         self.name = tracker.name
-        # a resume: the steps up to the checkpoint's that the tracker does not hold yet (a killed
-        # process's buffered calls, a new W&B offline run) are sent again from metrics.jsonl
-        self.replay, self.replay_upto = replay, replay_upto
+        # the run's metrics.jsonl: where a lost record is read back from (None: nothing to read back)
+        self.metrics = None if metrics is None else Path(metrics)
+        # a resume at this step: the records up to it that the tracker does not hold (a killed
+        # process's buffered calls, an outage's dropped ones, a new W&B offline run) are sent again
+        self.resumed_step = resumed_step
         # the highest step sent and the record kinds sent at it: a metric step below it, or at it
         # for a kind already sent there, is not sent again (see the module docstring)
         self.high, self.high_kinds = 0, set()
+        # (kind, step) of the records metrics.jsonl holds that the tracker did not take yet, and
+        # those given up in this launch (sent MAX_ATTEMPTS times in vain, or not sendable)
+        self.lost: set[tuple[str, int]] = set()
+        self.given_up: set[tuple[str, int]] = set()
+        self.lost_calls: list[tuple[str, tuple]] = []  # dropped params and summary calls, made again
         self.max_queue = max_queue
         self.queue: deque[tuple[str, tuple]] = deque()
         self.cv = threading.Condition()
         self.opened = False
+        # the earlier launches' counts of this run (trackers.json), added to this launch's in report()
+        self.prior = {k: int((prior or {}).get(k) or 0) for k in COUNTS}
+        self.launches = int((prior or {}).get("launches") or (1 if prior else 0)) + 1
         self.failures = 0
-        self.first_error: str | None = None
+        self.first_error: str | None = (prior or {}).get("first_error")
         self.dropped = 0
         self.not_resent = 0  # metric calls at steps the tracker already held (resume, rollback)
+        self.resent = 0  # records sent again from metrics.jsonl after they were lost
+        self._attempted: list[tuple[str, int]] | None = (
+            None  # lost records being sent (MAX_ATTEMPTS: given up)
+        )
         self.finished = False
         self.deadline: float | None = None
         self.closing = False
@@ -113,23 +147,100 @@ class Guarded:
     def submit(self, op: str, *args: Any) -> None:
         with self.cv:
             if len(self.queue) >= self.max_queue:
-                self.queue.popleft()
-                self.dropped += 1
+                self._drop(self.queue.popleft())
             self.queue.append((op, args))
             self.cv.notify()
 
-    def _apply(self, op: str, args: tuple) -> None:
+    def _drop(self, item: tuple[str, tuple]) -> None:
+        """Count a call as dropped; a metrics record stays lost until it is sent from metrics.jsonl."""
+        self.dropped += 1
+        op, args = item
+        if op == "metrics" and self.metrics is not None:
+            self.lost.add((args[0], args[2]))
+        elif op in ("params", "summary"):
+            self.lost_calls.append(item)
+
+    def _open(self) -> None:
         t = self.tracker
-        if not self.opened:
-            t.open()
-            self.opened = True
+        t.open()  # (again after a failure below: MLflow continues the run it made, by its id)
+        steps = getattr(t, "held_steps", None)
+        held_sets = steps() if steps is not None else None
+        if held_sets:
+            top = max((max(v) for v in held_sets.values() if v), default=0)
+            held = (top, {k for k, v in held_sets.items() if top in v}) if top else None
+        else:
             held = t.held_step()
-            if held is not None and held[0] >= self.high:
-                self.high, self.high_kinds = held[0], set(held[1])
-        if self.replay is not None:
-            for rec in _records(self.replay, self.replay_upto):
-                self._metrics(rec["type"], record_metrics(rec), rec["step"])
-            self.replay = None
+        if held is not None and held[0] >= self.high:
+            self.high, self.high_kinds = held[0], set(held[1])
+        self.opened = True
+        if self.resumed_step is None or self.metrics is None:
+            return
+        for rec in _records(self.metrics, self.resumed_step):
+            kind, step = rec["type"], rec["step"]
+            if held_sets is not None:  # every step it lacks, below its highest too
+                if step not in held_sets.get(kind, ()):
+                    self.lost.add((kind, step))
+            elif step > self.high or (step == self.high and kind not in self.high_kinds):
+                self.lost.add((kind, step))
+
+    def _catch_up(self) -> None:
+        """Send the lost records from metrics.jsonl (the first record of each step and kind), in
+        file order, `CATCH_UP_BATCH` records a call where the tracker takes several steps at once
+        (`log_rows`: one request, not one per step); the records of a call that succeeded leave
+        `lost` at once, so a failure midway sends none twice."""
+        backfills = getattr(self.tracker, "backfills", True)
+        many = getattr(self.tracker, "log_rows", None)
+        todo = set(self.lost)  # (an overflow may add to `lost` meanwhile: those wait for the next round)
+        rows: list[tuple[tuple[str, int], dict[str, float]]] = []
+        for rec in _records(self.metrics, max((step for _, step in todo), default=-1)) if todo else ():
+            key = (rec["type"], rec["step"])
+            if key not in todo or key not in self.lost or any(k == key for k, _ in rows):
+                continue
+            below = rec["step"] < self.high or (rec["step"] == self.high and key[0] in self.high_kinds)
+            if not backfills and below:
+                self.lost.discard(key)  # (W&B drops a step below the highest it holds)
+                self.given_up.add(key)
+                continue
+            rows.append((key, record_metrics(rec)))
+            if many is None or len(rows) >= CATCH_UP_BATCH:
+                self._send_rows(rows, many)
+                rows = []
+        if rows:
+            self._send_rows(rows, many)
+        self._attempted = None
+        while self.lost_calls:  # the run's params and summary, after its metrics
+            self._apply_call(*self.lost_calls[0])
+            self.lost_calls.pop(0)
+            self.resent += 1
+        # what metrics.jsonl does not hold (lines a resume truncated) cannot be sent
+        self.given_up |= todo & self.lost
+        self.lost -= todo
+
+    def _send_rows(self, rows: list[tuple[tuple[str, int], dict[str, float]]], many: Any) -> None:
+        self._attempted = [key for key, _ in rows]
+        sendable = [(metrics, key[1]) for key, metrics in rows if metrics]
+        if many is not None:
+            many(sendable)
+        else:
+            for metrics, step in sendable:
+                self.tracker.log_metrics(metrics, step)
+        for key, _ in rows:
+            self.lost.discard(key)
+            self.resent += 1
+            if key[1] > self.high:
+                self.high, self.high_kinds = key[1], set()
+            if key[1] == self.high:
+                self.high_kinds.add(key[0])
+
+    def _apply(self, op: str, args: tuple) -> None:
+        if not self.opened:
+            self._open()
+        if self.lost or self.lost_calls:  # before any new call: a step's records in order
+            self._catch_up()
+        self._apply_call(op, args)
+
+    def _apply_call(self, op: str, args: tuple) -> None:
+        t = self.tracker
         if op == "metrics":
             self._metrics(*args)
         elif op == "event":  # shown at the highest step reached: never behind what was logged
@@ -151,19 +262,30 @@ class Guarded:
             self.not_resent += 1
             return
         self.tracker.log_metrics(metrics, step)
+        self.lost.discard((kind, step))
         if step > self.high:
             self.high, self.high_kinds = step, set()
         self.high_kinds.add(kind)
+
+    def _next(self) -> tuple[str, tuple] | None:
+        """The call to make next (the caller holds `cv`): lost records first once the tracker is
+        open (it works again), then the queue; None when closing with nothing left."""
+        if (self.lost or self.lost_calls) and (self.opened or self.closing):
+            return CATCH_UP
+        if self.queue:
+            return self.queue[0]
+        return None
 
     def _work(self) -> None:
         delay, attempts = BACKOFF_FIRST_S, 0
         while True:
             with self.cv:
-                while not self.queue and not self.closing:
+                while self._next() is None and not self.closing:
                     self.cv.wait()
-                if not self.queue:
+                item = self._next()
+                if item is None:
                     break
-                item = self.queue[0]
+            self._attempted = None
             try:
                 self._apply(*item)
             except Exception as e:  # noqa: BLE001 (any tracker error: it must never reach training)
@@ -175,9 +297,11 @@ class Guarded:
                     if attempts >= MAX_ATTEMPTS:
                         # a call the tracker refuses every time (a value its client rejects) must
                         # not hold back every call behind it: counted as dropped, the next one goes
-                        if self.queue and self.queue[0] is item:
-                            self.queue.popleft()
-                            self.dropped += 1
+                        if self._attempted is not None:  # lost records it refuses: given up, not the call
+                            self.lost.difference_update(self._attempted)
+                            self.given_up.update(self._attempted)
+                        elif item is not CATCH_UP and self.queue and self.queue[0] is item:
+                            self._drop(self.queue.popleft())
                         delay, attempts = BACKOFF_FIRST_S, 0
                         continue
                     wait = delay
@@ -190,11 +314,11 @@ class Guarded:
                 continue
             delay, attempts = BACKOFF_FIRST_S, 0
             with self.cv:
-                if self.queue and self.queue[0] is item:  # (an overflow may have dropped it meanwhile)
-                    self.queue.popleft()
+                if item is not CATCH_UP and self.queue and self.queue[0] is item:
+                    self.queue.popleft()  # (an overflow may have dropped it meanwhile)
         with self.cv:
-            self.dropped += len(self.queue)
-            self.queue.clear()
+            while self.queue:
+                self._drop(self.queue.popleft())
         if self.opened:
             try:
                 self.tracker.finish()
@@ -216,14 +340,28 @@ class Guarded:
         self.thread.join(max(0.0, self.deadline + 30.0 - time.monotonic()))
 
     def report(self) -> dict[str, Any]:
+        """This tracker's entry of trackers.json: its run, whether it was opened and finished, the
+        counts of every launch of the run so far, and `missing`, the records of metrics.jsonl it
+        lacks now (`oreline trackers sync RUN` sends them)."""
+        with self.cv:
+            # after close, a call still queued behind a hung client is dropped with its thread
+            queued = len(self.queue) if self.closing and self.thread.is_alive() else 0
+            missing = len(self.lost) + len(self.given_up)
+            mine = {
+                "failures": self.failures,
+                "dropped": self.dropped + queued,
+                "not_resent": self.not_resent,
+                "resent": self.resent,
+            }
         return {
             "state": self._state(),
             "opened": self.opened,
             "finished": self.finished,
-            "failures": self.failures,
+            **{k: self.prior[k] + v for k, v in mine.items()},
+            "missing": missing,
             "first_error": self.first_error,
-            "dropped": self.dropped + (len(self.queue) if self.thread.is_alive() else 0),
-            "not_resent": self.not_resent,
+            "launches": self.launches,
+            "this_launch": mine,
         }
 
     def _state(self) -> dict[str, Any]:
@@ -231,6 +369,9 @@ class Guarded:
             return self.tracker.state()
         except Exception:  # noqa: BLE001
             return {}
+
+
+CATCH_UP: tuple[str, tuple] = ("catch_up", ())  # the pseudo-call that sends lost records again
 
 
 def _numeric(value: Any) -> bool:
@@ -306,6 +447,7 @@ class Trackers:
         self.config = config or {}
         self.warned: set[str] = set()
         self.last_step = 0
+        self._counts: tuple = ()
 
     def __bool__(self) -> bool:
         return bool(self.guarded)
@@ -371,6 +513,18 @@ class Trackers:
                     }
                 )
         return out
+
+    def changed_report(self) -> dict[str, Any] | None:
+        """Every tracker's report when a count changed since the last call (None otherwise): what
+        `<run>/trackers.json` is rewritten with during the run, so a killed process's counts stay."""
+        counts = tuple(
+            (g.opened, g.finished, g.failures, g.dropped, g.resent, len(g.lost) + len(g.given_up))
+            for g in self.guarded
+        )
+        if counts == self._counts:
+            return None
+        self._counts = counts
+        return {g.name: g.report() for g in self.guarded}
 
     def state_dict(self) -> dict[str, Any]:
         """What the checkpoint keeps: each tracker's run (its id), to continue it after a restart."""
@@ -458,10 +612,41 @@ def open_trackers(
     saved = saved or {}
     made: list[Tracker] = []
     for name in names:
-        cfg = saved.get(name) or {}
-        made.append(_make(name, run_root, tracker_cfg, cfg, tensorboard_dir, purge_after_step, command_line))
-    replay = None if resumed_step is None else Path(run_root) / "metrics.jsonl"
-    return Trackers([Guarded(t, replay, resumed_step or 0) for t in made], config)
+        made.append(
+            _make(
+                name,
+                run_root,
+                tracker_cfg,
+                saved.get(name) or {},
+                tensorboard_dir,
+                purge_after_step,
+                command_line,
+            )
+        )
+    metrics = Path(run_root) / "metrics.jsonl"
+    # a resume adds its counts to the earlier launches' (a fresh start moved those away)
+    prior = read_reports(run_root) if resumed_step is not None else {}
+    return Trackers([Guarded(t, metrics, resumed_step, prior=prior.get(t.name)) for t in made], config)
+
+
+def read_reports(run_root: Path) -> dict[str, dict[str, Any]]:
+    """`<run>/trackers.json`: each tracker's run and counts ({} when there is none, or it is unreadable)."""
+    import json
+
+    try:
+        data = json.loads((Path(run_root) / "trackers.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+def incomplete(reports: dict[str, dict[str, Any]]) -> list[str]:
+    """The trackers whose run lacks records of metrics.jsonl or was never finished, per trackers.json."""
+    return [
+        name
+        for name, rep in reports.items()
+        if not rep.get("finished") or rep.get("missing") or (rep.get("dropped") and "missing" not in rep)
+    ]
 
 
 def _make(
@@ -515,3 +700,111 @@ def log_after_training(
         g.close(train_cfg.tracker_flush_s)
         reports[name] = g.report()
     return reports
+
+
+def sync_run(
+    run_root: Path,
+    train_cfg: Any,
+    config: dict[str, Any] | None = None,
+    command_line: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """`oreline trackers sync RUN`: send each tracker of a run (train.trackers) every train, eval and
+    tasks record of its metrics.jsonl that the tracker's run lacks, the run's params and end
+    summary, and finish that run — after the fact, when a server was down at the end, came up late
+    or the process was killed. The run to continue is the one trackers.json names (else the newest
+    checkpoint's `trackers`), on the server it was made on; with none, a new one is made. MLflow is
+    sent every step it lacks; an online W&B run only its steps above the highest it holds (W&B
+    drops lower ones); an offline W&B run cannot be continued (`wandb sync` uploads it) and
+    TensorBoard's event files are in the run folder: both are left as they are. Rewrites
+    `<run>/trackers.json`; returns {tracker: its report, or {"skipped": why}}.
+
+    The server recorded in trackers.json or a checkpoint is an artifact's word, as a config file's
+    is (`destination`): it is used when it is a local store or the server of MLFLOW_TRACKING_URI;
+    `train.mlflow.tracking_uri` on the command line (`command_line`) names the server instead."""
+    run_root = Path(run_root)
+    metrics = run_root / "metrics.jsonl"
+    if not metrics.is_file():
+        from oreline.errors import InputError
+
+        raise InputError(
+            f"{run_root} has no metrics.jsonl: it is not a training run folder (or no training started in it)",
+            "name the run folder that `oreline train` wrote (the one with metrics.jsonl and checkpoints/)",
+        )
+    from oreline.outdir import FolderLock
+
+    # one writer of the run's trackers: never beside a training that is still sending to them
+    with FolderLock(run_root, "oreline trackers sync"):
+        return _sync(run_root, metrics, train_cfg, config, command_line)
+
+
+def _sync(
+    run_root: Path, metrics: Path, train_cfg: Any, config: dict[str, Any] | None, command_line: frozenset[str]
+) -> dict[str, Any]:
+    import json
+
+    from oreline.io import write_json_atomic
+
+    reports = read_reports(run_root)
+    saved = {name: rep.get("state") or {} for name, rep in reports.items()}
+    if not all(saved.get(n) for n in train_cfg.trackers):
+        saved = {**_newest_checkpoint_trackers(run_root), **{k: v for k, v in saved.items() if v}}
+    start, end, last = None, None, 0
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("type") == "start" and start is None:
+            start = rec
+        elif rec.get("type") == "end":
+            end = rec
+        if isinstance(rec.get("step"), int):
+            last = max(last, rec["step"])
+    out: dict[str, Any] = {}
+    # the config's trackers and those trackers.json names (a run without a checkpoint has no
+    # recorded config: the default one may not list the trackers it logged to)
+    for name in dict.fromkeys([*train_cfg.trackers, *(n for n in reports if n in FAILED_HINT)]):
+        state = saved.get(name) or {}
+        if name == "tensorboard":
+            out[name] = {"skipped": f"its event files are in {run_root / 'tensorboard'}"}
+            continue
+        if name == "wandb" and state.get("mode", "offline") != "online":
+            out[name] = {
+                "skipped": f"an offline W&B run cannot be continued: wandb sync {run_root}/wandb/offline-run-*"
+            }
+            continue
+        cfg = train_cfg
+        named = "train.mlflow.tracking_uri" in command_line
+        if name == "mlflow" and state.get("tracking_uri") and not named:  # the server the run was made on
+            cfg = train_cfg.model_copy(
+                update={"mlflow": train_cfg.mlflow.model_copy(update={"tracking_uri": state["tracking_uri"]})}
+            )
+        made = _make(name, run_root, cfg, state, None, None, command_line if named else frozenset())
+        g = Guarded(made, metrics, last, prior=reports.get(name))
+        feed = Trackers([g], config)
+        if start is not None:
+            feed.log(start)
+        if end is not None:
+            feed.log(end)
+        else:  # (the lost records are sent when the tracker opens: one call to open it)
+            g.submit(*CATCH_UP)
+        out[name] = feed.close(train_cfg.tracker_flush_s)[name]
+        reports[name] = out[name]
+    write_json_atomic(run_root / "trackers.json", reports)
+    return out
+
+
+def _newest_checkpoint_trackers(run_root: Path) -> dict[str, Any]:
+    from oreline.train.checkpoint.format import list_checkpoints, read_meta
+
+    try:
+        entries = list_checkpoints(Path(run_root) / "checkpoints")
+    except (OSError, ValueError):
+        return {}
+    for entry in sorted((e for e in entries if e.kind != "incomplete"), key=lambda e: e.step, reverse=True):
+        saved = (read_meta(entry.path) or {}).get("trackers")
+        if isinstance(saved, dict):
+            return saved
+    return {}

@@ -3,11 +3,13 @@
 The tracking URI is `train.mlflow.tracking_uri`, else MLFLOW_TRACKING_URI, else a SQLite file in
 the run folder (`sqlite:///<run>/mlflow/mlflow.db`, no server; `mlflow ui --backend-store-uri`
 the same URI shows it). A server named only by a config file is refused (`destination`): the
-user's MLflow credentials go to the server the URI names. MLflow's own HTTP client retries a
-failed request up to 7 times with exponential backoff and waits 120 s per request; unless the
-user set them, oreline lowers these to no retries and 10 s (MLFLOW_HTTP_REQUEST_MAX_RETRIES,
-MLFLOW_HTTP_REQUEST_TIMEOUT): the retries are oreline's own (oreline.train.trackers.Guarded), on
-the tracker's thread, with calls buffered.
+user's MLflow credentials go to the server the URI names. A run's steps are known per record kind
+(`held_steps`: the steps of one metric every record of that kind has), so a resume or `oreline
+trackers sync` sends it every step it lacks, below its highest too (MLflow keeps a metric's points
+by step). MLflow's own HTTP client retries a failed request up to 7 times with exponential backoff
+and waits 120 s per request; unless the user set them, oreline lowers these to no retries and 10 s
+(MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT): the retries are oreline's own
+(oreline.train.trackers.Guarded), on the tracker's thread, with calls buffered.
 No response body over MAX_RESPONSE_BYTES is read (`bound_responses`).
 """
 
@@ -28,6 +30,7 @@ MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 # every param is a few MB; a server that sends more is refused, not held in memory whole
 MAX_RESPONSE_BYTES = 64 << 20
 BATCH = 100  # MLflow's limit on params per log_batch
+MAX_METRICS = 1000  # MLflow's limit on metrics per log_batch
 
 
 # What MLflow's HTTP client sends to whatever server the tracking URI names, on every request
@@ -167,8 +170,14 @@ def bound_responses() -> None:
     request_utils._get_request_session = bounded_session
 
 
+# per record kind, a metric every record of that kind carries (an integer, never NaN): the steps
+# it holds are the steps of that kind the run holds
+HELD_KEYS = {"train": "train/tokens_seen", "eval": "eval/val_tokens", "tasks": "tasks/tokens_seen"}
+
+
 class MlflowTracker:
     name = "mlflow"
+    backfills = True  # a metric's history is keyed by step: a lower step is simply added
 
     def __init__(self, run_root: Path, cfg: Any, saved: dict[str, Any], from_command_line: bool = False):
         self.run_root = Path(run_root)
@@ -233,14 +242,17 @@ class MlflowTracker:
         self.run_id = run.info.run_id
 
     def held_step(self) -> tuple[int, set[str]] | None:
+        held = self.held_steps()
+        top = max((max(v) for v in held.values() if v), default=0)
+        return (top, {k for k, v in held.items() if top in v}) if top else None
+
+    def held_steps(self) -> dict[str, set[int]]:
         if not self.continued:
-            return None
-        train = [m.step for m in self.client.get_metric_history(self.run_id, "train/lr")]
-        if not train:
-            return None
-        high = max(train)
-        evals = {m.step for m in self.client.get_metric_history(self.run_id, "eval/val_loss")}
-        return high, {"train", "eval"} if high in evals else {"train"}
+            return {}
+        return {
+            kind: {m.step for m in self.client.get_metric_history(self.run_id, key)}
+            for kind, key in HELD_KEYS.items()
+        }
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param, RunTag
@@ -263,6 +275,16 @@ class MlflowTracker:
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+
+    def log_rows(self, rows: list[tuple[dict[str, float], int]]) -> None:
+        """Several steps' metrics in as few requests as MLflow allows (1,000 metrics a batch):
+        records sent again from metrics.jsonl after an outage, without a request per step."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        flat = [Metric(k, v, now, step) for metrics, step in rows for k, v in metrics.items()]
+        for i in range(0, len(flat), MAX_METRICS):
+            self.client.log_batch(self.run_id, metrics=flat[i : i + MAX_METRICS])
 
     def log_text(self, key: str, text: str, step: int) -> None:
         return None  # events are metrics (events/<kind>); generations stay in metrics.jsonl

@@ -12,6 +12,7 @@ from typing import Any
 
 class TensorBoardTracker:
     name = "tensorboard"
+    backfills = True  # an event at a lower step is added to its curve
 
     def __init__(self, folder: Path, purge_step: int | None = None):
         self.folder = Path(folder)

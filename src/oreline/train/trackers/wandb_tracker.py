@@ -55,6 +55,7 @@ def new_id() -> str:
 
 class WandbTracker:
     name = "wandb"
+    backfills = False  # W&B drops a step below the highest its run holds
 
     def __init__(self, run_root: Path, cfg: Any, saved: dict[str, Any]):
         self.run_root = Path(run_root)
