@@ -230,3 +230,31 @@ def test_a_one_to_many_python_step_from_an_importable_module(tmp_path, monkeypat
         r for p in sorted((tmp_path / "out" / "docs").glob("*.parquet")) for r in pq.read_table(p).to_pylist()
     ]
     assert "b#1" in {d["id"] for d in docs} and len(docs) == 8
+
+
+@pytest.mark.hostile
+def test_a_python_step_others_may_change_is_refused_and_the_code_a_run_runs_is_said(tmp_path):
+    """A python step runs its code as the user: the run says which code (file and sha256) before
+    any task, and a file another user could change (a group- or world-writable file or folder,
+    e.g. a step left in /tmp) is refused rather than run."""
+    import io
+
+    from rich.console import Console
+
+    src = _jsonl(tmp_path)
+    buf = io.StringIO()
+    run_data(
+        [str(src)], tmp_path / "out", _user_config(tmp_path), workers=1, console=Console(file=buf, width=400)
+    )
+    said = buf.getvalue()
+    assert f"drop_keyword runs Python code: {tmp_path / 'user_steps.py'}:drop_keyword from" in said
+    assert "sha256" in said
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match="writable by others"):
+        run_data([str(src)], tmp_path / "out2", _user_config(shared), workers=1)
+    (tmp_path / "user_steps.py").chmod(0o666)
+    with pytest.raises(ConfigError, match="writable by others"):
+        run_data([str(src)], tmp_path / "out3", _user_config(tmp_path), workers=1)

@@ -195,6 +195,7 @@ def run_data(
             "add --executor slurm (data.executor = 'slurm'), or drop --detach",
         )
     workers = max(1, int(workers or cfg.data.workers))
+    announce_user_code(cfg, console)
     unreadable: list[dict[str, Any]] = []
     items = [expand(str(i)) for i in inputs]  # {samples} in config inputs
     paths = [i for i in items if not storage.is_url(i)]
@@ -220,6 +221,20 @@ def run_data(
         if full is None:
             raise
         raise _disk_full(out, full, sum(_size(f) for f, _ in files)) from None
+
+
+def announce_user_code(cfg: Config, console: Console) -> None:
+    """Say, before any task, which Python code the config's `python` steps run: a config that
+    names one runs that code as the user (docs/security.md), so the user sees where it is."""
+    user = [s for s in cfg.data.step_list() if s.kind == "python"]
+    if not user:
+        return
+    from oreline.data.pipeline.user_step import describe
+
+    for step in user:
+        console.print(
+            f"data.steps: {escape(step.step_name())} runs Python code: {escape(describe(step.function))}"
+        )
 
 
 def check_text_field(stats: dict[str, Any], cfg: Config, out: Path) -> None:

@@ -43,6 +43,7 @@ def _module(spec: str):
                 f"data.steps: the python step's file {path} does not exist here",
                 "give a path every worker can read (a shared filesystem), or an importable module name",
             )
+        _refuse_foreign(path)
         key = f"oreline_user_step_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
         if key in sys.modules:
             return sys.modules[key]
@@ -65,6 +66,29 @@ def _module(spec: str):
             f"data.steps: the python step's module {name!r} cannot be imported ({exc})",
             "install it where the tasks run, put it on PYTHONPATH, or give '/path/to/file.py:function'",
         ) from exc
+
+
+def _refuse_foreign(path: Path) -> None:
+    """A step's file runs as this user: one that another user owns or may change (group- or
+    world-writable, or in such a folder) is refused, so that nobody else decides what runs."""
+    import os
+
+    for p in (path, path.parent):
+        st = os.stat(p)
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise ConfigError(
+                f"data.steps: the python step's {'file' if p == path else 'folder'} {p} is "
+                + ("owned by another user" if st.st_uid != os.getuid() else "writable by others")
+                + ": its code would run as you, and someone else could change it",
+                "copy the step's file into a folder of yours (chmod go-w), or install it as a module",
+            )
+
+
+def describe(spec: str) -> str:
+    """Where the code of "module:function" is, with its source sha256 (what `oreline data` prints)."""
+    module = _module(spec)
+    path = getattr(module, "__file__", None) or "built in"
+    return f"{spec} from {path} (sha256 {source_sha256(spec)[:16]}…)"
 
 
 def load_function(spec: str):
