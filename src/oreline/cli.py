@@ -116,7 +116,7 @@ def data(
     ] = False,
 ) -> None:
     """Crawl files (WARC/WET/JSONL/Parquet) to clean, deduplicated Parquet shards with a funnel."""
-    from oreline.data.pipeline.run import print_funnel, run_data
+    from oreline.data.pipeline.run import check_kept_documents, print_funnel, run_data
 
     inputs, overrides = _split_inputs_and_overrides(items)
     if executor is not None:
@@ -127,6 +127,7 @@ def data(
     stats = run_data(inputs or cfg.data.inputs, out, cfg, workers=workers, force=force)
     if not stats.get("detached"):  # a detached run printed its jobs; the merge job writes the funnel
         print_funnel(stats, console)
+        check_kept_documents(stats, out)
 
 
 # ---------------------------------------------------------------------------------------------

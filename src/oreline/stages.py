@@ -128,7 +128,7 @@ def _check_samples(cfg: Config) -> None:
 
 
 def stage_data(cfg: Config, rd: RunDir, console: Console) -> str:
-    from oreline.data.pipeline.run import print_funnel, run_data
+    from oreline.data.pipeline.run import check_kept_documents, print_funnel, run_data
 
     inputs = [expand(p) for p in cfg.data.inputs]
     # the stages after this one read its output: the run waits for the data, detached or not
@@ -139,6 +139,7 @@ def stage_data(cfg: Config, rd: RunDir, console: Console) -> str:
     )
     stats = run_data(inputs, rd.data, cfg, workers=cfg.data.workers)
     print_funnel(stats, console)
+    check_kept_documents(stats, rd.data)  # not at tokenize or train, far from the cause
     _write_extra_documents(cfg, rd, console)
     return files_fingerprint([p for d in _docs_dirs(rd) for p in d.glob("*.parquet")])
 
