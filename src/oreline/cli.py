@@ -216,7 +216,12 @@ def model_info(
         str,
         typer.Argument(help="preset name (debug, demo, 125m, 1b, 3b, llama2-7b, llama3-8b) or a TOML config"),
     ],
-    seq_len: Annotated[int, typer.Option(help="sequence length for FLOPs per token")] = 2048,
+    seq_len: Annotated[
+        Optional[int],
+        typer.Option(
+            help="sequence length for FLOPs per token (default: a config's train.seq_len, else 2048)"
+        ),
+    ] = None,
 ) -> None:
     """Parameter counts, FLOPs per token, every weight's shape and memory estimates."""
     from oreline.model.presets import print_model_info
