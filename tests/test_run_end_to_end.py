@@ -133,6 +133,17 @@ def test_rerun_skips_unchanged_and_redoes_exactly_what_changed(mini_run):
     assert plan[-2:] == [("export", "run"), ("report", "run")] and plan[3] == ("train", "skip")
 
 
+def test_a_training_setting_train_refuses_is_refused_before_the_first_stage(tmp_path):
+    """warmup_steps not shorter than steps was found only at the train stage, after data,
+    tokenizer and tokenize had run; nothing is written now, not even the run folder."""
+    from oreline.errors import ConfigError
+
+    cfg = load_config("demo", [f"run.runs_dir={json.dumps(str(tmp_path))}", "train.steps=10"])
+    with pytest.raises(ConfigError, match=r"warmup_steps=40 is not shorter than train.steps=10"):
+        run_all(cfg, console=Console(stderr=True))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_missing_samples_names_the_setting(tmp_path, monkeypatch):
     monkeypatch.setenv("ORELINE_SAMPLES", str(tmp_path / "nowhere"))
     cfg = load_config(None, [f"run.runs_dir={json.dumps(str(tmp_path))}"])

@@ -127,6 +127,15 @@ def _check_samples(cfg: Config) -> None:
         )
 
 
+def _check_training_settings(cfg: Config) -> None:
+    """The training settings train refuses by themselves (a warmup not shorter than the run, a
+    min_lr above lr), checked before the first stage: found at the train stage, they cost the
+    user the data, tokenizer and tokenize stages first."""
+    from oreline.train.optim import warmup_steps
+
+    warmup_steps(cfg.train)
+
+
 def stage_data(cfg: Config, rd: RunDir, console: Console) -> str:
     from oreline.data.pipeline.run import check_kept_documents, print_funnel, run_data
 
@@ -388,6 +397,7 @@ def run_all(
     is finished and unchanged — what each job of a Slurm stage chain does (`submit_stage_jobs`)."""
     console = console or Console(stderr=True)
     _check_samples(cfg)
+    _check_training_settings(cfg)
     rd = RunDir.for_config(cfg)
     from oreline.outdir import FolderLock
 
@@ -588,6 +598,7 @@ def submit_stage_jobs(
 
     console = console or Console(stderr=True)
     _check_samples(cfg)
+    _check_training_settings(cfg)
     rd = RunDir.for_config(cfg)
     todo = [(stage, action) for stage, action in stage_plan(cfg, from_stage) if action != "skip"]
     if not todo:
