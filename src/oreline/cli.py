@@ -727,9 +727,36 @@ def _end_rank(done: SystemExit) -> None:
     dist.leave(code if isinstance(code, int) else 0)
 
 
+# Options that take several values after one flag, as --help's <list[str]> says: `--positive
+# a.jsonl b.jsonl`. click takes one value per flag (`--positive a.jsonl --positive b.jsonl`), so
+# the command line is spread into that form before it parses; the commands have no positional
+# arguments a value could be mistaken for.
+MULTI_VALUE_OPTIONS = {("quality", "train-classifier"): ("--positive", "--negative")}
+
+
+def spread_multi_values(args: list[str]) -> list[str]:
+    """`args` with each extra value after a multi-value option given its own flag."""
+    for path, options in MULTI_VALUE_OPTIONS.items():
+        if tuple(args[: len(path)]) != path:
+            continue
+        out, current, has_value = list(path), None, False
+        for arg in args[len(path) :]:
+            if arg.startswith("-") and arg != "-":
+                name, eq, _ = arg.partition("=")
+                current, has_value = (name, bool(eq)) if name in options else (None, False)
+                out.append(arg)
+            elif current is not None and has_value:
+                out += [current, arg]
+            else:
+                out.append(arg)
+                has_value = current is not None
+        return out
+    return args
+
+
 def _run_app() -> None:
     try:
-        app()
+        app(args=spread_multi_values(sys.argv[1:]))
     except OrelineError as exc:
         code = getattr(
             exc, "exit_code", None
