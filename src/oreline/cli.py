@@ -166,19 +166,25 @@ def tokenize(
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder for token shards")],
     workers: Annotated[Optional[int], typer.Option(help="processes (default: tokenize.workers)")] = None,
     val_fraction: Annotated[Optional[float], typer.Option(help="validation share by id hash")] = None,
+    val_sequences: Annotated[
+        Optional[int],
+        typer.Option(help="validation holds at least this many sequences of train.seq_len tokens"),
+    ] = None,
     executor: ExecutorOpt = None,
     config: ConfigOpt = None,
     force: ForceOpt = False,
     allow_incomplete: IncompleteOpt = False,
 ) -> None:
     """Documents to packed, fingerprinted token shards ([BOS] + tokens + [EOS]) with a manifest."""
-    from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus
+    from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus, val_min_tokens
 
     inputs, overrides = _split_inputs_and_overrides(docs)
     if executor is not None:
         overrides.append(f"tokenize.executor={executor}")
     if val_fraction is not None:
         overrides.append(f"tokenize.val_fraction={val_fraction}")
+    if val_sequences is not None:
+        overrides.append(f"tokenize.val_sequences={val_sequences}")
     cfg = _load(config, overrides)
     manifest = tokenize_corpus(
         inputs,
@@ -191,6 +197,7 @@ def tokenize(
         ray=cfg.data.ray,
         slurm=cfg.data.slurm,
         console=console,
+        val_min_tokens=val_min_tokens(cfg.tokenize.val_sequences, cfg.train.seq_len),
     )
     print_manifest_summary(manifest, console)
 

@@ -213,7 +213,7 @@ def stage_tokenizer(cfg: Config, rd: RunDir, console: Console) -> str:
 
 
 def stage_tokenize(cfg: Config, rd: RunDir, console: Console) -> str:
-    from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus
+    from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus, val_min_tokens
 
     # tokens/ holds every document (the report's, doctor's and final eval's view); a mixture's
     # sources get one token folder per document set besides it
@@ -232,6 +232,7 @@ def stage_tokenize(cfg: Config, rd: RunDir, console: Console) -> str:
             ray=cfg.data.ray,
             slurm=cfg.data.slurm,
             console=console,
+            val_min_tokens=val_min_tokens(cfg.tokenize.val_sequences, cfg.train.seq_len),
         )
         print_manifest_summary(manifest, console)
         made.append(folder / "manifest.json")
@@ -477,6 +478,8 @@ def _stage_key(stage: str, cfg: Config, outputs: dict[str, str]) -> str:
     if stage == "tokenize":
         return stage_key(
             _section(cfg, "tokenize", drop=EXECUTION_KEYS),
+            # the validation split's minimum is counted in sequences of train.seq_len
+            *([{"val_seq_len": cfg.train.seq_len}] if cfg.tokenize.val_sequences else []),
             outputs["data"],
             outputs["tokenizer"],
             *sorted({s.tokens for s in cfg.train.sources if s.tokens.startswith("{run}/")}),

@@ -254,3 +254,57 @@ def test_metaspace_shards_round_trip(corpus, metaspace_tokenizer_dir, tmp_path):
     got = split_documents(tmp_path / "out", "train")
     assert [tok.decode(ids) for ids in got] == [t for _, t in docs]
     assert all(ids[0] == 1 and ids[-1] == 2 and 1 not in ids[1:] and 3 not in ids for ids in got)
+
+
+def test_short_validation_split_takes_the_next_documents_by_id_hash(corpus, byte_tokenizer_dir, tmp_path):
+    """A val_fraction that leaves validation (nearly) empty is raised, in id-hash order, until the
+    split holds val_min_tokens: deterministic, the same whichever task holds which document."""
+    from rich.console import Console
+
+    from oreline.tokens.tokenize import id_hash, print_manifest_summary
+
+    docs = corpus["shakespeare"][:400]
+    tok = load_tokenizer(byte_tokenizer_dir)
+    cfg = TokenizeConfig(val_fraction=0.01)
+    plain = tokenize_corpus(
+        [write_parquet(tmp_path / "all.parquet", docs)], byte_tokenizer_dir, tmp_path / "p", cfg
+    )
+    want = 4000
+    assert plain["splits"]["val"]["tokens"] < want / 4  # the fraction alone: one short document
+    one = tokenize_corpus(
+        [tmp_path / "all.parquet"], byte_tokenizer_dir, tmp_path / "one", cfg, workers=1, val_min_tokens=want
+    )
+    halves = [
+        write_parquet(tmp_path / "a.parquet", docs[::2]),
+        write_parquet(tmp_path / "b.parquet", docs[1::2]),
+    ]
+    two = tokenize_corpus(halves, byte_tokenizer_dir, tmp_path / "two", cfg, workers=2, val_min_tokens=want)
+    # the lowest-hash documents whose tokens (BOS and EOS included) first reach the minimum
+    by_hash = sorted(docs, key=lambda d: id_hash(d[0]))
+    lengths = np.cumsum([len(tok.encode(text)) + 2 for _, text in by_hash])
+    needed = int(np.searchsorted(lengths, want)) + 1
+    expected = {text for _, text in by_hash[:needed]}
+    for out, manifest in ((tmp_path / "one", one), (tmp_path / "two", two)):
+        assert manifest["val_split"]["raised"] is True
+        assert want <= manifest["splits"]["val"]["tokens"] == int(lengths[needed - 1])
+        assert {tok.decode(d) for d in split_documents(out, "val")} == expected
+        train = {tok.decode(d) for d in split_documents(out, "train")}
+        assert train.isdisjoint(expected) and len(train) + needed == len(docs)
+        assert {p.name for p in out.glob("*.tok")} == {s["name"] for s in manifest["shards"]}
+    assert one["val_split"]["below"] == two["val_split"]["below"]
+    again = tokenize_corpus(halves, byte_tokenizer_dir, tmp_path / "two", cfg, workers=2, val_min_tokens=want)
+    assert again["up_to_date"] is True
+    console = Console(record=True, width=200)
+    print_manifest_summary(two, console)
+    assert "so the split was raised to the ids of lowest hash" in console.export_text()
+
+    # a corpus too small for the minimum: validation takes at most half of its tokens
+    tiny = tokenize_corpus(
+        [write_parquet(tmp_path / "tiny.parquet", docs[:6])],
+        byte_tokenizer_dir,
+        tmp_path / "tiny",
+        cfg,
+        val_min_tokens=10**6,
+    )
+    assert 0 < tiny["splits"]["val"]["tokens"] <= tiny["splits"]["train"]["tokens"]
+
