@@ -56,11 +56,16 @@ def disk_full_cause(exc: BaseException | None) -> OSError | None:
     """The ENOSPC/EDQUOT OSError behind `exc` (itself, or along its cause/context chain, as a worker
     process's error arrives wrapped), or None when the failure is something else."""
     import errno
+    import os
 
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return exc
+        # a Rust library's I/O error (safetensors' SafetensorError) carries the errno in its text only
+        for code in (errno.ENOSPC, errno.EDQUOT):
+            if not isinstance(exc, OSError) and f"(os error {code})" in str(exc):
+                return OSError(code, os.strerror(code))
         exc = exc.__cause__ or exc.__context__
     return None

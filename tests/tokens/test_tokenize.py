@@ -308,3 +308,36 @@ def test_short_validation_split_takes_the_next_documents_by_id_hash(corpus, byte
     )
     assert 0 < tiny["splits"]["val"]["tokens"] <= tiny["splits"]["train"]["tokens"]
 
+
+def test_tokenize_on_a_full_disk_is_one_error_and_removes_its_shards(
+    corpus_files, byte_tokenizer_dir, small_disk, tmp_path
+):
+    """A full disk ended `oreline tokenize` in 54 lines of traceback (OSError: [Errno 28]) and
+    left the shards of the tasks that had finished; an earlier set in the folder stays usable."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import oreline
+
+    disk = small_disk("3m")
+    out = disk / "tokens"
+    before = tokenize_corpus(corpus_files[2:], byte_tokenizer_dir, out, TokenizeConfig(val_fraction=0.1))
+    filler = small_disk.fill(disk, leave=150_000)
+    command = [sys.executable, "-m", "oreline", "tokenize", *map(str, corpus_files)]
+    command += ["--tokenizer", str(byte_tokenizer_dir), "--out", str(out), "--workers", "2"]
+    env = {**os.environ, "COLUMNS": "250", "PYTHONPATH": str(Path(oreline.__file__).parents[1])}
+    full = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    err = full.stderr + full.stdout
+    assert full.returncode == 2 and "Traceback" not in err and err.count("error:") == 1, err[-3000:]
+    said = " ".join(err[err.index("error: ") :].split())
+    assert said.startswith(f"error: no space left on the device of {out}"), said
+    assert "run the same `oreline tokenize` command again" in said
+    assert sorted(p.name for p in out.glob("*.tok*")) == sorted(s["name"] for s in before["shards"])
+    assert not [p for p in out.iterdir() if p.name.startswith(".") and ".tmp-" in p.name]
+    assert read_manifest(out)["key"] == before["key"]
+    filler.unlink()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert read_manifest(out)["docs_fingerprint"] != before["docs_fingerprint"]

@@ -36,17 +36,19 @@ Reading an HF folder (config.json → ModelArgs, the safetensors) is `oreline.mo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from oreline.errors import ConfigError, DataIntegrityError, InputError
+from oreline.errors import ConfigError, DataIntegrityError, DiskFull, InputError, disk_full_cause
 from oreline.model.hf_format import (  # noqa: F401  (read_hf_weights, args_from_hf_config: this module's API too)
     args_from_hf_config,
     hf_rename,
@@ -187,6 +189,30 @@ def _shard(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[
     return shards
 
 
+@contextlib.contextmanager
+def _removed_on_failure(out_dir: Path, command: str) -> Iterator[None]:
+    """Whatever stops an export or import removes the folder it was being written in
+    (`_temp_sibling`; a full disk left `.tmp-DIR-<pid>/` behind for good), and a full disk is one
+    DiskFull naming the folder and the fix instead of a traceback."""
+    try:
+        yield
+    except BaseException as exc:
+        shutil.rmtree(out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}", ignore_errors=True)
+        full = disk_full_cause(exc)
+        if full is None:
+            raise
+        try:
+            free = f"{shutil.disk_usage(out_dir.parent).free / 2**20:.1f} MB free"
+        except OSError:
+            free = "free space unknown"
+        what = Path(full.filename).name if full.filename else "the output"
+        raise DiskFull(
+            f"no space left on the device of {out_dir} while writing {what} ({free}); the partial "
+            f"output was removed and {out_dir} is as it was",
+            f"free space there or pass another --out, then run the same `{command}` command again",
+        ) from None
+
+
 def _temp_sibling(out_dir: Path) -> Path:
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
     if tmp.exists():
@@ -265,6 +291,22 @@ def export_state_dict_hf(
     `context_len`: the sequence length the model was trained on (max_position_embeddings and the
     tokenizer's model_max_length); None: the model's max_seq_len.
     """
+    with _removed_on_failure(Path(out_dir), "oreline export"):
+        return _write_hf(
+            state_dict, args, tokenizer_dir, out_dir, max_shard_bytes, dtype, provenance, context_len
+        )
+
+
+def _write_hf(
+    state_dict: dict[str, torch.Tensor],
+    args: ModelArgs,
+    tokenizer_dir: Path | None,
+    out_dir: Path,
+    max_shard_bytes: int,
+    dtype: str,
+    provenance: dict | None,
+    context_len: int | None,
+) -> dict[str, Any]:
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
@@ -408,6 +450,11 @@ def export_hf(
 
 def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     """`oreline import-hf DIR --out OUT`: HF Llama folder → oreline model-only snapshot. Returns the weights."""
+    with _removed_on_failure(Path(out), "oreline import-hf"):
+        return _import_hf(hf_dir, out, console)
+
+
+def _import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     from safetensors.torch import save_file
 
     from oreline.train.checkpoint.format import FORMAT_VERSION, write_checksums

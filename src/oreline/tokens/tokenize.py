@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from oreline.config import RayConfig, SlurmConfig, TokenizeConfig
-from oreline.errors import DataIntegrityError, InputError
+from oreline.errors import DataIntegrityError, DiskFull, InputError, OrelineError, disk_full_cause
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
 from oreline.io import file_sha256, write_json_atomic
@@ -389,7 +389,42 @@ def tokenize_corpus(
         out, "tokens", "oreline tokenize", force=force, reserved=TOKENS_NAMES.fullmatch, legacy=_legacy_tokens
     )
     with FolderLock(out, "oreline tokenize"):
-        return _tokenize(paths, tok, out, cfg, workers, ray, console, slurm, val_min_tokens)
+        try:
+            return _tokenize(paths, tok, out, cfg, workers, ray, console, slurm, val_min_tokens)
+        except Exception as exc:  # a full disk, wherever it struck (a worker's error arrives wrapped)
+            full = disk_full_cause(exc)
+            if full is None:
+                raise
+            raise _disk_full(out, full) from None
+
+
+def _disk_full(out: Path, exc: OSError) -> DiskFull:
+    """A full disk as one error: the shards this run wrote are removed (the manifest still lists
+    the folder's earlier set, which stays as it was), with the room left and the fix."""
+    import shutil
+
+    try:
+        listed = {s["name"] for s in read_manifest(out)["shards"]}
+    except OrelineError:  # no earlier set (or a damaged one, which the next run replaces)
+        listed = set()
+    remove_listed(
+        out,
+        [
+            p.name
+            for p in out.iterdir()
+            if (SHARD_NAME.fullmatch(p.name) and p.name not in listed) or is_temp_of(p.name, SHARD_NAME)
+        ],
+    )
+    try:
+        free = f"{shutil.disk_usage(out).free / 2**20:.1f} MB free"
+    except OSError:
+        free = "free space unknown"
+    what = Path(exc.filename).name if exc.filename else "token shards"
+    return DiskFull(
+        f"no space left on the device of {out} while writing {what} ({free}); the shards this run "
+        "wrote were removed, and what the folder held before is unchanged",
+        "free space there or pass another --out, then run the same `oreline tokenize` command again",
+    )
 
 
 def _tokenize(
