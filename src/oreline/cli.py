@@ -777,6 +777,14 @@ def _run_app() -> None:
                 soft_wrap=bool(code),
             )
         sys.exit(code or 2)
+    except Exception as exc:  # a write no layer turned into an error: a read-only folder, a full disk
+        from oreline.errors import write_failure
+
+        failure = write_failure(exc)
+        if failure is None:
+            raise
+        console.print(f"[bold red]error:[/] {failure}")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -69,3 +69,47 @@ def disk_full_cause(exc: BaseException | None) -> OSError | None:
                 return OSError(code, os.strerror(code))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+class NotWritable(InputError):
+    """A folder the command writes is read-only (a read-only mount, missing permissions)."""
+
+
+def write_failure(exc: BaseException | None) -> OrelineError | None:
+    """The one error a failed write deserves, for an exception no layer turned into one (the CLI's
+    last resort, so that a read-only folder or a full disk is never a traceback): the folder, why
+    and what to do next. None when `exc` is not a write failure, along its cause/context chain."""
+    import errno
+    import os
+    from pathlib import Path
+
+    full = disk_full_cause(exc)
+    seen = set()
+    denied = None
+    while denied is None and exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            denied = exc
+        exc = exc.__cause__ or exc.__context__
+    hit = denied or full
+    if hit is None:
+        return None
+    path = Path(hit.filename) if hit.filename else None
+    # the folder the user can act on: a temporary's folder, or the folder that could not be made
+    folder = (
+        path
+        if path is not None and (path.is_dir() or not path.parent.exists())
+        else getattr(path, "parent", None)
+    )
+    where = f" {folder}" if folder is not None else ""
+    if hit is full:
+        return DiskFull(
+            f"no space left on the device of{where or ' the output'} while writing {path or 'a file'}",
+            "free space there or write elsewhere (--out, run.runs_dir=...), then run the same command again",
+        )
+    what = f"{path.name} in {folder}" if path is not None and folder != path else f"{path or 'a file'}"
+    return NotWritable(
+        f"cannot write {what}: {os.strerror(hit.errno).lower()}",
+        f"make{where or ' the folder'} writable (a read-only mount or missing permissions), or write "
+        "elsewhere (--out, run.runs_dir=...), then run the same command again",
+    )

@@ -1,0 +1,52 @@
+"""A write that fails for want of a writable folder (a read-only mount) is one `error:` line
+naming the folder and the fix, from every command, never a traceback (oreline.errors.write_failure,
+the CLI's last resort). The folder is a real read-only tmpfs (tests/conftest.py `small_disk`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import oreline
+
+
+def _read_only(small_disk, fill=None) -> Path:
+    disk = small_disk("64m")
+    if fill is not None:
+        fill(disk)
+    done = subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot remount a tmpfs read-only here: {done.stderr.strip()[:200]}")
+    return disk
+
+
+def _oreline(*args: str) -> tuple[int, str]:
+    env = {**os.environ, "COLUMNS": "250", "PYTHONPATH": str(Path(oreline.__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-m", "oreline", *args], capture_output=True, text=True, timeout=600, env=env
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def _one_error(code: int, said: str, folder: Path) -> str:
+    assert code == 2 and "Traceback" not in said and said.count("error:") == 1, said[-3000:]
+    line = " ".join(said[said.index("error: ") :].split())
+    assert "read-only file system" in line and f"make {folder} writable" in line, line
+    return line
+
+
+def test_report_of_a_read_only_run_folder_is_one_error(healthy_run, small_disk):
+    disk = _read_only(small_disk, lambda d: shutil.copytree(healthy_run, d / "run"))
+    _one_error(*_oreline("report", str(disk / "run")), disk / "run")
+
+
+def test_data_and_train_into_a_read_only_folder_are_one_error(samples, small_disk):
+    disk = _read_only(small_disk)
+    wet = samples / "web-archives" / "commoncrawl-samples" / "whirlwind.warc.wet.gz"
+    _one_error(*_oreline("data", str(wet), "--out", str(disk / "d")), disk)
+    _one_error(*_oreline("train", f"run.runs_dir={disk}"), disk)
