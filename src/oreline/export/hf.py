@@ -448,6 +448,22 @@ def export_hf(
 # import
 
 
+def _source_step(hf_dir: Path) -> tuple[int | None, str | None]:
+    """The training step of an HF folder's weights and the file that says it: an oreline export's
+    `oreline_export.json`, a transformers Trainer checkpoint's `trainer_state.json`; (None, None)
+    when neither does (an import is not a model of step 0: that is a fresh initialisation)."""
+    for name, key in (("oreline_export.json", "step"), ("trainer_state.json", "global_step")):
+        if not model_file(hf_dir / name):
+            continue
+        try:
+            value = read_json(hf_dir / name).get(key)
+        except (InputError, AttributeError):  # not JSON, or not an object: no step from it
+            continue
+        if type(value) is int and value >= 0:
+            return value, name
+    return None, None
+
+
 def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     """`oreline import-hf DIR --out OUT`: HF Llama folder → oreline model-only snapshot. Returns the weights."""
     with _removed_on_failure(Path(out), "oreline import-hf"):
@@ -480,11 +496,12 @@ def _import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]
         sd.pop("lm_head.weight", None)
     present = [name for name in TOKENIZER_FILES if model_file(hf_dir / name)]  # a link is refused here
 
+    step, step_from = _source_step(hf_dir)
     tmp = _temp_sibling(out)
     save_file(
         {k: v.contiguous() for k, v in sd.items()},
         str(tmp / "model.safetensors"),
-        metadata={"format": "pt", "step": "0"},
+        metadata={"format": "pt", **({"step": str(step)} if step is not None else {})},
     )
     tokenizer_dir, tokenizer_fingerprint = None, None
     if "tokenizer.json" in present:
@@ -501,7 +518,8 @@ def _import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]
     meta = {
         "format_version": FORMAT_VERSION,
         "kind": "model_only",
-        "step": 0,
+        "step": step,  # the training step of the weights, where the folder says it; None: unknown
+        "step_from": step_from,
         "model_args": args.to_dict(),
         "tokenizer_dir": tokenizer_dir,
         "tokenizer_fingerprint": tokenizer_fingerprint,
@@ -517,7 +535,8 @@ def _import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]
         n = sum(v.numel() for v in sd.values())
         console.print(
             f"imported {hf_dir} → {out}: {len(sd)} tensors, {n:,} parameters, "
-            f"dim {args.dim} × {args.n_layers} layers, vocab {args.vocab_size}, tied={args.tie_embeddings}"
+            f"dim {args.dim} × {args.n_layers} layers, vocab {args.vocab_size}, tied={args.tie_embeddings}, "
+            + (f"step {step:,} (from {step_from})" if step is not None else "training step unknown")
             + ("" if tokenizer_dir else " (no tokenizer.json found: weights only)")
         )
     return sd
