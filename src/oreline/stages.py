@@ -402,12 +402,18 @@ def run_all(
     rd = RunDir.for_config(cfg)
     from oreline.outdir import FolderLock
 
+    created = not rd.root.exists()
     rd.claim("oreline run")  # a folder of the user's files is refused before anything is written
-    with FolderLock(rd.root, "oreline run"):  # one writer per run folder (train re-enters it)
-        plan = stage_plan(cfg, from_stage)
-        if only is not None:
-            plan = _only(plan, only)
-        return _run_stages(cfg, rd, plan, console, summary=only is None or only == STAGES[-1])
+    try:
+        with FolderLock(rd.root, "oreline run"):  # one writer per run folder (train re-enters it)
+            plan = stage_plan(cfg, from_stage)
+            if only is not None:
+                plan = _only(plan, only)
+            return _run_stages(cfg, rd, plan, console, summary=only is None or only == STAGES[-1])
+    except BaseException:
+        if created:  # a refused start leaves no empty folder holding the marker alone
+            rd.remove_if_only_marker()
+        raise
 
 
 def _only(plan: list[tuple[str, str]], only: str) -> list[tuple[str, str]]:
