@@ -25,6 +25,7 @@ from oreline.outdir import (
     NotOurFolder,
     claim_folder,
     is_temp_of,
+    read_owner,
     safe_child,
 )
 
@@ -191,3 +192,39 @@ def test_oreline_run_refuses_an_escaping_name_before_writing(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "run.name" in result.stderr and time.monotonic() - t0 < 60
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "runs").exists()
+
+
+_RACE = """
+import json, sys, time
+from oreline.outdir import claim_folder
+start = float(sys.argv[1])
+while time.time() < start:  # every launch at the same moment
+    pass
+out = []
+for folder in sys.argv[2:]:
+    try:
+        claim_folder(folder, "run", "oreline run", choose="choose another run.name")
+        out.append("ok")
+    except Exception as exc:
+        out.append(f"{type(exc).__name__}: {exc}")
+print(json.dumps(out))
+"""
+
+
+def test_launches_racing_on_a_new_folder_all_claim_it(tmp_path):
+    """Two launches on a new run folder gave the loser a FileExistsError traceback, or "was not
+    created by oreline" about the folder the winner had made milliseconds earlier (its marker
+    still a temporary). Every launch claims it; the folder's lock then decides who writes."""
+    folders = [str(tmp_path / f"runs-{i}" / "demo") for i in range(40)]
+    start = time.time() + 3
+    launches = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACE, str(start), *folders], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in launches]
+    failures = [r for result in results for r in result if r != "ok"]
+    assert not failures, failures[:3]
+    for folder in folders:
+        assert read_owner(Path(folder))["kind"] == "run"
