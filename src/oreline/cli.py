@@ -761,6 +761,17 @@ def spread_multi_values(args: list[str]) -> list[str]:
     return args
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is along `exc`'s cause/context chain."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _run_app() -> None:
     try:
         app(args=spread_multi_values(sys.argv[1:]))
@@ -777,6 +788,16 @@ def _run_app() -> None:
                 soft_wrap=bool(code),
             )
         sys.exit(code or 2)
+    except SystemExit as done:
+        # Typer turns Ctrl-C into a silent exit 130: say what stopped and what to do
+        if done.code == 130 and _interrupted(done):
+            command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+            console.print(
+                f"[bold yellow]interrupted:[/] oreline {command} stopped at Ctrl-C before it finished; "
+                "run the same command again to finish it",
+                soft_wrap=True,
+            )
+        raise
     except Exception as exc:  # a write no layer turned into an error: a read-only folder, a full disk
         from oreline.errors import write_failure
 

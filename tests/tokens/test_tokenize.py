@@ -341,3 +341,41 @@ def test_tokenize_on_a_full_disk_is_one_error_and_removes_its_shards(
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert read_manifest(out)["docs_fingerprint"] != before["docs_fingerprint"]
+
+
+def test_ctrl_c_in_tokenize_says_it_stopped_and_leaves_no_partial_shards(
+    corpus, byte_tokenizer_dir, tmp_path
+):
+    """Ctrl-C printed nothing (Typer's silent exit 130): the command says it stopped and what to
+    do, and the folder holds no half-written shard."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import oreline
+
+    docs = write_parquet(tmp_path / "big.parquet", corpus["shakespeare"] * 60)
+    out = tmp_path / "tokens"
+    env = {**os.environ, "COLUMNS": "250", "PYTHONPATH": str(Path(oreline.__file__).parents[1])}
+    command = [sys.executable, "-m", "oreline", "tokenize", str(docs), "--tokenizer", str(byte_tokenizer_dir)]
+    proc = subprocess.Popen(
+        [*command, "--out", str(out), "--workers", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal gives it
+    )
+    deadline = time.time() + 120
+    while not any(p.name.endswith(".tok.tmp-" + str(proc.pid)) for p in out.glob(".*")):  # mid-shard
+        assert time.time() < deadline and proc.poll() is None, "tokenize finished before the interrupt"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    said = " ".join(proc.communicate(timeout=120)[0].split())
+    assert proc.returncode == 130, said
+    assert "interrupted: oreline tokenize stopped at Ctrl-C before it finished" in said, said
+    assert "Traceback" not in said
+    assert sorted(p.name for p in out.iterdir()) == [".oreline-owner"]  # no shard, no manifest, no lock
