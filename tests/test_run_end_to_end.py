@@ -129,6 +129,11 @@ def test_rerun_skips_unchanged_and_redoes_exactly_what_changed(mini_run):
     ]
     assert (run_dir / "previous").is_dir()  # the old training run was moved aside, not mixed in
 
+    # an eval setting: eval and the report; the export depends on the training alone (issue 52:
+    # an eval-only change re-ran the export)
+    plan = dict(stage_plan(load_config(path, ["train.optim.lr=0.001", "eval.batches=3"])))
+    assert [s for s, action in plan.items() if action == "run"] == ["eval", "report"], plan
+
     # --from forces a stage and everything after it
     plan = stage_plan(cfg, from_stage="export")
     assert plan[-2:] == [("export", "run"), ("report", "run")] and plan[3] == ("train", "skip")

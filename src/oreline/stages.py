@@ -6,8 +6,10 @@ Each stage has a *key*: the sha256 of its own settings and of the fingerprints o
 consumes (the previous stages' outputs). `lineage.json` in the run directory records, per stage,
 the key it ran with, whether it finished and the fingerprint of what it produced. A stage is
 skipped when it finished with the same key and its outputs are still there; otherwise it and
-every stage after it run again. So changing a filter threshold re-runs data and everything after
-it, while changing the learning rate re-runs training and after, and `--from STAGE` forces a stage.
+every stage that consumes its output run again (`STAGE_INPUTS`). So changing a filter threshold
+re-runs data and everything after it, changing the learning rate re-runs training and after, an
+eval setting re-runs eval and the report (not the export), and `--from STAGE` forces a stage and
+every stage after it.
 
 Training is the one stage that may be interrupted and continued: a `train` record with the same
 key that did not finish resumes from its newest valid checkpoint; a different key starts the
@@ -361,17 +363,19 @@ def _move_training_aside(rd: RunDir) -> None:
 def stage_plan(cfg: Config, from_stage: str | None = None) -> list[tuple[str, str]]:
     """What `oreline run` would do now: [(stage, "skip" | "run" | "resume")], without doing it.
 
-    Keys of later stages depend on the outputs of earlier ones, so once one stage must run,
-    every stage after it runs too.
+    Keys of later stages depend on the outputs of earlier ones (`STAGE_INPUTS`), so once one
+    stage must run, every stage that consumes its output runs too; `from_stage` forces it and
+    every stage after it.
     """
     if from_stage is not None and from_stage not in STAGES:
         raise OrelineError(f"unknown stage {from_stage!r}", f"use one of {', '.join(STAGES)}")
     rd = RunDir.for_config(cfg)
     lineage = rd.lineage()
     outputs: dict[str, str] = {}
-    plan, must_run = [], False
+    plan, forced, running = [], False, set()
     for stage in STAGES:
-        must_run = must_run or stage == from_stage
+        forced = forced or stage == from_stage
+        must_run = forced or any(dep in running for dep in STAGE_INPUTS[stage])
         rec = lineage.get(stage, {})
         key = None if must_run else _stage_key(stage, cfg, outputs)
         if (
@@ -385,8 +389,21 @@ def stage_plan(cfg: Config, from_stage: str | None = None) -> list[tuple[str, st
             continue
         resume = stage == "train" and not must_run and rec.get("key") == key and not rec.get("finished")
         plan.append((stage, "resume" if resume else "run"))
-        must_run = True
+        running.add(stage)
     return plan
+
+
+# The stages whose outputs each stage's key holds (`_stage_key`): a stage runs again when one of
+# them does, or when its own settings changed; an eval-only change leaves the export as it is.
+STAGE_INPUTS = {
+    "data": (),
+    "tokenizer": ("data",),
+    "tokenize": ("data", "tokenizer"),
+    "train": ("tokenize",),
+    "eval": ("train",),
+    "export": ("train",),
+    "report": ("eval", "export"),
+}
 
 
 def run_all(
