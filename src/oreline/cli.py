@@ -170,6 +170,12 @@ def tokenize(
         Optional[int],
         typer.Option(help="validation holds at least this many sequences of train.seq_len tokens"),
     ] = None,
+    val: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--val", help="held-out documents to validate on (tokenize.val_inputs); the inputs all train"
+        ),
+    ] = None,
     executor: ExecutorOpt = None,
     config: ConfigOpt = None,
     force: ForceOpt = False,
@@ -185,6 +191,10 @@ def tokenize(
         overrides.append(f"tokenize.val_fraction={val_fraction}")
     if val_sequences is not None:
         overrides.append(f"tokenize.val_sequences={val_sequences}")
+    if val:
+        import json
+
+        overrides.append(f"tokenize.val_inputs={json.dumps([str(Path(v).resolve()) for v in val])}")
     cfg = _load(config, overrides)
     manifest = tokenize_corpus(
         inputs,

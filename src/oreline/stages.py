@@ -503,6 +503,7 @@ def _stage_key(stage: str, cfg: Config, outputs: dict[str, str]) -> str:
             _section(cfg, "tokenize", drop=EXECUTION_KEYS),
             # the validation split's minimum is counted in sequences of train.seq_len
             *([{"val_seq_len": cfg.train.seq_len}] if cfg.tokenize.val_sequences else []),
+            *([_val_inputs_fingerprint(cfg)] if cfg.tokenize.val_inputs else []),  # their content
             outputs["data"],
             outputs["tokenizer"],
             *sorted({s.tokens for s in cfg.train.sources if s.tokens.startswith("{run}/")}),
@@ -514,6 +515,12 @@ def _stage_key(stage: str, cfg: Config, outputs: dict[str, str]) -> str:
     if stage == "export":
         return stage_key(_section(cfg, "export"), outputs["train"])
     return stage_key(outputs["eval"], outputs["export"])
+
+
+def _val_inputs_fingerprint(cfg: Config) -> str:
+    from oreline.tokens.inputs import expand_inputs
+
+    return files_fingerprint(expand_inputs([expand(p) for p in cfg.tokenize.val_inputs]))
 
 
 STAGE_FUNCS = {

@@ -379,3 +379,28 @@ def test_ctrl_c_in_tokenize_says_it_stopped_and_leaves_no_partial_shards(
     assert "interrupted: oreline tokenize stopped at Ctrl-C before it finished" in said, said
     assert "Traceback" not in said
     assert sorted(p.name for p in out.iterdir()) == [".oreline-owner"]  # no shard, no manifest, no lock
+
+
+def test_a_named_validation_set_is_the_split_and_every_input_trains(corpus, byte_tokenizer_dir, tmp_path):
+    """The split was chosen only by a hash of document ids: comparing with a published result
+    needs a given held-out text. `--val FILE` makes its documents the validation split."""
+    from typer.testing import CliRunner
+
+    from oreline.cli import app
+
+    tok = load_tokenizer(byte_tokenizer_dir)
+    inputs = write_parquet(tmp_path / "austen.parquet", corpus["austen"])
+    heldout = write_parquet(tmp_path / "heldout" / "shakespeare.parquet", corpus["shakespeare"][:50])
+    out = tmp_path / "tokens"
+    args = ["tokenize", str(inputs), "--tokenizer", str(byte_tokenizer_dir), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--val", str(heldout)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert [tok.decode(d) for d in split_documents(out, "val")] == [t for _, t in corpus["shakespeare"][:50]]
+    assert [tok.decode(d) for d in split_documents(out, "train")] == [t for _, t in corpus["austen"]]
+    manifest = read_manifest(out)
+    assert manifest["val_split"]["given"] == [str(heldout)]
+    assert "the documents of shakespeare.parquet (tokenize.val_inputs)" in " ".join(result.output.split())
+    # another held-out set is another key: re-tokenized, not "up to date"
+    other = write_parquet(tmp_path / "heldout2.parquet", corpus["shakespeare"][50:80])
+    again = tokenize_corpus([inputs], byte_tokenizer_dir, out, TokenizeConfig(), val_inputs=[other])
+    assert again["up_to_date"] is False and again["splits"]["val"]["documents"] == 30

@@ -15,7 +15,9 @@ source gets a validation split a training run can use instead of none. Each task
 training documents of lowest hash (only as many as could be needed), so the threshold is found
 without a second pass over the corpus, and only the tasks holding a moved document run again.
 The threshold is a function of ids and token counts, so it is deterministic; the manifest records
-it (`val_split`) and the summary says when and why it was raised.
+it (`val_split`) and the summary says when and why it was raised. A held-out set the user names
+(`tokenize.val_inputs`, `oreline tokenize --val FILE`: a published benchmark's text, say) replaces
+the rule: its documents are the validation split and every input document is trained on.
 
 Tasks: one per input file; when there are fewer files than workers, multi-row-group Parquet
 files are split into row-group ranges. Each task streams its file batch by batch and writes
@@ -56,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oreline.config import RayConfig, SlurmConfig, TokenizeConfig
+from oreline.config import RayConfig, SlurmConfig, TokenizeConfig, expand
 from oreline.errors import DataIntegrityError, DiskFull, InputError, OrelineError, disk_full_cause
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
@@ -374,6 +376,7 @@ def tokenize_corpus(
     console=None,
     slurm: SlurmConfig | None = None,
     val_min_tokens: int = 0,
+    val_inputs: list[str | Path] | None = None,
 ) -> dict:
     """Tokenize documents into packed shards + manifest.json; a no-op when nothing changed.
 
@@ -381,16 +384,20 @@ def tokenize_corpus(
     run that has not finished (see the module docstring); `ray` is the cluster of
     `cfg.executor = "ray"` (the config's data.ray), `slurm` the sbatch settings of
     `cfg.executor = "slurm"` (data.slurm); `val_min_tokens` the tokens the validation split holds
-    at least when the corpus allows (`val_min_tokens()`; 0: `cfg.val_fraction` alone decides)."""
+    at least when the corpus allows (`val_min_tokens()`; 0: `cfg.val_fraction` alone decides);
+    `val_inputs` (default `cfg.val_inputs`) a held-out set the user names: its documents are the
+    validation split, every document of `inputs` is trained on, and no hash decides."""
     out = Path(out_dir)
     paths = expand_inputs(inputs, allow_incomplete)
+    given = val_inputs if val_inputs is not None else cfg.val_inputs
+    val_paths = expand_inputs([expand(str(v)) for v in given], allow_incomplete) if given else []
     tok = load_tokenizer(tokenizer_dir)
     claim_folder(
         out, "tokens", "oreline tokenize", force=force, reserved=TOKENS_NAMES.fullmatch, legacy=_legacy_tokens
     )
     with FolderLock(out, "oreline tokenize"):
         try:
-            return _tokenize(paths, tok, out, cfg, workers, ray, console, slurm, val_min_tokens)
+            return _tokenize(paths, tok, out, cfg, workers, ray, console, slurm, val_min_tokens, val_paths)
         except Exception as exc:  # a full disk, wherever it struck (a worker's error arrives wrapped)
             full = disk_full_cause(exc)
             if full is None:
@@ -437,12 +444,20 @@ def _tokenize(
     console=None,
     slurm: SlurmConfig | None = None,
     min_tokens: int = 0,
+    val_paths: list[Path] | None = None,
 ) -> dict:
     t0 = time.perf_counter()
     workers = max(1, workers or cfg.workers)
+    val_paths = val_paths or []
     input_records = [{"path": str(p), "sha256": file_sha256(p), "bytes": p.stat().st_size} for p in paths]
+    input_records += [
+        {"path": str(p), "sha256": file_sha256(p), "bytes": p.stat().st_size, "split": "val"}
+        for p in val_paths
+    ]
     settings = _settings(cfg, min_tokens)
-    docs_fp = hashlib.sha256(_canonical([r["sha256"] for r in input_records])).hexdigest()
+    docs_fp = hashlib.sha256(
+        _canonical([r["sha256"] if "split" not in r else ["val", r["sha256"]] for r in input_records])
+    ).hexdigest()
     key = hashlib.sha256(
         _canonical({"tokenizer": tok.fingerprint, "docs": docs_fp, "settings": settings})
     ).hexdigest()
@@ -452,7 +467,9 @@ def _tokenize(
 
     out.mkdir(parents=True, exist_ok=True)
     generation = key[:10]
-    below = fraction_threshold(cfg.val_fraction)
+    # a named held-out set: its files are all validation (every hash is below 2**64), the inputs
+    # all training (none is below 0)
+    below = 0 if val_paths else fraction_threshold(cfg.val_fraction)
     tasks = [
         Task(
             i,
@@ -467,6 +484,20 @@ def _tokenize(
             min_tokens,
         )
         for i, (p, rg) in enumerate(plan_tasks(paths, workers))
+    ]
+    tasks += [
+        Task(
+            len(tasks) + i,
+            str(p),
+            rg,
+            str(tok.dir),
+            tok.fingerprint,
+            str(out),
+            generation,
+            2**64,
+            cfg.max_shard_tokens,
+        )
+        for i, (p, rg) in enumerate(plan_tasks(val_paths, workers) if val_paths else [])
     ]
     global _TOKENIZER
     _TOKENIZER = tok  # tasks run in this process (workers=1) reuse the tokenizer loaded above
@@ -490,7 +521,9 @@ def _tokenize(
 
     results = run_tasks(tasks)
     val_split = {"fraction": cfg.val_fraction, "below": below, "min_tokens": min_tokens, "raised": False}
-    raised = _raised_threshold(results, below, min_tokens)
+    if val_paths:
+        val_split = {"given": [str(p) for p in val_paths], "min_tokens": min_tokens, "raised": False}
+    raised = None if val_paths else _raised_threshold(results, below, min_tokens)
     if raised is not None:
         # a second generation name: the first pass's shards of these tasks are cleaned up below
         again = hashlib.sha256(f"{key}:{raised}".encode()).hexdigest()[:10]
@@ -551,7 +584,7 @@ def _tokenize(
         "workers": workers,
         "shards": [{k: v for k, v in r.items() if k != "task"} for r in shard_records],
         "splits": splits,
-        "val_split": {**val_split, "share_of_ids": val_split["below"] / 2**64},
+        "val_split": {**val_split, **({} if val_paths else {"share_of_ids": val_split["below"] / 2**64})},
         "rejected": dict(rejected),
         "seconds": round(seconds, 3),
         "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 1),
@@ -600,6 +633,14 @@ def describe_val_split(manifest: dict) -> str:
     held = f"validation: {val['documents']:,} documents, {val['tokens']:,} tokens"
     if not rule:
         return f"{held} (id hash below val_fraction)"
+    if rule.get("given"):
+        shown = ", ".join(Path(p).name for p in rule["given"][:3]) + (" …" if len(rule["given"]) > 3 else "")
+        short = (
+            f"; fewer than the {rule['min_tokens']:,} tokens tokenize.val_sequences asks for"
+            if rule["min_tokens"] and val["tokens"] < rule["min_tokens"]
+            else ""
+        )
+        return f"{held}: the documents of {shown} (tokenize.val_inputs), every input trained on{short}"
     fraction = f"val_fraction {rule['fraction']:g}"
     want = f"{rule['min_tokens']:,} tokens tokenize.val_sequences asks for"
     if rule["raised"]:
