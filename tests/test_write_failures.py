@@ -50,3 +50,41 @@ def test_data_and_train_into_a_read_only_folder_are_one_error(samples, small_dis
     wet = samples / "web-archives" / "commoncrawl-samples" / "whirlwind.warc.wet.gz"
     _one_error(*_oreline("data", str(wet), "--out", str(disk / "d")), disk)
     _one_error(*_oreline("train", f"run.runs_dir={disk}"), disk)
+
+
+_HOLD_THEN_FAIL = """
+import sys
+from oreline.outdir import FolderLock
+from oreline.errors import CheckpointError
+with FolderLock(sys.argv[1], "oreline train"):
+    print("held", flush=True)
+    sys.stdin.readline()  # the folder turns read-only meanwhile
+    raise CheckpointError("checkpoint step 8 could not be written", "free the folder")
+"""
+
+
+def test_a_folder_turning_read_only_under_a_run_shows_the_run_s_error_alone(small_disk):
+    """Mid-run, a clean checkpoint error was followed by a traceback from the lock's release (its
+    file could not be removed any more): the run's own error is the one that comes out."""
+    from oreline.outdir import FolderLock
+
+    disk = small_disk("8m")
+    run = disk / "run"
+    run.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(oreline.__file__).parents[1])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_THEN_FAIL, str(run)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout.readline().strip() == "held"
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    _, err = proc.communicate("go\n", timeout=60)
+    assert proc.returncode == 1
+    assert err.count("Traceback") == 1 and "CheckpointError: checkpoint step 8" in err, err
+    assert "Read-only file system" not in err, err
+    subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+    FolderLock(run, "oreline train").acquire().release()  # the lock its exited holder left is taken over

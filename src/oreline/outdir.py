@@ -628,7 +628,11 @@ class FolderLock:
             self._renewer = None
         rec = self.holder()
         if rec and rec.get("token") == self.token:
-            self.path.unlink(missing_ok=True)
+            # a folder that turned read-only under the run keeps the file: harmless (the next writer
+            # takes over a lock whose holder has exited), and the error that stopped the run is the
+            # one to show, not a traceback from here on top of it
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> FolderLock:
         return self.acquire()
