@@ -88,3 +88,43 @@ def test_a_folder_turning_read_only_under_a_run_shows_the_run_s_error_alone(smal
     assert "Read-only file system" not in err, err
     subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
     FolderLock(run, "oreline train").acquire().release()  # the lock its exited holder left is taken over
+
+
+_TENSORBOARD = """
+import sys, time
+from oreline.cli import quiet_thread_write_failures
+from torch.utils.tensorboard import SummaryWriter
+quiet_thread_write_failures()
+writer = SummaryWriter(sys.argv[1], flush_secs=1)
+writer.add_scalar("loss", 1.0, 1)
+writer.flush()
+print("written", flush=True)
+sys.stdin.readline()  # the folder turns read-only meanwhile
+for step in range(2, 2000):
+    try:  # the writer re-raises its thread's error here (oreline's tracker counts it as a failure)
+        writer.add_scalar("loss", 1.0, step)
+    except OSError:
+        break
+    time.sleep(0.01)
+print("done", flush=True)
+"""
+
+
+def test_tensorboard_s_writer_thread_dying_of_a_read_only_folder_is_one_warning(small_disk):
+    """Its thread's traceback came on top of the run's error: one warning line now."""
+    disk = small_disk("8m")
+    env = {**os.environ, "COLUMNS": "250", "PYTHONPATH": str(Path(oreline.__file__).parents[1])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TENSORBOARD, str(disk / "tb")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout.readline().strip() == "written"
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    out, err = proc.communicate("go\n", timeout=120)
+    said = " ".join((out + err).split())
+    assert "done" in out and "Traceback" not in said, said[-3000:]
+    assert said.count("warning: a background writer") == 1 and "read-only file system" in said, said[-3000:]

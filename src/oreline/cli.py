@@ -782,7 +782,29 @@ def _interrupted(exc: BaseException) -> bool:
     return False
 
 
+def quiet_thread_write_failures() -> None:
+    """A background writer thread (TensorBoard's event writer) that dies of a failed write (a
+    folder turned read-only, a full disk) prints one warning line instead of a traceback: the
+    command's own error, when the same failure stops it, is the one to read."""
+    import threading
+
+    from oreline.errors import write_failure
+
+    default = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        failure = write_failure(args.exc_value) if args.exc_value is not None else None
+        if failure is None:
+            default(args)
+            return
+        name = args.thread.name if args.thread is not None else "a background thread"
+        console.print(f"[yellow]warning:[/] a background writer ({name}) stopped: {failure}", soft_wrap=True)
+
+    threading.excepthook = hook
+
+
 def _run_app() -> None:
+    quiet_thread_write_failures()
     try:
         app(args=spread_multi_values(sys.argv[1:]))
     except OrelineError as exc:

@@ -94,7 +94,7 @@ def write_failure(exc: BaseException | None) -> OrelineError | None:
     hit = denied or full
     if hit is None:
         return None
-    path = Path(hit.filename) if hit.filename else None
+    path = Path(os.fsdecode(hit.filename)) if hit.filename else None  # (a library may give bytes)
     # the folder the user can act on: a temporary's folder, or the folder that could not be made
     folder = (
         path
