@@ -153,6 +153,9 @@ def claim_folder(
     names = sorted(
         p.name for p in folder.iterdir() if not p.name.startswith(LOCK) and not _owner_temp(p.name)
     )
+    if names == [OWNER] and (read_owner(folder) or {}).get("kind") == kind:
+        _refuse_links(folder, reserved, choose)  # another launch's marker, written since it was read
+        return folder
     if not names:
         _write_owner(folder, kind)
         return folder

@@ -103,7 +103,7 @@ def test_oreline_eval_cli_takes_an_import(source, oreline_cli, tmp_path):
     )  # fmt: skip
     assert code == 0, text
     result = json.loads(out.read_text())
-    assert result["val_batches"] == 1 and result["step"] == 0 and len(result["generations"]) == 2
+    assert result["val_batches"] == 1 and result["step"] == 20 and len(result["generations"]) == 2
 
 
 def test_init_from_trains_on_from_the_sources_weights(source, train_config, tmp_path, one_thread):
