@@ -27,6 +27,7 @@ from oreline.outdir import (
     NotOurFolder,
     claim_folder,
     is_temp_of,
+    read_owner,
     safe_child,
 )
 
@@ -300,3 +301,39 @@ def test_a_holder_whose_lock_was_taken_over_writes_nothing_more(tmp_path):
         holder.release()
     assert lock.exists()  # the new holder's lock is not released by the old one
     write_json_atomic(tmp_path / "out" / "b.json", {})  # released: no guard any more
+
+
+_RACE = """
+import json, sys, time
+from oreline.outdir import claim_folder
+start = float(sys.argv[1])
+while time.time() < start:  # every launch at the same moment
+    pass
+out = []
+for folder in sys.argv[2:]:
+    try:
+        claim_folder(folder, "run", "oreline run", choose="choose another run.name")
+        out.append("ok")
+    except Exception as exc:
+        out.append(f"{type(exc).__name__}: {exc}")
+print(json.dumps(out))
+"""
+
+
+def test_launches_racing_on_a_new_folder_all_claim_it(tmp_path):
+    """Two launches on a new run folder gave the loser a FileExistsError traceback, or "was not
+    created by oreline" about the folder the winner had made milliseconds earlier (its marker
+    still a temporary). Every launch claims it; the folder's lock then decides who writes."""
+    folders = [str(tmp_path / f"runs-{i}" / "demo") for i in range(40)]
+    start = time.time() + 3
+    launches = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACE, str(start), *folders], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in launches]
+    failures = [r for result in results for r in result if r != "ok"]
+    assert not failures, failures[:3]
+    for folder in folders:
+        assert read_owner(Path(folder))["kind"] == "run"

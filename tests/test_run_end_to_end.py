@@ -4,6 +4,7 @@ eval → export → report, then re-runs that redo exactly the stages whose inpu
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -128,9 +129,25 @@ def test_rerun_skips_unchanged_and_redoes_exactly_what_changed(mini_run):
     ]
     assert (run_dir / "previous").is_dir()  # the old training run was moved aside, not mixed in
 
+    # an eval setting: eval and the report; the export depends on the training alone (issue 52:
+    # an eval-only change re-ran the export)
+    plan = dict(stage_plan(load_config(path, ["train.optim.lr=0.001", "eval.batches=3"])))
+    assert [s for s, action in plan.items() if action == "run"] == ["eval", "report"], plan
+
     # --from forces a stage and everything after it
     plan = stage_plan(cfg, from_stage="export")
     assert plan[-2:] == [("export", "run"), ("report", "run")] and plan[3] == ("train", "skip")
+
+
+def test_a_training_setting_train_refuses_is_refused_before_the_first_stage(tmp_path):
+    """warmup_steps not shorter than steps was found only at the train stage, after data,
+    tokenizer and tokenize had run; nothing is written now, not even the run folder."""
+    from oreline.errors import ConfigError
+
+    cfg = load_config("demo", [f"run.runs_dir={json.dumps(str(tmp_path))}", "train.steps=10"])
+    with pytest.raises(ConfigError, match=r"warmup_steps=40 is not shorter than train.steps=10"):
+        run_all(cfg, console=Console(stderr=True))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_samples_names_the_setting(tmp_path, monkeypatch):
@@ -139,3 +156,51 @@ def test_missing_samples_names_the_setting(tmp_path, monkeypatch):
     with pytest.raises(InputError) as err:
         run_all(cfg, console=Console(stderr=True))
     assert "ORELINE_SAMPLES" in str(err.value) and "data.inputs" in str(err.value)
+
+
+def _short_demo(runs: Path) -> list[str]:
+    """The demo config itself, with a short training: what `oreline run -c demo` does up to train."""
+    return [
+        f"run.runs_dir={json.dumps(str(runs))}",
+        "train.steps=12",
+        "train.optim.warmup_steps=4",
+        "train.eval_every=12",
+        "train.eval_tasks=[]",
+        "checkpoint.every=12",
+        "eval.tasks=[]",
+        "eval.batches=2",
+        "eval.max_new_tokens=4",
+    ]
+
+
+def _check_demo_sources(run_dir: Path, summary: dict) -> None:
+    from oreline.tokens.tokenize import read_manifest
+
+    for folder in ("tokens-web", "tokens-extra"):
+        val = read_manifest(run_dir / folder)["splits"]["val"]
+        # every mixture source validates: at least tokenize.val_sequences sequences of seq_len
+        assert val["documents"] > 0 and val["tokens"] >= 16 * 256 + 1, (folder, val)
+    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if r.get("type") == "eval"]
+    assert set(evals[-1]["val_loss_sources"]) == {"web", "prose"}
+    assert summary["final_val_loss"] is not None and (run_dir / "export" / "config.json").is_file()
+
+
+def test_demo_on_the_embedded_samples_validates_every_source(tmp_path, monkeypatch, samples):
+    """With the embedded samples, 2% of the web documents was none: no web validation, unsaid."""
+    monkeypatch.delenv("ORELINE_SAMPLES", raising=False)
+    cfg = load_config("demo", _short_demo(tmp_path / "runs"))
+    summary = run_all(cfg, console=Console(stderr=True, width=120))
+    _check_demo_sources(tmp_path / "runs" / "demo", summary)
+
+
+@pytest.mark.extended("web-archives", "english-prose")
+def test_demo_on_the_larger_sample_folder_runs_and_validates_every_source(
+    tmp_path, monkeypatch, full_samples
+):
+    """The README's `ORELINE_SAMPLES=../shared/data oreline run -c demo`: 2% of its 80 web documents
+    was one of 204 tokens, and training stopped at "fewer than seq_len + 1"."""
+    monkeypatch.setenv("ORELINE_SAMPLES", str(full_samples))
+    cfg = load_config("demo", _short_demo(tmp_path / "runs"))
+    summary = run_all(cfg, console=Console(stderr=True, width=120))
+    _check_demo_sources(tmp_path / "runs" / "demo", summary)

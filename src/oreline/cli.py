@@ -130,7 +130,7 @@ def data(
     ] = False,
 ) -> None:
     """Crawl files (WARC/WET/JSONL/Parquet) to clean, deduplicated Parquet shards with a funnel."""
-    from oreline.data.pipeline.run import print_funnel, run_data
+    from oreline.data.pipeline.run import check_kept_documents, print_funnel, run_data
 
     inputs, overrides = _split_inputs_and_overrides(items)
     if executor is not None:
@@ -141,6 +141,7 @@ def data(
     stats = run_data(inputs or cfg.data.inputs, out, cfg, workers=workers, force=force)
     if not stats.get("detached"):  # a detached run printed its jobs; the merge job writes the funnel
         print_funnel(stats, console)
+        check_kept_documents(stats, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,19 +180,35 @@ def tokenize(
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder for token shards")],
     workers: Annotated[Optional[int], typer.Option(help="processes (default: tokenize.workers)")] = None,
     val_fraction: Annotated[Optional[float], typer.Option(help="validation share by id hash")] = None,
+    val_sequences: Annotated[
+        Optional[int],
+        typer.Option(help="validation holds at least this many sequences of train.seq_len tokens"),
+    ] = None,
+    val: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--val", help="held-out documents to validate on (tokenize.val_inputs); the inputs all train"
+        ),
+    ] = None,
     executor: ExecutorOpt = None,
     config: ConfigOpt = None,
     force: ForceOpt = False,
     allow_incomplete: IncompleteOpt = False,
 ) -> None:
     """Documents to packed, fingerprinted token shards ([BOS] + tokens + [EOS]) with a manifest."""
-    from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus
+    from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus, val_min_tokens
 
     inputs, overrides = _split_inputs_and_overrides(docs)
     if executor is not None:
         overrides.append(f"tokenize.executor={executor}")
     if val_fraction is not None:
         overrides.append(f"tokenize.val_fraction={val_fraction}")
+    if val_sequences is not None:
+        overrides.append(f"tokenize.val_sequences={val_sequences}")
+    if val:
+        import json
+
+        overrides.append(f"tokenize.val_inputs={json.dumps([str(Path(v).resolve()) for v in val])}")
     cfg = _load(config, overrides)
     manifest = tokenize_corpus(
         inputs,
@@ -204,6 +221,7 @@ def tokenize(
         ray=cfg.data.ray,
         slurm=cfg.data.slurm,
         console=console,
+        val_min_tokens=val_min_tokens(cfg.tokenize.val_sequences, cfg.train.seq_len),
     )
     print_manifest_summary(manifest, console)
 
@@ -229,7 +247,12 @@ def model_info(
         str,
         typer.Argument(help="preset name (debug, demo, 125m, 1b, 3b, llama2-7b, llama3-8b) or a TOML config"),
     ],
-    seq_len: Annotated[int, typer.Option(help="sequence length for FLOPs per token")] = 2048,
+    seq_len: Annotated[
+        Optional[int],
+        typer.Option(
+            help="sequence length for FLOPs per token (default: a config's train.seq_len, else 2048)"
+        ),
+    ] = None,
 ) -> None:
     """Parameter counts, FLOPs per token, every weight's shape and memory estimates."""
     from oreline.model.presets import print_model_info
@@ -814,9 +837,69 @@ def _end_rank(done: SystemExit) -> None:
     dist.leave(code if isinstance(code, int) else 0)
 
 
+# Options that take several values after one flag, as --help's <list[str]> says: `--positive
+# a.jsonl b.jsonl`. click takes one value per flag (`--positive a.jsonl --positive b.jsonl`), so
+# the command line is spread into that form before it parses; the commands have no positional
+# arguments a value could be mistaken for.
+MULTI_VALUE_OPTIONS = {("quality", "train-classifier"): ("--positive", "--negative")}
+
+
+def spread_multi_values(args: list[str]) -> list[str]:
+    """`args` with each extra value after a multi-value option given its own flag."""
+    for path, options in MULTI_VALUE_OPTIONS.items():
+        if tuple(args[: len(path)]) != path:
+            continue
+        out, current, has_value = list(path), None, False
+        for arg in args[len(path) :]:
+            if arg.startswith("-") and arg != "-":
+                name, eq, _ = arg.partition("=")
+                current, has_value = (name, bool(eq)) if name in options else (None, False)
+                out.append(arg)
+            elif current is not None and has_value:
+                out += [current, arg]
+            else:
+                out.append(arg)
+                has_value = current is not None
+        return out
+    return args
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is along `exc`'s cause/context chain."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def quiet_thread_write_failures() -> None:
+    """A background writer thread (TensorBoard's event writer) that dies of a failed write (a
+    folder turned read-only, a full disk) prints one warning line instead of a traceback: the
+    command's own error, when the same failure stops it, is the one to read."""
+    import threading
+
+    from oreline.errors import write_failure
+
+    default = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        failure = write_failure(args.exc_value) if args.exc_value is not None else None
+        if failure is None:
+            default(args)
+            return
+        name = args.thread.name if args.thread is not None else "a background thread"
+        console.print(f"[yellow]warning:[/] a background writer ({name}) stopped: {failure}", soft_wrap=True)
+
+    threading.excepthook = hook
+
+
 def _run_app() -> None:
+    quiet_thread_write_failures()
     try:
-        app()
+        app(args=spread_multi_values(sys.argv[1:]))
     except OrelineError as exc:
         code = getattr(
             exc, "exit_code", None
@@ -830,6 +913,24 @@ def _run_app() -> None:
                 soft_wrap=bool(code),
             )
         sys.exit(code or 2)
+    except SystemExit as done:
+        # Typer turns Ctrl-C into a silent exit 130: say what stopped and what to do
+        if done.code == 130 and _interrupted(done):
+            command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+            console.print(
+                f"[bold yellow]interrupted:[/] oreline {command} stopped at Ctrl-C before it finished; "
+                "run the same command again to finish it",
+                soft_wrap=True,
+            )
+        raise
+    except Exception as exc:  # a write no layer turned into an error: a read-only folder, a full disk
+        from oreline.errors import write_failure
+
+        failure = write_failure(exc)
+        if failure is None:
+            raise
+        console.print(f"[bold red]error:[/] {failure}")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

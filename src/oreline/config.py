@@ -753,6 +753,19 @@ class TokenizeConfig(Section):
     val_fraction: float = Field(
         0.01, ge=0.0, lt=1.0, description="share of documents (by id hash) for validation"
     )
+    val_sequences: int = Field(
+        16,
+        ge=0,
+        description="validation holds at least this many sequences of train.seq_len tokens: a "
+        "val_fraction that gives fewer takes the next documents by id hash (at most half the tokens); "
+        "0: val_fraction alone",
+    )
+    val_inputs: list[str] = Field(
+        [],
+        description="a held-out set to validate on (files or folders of documents, e.g. a published "
+        "benchmark's text): its documents are the validation split and every input is trained on; "
+        "keep them out of the inputs",
+    )
     workers: int = Field(2, ge=1)
     executor: Literal["local", "ray", "slurm"] = Field(
         "local", description="where tasks run (the engine's settings are data.ray / data.slurm)"

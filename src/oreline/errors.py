@@ -56,12 +56,17 @@ def disk_full_cause(exc: BaseException | None) -> OSError | None:
     """The ENOSPC/EDQUOT OSError behind `exc` (itself, or along its cause/context chain, as a worker
     process's error arrives wrapped), or None when the failure is something else."""
     import errno
+    import os
 
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return exc
+        # a Rust library's I/O error (safetensors' SafetensorError) carries the errno in its text only
+        for code in (errno.ENOSPC, errno.EDQUOT):
+            if not isinstance(exc, OSError) and f"(os error {code})" in str(exc):
+                return OSError(code, os.strerror(code))
         exc = exc.__cause__ or exc.__context__
     return None
 
@@ -76,3 +81,47 @@ class ShardDamaged(DataIntegrityError):
     def __init__(self, message: str, hint: str, path: str, kind: str, verified_at: float | None = None):
         super().__init__(message, hint)
         self.path, self.kind, self.verified_at = path, kind, verified_at
+
+
+class NotWritable(InputError):
+    """A folder the command writes is read-only (a read-only mount, missing permissions)."""
+
+
+def write_failure(exc: BaseException | None) -> OrelineError | None:
+    """The one error a failed write deserves, for an exception no layer turned into one (the CLI's
+    last resort, so that a read-only folder or a full disk is never a traceback): the folder, why
+    and what to do next. None when `exc` is not a write failure, along its cause/context chain."""
+    import errno
+    import os
+    from pathlib import Path
+
+    full = disk_full_cause(exc)
+    seen = set()
+    denied = None
+    while denied is None and exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            denied = exc
+        exc = exc.__cause__ or exc.__context__
+    hit = denied or full
+    if hit is None:
+        return None
+    path = Path(os.fsdecode(hit.filename)) if hit.filename else None  # (a library may give bytes)
+    # the folder the user can act on: a temporary's folder, or the folder that could not be made
+    folder = (
+        path
+        if path is not None and (path.is_dir() or not path.parent.exists())
+        else getattr(path, "parent", None)
+    )
+    where = f" {folder}" if folder is not None else ""
+    if hit is full:
+        return DiskFull(
+            f"no space left on the device of{where or ' the output'} while writing {path or 'a file'}",
+            "free space there or write elsewhere (--out, run.runs_dir=...), then run the same command again",
+        )
+    what = f"{path.name} in {folder}" if path is not None and folder != path else f"{path or 'a file'}"
+    return NotWritable(
+        f"cannot write {what}: {os.strerror(hit.errno).lower()}",
+        f"make{where or ' the folder'} writable (a read-only mount or missing permissions), or write "
+        "elsewhere (--out, run.runs_dir=...), then run the same command again",
+    )

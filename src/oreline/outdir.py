@@ -110,6 +110,11 @@ def _write_owner(folder: Path, kind: str, **extra: Any) -> None:
     )
 
 
+def _owner_temp(name: str) -> bool:
+    """The temporary of a marker being written (write_json_atomic: `.NAME.XXXXXXXX.tmp`)."""
+    return name.startswith(f".{OWNER}.") and name.endswith(".tmp")
+
+
 def _shown(names: list[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
@@ -135,9 +140,13 @@ def claim_folder(
     force_hint = choose is None  # a command with --force (the default hint names it)
     choose = choose or f"pass a new or empty --out folder to {command}"
     if not folder.exists():
-        folder.mkdir(parents=True)
-        _write_owner(folder, kind)
-        return folder
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:  # another launch made it a moment ago: claimed below, as any folder
+            pass
+        else:
+            _write_owner(folder, kind)
+            return folder
     if not folder.is_dir():
         raise NotOurFolder(f"{folder} is a file, not a folder", choose)
     owner = read_owner(folder)
@@ -148,7 +157,14 @@ def claim_folder(
         raise NotOurFolder(
             f"{folder} holds oreline {owner.get('kind')!r} output, not {kind!r} output", choose
         )
-    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith(LOCK))  # a writer's lock is ours
+    # a writer's lock is ours, and so is the marker another launch is writing this moment (its
+    # temporary): the folder is new, both may claim it, and the folder's lock decides who writes
+    names = sorted(
+        p.name for p in folder.iterdir() if not p.name.startswith(LOCK) and not _owner_temp(p.name)
+    )
+    if names == [OWNER] and (read_owner(folder) or {}).get("kind") == kind:
+        _refuse_links(folder, reserved, choose)  # another launch's marker, written since it was read
+        return folder
     if not names:
         _write_owner(folder, kind)
         return folder
@@ -706,7 +722,11 @@ class FolderLock:
             self._renewer = None
         rec = self.holder()
         if rec and rec.get("token") == self.token:
-            self.path.unlink(missing_ok=True)
+            # a folder that turned read-only under the run keeps the file: harmless (the next writer
+            # takes over a lock whose holder has exited), and the error that stopped the run is the
+            # one to show, not a traceback from here on top of it
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> FolderLock:
         return self.acquire()

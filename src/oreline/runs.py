@@ -93,6 +93,20 @@ class RunDir:
         )
         return self
 
+    def remove_if_only_marker(self) -> None:
+        """Undo the claim of a folder this command created when it failed before writing anything
+        but the ownership marker (a refused start: a config or input error), so that no empty
+        folder holding `.oreline-owner` alone stays behind. Anything else in it keeps it."""
+        from oreline.outdir import OWNER
+
+        try:
+            if {p.name for p in self.root.iterdir()} != {OWNER} or self.root.is_symlink():
+                return
+            (self.root / OWNER).unlink()
+            self.root.rmdir()
+        except OSError:  # (a read-only folder, a file appearing meanwhile: it stays as it is)
+            pass
+
     @property
     def data(self) -> Path:
         return self.root / "data"

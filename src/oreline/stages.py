@@ -6,8 +6,10 @@ Each stage has a *key*: the sha256 of its own settings and of the fingerprints o
 consumes (the previous stages' outputs). `lineage.json` in the run directory records, per stage,
 the key it ran with, whether it finished and the fingerprint of what it produced. A stage is
 skipped when it finished with the same key and its outputs are still there; otherwise it and
-every stage after it run again. So changing a filter threshold re-runs data and everything after
-it, while changing the learning rate re-runs training and after, and `--from STAGE` forces a stage.
+every stage that consumes its output run again (`STAGE_INPUTS`). So changing a filter threshold
+re-runs data and everything after it, changing the learning rate re-runs training and after, an
+eval setting re-runs eval and the report (not the export), and `--from STAGE` forces a stage and
+every stage after it.
 
 Training is the one stage that may be interrupted and continued: a `train` record with the same
 key that did not finish resumes from its newest valid checkpoint; a different key starts the
@@ -127,8 +129,17 @@ def _check_samples(cfg: Config) -> None:
         )
 
 
+def _check_training_settings(cfg: Config) -> None:
+    """The training settings train refuses by themselves (a warmup not shorter than the run, a
+    min_lr above lr), checked before the first stage: found at the train stage, they cost the
+    user the data, tokenizer and tokenize stages first."""
+    from oreline.train.optim import warmup_steps
+
+    warmup_steps(cfg.train)
+
+
 def stage_data(cfg: Config, rd: RunDir, console: Console) -> str:
-    from oreline.data.pipeline.run import print_funnel, run_data
+    from oreline.data.pipeline.run import check_kept_documents, print_funnel, run_data
 
     inputs = [expand(p) for p in cfg.data.inputs]
     # the stages after this one read its output: the run waits for the data, detached or not
@@ -139,6 +150,7 @@ def stage_data(cfg: Config, rd: RunDir, console: Console) -> str:
     )
     stats = run_data(inputs, rd.data, cfg, workers=cfg.data.workers)
     print_funnel(stats, console)
+    check_kept_documents(stats, rd.data)  # not at tokenize or train, far from the cause
     _write_extra_documents(cfg, rd, console)
     return files_fingerprint([p for d in _docs_dirs(rd) for p in d.glob("*.parquet")])
 
@@ -203,7 +215,7 @@ def stage_tokenizer(cfg: Config, rd: RunDir, console: Console) -> str:
 
 
 def stage_tokenize(cfg: Config, rd: RunDir, console: Console) -> str:
-    from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus
+    from oreline.tokens.tokenize import print_manifest_summary, tokenize_corpus, val_min_tokens
 
     # tokens/ holds every document (the report's, doctor's and final eval's view); a mixture's
     # sources get one token folder per document set besides it
@@ -222,6 +234,7 @@ def stage_tokenize(cfg: Config, rd: RunDir, console: Console) -> str:
             ray=cfg.data.ray,
             slurm=cfg.data.slurm,
             console=console,
+            val_min_tokens=val_min_tokens(cfg.tokenize.val_sequences, cfg.train.seq_len),
         )
         print_manifest_summary(manifest, console)
         made.append(folder / "manifest.json")
@@ -350,17 +363,19 @@ def _move_training_aside(rd: RunDir) -> None:
 def stage_plan(cfg: Config, from_stage: str | None = None) -> list[tuple[str, str]]:
     """What `oreline run` would do now: [(stage, "skip" | "run" | "resume")], without doing it.
 
-    Keys of later stages depend on the outputs of earlier ones, so once one stage must run,
-    every stage after it runs too.
+    Keys of later stages depend on the outputs of earlier ones (`STAGE_INPUTS`), so once one
+    stage must run, every stage that consumes its output runs too; `from_stage` forces it and
+    every stage after it.
     """
     if from_stage is not None and from_stage not in STAGES:
         raise OrelineError(f"unknown stage {from_stage!r}", f"use one of {', '.join(STAGES)}")
     rd = RunDir.for_config(cfg)
     lineage = rd.lineage()
     outputs: dict[str, str] = {}
-    plan, must_run = [], False
+    plan, forced, running = [], False, set()
     for stage in STAGES:
-        must_run = must_run or stage == from_stage
+        forced = forced or stage == from_stage
+        must_run = forced or any(dep in running for dep in STAGE_INPUTS[stage])
         rec = lineage.get(stage, {})
         key = None if must_run else _stage_key(stage, cfg, outputs)
         if (
@@ -374,8 +389,21 @@ def stage_plan(cfg: Config, from_stage: str | None = None) -> list[tuple[str, st
             continue
         resume = stage == "train" and not must_run and rec.get("key") == key and not rec.get("finished")
         plan.append((stage, "resume" if resume else "run"))
-        must_run = True
+        running.add(stage)
     return plan
+
+
+# The stages whose outputs each stage's key holds (`_stage_key`): a stage runs again when one of
+# them does, or when its own settings changed; an eval-only change leaves the export as it is.
+STAGE_INPUTS = {
+    "data": (),
+    "tokenizer": ("data",),
+    "tokenize": ("data", "tokenizer"),
+    "train": ("tokenize",),
+    "eval": ("train",),
+    "export": ("train",),
+    "report": ("eval", "export"),
+}
 
 
 def run_all(
@@ -390,15 +418,22 @@ def run_all(
     console = console or Console(stderr=True)
     _check_samples(cfg)
     check_destinations(cfg)  # a tracker server only the config names: refused before the first stage
+    _check_training_settings(cfg)
     rd = RunDir.for_config(cfg)
     from oreline.outdir import FolderLock
 
+    created = not rd.root.exists()
     rd.claim("oreline run")  # a folder of the user's files is refused before anything is written
-    with FolderLock(rd.root, "oreline run"):  # one writer per run folder (train re-enters it)
-        plan = stage_plan(cfg, from_stage)
-        if only is not None:
-            plan = _only(plan, only)
-        return _run_stages(cfg, rd, plan, console, summary=only is None or only == STAGES[-1])
+    try:
+        with FolderLock(rd.root, "oreline run"):  # one writer per run folder (train re-enters it)
+            plan = stage_plan(cfg, from_stage)
+            if only is not None:
+                plan = _only(plan, only)
+            return _run_stages(cfg, rd, plan, console, summary=only is None or only == STAGES[-1])
+    except BaseException:
+        if created:  # a refused start leaves no empty folder holding the marker alone
+            rd.remove_if_only_marker()
+        raise
 
 
 def _only(plan: list[tuple[str, str]], only: str) -> list[tuple[str, str]]:
@@ -469,6 +504,9 @@ def _stage_key(stage: str, cfg: Config, outputs: dict[str, str]) -> str:
     if stage == "tokenize":
         return stage_key(
             _section(cfg, "tokenize", drop=EXECUTION_KEYS),
+            # the validation split's minimum is counted in sequences of train.seq_len
+            *([{"val_seq_len": cfg.train.seq_len}] if cfg.tokenize.val_sequences else []),
+            *([_val_inputs_fingerprint(cfg)] if cfg.tokenize.val_inputs else []),  # their content
             outputs["data"],
             outputs["tokenizer"],
             *sorted({s.tokens for s in cfg.train.sources if s.tokens.startswith("{run}/")}),
@@ -480,6 +518,12 @@ def _stage_key(stage: str, cfg: Config, outputs: dict[str, str]) -> str:
     if stage == "export":
         return stage_key(_section(cfg, "export"), outputs["train"])
     return stage_key(outputs["eval"], outputs["export"])
+
+
+def _val_inputs_fingerprint(cfg: Config) -> str:
+    from oreline.tokens.inputs import expand_inputs
+
+    return files_fingerprint(expand_inputs([expand(p) for p in cfg.tokenize.val_inputs]))
 
 
 STAGE_FUNCS = {
@@ -595,6 +639,7 @@ def submit_stage_jobs(
     console = console or Console(stderr=True)
     _check_samples(cfg)
     check_destinations(cfg)
+    _check_training_settings(cfg)
     rd = RunDir.for_config(cfg)
     todo = [(stage, action) for stage, action in stage_plan(cfg, from_stage) if action != "skip"]
     if not todo:

@@ -471,3 +471,48 @@ def test_a_change_to_the_data_code_is_another_data_run(tmp_path, monkeypatch):
     fp = run_mod.data_fingerprint(cfg, files)
     monkeypatch.setattr(run_mod, "data_code_sha256", lambda: "0" * 64)
     assert run_mod.data_fingerprint(cfg, files) != fp
+
+
+# a run that keeps nothing (issue 52: a single WET file or a .txt.gz book gave "→ 0 documents",
+# exit 0 and _SUCCESS, and the next stage failed far from the cause)
+
+
+@pytest.mark.parametrize(
+    ("relative", "reason", "text_hint"),
+    [
+        ("web-archives/commoncrawl-samples/whirlwind.warc.wet.gz", "lang:score<0.65 1", False),
+        ("english-prose/tinyshakespeare.txt.gz", "gopher:long_doc 1", True),
+    ],
+)
+def test_a_run_that_keeps_no_document_fails_with_the_top_drop_reasons(
+    samples, tmp_path, relative, reason, text_hint
+):
+    out = tmp_path / "o"
+    proc = subprocess.run(  # the command line itself: exit 2 and the message, no traceback
+        [
+            sys.executable,
+            "-m",
+            "oreline",
+            "data",
+            str(samples / relative),
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "10000", "PYTHONPATH": str(Path(oreline.__file__).parents[1])},
+    )
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2 and "Traceback" not in said, said
+    assert (
+        f"error: no document kept: the 1 document(s) read from 1 input file(s) were all dropped ({reason})"
+        in said
+    )
+    assert str(out / "rejects") in said
+    assert ("data.extra_inputs" in said) is text_hint
+    # what was dropped stays where the user can look at it
+    rejects = pq.read_table(sorted((out / "rejects").glob("*.parquet"))).to_pylist()
+    assert [r["reason"] for r in rejects] == [reason.rsplit(" ", 1)[0]]

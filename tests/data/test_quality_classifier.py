@@ -265,3 +265,23 @@ def test_one_document_per_class_is_refused_with_what_to_do(trained, tmp_path):
     one.write_text("a single positive document\n")
     with pytest.raises(InputError, match="held-out split needs two or more.*pass more positive documents"):
         train_classifier([str(one)], [str(trained["web"])], tmp_path / "model")
+
+
+def test_several_values_after_one_flag_are_each_an_input(trained, tmp_path):
+    """`--positive a b` (what --help's <list[str]> suggests) was refused with "unexpected extra
+    argument"; each value is an input, as with the flag repeated."""
+    import os
+    import subprocess
+    import sys
+
+    import oreline
+
+    first, *rest = sorted(str(p) for p in trained["prose"].iterdir())
+    command = [sys.executable, "-m", "oreline", "quality", "train-classifier", "--positive", first, *rest]
+    command += ["--negative", str(trained["web"]), "--out", str(tmp_path / "m"), "--seed", "3"]
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(Path(oreline.__file__).parents[1])}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    meta = json.loads((tmp_path / "m" / "classifier.json").read_text())
+    assert [p["path"] for p in meta["inputs"]["positive"]] == [first, *rest]
+    assert meta["counts"]["positive"]["documents"] == len(BOOKS)

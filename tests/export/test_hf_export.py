@@ -144,6 +144,30 @@ def test_export_import_round_trip_is_exact(tokenizer_dir, tmp_path):
     ).read_bytes()
 
 
+def test_import_records_the_training_step_of_the_weights(tmp_path):
+    """import-hf recorded step 0 for every folder: an export of step 37 became a "step 0" model."""
+    import json
+    import shutil
+
+    model = make_model(512)
+    export_state_dict_hf(model.state_dict(), model.args, None, tmp_path / "hf", provenance={"step": 37})
+    import_hf(tmp_path / "hf", tmp_path / "a")
+    _, _, meta = load_model_state(tmp_path / "a")
+    assert (meta["step"], meta["step_from"]) == (37, "oreline_export.json")
+    assert verify_checkpoint(tmp_path / "a")[0]
+
+    trainer = tmp_path / "trainer"  # a transformers Trainer checkpoint says it in trainer_state.json
+    shutil.copytree(tmp_path / "hf", trainer)
+    (trainer / "oreline_export.json").unlink()
+    (trainer / "trainer_state.json").write_text(json.dumps({"global_step": 500, "epoch": 1.0}))
+    import_hf(trainer, tmp_path / "b")
+    assert load_model_state(tmp_path / "b")[2]["step"] == 500
+
+    (trainer / "trainer_state.json").unlink()  # a folder that does not say: unknown, not 0
+    import_hf(trainer, tmp_path / "c")
+    assert load_model_state(tmp_path / "c")[2]["step"] is None
+
+
 def test_import_of_a_transformers_save(tmp_path):
     """A folder written by transformers itself (5.x `rope_parameters` config) imports and agrees."""
     cfg = transformers.LlamaConfig(

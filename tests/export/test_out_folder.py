@@ -243,3 +243,20 @@ def test_import_hf_reads_the_hub_cache_links(tmp_path, tokenizer_dir):
     os.symlink("../../blobs/id_ed25519", fake / "special_tokens_map.json")
     with pytest.raises(InputError, match="is a symbolic link"):
         import_hf(fake, tmp_path / "imported2")
+
+
+def test_export_on_a_full_disk_is_one_error_and_leaves_no_temporary_folder(small_disk):
+    """A full disk ended `oreline export` in a traceback and left `.tmp-DIR-<pid>/` for good."""
+    from oreline.errors import DiskFull
+
+    torch.manual_seed(0)
+    args = ModelArgs(
+        dim=64, n_layers=1, n_heads=2, n_kv_heads=2, vocab_size=8192, ffn_dim=128, max_seq_len=64
+    )
+    model = Llama(args).eval()  # 2 x 2 MiB of embeddings and head: more than the disk holds
+    disk = small_disk("2m")
+    with pytest.raises(DiskFull) as err:
+        export_state_dict_hf(model.state_dict(), args, None, disk / "hf")
+    assert f"no space left on the device of {disk / 'hf'}" in str(err.value)
+    assert "run the same `oreline export` command again" in str(err.value)
+    assert sorted(p.name for p in disk.iterdir()) == []  # the partial output is gone

@@ -154,6 +154,18 @@ def test_model_info_for_a_preset_and_a_config(tmp_path):
         print_model_info("gpt5", console=Console(file=io.StringIO()))
 
 
+def test_model_info_of_a_config_counts_flops_at_its_own_seq_len(tmp_path):
+    """A config with train.seq_len = 64 was reported "at seq_len 2048" unless --seq-len was given."""
+    cfg = tmp_path / "short.toml"
+    cfg.write_text('[model]\npreset = "debug"\n[train]\nseq_len = 64\n')
+    result = CliRunner().invoke(app, ["model", "info", str(cfg)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    flops = flops_per_token(resolve_model_args(ModelConfig(preset="debug")), 64)
+    assert f"FLOPs per token at seq_len 64 (the config's train.seq_len): {flops:,}" in result.output
+    preset = print_model_info("debug", console=Console(file=io.StringIO(), width=200))
+    assert preset["seq_len"] == 2048
+
+
 def test_cli_model_info():
     result = CliRunner().invoke(app, ["model", "info", "debug", "--seq-len", "256"])
     assert result.exit_code == 0, result.output

@@ -254,3 +254,153 @@ def test_metaspace_shards_round_trip(corpus, metaspace_tokenizer_dir, tmp_path):
     got = split_documents(tmp_path / "out", "train")
     assert [tok.decode(ids) for ids in got] == [t for _, t in docs]
     assert all(ids[0] == 1 and ids[-1] == 2 and 1 not in ids[1:] and 3 not in ids for ids in got)
+
+
+def test_short_validation_split_takes_the_next_documents_by_id_hash(corpus, byte_tokenizer_dir, tmp_path):
+    """A val_fraction that leaves validation (nearly) empty is raised, in id-hash order, until the
+    split holds val_min_tokens: deterministic, the same whichever task holds which document."""
+    from rich.console import Console
+
+    from oreline.tokens.tokenize import id_hash, print_manifest_summary
+
+    docs = corpus["shakespeare"][:400]
+    tok = load_tokenizer(byte_tokenizer_dir)
+    cfg = TokenizeConfig(val_fraction=0.01)
+    plain = tokenize_corpus(
+        [write_parquet(tmp_path / "all.parquet", docs)], byte_tokenizer_dir, tmp_path / "p", cfg
+    )
+    want = 4000
+    assert plain["splits"]["val"]["tokens"] < want / 4  # the fraction alone: one short document
+    one = tokenize_corpus(
+        [tmp_path / "all.parquet"], byte_tokenizer_dir, tmp_path / "one", cfg, workers=1, val_min_tokens=want
+    )
+    halves = [
+        write_parquet(tmp_path / "a.parquet", docs[::2]),
+        write_parquet(tmp_path / "b.parquet", docs[1::2]),
+    ]
+    two = tokenize_corpus(halves, byte_tokenizer_dir, tmp_path / "two", cfg, workers=2, val_min_tokens=want)
+    # the lowest-hash documents whose tokens (BOS and EOS included) first reach the minimum
+    by_hash = sorted(docs, key=lambda d: id_hash(d[0]))
+    lengths = np.cumsum([len(tok.encode(text)) + 2 for _, text in by_hash])
+    needed = int(np.searchsorted(lengths, want)) + 1
+    expected = {text for _, text in by_hash[:needed]}
+    for out, manifest in ((tmp_path / "one", one), (tmp_path / "two", two)):
+        assert manifest["val_split"]["raised"] is True
+        assert want <= manifest["splits"]["val"]["tokens"] == int(lengths[needed - 1])
+        assert {tok.decode(d) for d in split_documents(out, "val")} == expected
+        train = {tok.decode(d) for d in split_documents(out, "train")}
+        assert train.isdisjoint(expected) and len(train) + needed == len(docs)
+        assert {p.name for p in out.glob("*.tok")} == {s["name"] for s in manifest["shards"]}
+    assert one["val_split"]["below"] == two["val_split"]["below"]
+    again = tokenize_corpus(halves, byte_tokenizer_dir, tmp_path / "two", cfg, workers=2, val_min_tokens=want)
+    assert again["up_to_date"] is True
+    console = Console(record=True, width=200)
+    print_manifest_summary(two, console)
+    assert "so the split was raised to the ids of lowest hash" in console.export_text()
+
+    # a corpus too small for the minimum: validation takes at most half of its tokens
+    tiny = tokenize_corpus(
+        [write_parquet(tmp_path / "tiny.parquet", docs[:6])],
+        byte_tokenizer_dir,
+        tmp_path / "tiny",
+        cfg,
+        val_min_tokens=10**6,
+    )
+    assert 0 < tiny["splits"]["val"]["tokens"] <= tiny["splits"]["train"]["tokens"]
+
+
+def test_tokenize_on_a_full_disk_is_one_error_and_removes_its_shards(
+    corpus_files, byte_tokenizer_dir, small_disk, tmp_path
+):
+    """A full disk ended `oreline tokenize` in 54 lines of traceback (OSError: [Errno 28]) and
+    left the shards of the tasks that had finished; an earlier set in the folder stays usable."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import oreline
+
+    disk = small_disk("3m")
+    out = disk / "tokens"
+    before = tokenize_corpus(corpus_files[2:], byte_tokenizer_dir, out, TokenizeConfig(val_fraction=0.1))
+    filler = small_disk.fill(disk, leave=150_000)
+    command = [sys.executable, "-m", "oreline", "tokenize", *map(str, corpus_files)]
+    command += ["--tokenizer", str(byte_tokenizer_dir), "--out", str(out), "--workers", "2"]
+    env = {**os.environ, "COLUMNS": "250", "PYTHONPATH": str(Path(oreline.__file__).parents[1])}
+    full = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    err = full.stderr + full.stdout
+    assert full.returncode == 2 and "Traceback" not in err and err.count("error:") == 1, err[-3000:]
+    said = " ".join(err[err.index("error: ") :].split())
+    assert said.startswith(f"error: no space left on the device of {out}"), said
+    assert "run the same `oreline tokenize` command again" in said
+    assert sorted(p.name for p in out.glob("*.tok*")) == sorted(s["name"] for s in before["shards"])
+    assert not [p for p in out.iterdir() if p.name.startswith(".") and ".tmp-" in p.name]
+    assert read_manifest(out)["key"] == before["key"]
+    filler.unlink()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert read_manifest(out)["docs_fingerprint"] != before["docs_fingerprint"]
+
+
+def test_ctrl_c_in_tokenize_says_it_stopped_and_leaves_no_partial_shards(
+    corpus, byte_tokenizer_dir, tmp_path
+):
+    """Ctrl-C printed nothing (Typer's silent exit 130): the command says it stopped and what to
+    do, and the folder holds no half-written shard."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import oreline
+
+    docs = write_parquet(tmp_path / "big.parquet", corpus["shakespeare"] * 60)
+    out = tmp_path / "tokens"
+    env = {**os.environ, "COLUMNS": "250", "PYTHONPATH": str(Path(oreline.__file__).parents[1])}
+    command = [sys.executable, "-m", "oreline", "tokenize", str(docs), "--tokenizer", str(byte_tokenizer_dir)]
+    proc = subprocess.Popen(
+        [*command, "--out", str(out), "--workers", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal gives it
+    )
+    deadline = time.time() + 120
+    while not any(p.name.endswith(".tok.tmp-" + str(proc.pid)) for p in out.glob(".*")):  # mid-shard
+        assert time.time() < deadline and proc.poll() is None, "tokenize finished before the interrupt"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    said = " ".join(proc.communicate(timeout=120)[0].split())
+    assert proc.returncode == 130, said
+    assert "interrupted: oreline tokenize stopped at Ctrl-C before it finished" in said, said
+    assert "Traceback" not in said
+    assert sorted(p.name for p in out.iterdir()) == [".oreline-owner"]  # no shard, no manifest, no lock
+
+
+def test_a_named_validation_set_is_the_split_and_every_input_trains(corpus, byte_tokenizer_dir, tmp_path):
+    """The split was chosen only by a hash of document ids: comparing with a published result
+    needs a given held-out text. `--val FILE` makes its documents the validation split."""
+    from typer.testing import CliRunner
+
+    from oreline.cli import app
+
+    tok = load_tokenizer(byte_tokenizer_dir)
+    inputs = write_parquet(tmp_path / "austen.parquet", corpus["austen"])
+    heldout = write_parquet(tmp_path / "heldout" / "shakespeare.parquet", corpus["shakespeare"][:50])
+    out = tmp_path / "tokens"
+    args = ["tokenize", str(inputs), "--tokenizer", str(byte_tokenizer_dir), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--val", str(heldout)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert [tok.decode(d) for d in split_documents(out, "val")] == [t for _, t in corpus["shakespeare"][:50]]
+    assert [tok.decode(d) for d in split_documents(out, "train")] == [t for _, t in corpus["austen"]]
+    manifest = read_manifest(out)
+    assert manifest["val_split"]["given"] == [str(heldout)]
+    assert "the documents of shakespeare.parquet (tokenize.val_inputs)" in " ".join(result.output.split())
+    # another held-out set is another key: re-tokenized, not "up to date"
+    other = write_parquet(tmp_path / "heldout2.parquet", corpus["shakespeare"][50:80])
+    again = tokenize_corpus([inputs], byte_tokenizer_dir, out, TokenizeConfig(), val_inputs=[other])
+    assert again["up_to_date"] is False and again["splits"]["val"]["documents"] == 30

@@ -528,3 +528,39 @@ def test_sources_without_their_token_folders_name_them_and_the_way_out(tmp_path)
     # one folder named: the one-source mixture, no check of the sources
     cfg = load_config(None, ["run.name=r", f"run.runs_dir={tmp_path}", f"train.tokens={tmp_path / 'tok'}"])
     assert [s.name for s in mixture_sources(cfg, run)] == ["main"]
+
+
+def test_a_source_with_a_validation_split_shorter_than_a_sequence_is_named_not_fatal(
+    prose_tokens, tmp_path, one_thread, capsys
+):
+    """One short document drawn for validation (a small crawl's 2%) gave "fewer than seq_len + 1"
+    and stopped the run: the source is trained on, and start-up and the report name it."""
+    from oreline.config import TokenizeConfig, config_from_dict, to_dict
+    from oreline.report.html import write_report
+    from oreline.tokens.tokenize import id_hash, tokenize_corpus
+    from oreline.train.loop import train
+
+    rows = [json.loads(line) for line in prose_tokens["docs"].read_text().splitlines()[:60]]
+    lowest = min(id_hash(r["id"]) for r in rows)
+    short = next(f"short-{k}" for k in range(10**6) if id_hash(f"short-{k}") < lowest)
+    docs = tmp_path / "small-crawl.jsonl"
+    docs.write_text(
+        "".join(json.dumps(r) + "\n" for r in [*rows, {"id": short, "text": "A short page."}]),
+        encoding="utf-8",
+    )
+    folder = tmp_path / "short-val"
+    fraction = (id_hash(short) + lowest) / 2 / 2**64  # the short document alone
+    made = tokenize_corpus(
+        [docs], prose_tokens["tokenizer"], folder, TokenizeConfig(val_fraction=fraction, workers=1)
+    )
+    assert made["splits"]["val"]["documents"] == 1 and made["splits"]["val"]["tokens"] < 65
+    cfg = mixture_config(tmp_path, prose_tokens, folder, (0.5, 0.5), train__steps=6, train__eval_every=6)
+    train(config_from_dict(to_dict(cfg)), resume="none")
+    run_dir = Path(cfg.run.runs_dir) / "t"
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert list([r for r in records if r["type"] == "eval"][-1]["val_loss_sources"]) == ["emma"]
+    start = next(r for r in records if r["type"] == "start")
+    assert "fewer than seq_len + 1 = 65" in start["mixture"]["unvalidated"]["macbeth"]
+    assert "source 'macbeth'" in capsys.readouterr().err.replace("\n", " ")
+    html = write_report(run_dir).read_text(encoding="utf-8")
+    assert "source macbeth has a validation split of" in html

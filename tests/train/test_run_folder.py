@@ -116,3 +116,28 @@ def test_run_folders_oreline_wrote_are_reused(tmp_path):
     (other / OWNER).write_text(json.dumps({"kind": "tokens"}))
     with pytest.raises(NotOurFolder, match="holds oreline 'tokens' output, not 'run'"):
         RunDir(other).claim("oreline train")
+
+
+@pytest.mark.parametrize("command", ["train", "run"])
+def test_a_refused_start_leaves_no_run_folder_holding_the_marker_alone(tmp_path, command):
+    """A command refused after its claim (train: the demo's token sources do not exist; run: a
+    misspelt --from) left runs/NAME/ behind holding `.oreline-owner` alone."""
+    from rich.console import Console
+
+    from oreline.errors import OrelineError
+    from oreline.stages import run_all
+    from oreline.train.loop import train
+
+    cfg = load_config(None, [f"run.runs_dir={json.dumps(str(tmp_path))}"])
+
+    def refused() -> None:
+        with pytest.raises(OrelineError, match="token folders that do not exist|unknown stage 'trian'"):
+            train(cfg) if command == "train" else run_all(cfg, "trian", console=Console(stderr=True))
+
+    refused()
+    assert not (tmp_path / "demo").exists()
+    # a folder that was there before keeps its marker: only what this command created goes
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / OWNER).write_text(json.dumps({"kind": "run"}))
+    refused()
+    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == [OWNER]

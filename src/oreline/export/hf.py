@@ -36,17 +36,19 @@ Reading an HF folder (config.json → ModelArgs, the safetensors) is `oreline.mo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from oreline.errors import ConfigError, DataIntegrityError, InputError
+from oreline.errors import ConfigError, DataIntegrityError, DiskFull, InputError, disk_full_cause
 from oreline.io import open_regular, write_atomic
 from oreline.model.hf_format import (  # noqa: F401  (read_hf_weights, args_from_hf_config: this module's API too)
     args_from_hf_config,
@@ -192,6 +194,30 @@ def _shard(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[
     return shards
 
 
+@contextlib.contextmanager
+def _removed_on_failure(out_dir: Path, command: str) -> Iterator[None]:
+    """Whatever stops an export or import removes the folder it was being written in
+    (`_temp_sibling`; a full disk left `.tmp-DIR-<pid>/` behind for good), and a full disk is one
+    DiskFull naming the folder and the fix instead of a traceback."""
+    try:
+        yield
+    except BaseException as exc:
+        shutil.rmtree(out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}", ignore_errors=True)
+        full = disk_full_cause(exc)
+        if full is None:
+            raise
+        try:
+            free = f"{shutil.disk_usage(out_dir.parent).free / 2**20:.1f} MB free"
+        except OSError:
+            free = "free space unknown"
+        what = Path(full.filename).name if full.filename else "the output"
+        raise DiskFull(
+            f"no space left on the device of {out_dir} while writing {what} ({free}); the partial "
+            f"output was removed and {out_dir} is as it was",
+            f"free space there or pass another --out, then run the same `{command}` command again",
+        ) from None
+
+
 def _temp_sibling(out_dir: Path) -> Path:
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
     if tmp.exists():
@@ -270,6 +296,22 @@ def export_state_dict_hf(
     `context_len`: the sequence length the model was trained on (max_position_embeddings and the
     tokenizer's model_max_length); None: the model's max_seq_len.
     """
+    with _removed_on_failure(Path(out_dir), "oreline export"):
+        return _write_hf(
+            state_dict, args, tokenizer_dir, out_dir, max_shard_bytes, dtype, provenance, context_len
+        )
+
+
+def _write_hf(
+    state_dict: dict[str, torch.Tensor],
+    args: ModelArgs,
+    tokenizer_dir: Path | None,
+    out_dir: Path,
+    max_shard_bytes: int,
+    dtype: str,
+    provenance: dict | None,
+    context_len: int | None,
+) -> dict[str, Any]:
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
@@ -411,8 +453,29 @@ def export_hf(
 # import
 
 
+def _source_step(hf_dir: Path) -> tuple[int | None, str | None]:
+    """The training step of an HF folder's weights and the file that says it: an oreline export's
+    `oreline_export.json`, a transformers Trainer checkpoint's `trainer_state.json`; (None, None)
+    when neither does (an import is not a model of step 0: that is a fresh initialisation)."""
+    for name, key in (("oreline_export.json", "step"), ("trainer_state.json", "global_step")):
+        if not model_file(hf_dir / name):
+            continue
+        try:
+            value = read_json(hf_dir / name).get(key)
+        except (InputError, AttributeError):  # not JSON, or not an object: no step from it
+            continue
+        if type(value) is int and value >= 0:
+            return value, name
+    return None, None
+
+
 def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     """`oreline import-hf DIR --out OUT`: HF Llama folder → oreline model-only snapshot. Returns the weights."""
+    with _removed_on_failure(Path(out), "oreline import-hf"):
+        return _import_hf(hf_dir, out, console)
+
+
+def _import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     from safetensors.torch import save_file
 
     from oreline.train.checkpoint.format import FORMAT_VERSION, write_checksums
@@ -438,11 +501,12 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
         sd.pop("lm_head.weight", None)
     present = [name for name in TOKENIZER_FILES if model_file(hf_dir / name)]  # a link is refused here
 
+    step, step_from = _source_step(hf_dir)
     tmp = _temp_sibling(out)
     save_file(
         {k: v.contiguous() for k, v in sd.items()},
         str(tmp / "model.safetensors"),
-        metadata={"format": "pt", "step": "0"},
+        metadata={"format": "pt", **({"step": str(step)} if step is not None else {})},
     )
     tokenizer_dir, tokenizer_fingerprint = None, None
     if "tokenizer.json" in present:
@@ -459,7 +523,8 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
     meta = {
         "format_version": FORMAT_VERSION,
         "kind": "model_only",
-        "step": 0,
+        "step": step,  # the training step of the weights, where the folder says it; None: unknown
+        "step_from": step_from,
         "model_args": args.to_dict(),
         "tokenizer_dir": tokenizer_dir,
         "tokenizer_fingerprint": tokenizer_fingerprint,
@@ -475,7 +540,8 @@ def import_hf(hf_dir: Path, out: Path, console=None) -> dict[str, torch.Tensor]:
         n = sum(v.numel() for v in sd.values())
         console.print(
             f"imported {hf_dir} → {out}: {len(sd)} tensors, {n:,} parameters, "
-            f"dim {args.dim} × {args.n_layers} layers, vocab {args.vocab_size}, tied={args.tie_embeddings}"
+            f"dim {args.dim} × {args.n_layers} layers, vocab {args.vocab_size}, tied={args.tie_embeddings}, "
+            + (f"step {step:,} (from {step_from})" if step is not None else "training step unknown")
             + ("" if tokenizer_dir else " (no tokenizer.json found: weights only)")
         )
     return sd

@@ -519,13 +519,26 @@ def args_for_spec(spec: str) -> tuple[ModelArgs, str]:
     )
 
 
-def print_model_info(spec: str, seq_len: int = 2048, console=None) -> dict:
-    """`oreline model info`: counts, FLOPs, every weight's shape, memory. Returns the figures."""
+DEFAULT_INFO_SEQ_LEN = 2048  # `oreline model info PRESET` without --seq-len
+
+
+def print_model_info(spec: str, seq_len: int | None = None, console=None) -> dict:
+    """`oreline model info`: counts, FLOPs, every weight's shape, memory. Returns the figures.
+
+    `seq_len` None: a config's own train.seq_len (the FLOPs its training does per token), a
+    preset's DEFAULT_INFO_SEQ_LEN; the line names where the length came from."""
     from rich.console import Console
     from rich.table import Table
 
     console = console or Console()
     args, source = args_for_spec(spec)
+    where = "--seq-len"
+    if seq_len is None:
+        seq_len, where = DEFAULT_INFO_SEQ_LEN, "the default; --seq-len sets another"
+        if spec not in PRESETS:  # a config (args_for_spec refused anything else)
+            from oreline.config import load_config
+
+            seq_len, where = load_config(Path(spec)).train.seq_len, "the config's train.seq_len"
     with torch.device("meta"):  # shapes only: a 8B model costs nothing here
         model = Llama(args)
     counts = count_params(args)
@@ -544,7 +557,8 @@ def print_model_info(spec: str, seq_len: int = 2048, console=None) -> dict:
         f"total {counts['total']:,} ({_human(counts['total'])})"
     )
     console.print(
-        f"FLOPs per token at seq_len {seq_len}: {flops:,} ({_human(flops, 'FLOP')}; training, fwd+bwd)"
+        f"FLOPs per token at seq_len {seq_len} ({where}): {flops:,} ({_human(flops, 'FLOP')}; training, "
+        "fwd+bwd)"
     )
 
     table = Table(title="weights", show_lines=False)
@@ -577,6 +591,7 @@ def print_model_info(spec: str, seq_len: int = 2048, console=None) -> dict:
         "args": args.to_dict(),
         "params": counts,
         "flops_per_token": flops,
+        "seq_len": seq_len,
         "memory": memory,
         "shapes": {k: list(v) for k, v in shapes.items()},
     }

@@ -557,6 +557,13 @@ def section_mixture(run: RunArtifacts) -> str:
         )
     else:
         out += '<p class="na">not available: no validation loss per source in the eval records</p>'
+    unvalidated = run.start_dict("mixture").get("unvalidated")
+    if isinstance(unvalidated, dict) and unvalidated:
+        out += "".join(
+            f'<p class="warn">source {esc(n)} has {esc(why)}: no validation loss of its own, the '
+            "run's validation loss leaves it out (raise tokenize.val_sequences or val_fraction)</p>"
+            for n, why in unvalidated.items()
+        )
     last = train[-1]
     sequences, epochs, weights = (
         last.get(k) or {} for k in ("source_sequences", "source_epochs", "source_weights")

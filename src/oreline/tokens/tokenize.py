@@ -5,8 +5,19 @@ the tokenizer never matches special-token text in documents (see train_bpe), so 
 containing the literal characters "<s>" yields exactly one BOS: the one we put in front.
 
 Split: a document goes to validation when the first 8 bytes of sha256(id), read as an unsigned
-integer, fall below `val_fraction * 2**64`. The decision depends on the id alone, so adding
-documents to a corpus never moves an existing document between train and validation.
+integer, fall below a threshold, `val_fraction * 2**64` by default. The decision depends on the id
+alone, so adding documents to a corpus never moves an existing document between train and
+validation. A split must serve its purpose, though: with `val_min_tokens` (`oreline run` and
+`oreline tokenize` give `tokenize.val_sequences` sequences of `train.seq_len` tokens), a fraction
+that leaves validation shorter raises the threshold to the hash of the next documents in hash
+order until it holds that many tokens, at most half of the corpus's (`VAL_MAX_SHARE`): a small
+source gets a validation split a training run can use instead of none. Each task reports its
+training documents of lowest hash (only as many as could be needed), so the threshold is found
+without a second pass over the corpus, and only the tasks holding a moved document run again.
+The threshold is a function of ids and token counts, so it is deterministic; the manifest records
+it (`val_split`) and the summary says when and why it was raised. A held-out set the user names
+(`tokenize.val_inputs`, `oreline tokenize --val FILE`: a published benchmark's text, say) replaces
+the rule: its documents are the validation split and every input document is trained on.
 
 Tasks: one per input file; when there are fewer files than workers, multi-row-group Parquet
 files are split into row-group ranges. Each task streams its file batch by batch and writes
@@ -34,19 +45,21 @@ The inputs: a data run that has not finished is refused unless `allow_incomplete
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import heapq
 import json
+import math
 import os
 import re
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from oreline.config import RayConfig, SlurmConfig, TokenizeConfig
-from oreline.errors import DataIntegrityError, InputError
+from oreline.config import RayConfig, SlurmConfig, TokenizeConfig, expand
+from oreline.errors import DataIntegrityError, DiskFull, InputError, OrelineError, disk_full_cause
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
 from oreline.io import file_sha256, write_atomic, write_json_atomic
@@ -57,6 +70,9 @@ from oreline.tokens.train_bpe import OrelineTokenizer, load_tokenizer
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
+# A raised validation threshold never takes more than this share of a corpus's tokens: training
+# keeps the larger part of a source too small for both.
+VAL_MAX_SHARE = 0.5
 SHARD_NAME = re.compile(
     r"(train|val)-[0-9a-f]{10}-\d{5}-\d{3}\.tok"
 )  # {split}-{generation}-{task}-{part}.tok
@@ -70,13 +86,28 @@ TOKENS_NAMES = re.compile(
 )
 
 
+def id_hash(doc_id: str) -> int:
+    """The split's key of a document: the first 8 bytes of sha256(id), little-endian."""
+    return int.from_bytes(hashlib.sha256(doc_id.encode("utf-8", "surrogatepass")).digest()[:8], "little")
+
+
 def is_val(doc_id: str, val_fraction: float) -> bool:
     """Stable split by id hash: adding documents never moves existing ones."""
-    h = int.from_bytes(hashlib.sha256(doc_id.encode("utf-8", "surrogatepass")).digest()[:8], "little")
-    return h < val_fraction * 2**64
+    return id_hash(doc_id) < val_fraction * 2**64
 
 
-@dataclass(frozen=True, slots=True)
+def fraction_threshold(val_fraction: float) -> int:
+    """The hash threshold of `is_val` at `val_fraction`: a document is in validation below it."""
+    return math.ceil(val_fraction * 2**64)
+
+
+def val_min_tokens(val_sequences: int, seq_len: int) -> int:
+    """Tokens a validation split needs for `val_sequences` sequences of `seq_len` (the loader cuts
+    `seq_len + 1` tokens for each, overlapping by one); 0 asks for no minimum."""
+    return val_sequences * seq_len + 1 if val_sequences > 0 else 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Task:
     index: int
     path: str
@@ -85,8 +116,9 @@ class Task:
     tokenizer_fingerprint: str
     out_dir: str
     generation: str
-    val_fraction: float
+    val_below: int  # a document whose id_hash is below this goes to validation
     max_shard_tokens: int
+    val_min_tokens: int = 0  # >0: report the lowest-hash training documents that add up to this
 
 
 def plan_tasks(paths: list[Path], workers: int) -> list[tuple[Path, tuple[int, int] | None]]:
@@ -149,6 +181,10 @@ def run_task(task: Task) -> dict:
     writers: dict[str, fmt.ShardWriter] = {}
     parts = Counter()
     records: list[dict] = []
+    # the training documents of lowest hash, as a max-heap of (-hash, tokens), kept only while the
+    # ones below them add up to fewer than val_min_tokens: the candidates for a raised threshold
+    lowest: list[tuple[int, int]] = []
+    lowest_tokens = 0
 
     def finish(split: str) -> None:
         w = writers.pop(split)
@@ -177,8 +213,18 @@ def run_task(task: Task) -> dict:
     try:
         for ids, texts in iter_batches(Path(task.path), rejects, row_groups=task.row_groups):
             ids, encoded = _encode(tok, ids, texts, rejects, task.path)
-            if task.val_fraction > 0:
-                flags = [is_val(i, task.val_fraction) for i in ids]
+            hashes = [id_hash(i) for i in ids]
+            if task.val_min_tokens > 0:
+                for h, e in zip(hashes, encoded, strict=True):
+                    if h < task.val_below:
+                        continue
+                    n = len(e) + 2  # BOS + EOS, as the shard holds it
+                    heapq.heappush(lowest, (-h, n))
+                    lowest_tokens += n
+                    while lowest_tokens - lowest[0][1] >= task.val_min_tokens:
+                        lowest_tokens -= heapq.heappop(lowest)[1]
+            if task.val_below > 0:
+                flags = [h < task.val_below for h in hashes]
                 groups = {
                     "train": [e for e, v in zip(encoded, flags, strict=True) if not v],
                     "val": [e for e, v in zip(encoded, flags, strict=True) if v],
@@ -201,11 +247,18 @@ def run_task(task: Task) -> dict:
         for w in writers.values():
             w.abort()
         raise
-    return {"task": task.index, "shards": records, "rejected": rejects.counts, "reject_rows": rejects.rows}
-
-
-def _settings(cfg: TokenizeConfig) -> dict:
     return {
+        "task": task.index,
+        "shards": records,
+        "rejected": rejects.counts,
+        "reject_rows": rejects.rows,
+        "lowest_train": sorted((-h, n) for h, n in lowest),
+    }
+
+
+def _settings(cfg: TokenizeConfig, min_tokens: int = 0) -> dict:
+    return {
+        **({"val_min_tokens": min_tokens} if min_tokens > 0 else {}),
         "val_fraction": cfg.val_fraction,
         "max_shard_tokens": cfg.max_shard_tokens,
         "format_version": fmt.VERSION,
@@ -322,21 +375,63 @@ def tokenize_corpus(
     ray: RayConfig | None = None,
     console=None,
     slurm: SlurmConfig | None = None,
+    val_min_tokens: int = 0,
+    val_inputs: list[str | Path] | None = None,
 ) -> dict:
     """Tokenize documents into packed shards + manifest.json; a no-op when nothing changed.
 
     `force` writes into a non-empty folder oreline did not create; `allow_incomplete` reads a data
     run that has not finished (see the module docstring); `ray` is the cluster of
     `cfg.executor = "ray"` (the config's data.ray), `slurm` the sbatch settings of
-    `cfg.executor = "slurm"` (data.slurm)."""
+    `cfg.executor = "slurm"` (data.slurm); `val_min_tokens` the tokens the validation split holds
+    at least when the corpus allows (`val_min_tokens()`; 0: `cfg.val_fraction` alone decides);
+    `val_inputs` (default `cfg.val_inputs`) a held-out set the user names: its documents are the
+    validation split, every document of `inputs` is trained on, and no hash decides."""
     out = Path(out_dir)
     paths = expand_inputs(inputs, allow_incomplete)
+    given = val_inputs if val_inputs is not None else cfg.val_inputs
+    val_paths = expand_inputs([expand(str(v)) for v in given], allow_incomplete) if given else []
     tok = load_tokenizer(tokenizer_dir)
     claim_folder(
         out, "tokens", "oreline tokenize", force=force, reserved=TOKENS_NAMES.fullmatch, legacy=_legacy_tokens
     )
     with FolderLock(out, "oreline tokenize"):
-        return _tokenize(paths, tok, out, cfg, workers, ray, console, slurm)
+        try:
+            return _tokenize(paths, tok, out, cfg, workers, ray, console, slurm, val_min_tokens, val_paths)
+        except Exception as exc:  # a full disk, wherever it struck (a worker's error arrives wrapped)
+            full = disk_full_cause(exc)
+            if full is None:
+                raise
+            raise _disk_full(out, full) from None
+
+
+def _disk_full(out: Path, exc: OSError) -> DiskFull:
+    """A full disk as one error: the shards this run wrote are removed (the manifest still lists
+    the folder's earlier set, which stays as it was), with the room left and the fix."""
+    import shutil
+
+    try:
+        listed = {s["name"] for s in read_manifest(out)["shards"]}
+    except OrelineError:  # no earlier set (or a damaged one, which the next run replaces)
+        listed = set()
+    remove_listed(
+        out,
+        [
+            p.name
+            for p in out.iterdir()
+            if (SHARD_NAME.fullmatch(p.name) and p.name not in listed) or is_temp_of(p.name, SHARD_NAME)
+        ],
+    )
+    try:
+        free = f"{shutil.disk_usage(out).free / 2**20:.1f} MB free"
+    except OSError:
+        free = "free space unknown"
+    what = Path(exc.filename).name if exc.filename else "token shards"
+    return DiskFull(
+        f"no space left on the device of {out} while writing {what} ({free}); the shards this run "
+        "wrote were removed, and what the folder held before is unchanged",
+        "free space there or pass another --out, then run the same `oreline tokenize` command again",
+    )
 
 
 def _tokenize(
@@ -348,12 +443,21 @@ def _tokenize(
     ray: RayConfig | None = None,
     console=None,
     slurm: SlurmConfig | None = None,
+    min_tokens: int = 0,
+    val_paths: list[Path] | None = None,
 ) -> dict:
     t0 = time.perf_counter()
     workers = max(1, workers or cfg.workers)
+    val_paths = val_paths or []
     input_records = [{"path": str(p), "sha256": file_sha256(p), "bytes": p.stat().st_size} for p in paths]
-    settings = _settings(cfg)
-    docs_fp = hashlib.sha256(_canonical([r["sha256"] for r in input_records])).hexdigest()
+    input_records += [
+        {"path": str(p), "sha256": file_sha256(p), "bytes": p.stat().st_size, "split": "val"}
+        for p in val_paths
+    ]
+    settings = _settings(cfg, min_tokens)
+    docs_fp = hashlib.sha256(
+        _canonical([r["sha256"] if "split" not in r else ["val", r["sha256"]] for r in input_records])
+    ).hexdigest()
     key = hashlib.sha256(
         _canonical({"tokenizer": tok.fingerprint, "docs": docs_fp, "settings": settings})
     ).hexdigest()
@@ -363,6 +467,9 @@ def _tokenize(
 
     out.mkdir(parents=True, exist_ok=True)
     generation = key[:10]
+    # a named held-out set: its files are all validation (every hash is below 2**64), the inputs
+    # all training (none is below 0)
+    below = 0 if val_paths else fraction_threshold(cfg.val_fraction)
     tasks = [
         Task(
             i,
@@ -372,10 +479,25 @@ def _tokenize(
             tok.fingerprint,
             str(out),
             generation,
-            cfg.val_fraction,
+            below,
             cfg.max_shard_tokens,
+            min_tokens,
         )
         for i, (p, rg) in enumerate(plan_tasks(paths, workers))
+    ]
+    tasks += [
+        Task(
+            len(tasks) + i,
+            str(p),
+            rg,
+            str(tok.dir),
+            tok.fingerprint,
+            str(out),
+            generation,
+            2**64,
+            cfg.max_shard_tokens,
+        )
+        for i, (p, rg) in enumerate(plan_tasks(val_paths, workers) if val_paths else [])
     ]
     global _TOKENIZER
     _TOKENIZER = tok  # tasks run in this process (workers=1) reuse the tokenizer loaded above
@@ -384,15 +506,33 @@ def _tokenize(
     # (torch, tensorboard, rayon), unlike a plain fork
     # the Slurm executor's job files and array logs go to out/slurm/, a folder the nodes share
     executor = make_executor(cfg.executor, workers=workers, ray=ray, slurm=slurm, work=out, console=console)
-    results = executor.map(run_task, [(t,) for t in tasks], label="tokenize")
-    crashed = [r for r in results if isinstance(r, TaskCrashed)]
-    if crashed:
-        names = ", ".join(sorted({r.args[0].path for r in crashed}))
-        raise DataIntegrityError(
-            f"{len(crashed)} tokenize task(s) lost their worker twice ({crashed[0].error}); input(s): {names}",
-            "re-run oreline tokenize (finished runs are not repeated); if it fails again, check those "
-            "files and the machine's memory",
+
+    def run_tasks(todo: list[Task]) -> list[dict]:
+        results = executor.map(run_task, [(t,) for t in todo], label="tokenize")
+        crashed = [r for r in results if isinstance(r, TaskCrashed)]
+        if crashed:
+            names = ", ".join(sorted({r.args[0].path for r in crashed}))
+            raise DataIntegrityError(
+                f"{len(crashed)} tokenize task(s) lost their worker twice ({crashed[0].error}); input(s): {names}",
+                "re-run oreline tokenize (finished runs are not repeated); if it fails again, check those "
+                "files and the machine's memory",
+            )
+        return results
+
+    results = run_tasks(tasks)
+    val_split = {"fraction": cfg.val_fraction, "below": below, "min_tokens": min_tokens, "raised": False}
+    if val_paths:
+        val_split = {"given": [str(p) for p in val_paths], "min_tokens": min_tokens, "raised": False}
+    raised = None if val_paths else _raised_threshold(results, below, min_tokens)
+    if raised is not None:
+        # a second generation name: the first pass's shards of these tasks are cleaned up below
+        again = hashlib.sha256(f"{key}:{raised}".encode()).hexdigest()[:10]
+        redo = {r["task"] for r in results if any(h < raised for h, _ in r["lowest_train"])}
+        rerun = run_tasks(
+            [dataclasses.replace(t, generation=again, val_below=raised) for t in tasks if t.index in redo]
         )
+        results = [r for r in results if r["task"] not in redo] + rerun
+        val_split.update(below=raised, raised=True)
 
     shard_records = sorted(
         (s for r in results for s in r["shards"]),
@@ -443,6 +583,7 @@ def _tokenize(
         "workers": workers,
         "shards": [{k: v for k, v in r.items() if k != "task"} for r in shard_records],
         "splits": splits,
+        "val_split": {**val_split, **({} if val_paths else {"share_of_ids": val_split["below"] / 2**64})},
         "rejected": dict(rejected),
         "seconds": round(seconds, 3),
         "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 1),
@@ -462,6 +603,58 @@ def _tokenize(
     return {**manifest, "up_to_date": False}
 
 
+def _raised_threshold(results: list[dict], below: int, min_tokens: int) -> int | None:
+    """The lowest hash threshold at which validation holds `min_tokens`, or None when `below`
+    already does (or no minimum is asked). Documents join in hash order, while the split stays
+    within VAL_MAX_SHARE of all tokens; a corpus too small for even that keeps what it has."""
+    if min_tokens <= 0 or below == 0:  # val_fraction = 0 asks for no validation split at all
+        return None
+    val = sum(s["tokens"] for r in results for s in r["shards"] if s["split"] == "val")
+    total = sum(s["tokens"] for r in results for s in r["shards"])
+    if val >= min_tokens:
+        return None
+    candidates = sorted(c for r in results for c in r["lowest_train"])
+    chosen = None
+    for h, n in candidates:
+        if val + n > VAL_MAX_SHARE * total:
+            break
+        val += n
+        chosen = h
+        if val >= min_tokens:
+            break
+    return None if chosen is None else chosen + 1
+
+
+def describe_val_split(manifest: dict) -> str:
+    """One line on how the validation split was chosen (the tokenize summary)."""
+    rule = manifest.get("val_split")
+    val = manifest["splits"]["val"]
+    held = f"validation: {val['documents']:,} documents, {val['tokens']:,} tokens"
+    if not rule:
+        return f"{held} (id hash below val_fraction)"
+    if rule.get("given"):
+        shown = ", ".join(Path(p).name for p in rule["given"][:3]) + (" …" if len(rule["given"]) > 3 else "")
+        short = (
+            f"; fewer than the {rule['min_tokens']:,} tokens tokenize.val_sequences asks for"
+            if rule["min_tokens"] and val["tokens"] < rule["min_tokens"]
+            else ""
+        )
+        return f"{held}: the documents of {shown} (tokenize.val_inputs), every input trained on{short}"
+    fraction = f"val_fraction {rule['fraction']:g}"
+    want = f"{rule['min_tokens']:,} tokens tokenize.val_sequences asks for"
+    if rule["raised"]:
+        return (
+            f"{held}: {fraction} held fewer than the {want}, so the split was raised to the ids "
+            f"of lowest hash ({rule['share_of_ids']:.2%} of the hash range)"
+        )
+    if rule["min_tokens"] and val["tokens"] < rule["min_tokens"]:
+        return (
+            f"{held}: fewer than the {want}; a larger split would take more than "
+            f"{VAL_MAX_SHARE:.0%} of the corpus's tokens"
+        )
+    return f"{held} ({fraction}" + (f"; at least the {want})" if rule["min_tokens"] else ")")
+
+
 def print_manifest_summary(manifest: dict, console) -> None:
     from rich.table import Table
 
@@ -476,6 +669,9 @@ def print_manifest_summary(manifest: dict, console) -> None:
     for split, s in manifest["splits"].items():
         table.add_row(split, f"{s['shards']:,}", f"{s['documents']:,}", f"{s['tokens']:,}")
     console.print(table)
+    val_line = describe_val_split(manifest)
+    raised = (manifest.get("val_split") or {}).get("raised") or not manifest["splits"]["val"]["documents"]
+    console.print(f"[yellow]{val_line}[/]" if raised else val_line)
     if manifest["rejected"]:
         console.print(
             "rejected rows: "

@@ -146,24 +146,30 @@ def train(
         if line:
             console.print(line)
     lock = None
+    created = failed = False
     try:
         if info.is_main:  # one writer per run folder: rank 0 holds its lock for the run's life
             from oreline.outdir import FolderLock
             from oreline.runs import RunDir
 
-            run = RunDir.for_config(cfg).claim("oreline train")  # never a folder of the user's files
+            run = RunDir.for_config(cfg)
+            created = not run.root.exists()
+            run.claim("oreline train")  # never a folder of the user's files
             lock = FolderLock(run.root, "oreline train").acquire()
         summary = _train(cfg, resume, list(allow_config_change or []), info, console, stops)
     except TrainingStopped:
         dist.cleanup()  # every rank stopped after the same step and met in the checkpoint's last barrier
         raise
     except BaseException:
+        failed = True
         dist.cleanup(graceful=False)
         raise
     finally:
         stops.uninstall()
         if lock is not None:
             lock.release()
+        if created and failed:  # a refused start leaves no empty folder holding the marker alone
+            run.remove_if_only_marker()
     dist.cleanup()
     return summary
 

@@ -88,6 +88,7 @@ class Setup:
     fp8_layers: tuple[str, ...] = ()
     after_optimizer_step: Any = None
     val_loaders: dict[str, Any] = field(default_factory=dict)  # source name → its val split's loader
+    unvalidated: dict[str, str] = field(default_factory=dict)  # source name → why it has no val loss
 
     def autocast(self) -> Any:
         if self.autocast_dtype is None:
@@ -209,11 +210,19 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
     # each source's val split: its own validation loss (the first one is the run's `val_loader`); a
     # source without one (a few documents, none drawn for validation) is trained on, not validated
     val_loaders = {}
+    unvalidated: dict[str, str] = {}  # source name → why it has no validation loss of its own
     for src in sources:
-        if len(sources) > 1 and not _has_val(src.tokens):
+        val_tokens = _val_tokens(src.tokens)
+        if len(sources) > 1 and val_tokens <= tc.seq_len:  # not one sequence of seq_len + 1 tokens
+            unvalidated[src.name] = (
+                "no validation split"
+                if not val_tokens
+                else f"a validation split of {val_tokens:,} tokens, fewer than seq_len + 1 = {tc.seq_len + 1}"
+            )
             say(
-                f"[yellow]note[/]: source {src.name!r} ({src.tokens}) has no validation split: no validation loss "
-                "of its own (raise tokenize.val_fraction and re-run oreline tokenize for one)"
+                f"[yellow]note[/]: source {src.name!r} ({src.tokens}) has {unvalidated[src.name]}: no "
+                "validation loss of its own (raise tokenize.val_sequences or val_fraction and re-run "
+                "oreline tokenize for one)"
             )
             continue
         val_loaders[src.name] = val_loader_of(src.tokens)
@@ -336,6 +345,7 @@ def setup_run(cfg: Config, info: dist.DistInfo, say: Any) -> Setup:
         loader=loader,
         val_loader=val_loader,
         val_loaders=val_loaders,
+        unvalidated=unvalidated,
         args=args,
         model=model,
         train_model=train_model,
@@ -383,10 +393,10 @@ def float8_all_gather(tc: Any, info: dist.DistInfo) -> bool:
     return fsdp and tc.fp8_recipe == "tensorwise"
 
 
-def _has_val(folder: Path) -> bool:
+def _val_tokens(folder: Path) -> int:
     from oreline.tokens.tokenize import read_manifest
 
-    return any(sh.get("split") == "val" and sh.get("tokens", 0) > 0 for sh in read_manifest(folder)["shards"])
+    return sum(sh["tokens"] for sh in read_manifest(folder)["shards"] if sh["split"] == "val")
 
 
 def source_folder(tokens: str, run: RunDir) -> Path:
@@ -535,5 +545,6 @@ def start_record(cfg: Config, s: Setup, info: dist.DistInfo, state: TrainState, 
                 )
             },
             "phases": [ph.to_json() for ph in s.loader.mixture.phases],
+            "unvalidated": s.unvalidated,
         },
     }

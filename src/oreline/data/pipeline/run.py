@@ -47,6 +47,9 @@ record): `{file, offset (in the file), skipped_bytes, reason, error, record_id w
 and bytes; the documents' bytes before and after), which the document counts of the funnel do
 not show.
 
+A finished run that kept no document returns its stats from `run_data`; `oreline data` and
+`oreline run` then fail with the top drop reasons (`check_kept_documents`) instead of exit 0.
+
 The text key of JSONL/Parquet inputs (data.read.jsonl_text_key): each such file's facts hold
 `text_field` (records, missing, empty, the fields the records without it held) and
 `inputs.text_field` sums them. A run that keeps no document because none of those records had
@@ -254,6 +257,41 @@ def check_text_field(stats: dict[str, Any], cfg: Config, out: Path) -> None:
         f"name the field that holds the text: add data.read.jsonl_text_key={best} after the inputs "
         f"(or set jsonl_text_key in the config's data.read section) and write into a new --out folder, "
         f"or delete {out} first; the dropped records are kept in {out / 'rejects'}",
+    )
+
+
+def check_kept_documents(stats: dict[str, Any], out: Path, top: int = 3) -> None:
+    """Fail a finished run that kept no document (`oreline data` and `oreline run`'s data stage):
+    with exit 0 and `_SUCCESS` the next stage would fail far from the cause. The error names the
+    reasons that dropped the most documents, and for plain-text inputs, which are read as one
+    document per file, the ways to split them. The folder stays as written (its rejects hold every
+    dropped document); the API's `run_data` returns the stats as they are."""
+    if stats.get("detached") or stats["output"]["docs"]:
+        return
+    dropped: dict[str, int] = {}
+    for step in stats["steps"]:
+        for reason, n in step["dropped"].items():
+            dropped[reason] = dropped.get(reason, 0) + n
+    reasons = sorted(dropped.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = ", ".join(f"{r} {n:,}" for r, n in reasons[:top]) + (
+        f" and {len(reasons) - top} more" if len(reasons) > top else ""
+    )
+    files = stats["inputs"].get("files", {})
+    read = stats["steps"][0]["docs_in"] if stats["steps"] else 0
+    text = [f for f, facts in files.items() if isinstance(facts, dict) and facts.get("kind") == "txt"]
+    fix = (
+        f"a text file is read as one document ({', '.join(Path(f).name for f in text[:3])}): give clean "
+        "text to `oreline run` as data.extra_inputs (split into ~4 KB documents at paragraph breaks, "
+        "not filtered), or split it into one document per line of a JSONL file; "
+        if text
+        else ""
+    )
+    raise InputError(
+        f"no document kept: the {read:,} document(s) read from {len(files):,} input file(s) were all "
+        f"dropped ({shown or 'none was read'})",
+        fix + f"see why in {out / 'rejects'} and {out / 'stats.json'}; loosen the step that dropped "
+        "them (e.g. data.langid.languages, data.langid.threshold, data.quality.*) or add inputs, "
+        f"and write into a new --out folder or delete {out} first",
     )
 
 
