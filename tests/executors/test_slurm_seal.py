@@ -125,7 +125,7 @@ def test_what_tasks_pass_and_return_comes_back_equal_and_of_the_same_types(tmp_p
     values = [
         cfg,
         cfg.data.dedup,
-        Task(3, "p.parquet", (0, 2), "tok", "fp", "out", "g", 0.01, 100),
+        Task(3, "p.parquet", (0, 2), "tok", "fp", "out", "g", 2**40, 100, 5),
         {1: {"a": (1, 2.5, None, True)}, "x": [Path("/a b"), b"\x00\xff"], (1, "k"): -3},
         [np.int64(-5), np.uint64(2**64 - 1), np.float32(1.5), np.bool_(True), math.inf],
     ]

@@ -115,7 +115,9 @@ def test_records_dropped_while_the_server_was_not_up_are_sent_when_it_comes_up(
 
     monkeypatch.setattr(trackers, "BACKOFF_FIRST_S", 0.01)  # 8 attempts in well under a second
     monkeypatch.setattr(trackers, "BACKOFF_MAX_S", 0.02)
-    port = tt.free_port()  # nothing listens on it yet
+    port = tt.free_port()
+    # the server is the user's own: named by MLFLOW_TRACKING_URI, as a config file alone may not
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")  # nothing listens on it yet
     run = tmp_path / "t"
     run.mkdir()
     recs = write_metrics(run / "metrics.jsonl", 7, 3)
@@ -142,7 +144,7 @@ def test_records_dropped_while_the_server_was_not_up_are_sent_when_it_comes_up(
 
 
 def test_trackers_sync_completes_and_finishes_a_run_whose_server_was_down(
-    tmp_path, train_config, one_thread, offline_env, oreline_cli
+    tmp_path, train_config, one_thread, offline_env, oreline_cli, monkeypatch
 ):
     """Training ended while the MLflow server was down: its run is incomplete and not finished, a
     relaunch has nothing to train and says how to finish it, and `oreline trackers sync RUN`
@@ -151,6 +153,8 @@ def test_trackers_sync_completes_and_finishes_a_run_whose_server_was_down(
     from oreline.train.loop import train
 
     port = tt.free_port()
+    # the server is the user's own: named by MLFLOW_TRACKING_URI, as a config file alone may not
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
     cfg = train_config(
         train__steps=6,
         train__log_every=1,
@@ -168,12 +172,19 @@ def test_trackers_sync_completes_and_finishes_a_run_whose_server_was_down(
 
     config = tmp_path / "run.toml"
     config.write_text(to_toml(cfg), encoding="utf-8")
-    code, out = oreline_cli("train", "-c", str(config), env={**offline_env})
+    code, out = oreline_cli(
+        "train", "-c", str(config), env={**offline_env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"}
+    )
     assert code == 0 and "nothing to do" in out, out
     assert f"oreline trackers sync {run}" in " ".join(out.split()), out
 
     with tt.mlflow_server(tmp_path / "server", port) as (uri, _proc):
-        code, out = oreline_cli("trackers", "sync", str(run), env={**offline_env})
+        code, out = oreline_cli(
+            "trackers",
+            "sync",
+            str(run),
+            env={**offline_env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"},
+        )
         assert code == 0, out
         (mrun,) = tt.mlflow_runs(uri, "synced")
         assert mrun.info.status == "FINISHED"
@@ -187,7 +198,12 @@ def test_trackers_sync_completes_and_finishes_a_run_whose_server_was_down(
         sent = {m.step: m.value for m in MlflowClient(uri).get_metric_history(mrun.info.run_id, "train/loss")}
         assert sent == {r["step"]: pytest.approx(r["loss"]) for r in trains}
         # a second sync has nothing left to send and keeps the one run
-        code, out = oreline_cli("trackers", "sync", str(run), env={**offline_env})
+        code, out = oreline_cli(
+            "trackers",
+            "sync",
+            str(run),
+            env={**offline_env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"},
+        )
         assert code == 0 and "0 records sent" in out, out
         assert len(tt.mlflow_runs(uri, "synced")) == 1
     after = json.loads((run / "trackers.json").read_text())["mlflow"]
@@ -266,13 +282,15 @@ def test_an_outage_then_a_kill_then_a_resume_ends_in_one_complete_run_with_every
 
 
 def test_trackers_sync_of_a_run_without_checkpoints_finds_its_trackers_in_trackers_json(
-    tmp_path, train_config, one_thread, offline_env, oreline_cli
+    tmp_path, train_config, one_thread, offline_env, oreline_cli, monkeypatch
 ):
     """No checkpoint records the run's config (checkpoint.every = 0), and the default config lists
     only TensorBoard: the tracker trackers.json names is synced all the same, on its own server."""
     from oreline.train.loop import train
 
     port = tt.free_port()
+    # the server is the user's own: named by MLFLOW_TRACKING_URI, as a config file alone may not
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
     cfg = train_config(
         train__steps=4,
         train__optim__warmup_steps=2,
@@ -286,7 +304,12 @@ def test_trackers_sync_of_a_run_without_checkpoints_finds_its_trackers_in_tracke
     run = tmp_path / "t"
     assert not list(run.glob("checkpoints/step-*"))
     with tt.mlflow_server(tmp_path / "server", port) as (uri, _proc):
-        code, out = oreline_cli("trackers", "sync", str(run), env={**offline_env})
+        code, out = oreline_cli(
+            "trackers",
+            "sync",
+            str(run),
+            env={**offline_env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"},
+        )
         assert code == 0 and "tensorboard: left as it is" in out, out
         (mrun,) = tt.mlflow_runs(uri)
         assert mrun.info.status == "FINISHED"

@@ -131,10 +131,15 @@ def encode(value: Any) -> Any:
         cls = type(value)
         if not isinstance(value, Section) or cls.__module__ != "oreline.config":
             raise TypeError(f"{cls.__module__}.{cls.__qualname__} is not an oreline config section")
-        return {
+        out = {
             "$config": cls.__qualname__,
             "fields": {k: encode(getattr(value, k)) for k in cls.model_fields},
         }
+        # which keys the user's command line set (config.command_line_keys) travels with the values
+        command_line = getattr(value, "__pydantic_private__", None) or {}
+        if command_line.get("_command_line"):
+            out["command_line"] = sorted(command_line["_command_line"])
+        return out
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         cls = type(value)
         name = f"{cls.__module__}:{cls.__qualname__}"
@@ -164,7 +169,7 @@ def decode(data: Any, where: Path | str) -> Any:
         return data
     if isinstance(data, list):
         return [decode(v, where) for v in data]
-    if not isinstance(data, dict) or len(data) not in (1, 2):
+    if not isinstance(data, dict) or len(data) not in (1, 2, 3):  # (3: a config's command-line keys)
         raise _refused(where, f"holds a value oreline does not write ({type(data).__name__})")
     tag = next(iter(data))
     body = data[tag]
@@ -183,8 +188,8 @@ def decode(data: Any, where: Path | str) -> Any:
             return b64decode(_of(body, str), validate=True)
         if tag == "$numpy" and set(data) == {"$numpy", "value"}:
             return _decode_numpy(_of(body, str), data["value"], where)
-        if tag == "$config" and set(data) == {"$config", "fields"}:
-            return _decode_config(_of(body, str), _of(data["fields"], dict), where)
+        if tag == "$config" and set(data) in ({"$config", "fields"}, {"$config", "fields", "command_line"}):
+            return _decode_config(_of(body, str), _of(data["fields"], dict), where, data.get("command_line"))
         if tag == "$dataclass" and set(data) == {"$dataclass", "fields"}:
             cls = _lookup(_of(body, str), DATACLASSES, where, "a dataclass oreline sends to Slurm tasks")
             fields = {k: decode(v, where) for k, v in _of(data["fields"], dict).items()}
@@ -220,13 +225,18 @@ def _decode_numpy(dtype: str, value: Any, where: Path | str) -> Any:
     return dt.type(value)
 
 
-def _decode_config(name: str, fields: dict, where: Path | str) -> Any:
+def _decode_config(name: str, fields: dict, where: Path | str, command_line: Any = None) -> Any:
     import oreline.config as config
 
     cls = getattr(config, name, None) if name.isidentifier() else None
     if not (isinstance(cls, type) and issubclass(cls, config.Section) and cls.__module__ == config.__name__):
         raise _refused(where, f"names {name[:60]!r}, which is not an oreline config section")
-    return cls.model_validate({k: decode(v, where) for k, v in fields.items()})
+    out = cls.model_validate({k: decode(v, where) for k, v in fields.items()})
+    if command_line:
+        if not (isinstance(command_line, list) and all(isinstance(k, str) for k in command_line)):
+            raise _refused(where, "holds a config whose command-line keys are not a list of names")
+        out._command_line = frozenset(command_line)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
