@@ -52,6 +52,16 @@ class DiskFull(OrelineError):
     """A write failed because the device (or the user's quota) is full."""
 
 
+def free_space(folder) -> str:
+    """What a full-disk error says about `folder`'s device: "N MB free" (or that it is unknown)."""
+    import shutil
+
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**20:.1f} MB free"
+    except OSError:
+        return "free space unknown"
+
+
 def disk_full_cause(exc: BaseException | None) -> OSError | None:
     """The ENOSPC/EDQUOT OSError behind `exc` (itself, or along its cause/context chain, as a worker
     process's error arrives wrapped), or None when the failure is something else."""

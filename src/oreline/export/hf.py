@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from oreline.errors import ConfigError, DataIntegrityError, DiskFull, InputError, disk_full_cause
+from oreline.errors import ConfigError, DataIntegrityError, DiskFull, InputError, disk_full_cause, free_space
 from oreline.io import open_regular, write_atomic
 from oreline.model.hf_format import (  # noqa: F401  (read_hf_weights, args_from_hf_config: this module's API too)
     args_from_hf_config,
@@ -202,14 +202,11 @@ def _removed_on_failure(out_dir: Path, command: str) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        shutil.rmtree(out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}", ignore_errors=True)
+        shutil.rmtree(_temp_path(out_dir), ignore_errors=True)
         full = disk_full_cause(exc)
         if full is None:
             raise
-        try:
-            free = f"{shutil.disk_usage(out_dir.parent).free / 2**20:.1f} MB free"
-        except OSError:
-            free = "free space unknown"
+        free = free_space(out_dir.parent)
         what = Path(full.filename).name if full.filename else "the output"
         raise DiskFull(
             f"no space left on the device of {out_dir} while writing {what} ({free}); the partial "
@@ -218,8 +215,13 @@ def _removed_on_failure(out_dir: Path, command: str) -> Iterator[None]:
         ) from None
 
 
+def _temp_path(out_dir: Path) -> Path:
+    """Where a command writes `out_dir` before it replaces it (one per process)."""
+    return out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
+
+
 def _temp_sibling(out_dir: Path) -> Path:
-    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
+    tmp = _temp_path(out_dir)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)

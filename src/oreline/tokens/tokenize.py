@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from oreline.config import RayConfig, SlurmConfig, TokenizeConfig, expand
-from oreline.errors import DataIntegrityError, DiskFull, InputError, OrelineError, disk_full_cause
+from oreline.errors import DataIntegrityError, DiskFull, InputError, OrelineError, disk_full_cause, free_space
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
 from oreline.io import file_sha256, write_atomic, write_json_atomic
@@ -408,7 +408,6 @@ def tokenize_corpus(
 def _disk_full(out: Path, exc: OSError) -> DiskFull:
     """A full disk as one error: the shards this run wrote are removed (the manifest still lists
     the folder's earlier set, which stays as it was), with the room left and the fix."""
-    import shutil
 
     try:
         listed = {s["name"] for s in read_manifest(out)["shards"]}
@@ -422,10 +421,7 @@ def _disk_full(out: Path, exc: OSError) -> DiskFull:
             if (SHARD_NAME.fullmatch(p.name) and p.name not in listed) or is_temp_of(p.name, SHARD_NAME)
         ],
     )
-    try:
-        free = f"{shutil.disk_usage(out).free / 2**20:.1f} MB free"
-    except OSError:
-        free = "free space unknown"
+    free = free_space(out)
     what = Path(exc.filename).name if exc.filename else "token shards"
     return DiskFull(
         f"no space left on the device of {out} while writing {what} ({free}); the shards this run "

@@ -89,6 +89,7 @@ from oreline.errors import (
     FingerprintMismatch,
     InputError,
     disk_full_cause,
+    free_space,
 )
 from oreline.executors import make_executor
 from oreline.executors.interface import TaskCrashed
@@ -305,12 +306,7 @@ def _size(path: str) -> int:
 def _disk_full(out: Path, exc: OSError, input_bytes: int) -> DiskFull:
     """A full disk as one error (a worker's arrives wrapped in the pool's exceptions): the folder,
     the room there and the fix; the run resumes from its finished tasks when started again."""
-    import shutil
-
-    try:
-        free = f"{shutil.disk_usage(out).free / 2**20:.1f} MB free"
-    except OSError:
-        free = "free space unknown"
+    free = free_space(out)
     size = f"; the inputs total {input_bytes / 2**20:.1f} MB" if input_bytes else ""
     return DiskFull(
         f"no space left on the device of {out} while writing {exc.filename or 'the output'} ({free}{size})",
